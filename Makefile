@@ -1,0 +1,32 @@
+# Every target installs what it needs into .venv first (torch as the CPU build 2.13.0).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/bash scripts/demo.sh 2>/dev/null || PATH=$(BIN):$$PATH bash scripts/demo.sh
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_all.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

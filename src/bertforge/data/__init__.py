@@ -1,0 +1,1 @@
+"""Pretraining and fine-tuning data: corpora, instances, shards, masking, labelled tasks."""
