@@ -1,1 +1,26 @@
-"""bertforge."""
+"""bertforge: BERT from scratch, bit-compatible with Hugging Face checkpoints.
+
+>>> from bertforge import BertConfig, BertForMaskedLM
+>>> model = BertForMaskedLM(BertConfig.preset("mini"))
+"""
+
+from bertforge.config import BertConfig
+from bertforge.errors import BertforgeError
+from bertforge.model import (
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertForSequenceClassification,
+    BertModel,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BertConfig",
+    "BertForMaskedLM",
+    "BertForPreTraining",
+    "BertForSequenceClassification",
+    "BertModel",
+    "BertforgeError",
+    "__version__",
+]

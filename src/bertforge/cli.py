@@ -14,7 +14,11 @@ from bertforge.errors import BertforgeError
 
 # subcommand -> (module, function ``f(argv: list[str]) -> int`` in it, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "tokenizer": ("bertforge.tokenizer", "main", "train a WordPiece vocabulary (tokenizer train ...)"),
+    "tokenizer": (
+        "bertforge.tokenizer",
+        "main",
+        "train a WordPiece vocabulary (tokenizer train ...)",
+    ),
     "prepare": ("bertforge.data.shards", "main", "turn text into token shards for pretraining"),
     "pretrain": ("bertforge.pretrain", "main", "pretrain a BERT encoder (MLM, optionally NSP)"),
     "finetune": ("bertforge.finetune", "main", "fine-tune for classification or regression"),

@@ -63,8 +63,15 @@ class BertConfig:
         if self.id2label is not None:
             self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
             self.num_labels = len(self.id2label)
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+        ):
             if int(getattr(self, name)) <= 0:
                 raise BertforgeError(f"BertConfig.{name}={getattr(self, name)} must be positive")
         if self.hidden_size % self.num_attention_heads:
@@ -92,7 +99,9 @@ class BertConfig:
 
     @property
     def is_regression(self) -> bool:
-        return self.problem_type == "regression" or (self.problem_type is None and self.num_labels == 1)
+        return self.problem_type == "regression" or (
+            self.problem_type is None and self.num_labels == 1
+        )
 
     # ---- config.json in HF's format -------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -148,7 +157,9 @@ class BertConfig:
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise BertforgeError(f"{path}: not valid JSON ({err}); restore or re-save the config") from err
+            raise BertforgeError(
+                f"{path}: not valid JSON ({err}); restore or re-save the config"
+            ) from err
         if not isinstance(d, dict):
             raise BertforgeError(f"{path}: expected a JSON object of BertConfig fields")
         return cls.from_dict(d, source=str(path))
@@ -157,7 +168,9 @@ class BertConfig:
     def preset(cls, name: str, **overrides: Any) -> BertConfig:
         """One of Google's released BERT sizes (``tiny`` ... ``large``), heads = H/64, FFN = 4H."""
         if name not in PRESETS:
-            raise BertforgeError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
+            raise BertforgeError(
+                f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}"
+            )
         layers, hidden = PRESETS[name]
         base = dict(
             num_hidden_layers=layers,

@@ -1,0 +1,287 @@
+"""Checkpoints in Hugging Face's layout (``config.json`` + ``model.safetensors``) and atomic writes.
+
+Loading accepts any BERT task layout (with or without the ``bert.`` prefix), TF-era
+``LayerNorm.gamma/beta`` names, checkpoints without the tied decoder keys, and stale
+``position_ids`` buffers. Weights are only ever read from safetensors: a pickle (``.bin``/``.pt``)
+can run code when loaded, so we refuse it and say how to convert it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from bertforge.config import CONFIG_NAME, BertConfig
+from bertforge.errors import BertforgeError
+
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+PICKLE_NAMES = ("pytorch_model.bin", "model.pt", "model.bin", "pytorch_model.bin.index.json")
+# parameters that alias others (tied), so they are stored once
+TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+# parameters a checkpoint may lack without error: task heads and the pooler start freshly initialised
+OPTIONAL_PREFIXES = ("cls.", "classifier.", "bert.pooler.", "pooler.")
+
+log = logging.getLogger("bertforge")
+M = TypeVar("M", bound=torch.nn.Module)
+
+
+# ---- atomic writes ----------------------------------------------------------------------------
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):  # not every file system lets a directory be opened
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; it replaces ``path`` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def atomic_directory(final: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling directory that becomes ``final`` only when the block completes.
+
+    An interrupted block leaves at most a hidden ``.NAME.tmp-*`` directory, never a half-written
+    ``final``. If ``final`` exists it is replaced (the old one is removed after the swap).
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        yield tmp
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                with open(f, "rb+") as fh:
+                    os.fsync(fh.fileno())
+        old = None
+        if final.exists():
+            old = final.parent / f".{final.name}.old-{os.getpid()}"
+            os.replace(final, old)
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---- state dicts ------------------------------------------------------------------------------
+def normalize_key(key: str) -> str:
+    """Map old names onto today's: TF-era ``LayerNorm.gamma/beta`` -> ``weight/bias``."""
+    if key.endswith("LayerNorm.gamma"):
+        return key[: -len("gamma")] + "weight"
+    if key.endswith("LayerNorm.beta"):
+        return key[: -len("beta")] + "bias"
+    return key
+
+
+def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
+    """Read the weights of a model directory (single file or sharded with an index)."""
+    single, index = directory / WEIGHTS_NAME, directory / WEIGHTS_INDEX_NAME
+    try:
+        if single.is_file():
+            return load_file(single)
+        if index.is_file():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            weights: dict[str, torch.Tensor] = {}
+            for shard in shards:
+                weights.update(load_file(directory / shard))
+            return weights
+    except (SafetensorError, OSError, ValueError, KeyError) as err:
+        raise BertforgeError(
+            f"{single if single.is_file() else index}: cannot read weights ({err}); "
+            "the file is corrupt or incomplete: restore it or re-save the model"
+        ) from err
+    pickles = [n for n in PICKLE_NAMES if (directory / n).is_file()]
+    if pickles:
+        raise BertforgeError(
+            f"{directory / pickles[0]}: refusing to unpickle weights (a pickle can run code). If you "
+            'trust the file, convert it once: python -c "import torch; from safetensors.torch import '
+            f"save_file; save_file(torch.load('{pickles[0]}', weights_only=True), 'model.safetensors')\""
+        )
+    raise BertforgeError(f"{directory}: no {WEIGHTS_NAME} found; a model directory needs one")
+
+
+def remap_state_dict(
+    source: dict[str, torch.Tensor], target_prefix: str
+) -> dict[str, torch.Tensor]:
+    """Rename a checkpoint's keys onto a model whose encoder lives under ``target_prefix``.
+
+    Handles checkpoints saved from BertModel (no prefix) and from task models (``bert.``).
+    Buffers that are not parameters (``position_ids``, ``token_type_ids``) are dropped.
+    """
+    out: dict[str, torch.Tensor] = {}
+    has_prefix = any(k.startswith("bert.") for k in source)
+    for key, value in source.items():
+        key = normalize_key(key)
+        if key.endswith(("embeddings.position_ids", "embeddings.token_type_ids")):
+            continue
+        if has_prefix and key.startswith("bert."):
+            key = key[len("bert.") :]
+        elif has_prefix:  # a head (cls.*, classifier.*): only meaningful for task models
+            if not target_prefix:
+                continue
+            out[key] = value
+            continue
+        out[target_prefix + key] = value
+    return out
+
+
+def load_state_dict_into(
+    model: torch.nn.Module, source: dict[str, torch.Tensor], origin: str
+) -> dict[str, list[str]]:
+    """Copy ``source`` into ``model`` after checking every key and shape; returns what was skipped."""
+    prefix = getattr(model, "base_prefix", "")
+    weights = remap_state_dict(source, prefix)
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in weights and k not in TIED_KEYS]
+    required = [k for k in missing if not k.startswith(OPTIONAL_PREFIXES)]
+    if required:
+        raise BertforgeError(
+            f"{origin}: missing {len(required)} weight(s), first {required[0]!r} with shape "
+            f"{tuple(expected[required[0]].shape)}; the checkpoint does not match config.json "
+            "(wrong number of layers, or not a BERT checkpoint)"
+        )
+    unexpected = [k for k in weights if k not in expected]
+    structural = [k for k in unexpected if not k.startswith(OPTIONAL_PREFIXES)]
+    if structural:
+        raise BertforgeError(
+            f"{origin}: unexpected weight {structural[0]!r} with shape "
+            f"{tuple(weights[structural[0]].shape)}; config.json describes a smaller model than "
+            "the weights (check num_hidden_layers and the other sizes)"
+        )
+    for key, tensor in weights.items():
+        if key in expected and tuple(tensor.shape) != tuple(expected[key].shape):
+            hint = (
+                "; to put a new head on this encoder, load it with a fresh classifier "
+                "(different num_labels) from the pretrained encoder directory instead"
+                if key.startswith("classifier.")
+                else "; config.json does not describe these weights"
+            )
+            raise BertforgeError(
+                f"{origin}: weight {key!r} has shape {tuple(tensor.shape)} in the checkpoint but "
+                f"{tuple(expected[key].shape)} in the model{hint}"
+            )
+    loadable = {k: v for k, v in weights.items() if k in expected}
+    with torch.no_grad():
+        params = dict(model.named_parameters(remove_duplicate=False))
+        for key, tensor in loadable.items():
+            params[key].copy_(tensor)
+    if missing:
+        log.info("%s: freshly initialised (not in checkpoint): %s", origin, ", ".join(missing))
+    return {"missing": missing, "unexpected": unexpected}
+
+
+def load_pretrained(cls: type[M], directory: str | Path, **config_overrides: Any) -> M:
+    """Build ``cls`` from a model directory's config.json and load its safetensors weights."""
+    directory = Path(directory)
+    if directory.is_file() and directory.suffix in (".bin", ".pt", ".pth", ".ckpt"):
+        raise BertforgeError(
+            f"{directory}: refusing to unpickle weights; convert it to model.safetensors "
+            "(safetensors.torch.save_file) in a directory with its config.json"
+        )
+    if directory.is_file():
+        directory = directory.parent
+    if not directory.is_dir():
+        raise BertforgeError(f"{directory}: no such model directory")
+    config = BertConfig.load(directory / CONFIG_NAME)
+    if config_overrides:
+        if "num_labels" in config_overrides and "id2label" not in config_overrides:
+            config_overrides["id2label"] = None
+        try:
+            config = dataclasses.replace(config, **config_overrides)
+        except TypeError as err:
+            raise BertforgeError(
+                f"unknown model setting in {sorted(config_overrides)}: {err}"
+            ) from err
+    model = cls(config)  # type: ignore[call-arg]
+    info = load_state_dict_into(model, read_safetensors(directory), str(directory))
+    model.loading_info = info  # type: ignore[assignment]
+    return model
+
+
+def save_pretrained(model: torch.nn.Module, directory: str | Path, tokenizer: Any = None) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (+ tokenizer files) into ``directory``.
+
+    Each file is replaced atomically, weights first, so a reader never sees a half-written file.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {
+        k: v.detach().to("cpu").contiguous().clone()
+        for k, v in model.state_dict().items()
+        if k not in TIED_KEYS
+    }
+    with atomic_file(directory / WEIGHTS_NAME) as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
+    config: BertConfig = model.config  # type: ignore[assignment]
+    config = dataclasses.replace(config, architectures=[type(model).__name__])
+    config.save(directory)
+    if tokenizer is not None:
+        tokenizer.save(directory)
+    return directory
+
+
+__all__ = [
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "atomic_file",
+    "atomic_directory",
+    "load_pretrained",
+    "save_pretrained",
+    "read_safetensors",
+    "remap_state_dict",
+    "WEIGHTS_NAME",
+]
