@@ -12,6 +12,7 @@ from bertforge.model import (
     BertForSequenceClassification,
     BertModel,
 )
+from bertforge.tokenizer import Tokenizer
 
 __version__ = "0.1.0"
 
@@ -22,5 +23,6 @@ __all__ = [
     "BertForSequenceClassification",
     "BertModel",
     "BertforgeError",
+    "Tokenizer",
     "__version__",
 ]

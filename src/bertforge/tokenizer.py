@@ -1,0 +1,544 @@
+"""BERT's WordPiece tokenizer: train one on your text, or load Google's / Hugging Face's.
+
+A thin layer over the Rust ``tokenizers`` library, configured exactly like BERT: ``BertNormalizer``
+(clean text, split CJK characters, optional lowercasing and accent stripping), ``BertPreTokenizer``
+(split on whitespace and punctuation), a WordPiece model with ``##`` continuations and
+``[CLS] A [SEP] B [SEP]`` templates. A saved directory (``vocab.txt``, ``tokenizer.json``,
+``tokenizer_config.json``) loads in ``transformers.BertTokenizerFast.from_pretrained`` with the
+same ids, and Google's or Hugging Face's BERT vocabularies load here with the same ids as there.
+
+Trained vocabularies start with ``[PAD] [UNK] [CLS] [SEP] [MASK]`` (ids 0-4); a loaded
+``vocab.txt`` keeps the ids its lines give (BERT's: ``[PAD]`` 0, ``[UNK]`` 100, ``[CLS]`` 101, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer as _Backend
+from tokenizers import decoders, normalizers, pre_tokenizers, processors, trainers
+from tokenizers.models import WordPiece
+
+from bertforge.errors import BertforgeError
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+"""BERT's special tokens, in the order (and so with the ids 0-4) of a trained vocabulary."""
+
+VOCAB_FILE, TOKENIZER_FILE, CONFIG_FILE = "vocab.txt", "tokenizer.json", "tokenizer_config.json"
+_LINES_PER_BATCH = 1000  # lines handed to the Rust trainer per iterator step
+
+
+def _bert_backend(
+    vocab: dict[str, int] | None, lowercase: bool, strip_accents: bool | None
+) -> _Backend:
+    """A ``tokenizers.Tokenizer`` set up as BERT's, without post-processing."""
+    backend = _Backend(
+        WordPiece(vocab, unk_token=UNK) if vocab is not None else WordPiece(unk_token=UNK)
+    )
+    # strip_accents=None follows lowercase, as in Google's BERT and transformers.
+    backend.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=strip_accents, lowercase=lowercase
+    )
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece(prefix="##")
+    return backend
+
+
+def _read_vocab_txt(path: Path) -> dict[str, int]:
+    """One token per line, id = line number (as Google's BERT and transformers read it)."""
+    vocab: dict[str, int] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()  # splits at newlines only, exactly as transformers reads it
+    except UnicodeDecodeError as err:
+        raise BertforgeError(f"{path}: not a UTF-8 vocabulary ({err.reason})") from err
+    for index, line in enumerate(lines):
+        token = line.rstrip("\n")
+        if token in vocab:
+            raise BertforgeError(
+                f"{path}: token {token!r} appears on lines {vocab[token] + 1} and {index + 1}; "
+                "a vocabulary needs unique lines"
+            )
+        vocab[token] = index
+    return vocab
+
+
+def _read_config(directory: Path) -> dict[str, Any]:
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise BertforgeError(f"{path}: not valid JSON ({err}); fix or delete the file") from err
+
+
+def _iter_lines(files: Sequence[Path]) -> Iterator[str]:
+    for path in files:
+        opener = gzip.open if path.suffix == ".gz" else open
+        try:
+            with opener(path, "rt", encoding="utf-8") as f:
+                yield from f
+        except UnicodeDecodeError as err:
+            raise BertforgeError(
+                f"{path}: not UTF-8 text ({err.reason}); convert it, e.g. iconv -t utf-8"
+            ) from err
+        except (gzip.BadGzipFile, EOFError) as err:
+            raise BertforgeError(f"{path}: not a complete gzip file ({err})") from err
+
+
+class Tokenizer:
+    """A BERT WordPiece tokenizer.
+
+    Build one with :meth:`train`, :meth:`train_from_iterator` or :meth:`from_file`. ``backend`` is
+    the raw ``tokenizers.Tokenizer`` (no special tokens, truncation or padding) for fast bulk
+    encoding; do not reconfigure it. ``encode``/``encode_batch`` set truncation and padding on an
+    internal copy per call, so share one instance between processes, not threads.
+    """
+
+    def __init__(
+        self, backend: _Backend, model_max_length: int | None = None, source: str = ""
+    ) -> None:
+        missing = [t for t in SPECIAL_TOKENS if backend.token_to_id(t) is None]
+        if missing:
+            raise BertforgeError(
+                f"{source or 'tokenizer'}: vocabulary lacks the special token(s) {' '.join(missing)}; "
+                f"a BERT vocabulary needs all of {' '.join(SPECIAL_TOKENS)}"
+            )
+        backend.no_truncation()
+        backend.no_padding()
+        backend.post_processor = None
+        # Registered as special so that decode can skip them and a literal "[MASK]" in the text
+        # maps to its id, as in transformers; ids of tokens already in the vocabulary are kept.
+        backend.add_special_tokens(list(SPECIAL_TOKENS))
+        self._backend = backend
+        self.model_max_length = model_max_length
+        """Longest sequence the model that uses this tokenizer accepts, when known."""
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            int(backend.token_to_id(t)) for t in SPECIAL_TOKENS
+        )
+        self._encoder = _Backend.from_str(backend.to_str())
+        self._encoder.post_processor = processors.TemplateProcessing(
+            single=f"{CLS}:0 $A:0 {SEP}:0",
+            pair=f"{CLS}:0 $A:0 {SEP}:0 $B:1 {SEP}:1",
+            special_tokens=[(CLS, self.cls_id), (SEP, self.sep_id)],
+        )
+        spec = json.loads(backend.to_str())
+        norm = spec.get("normalizer") or {}
+        self._bert_normalizer = norm if norm.get("type") == "BertNormalizer" else {}
+        model = {k: v for k, v in spec["model"].items() if k != "vocab"}
+        tokens = [backend.id_to_token(i) for i in range(self.vocab_size)]
+        payload = json.dumps([tokens, norm, spec.get("pre_tokenizer"), model], sort_keys=True)
+        self._fingerprint = hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+        self._is_continuation = np.array([(t or "").startswith("##") for t in tokens], dtype=bool)
+
+    # ---- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def train(
+        cls,
+        files: str | Path | Sequence[str | Path],
+        vocab_size: int = 30522,
+        *,
+        min_frequency: int = 2,
+        lowercase: bool = True,
+        strip_accents: bool | None = None,
+        limit_alphabet: int = 1000,
+        show_progress: bool = False,
+        model_max_length: int | None = None,
+    ) -> Tokenizer:
+        """Train a WordPiece vocabulary on UTF-8 text files (``.gz`` read transparently).
+
+        ``strip_accents=None`` strips accents exactly when lowercasing, as BERT does.
+        ``limit_alphabet`` caps the single characters kept; rarer characters become ``[UNK]``.
+        """
+        paths = [Path(files)] if isinstance(files, (str, Path)) else [Path(f) for f in files]
+        if not paths:
+            raise BertforgeError("tokenizer train: no input files given; pass --input FILE...")
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            raise BertforgeError(
+                f"input file(s) not found: {', '.join(missing)} (for text in memory use "
+                "Tokenizer.train_from_iterator)"
+            )
+        return cls.train_from_iterator(
+            _iter_lines(paths),
+            vocab_size,
+            min_frequency=min_frequency,
+            lowercase=lowercase,
+            strip_accents=strip_accents,
+            limit_alphabet=limit_alphabet,
+            show_progress=show_progress,
+            model_max_length=model_max_length,
+            source=", ".join(map(str, paths)),
+        )
+
+    @classmethod
+    def train_from_iterator(
+        cls,
+        texts: Iterable[str],
+        vocab_size: int = 30522,
+        *,
+        min_frequency: int = 2,
+        lowercase: bool = True,
+        strip_accents: bool | None = None,
+        limit_alphabet: int = 1000,
+        show_progress: bool = False,
+        model_max_length: int | None = None,
+        source: str = "text iterator",
+    ) -> Tokenizer:
+        """Train a WordPiece vocabulary on strings (documents, lines or sentences).
+
+        Options as in :meth:`train`; ``source`` names the text in error messages.
+        """
+        if vocab_size <= len(SPECIAL_TOKENS):
+            raise BertforgeError(
+                f"vocab_size={vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} special "
+                "tokens; use e.g. --vocab-size 8000 (BERT uses 30522)"
+            )
+        if min_frequency < 1 or limit_alphabet < 1:
+            raise BertforgeError(
+                f"min_frequency={min_frequency} and limit_alphabet={limit_alphabet} must be >= 1"
+            )
+        n_chars = 0
+
+        def batches() -> Iterator[list[str]]:
+            nonlocal n_chars
+            batch: list[str] = []
+            for text in texts:
+                if not isinstance(text, str):
+                    raise BertforgeError(f"{source}: expected str items, got {type(text).__name__}")
+                n_chars += len(text.strip())
+                batch.append(text)
+                if len(batch) == _LINES_PER_BATCH:
+                    yield batch
+                    batch = []
+            if batch:
+                yield batch
+
+        backend = _bert_backend(None, lowercase, strip_accents)
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            show_progress=show_progress,
+            special_tokens=list(SPECIAL_TOKENS),
+            limit_alphabet=limit_alphabet,
+            continuing_subword_prefix="##",
+        )
+        backend.train_from_iterator(batches(), trainer)
+        if n_chars == 0:
+            raise BertforgeError(
+                f"{source}: the corpus is empty (no non-whitespace text to train on)"
+            )
+        return cls(backend, model_max_length, source)
+
+    @classmethod
+    def from_file(cls, path: str | Path, *, lowercase: bool | None = None) -> Tokenizer:
+        """Load a ``tokenizer.json``, a ``vocab.txt``, or a directory holding either.
+
+        A directory's ``tokenizer.json`` wins over its ``vocab.txt``. A bare ``vocab.txt`` takes
+        ``do_lower_case`` / ``strip_accents`` / ``model_max_length`` from a ``tokenizer_config.json``
+        beside it; ``lowercase`` overrides that (default: lowercase, as uncased BERT).
+        """
+        path = Path(path)
+        if path.is_dir():
+            for name in (TOKENIZER_FILE, VOCAB_FILE):
+                if (path / name).is_file():
+                    return cls.from_file(path / name, lowercase=lowercase)
+            raise BertforgeError(f"{path}: holds neither {TOKENIZER_FILE} nor {VOCAB_FILE}")
+        if not path.is_file():
+            raise BertforgeError(f"{path}: tokenizer file not found")
+        config = _read_config(path.parent)
+        max_len = config.get("model_max_length")
+        max_len = int(max_len) if isinstance(max_len, (int, float)) and max_len < 1e9 else None
+        if path.suffix == ".json":
+            try:
+                backend = _Backend.from_file(str(path))
+            except Exception as err:  # the Rust parser raises a plain Exception
+                raise BertforgeError(f"{path}: not a tokenizers JSON file ({err})") from err
+            return cls(backend, max_len, str(path))
+        if lowercase is None:
+            lowercase = bool(config.get("do_lower_case", True))
+        backend = _bert_backend(_read_vocab_txt(path), lowercase, config.get("strip_accents"))
+        return cls(backend, max_len, str(path))
+
+    # ---- properties ---------------------------------------------------------------------------
+
+    @property
+    def backend(self) -> _Backend:
+        """The raw ``tokenizers.Tokenizer``: no special tokens, truncation or padding."""
+        return self._backend
+
+    @property
+    def vocab_size(self) -> int:
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    @property
+    def special_ids(self) -> list[int]:
+        """Ids of [PAD] [UNK] [CLS] [SEP] [MASK], in that order."""
+        return [self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id]
+
+    @property
+    def lowercase(self) -> bool | None:
+        """Whether text is lowercased (None when the normaliser is not BERT's)."""
+        return self._bert_normalizer.get("lowercase")
+
+    @property
+    def strip_accents(self) -> bool | None:
+        """Whether accents are stripped; None means "when lowercasing", as in BERT."""
+        return self._bert_normalizer.get("strip_accents")
+
+    @property
+    def fingerprint(self) -> str:
+        """Hex hash of the vocabulary (in id order) and the normalisation settings.
+
+        Equal fingerprints mean equal token ids for every text; prepared data records it.
+        """
+        return self._fingerprint
+
+    @property
+    def is_continuation(self) -> np.ndarray:
+        """Bool array of size ``vocab_size``: True for ``##`` WordPieces (used by whole-word masking)."""
+        return self._is_continuation
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._backend.token_to_id(token)
+
+    def id_to_token(self, id_: int) -> str | None:
+        return self._backend.id_to_token(int(id_))
+
+    def special_tokens_mask(self, ids: Any) -> np.ndarray:
+        """Bool array, True where ``ids`` holds a special token (never masked in pretraining)."""
+        return np.isin(np.asarray(ids), self.special_ids)
+
+    # ---- encode / decode ----------------------------------------------------------------------
+
+    def _configure(self, max_length: int | None, padding: bool | str, pairs: bool) -> None:
+        if max_length is not None:
+            if max_length < (3 if pairs else 2):
+                raise BertforgeError(
+                    f"max_length={max_length} cannot hold [CLS]/[SEP]; use at least {3 if pairs else 2}"
+                )
+            self._encoder.enable_truncation(max_length, strategy="longest_first")
+        else:
+            self._encoder.no_truncation()
+        if padding == "max_length":
+            if max_length is None:
+                raise BertforgeError('padding="max_length" needs max_length')
+            self._encoder.enable_padding(pad_id=self.pad_id, pad_token=PAD, length=max_length)
+        elif padding is True or padding == "longest":
+            self._encoder.enable_padding(pad_id=self.pad_id, pad_token=PAD)
+        elif padding is False:
+            self._encoder.no_padding()
+        else:
+            raise BertforgeError(f"padding={padding!r}: use True, False or 'max_length'")
+
+    def encode(
+        self, text: str, pair: str | None = None, *, max_length: int | None = None
+    ) -> dict[str, list[int]]:
+        """``[CLS] text [SEP] (pair [SEP])`` as ``input_ids``, ``token_type_ids``, ``attention_mask``.
+
+        ``max_length`` truncates longest-first (the longer of text and pair loses tokens first).
+        """
+        self._configure(max_length, False, pair is not None)
+        enc = self._encoder.encode(text, pair)
+        return {
+            "input_ids": enc.ids,
+            "token_type_ids": enc.type_ids,
+            "attention_mask": enc.attention_mask,
+        }
+
+    def encode_batch(
+        self,
+        texts: Sequence[str],
+        pairs: Sequence[str] | None = None,
+        *,
+        max_length: int | None = None,
+        padding: bool | str = True,
+        return_tensors: str | None = None,
+    ) -> dict[str, Any]:
+        """Encode many texts (or text pairs) at once, in parallel in Rust.
+
+        ``padding=True`` pads to the longest sequence of the batch, ``"max_length"`` to
+        ``max_length``. ``return_tensors="pt"`` gives ``(B, T)`` torch int64 tensors, else lists.
+        """
+        if isinstance(texts, str):
+            raise BertforgeError("encode_batch takes a list of texts; use encode for a single text")
+        if pairs is not None and len(pairs) != len(texts):
+            raise BertforgeError(f"encode_batch: {len(texts)} texts but {len(pairs)} pairs")
+        if return_tensors not in (None, "pt"):
+            raise BertforgeError(f"return_tensors={return_tensors!r}: use None or 'pt'")
+        self._configure(max_length, padding, pairs is not None)
+        inputs = list(texts) if pairs is None else list(zip(texts, pairs, strict=True))
+        encodings = self._encoder.encode_batch(inputs)
+        out: dict[str, Any] = {
+            "input_ids": [e.ids for e in encodings],
+            "token_type_ids": [e.type_ids for e in encodings],
+            "attention_mask": [e.attention_mask for e in encodings],
+        }
+        if return_tensors == "pt":
+            if len({len(ids) for ids in out["input_ids"]}) > 1:
+                raise BertforgeError('return_tensors="pt" needs equal lengths; use padding=True')
+            import torch  # lazily: the tokenizer alone does not need torch
+
+            width = len(out["input_ids"][0]) if encodings else 0
+            out = {k: torch.tensor(v, dtype=torch.long).view(len(v), width) for k, v in out.items()}
+        return out
+
+    def decode(self, ids: Any, *, skip_special_tokens: bool = True) -> str:
+        """Text of ``ids``: WordPieces joined, ``##`` merged, BERT's punctuation spacing."""
+        return self._backend.decode(
+            np.asarray(ids, dtype=np.int64).reshape(-1).tolist(),
+            skip_special_tokens=skip_special_tokens,
+        )
+
+    def decode_batch(self, batch: Any, *, skip_special_tokens: bool = True) -> list[str]:
+        """:meth:`decode` for each row of ``batch`` (a list of id lists or a 2-D array/tensor)."""
+        rows = [np.asarray(ids, dtype=np.int64).reshape(-1).tolist() for ids in batch]
+        return self._backend.decode_batch(rows, skip_special_tokens=skip_special_tokens)
+
+    # ---- save ---------------------------------------------------------------------------------
+
+    def save(self, directory: str | Path) -> list[Path]:
+        """Write ``vocab.txt``, ``tokenizer.json`` and ``tokenizer_config.json`` into ``directory``.
+
+        The directory loads here (``Tokenizer.from_file``) and in
+        ``transformers.BertTokenizerFast.from_pretrained`` with identical ids. Each file is written
+        atomically; returns the paths written.
+        """
+        from bertforge.checkpoint import atomic_write_text
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._configure(None, False, False)
+        tokens = [self._backend.id_to_token(i) for i in range(self.vocab_size)]
+        config: dict[str, Any] = {
+            "tokenizer_class": "BertTokenizer",
+            "do_lower_case": self.lowercase if self.lowercase is not None else True,
+            "strip_accents": self.strip_accents,
+            "tokenize_chinese_chars": True,
+            "unk_token": UNK,
+            "sep_token": SEP,
+            "pad_token": PAD,
+            "cls_token": CLS,
+            "mask_token": MASK,
+        }
+        if self.model_max_length is not None:
+            config["model_max_length"] = self.model_max_length
+        written = {
+            VOCAB_FILE: "".join(f"{t}\n" for t in tokens),
+            TOKENIZER_FILE: self._encoder.to_str(pretty=True),
+            CONFIG_FILE: json.dumps(config, indent=2) + "\n",
+        }
+        for name, text in written.items():
+            atomic_write_text(directory / name, text)
+        return [directory / name for name in written]
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer(vocab_size={self.vocab_size}, lowercase={self.lowercase}, "
+            f"fingerprint={self.fingerprint})"
+        )
+
+
+# ---- CLI ------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bertforge tokenizer", description="WordPiece tokenizers."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train a WordPiece vocabulary on text files")
+    train.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        metavar="FILE",
+        help="UTF-8 text files (.gz is read transparently)",
+    )
+    train.add_argument(
+        "--vocab-size",
+        type=int,
+        required=True,
+        metavar="N",
+        help="vocabulary size including the 5 special tokens (BERT: 30522)",
+    )
+    train.add_argument(
+        "--output",
+        required=True,
+        metavar="DIR",
+        help="directory for vocab.txt, tokenizer.json, tokenizer_config.json",
+    )
+    train.add_argument(
+        "--min-frequency",
+        type=int,
+        default=2,
+        metavar="N",
+        help="minimum count of a merged WordPiece (default 2)",
+    )
+    train.add_argument(
+        "--no-lowercase",
+        dest="lowercase",
+        action="store_false",
+        help="keep case (a cased vocabulary)",
+    )
+    train.add_argument(
+        "--strip-accents",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="strip accents (default: exactly when lowercasing, as BERT)",
+    )
+    train.add_argument(
+        "--limit-alphabet",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="at most N single characters in the vocabulary (default 1000)",
+    )
+    train.add_argument(
+        "--model-max-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help="record the longest sequence the model will take (e.g. 512)",
+    )
+    train.add_argument("--progress", action="store_true", help="show the trainer's progress bars")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """``bertforge tokenizer train --input FILE... --vocab-size N --output DIR``."""
+    args = _parser().parse_args(argv)
+    start = time.perf_counter()
+    tok = Tokenizer.train(
+        args.input,
+        args.vocab_size,
+        min_frequency=args.min_frequency,
+        lowercase=args.lowercase,
+        strip_accents=args.strip_accents,
+        limit_alphabet=args.limit_alphabet,
+        show_progress=args.progress,
+        model_max_length=args.model_max_length,
+    )
+    tok.save(args.output)
+    size_mb = sum(Path(f).stat().st_size for f in args.input) / 1e6
+    case = "lowercased" if args.lowercase else "cased"
+    print(
+        f"trained a {case} WordPiece vocabulary of {tok.vocab_size} tokens on {len(args.input)} "
+        f"file(s) ({size_mb:.1f} MB on disk) in {time.perf_counter() - start:.1f} s -> {args.output} "
+        f"(fingerprint {tok.fingerprint})"
+    )
+    return 0

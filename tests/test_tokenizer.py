@@ -1,0 +1,293 @@
+"""The WordPiece tokenizer: same ids as transformers' BertTokenizerFast, round trips, CLI, errors."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertTokenizerFast
+
+from bertforge.cli import main as cli_main
+from bertforge.errors import BertforgeError
+from bertforge.tokenizer import SPECIAL_TOKENS, Tokenizer
+
+MAX_LENGTH = 64
+
+
+@pytest.fixture(scope="module")
+def wiki_lines(shared_data: Path) -> list[str]:
+    """1,000 real, non-empty lines of WikiText-2 validation text."""
+    path = shared_data / "wikitext2" / "wiki.valid.tokens"
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    lines = [line for line in lines if line]
+    assert len(lines) >= 1000
+    return lines[:1000]
+
+
+@pytest.fixture(scope="module")
+def shakespeare_lines(shakespeare_file: Path) -> list[str]:
+    return [
+        line for line in shakespeare_file.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
+
+
+@pytest.fixture(scope="module")
+def shakespeare_tok(shakespeare_file: Path) -> Tokenizer:
+    return Tokenizer.train(shakespeare_file, vocab_size=2000)
+
+
+def assert_same_as_hf(
+    ours: Tokenizer, hf: BertTokenizerFast, lines: list[str], max_length: int = MAX_LENGTH
+) -> None:
+    """Single texts and pairs of consecutive lines, truncated longest-first, padded and not."""
+    mine = ours.encode_batch(lines, max_length=max_length, padding=False)
+    theirs = hf(lines, max_length=max_length, truncation=True)
+    for key in ("input_ids", "token_type_ids", "attention_mask"):
+        assert mine[key] == theirs[key], key
+    assert max(len(ids) for ids in mine["input_ids"]) == max_length  # truncation did happen
+
+    mine = ours.encode_batch(lines[:-1], lines[1:], max_length=max_length, return_tensors="pt")
+    theirs = hf(
+        lines[:-1],
+        lines[1:],
+        max_length=max_length,
+        truncation=True,
+        padding=True,
+        return_tensors="pt",
+    )
+    for key in ("input_ids", "token_type_ids", "attention_mask"):
+        assert mine[key].dtype == torch.long
+        assert torch.equal(mine[key], theirs[key]), key
+    one = ours.encode(lines[3], lines[4], max_length=max_length)
+    assert one == {
+        k: v for k, v in hf(lines[3], lines[4], max_length=max_length, truncation=True).items()
+    }
+
+
+def test_minilm_vocab_txt_alone_matches_transformers(minilm_dir, wiki_lines, tmp_path):
+    shutil.copy(minilm_dir / "vocab.txt", tmp_path / "vocab.txt")
+    ours = Tokenizer.from_file(tmp_path / "vocab.txt")
+    hf = BertTokenizerFast.from_pretrained(str(tmp_path))
+    assert ours.vocab_size == len(hf) == 30522
+    # BERT's ids come from the file, not our 0-4 layout
+    assert ours.special_ids == [0, 100, 101, 102, 103]
+    assert ours.special_ids == [hf.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS]
+    assert_same_as_hf(ours, hf, wiki_lines)
+    assert Tokenizer.from_file(tmp_path).fingerprint == ours.fingerprint
+
+
+@pytest.mark.parametrize("source", ["tokenizer.json", "."])
+def test_minilm_tokenizer_json_and_directory_match_transformers(minilm_dir, wiki_lines, source):
+    ours = Tokenizer.from_file(minilm_dir / source)
+    hf = BertTokenizerFast.from_pretrained(str(minilm_dir))
+    assert ours.model_max_length == 512  # read from tokenizer_config.json
+    # the file's own truncation (128) and padding must not leak into our encodings
+    assert len(ours.encode(" ".join(wiki_lines[:20]))["input_ids"]) > 128
+    assert_same_as_hf(ours, hf, wiki_lines)
+
+
+def test_fingerprint_is_the_same_for_every_form_of_a_vocabulary(minilm_dir, tmp_path):
+    shutil.copy(minilm_dir / "vocab.txt", tmp_path / "vocab.txt")
+    from_txt = Tokenizer.from_file(tmp_path / "vocab.txt")
+    assert from_txt.fingerprint == Tokenizer.from_file(minilm_dir / "tokenizer.json").fingerprint
+    cased = Tokenizer.from_file(tmp_path / "vocab.txt", lowercase=False)
+    assert cased.lowercase is False and cased.fingerprint != from_txt.fingerprint
+    assert cased.encode("Hello")["input_ids"] != from_txt.encode("Hello")["input_ids"]
+
+
+def test_vocab_txt_reads_do_lower_case_from_tokenizer_config(minilm_dir, tmp_path):
+    shutil.copy(minilm_dir / "vocab.txt", tmp_path / "vocab.txt")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    tok = Tokenizer.from_file(tmp_path)
+    hf = BertTokenizerFast.from_pretrained(str(tmp_path))
+    text = "Hello World, Café Über"
+    assert tok.lowercase is False
+    assert tok.encode(text)["input_ids"] == hf(text)["input_ids"]
+    lowercased = Tokenizer.from_file(tmp_path, lowercase=True)
+    assert lowercased.encode(text)["input_ids"] != tok.encode(text)["input_ids"]
+
+
+def normalised(tok: Tokenizer, text: str) -> str:
+    """What a lossless round trip gives: the backend's normaliser (lowercase, accents, control
+    characters, CJK spacing), its pre-tokenizer's words (split at whitespace and punctuation),
+    joined by the WordPiece decoder's punctuation spacing ("a , b ." -> "a, b.")."""
+    backend = tok.backend
+    words = backend.pre_tokenizer.pre_tokenize_str(backend.normalizer.normalize_str(text))
+    return backend.decoder.decode([word for word, _ in words])
+
+
+def test_trained_on_shakespeare_round_trips(shakespeare_tok, shakespeare_lines):
+    tok = shakespeare_tok
+    assert tok.vocab_size == 2000
+    assert [tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id] == [0, 1, 2, 3, 4]
+    assert [tok.id_to_token(i) for i in range(5)] == list(SPECIAL_TOKENS)
+    enc = tok.encode_batch(shakespeare_lines, padding=False)
+    assert not any(tok.unk_id in ids for ids in enc["input_ids"])
+    decoded = tok.decode_batch(enc["input_ids"])
+    expected = [normalised(tok, line) for line in shakespeare_lines]
+    assert decoded == expected
+    assert decoded[1] == "before we proceed any further, hear me speak."
+    # words split into several WordPieces survive too, and "##" pieces are flagged
+    pieces = [tok.id_to_token(i) for i in tok.encode("Unpitied sacrilegious")["input_ids"]]
+    assert any(p.startswith("##") for p in pieces)
+    assert tok.decode(tok.encode("Unpitied sacrilegious")["input_ids"]) == "unpitied sacrilegious"
+    expected_flags = [tok.id_to_token(i).startswith("##") for i in range(tok.vocab_size)]
+    assert tok.is_continuation.tolist() == expected_flags and tok.is_continuation.sum() > 100
+
+
+def test_saved_directory_loads_identically_here_and_in_transformers(
+    shakespeare_tok, shakespeare_lines, tmp_path
+):
+    written = shakespeare_tok.save(tmp_path / "tok")
+    assert sorted(p.name for p in written) == [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.txt",
+    ]
+    config = json.loads((tmp_path / "tok" / "tokenizer_config.json").read_text())
+    assert config["do_lower_case"] is True and config["tokenizer_class"] == "BertTokenizer"
+    lines = shakespeare_lines[:1500]
+    expected = shakespeare_tok.encode_batch(lines[:-1], lines[1:], max_length=32)
+    for source in ("tok", "tok/vocab.txt", "tok/tokenizer.json"):
+        loaded = Tokenizer.from_file(tmp_path / source)
+        assert loaded.fingerprint == shakespeare_tok.fingerprint, source
+        assert loaded.encode_batch(lines[:-1], lines[1:], max_length=32) == expected, source
+    hf = BertTokenizerFast.from_pretrained(str(tmp_path / "tok"))
+    assert_same_as_hf(shakespeare_tok, hf, lines, max_length=16)
+    # vocab.txt + tokenizer_config.json alone, as Google's checkpoints ship
+    (tmp_path / "plain").mkdir()
+    for name in ("vocab.txt", "tokenizer_config.json"):
+        shutil.copy(tmp_path / "tok" / name, tmp_path / "plain" / name)
+    assert_same_as_hf(
+        shakespeare_tok,
+        BertTokenizerFast.from_pretrained(str(tmp_path / "plain")),
+        lines,
+        max_length=16,
+    )
+
+
+def test_cased_vocabulary_keeps_case_in_transformers(shakespeare_lines, tmp_path):
+    tok = Tokenizer.train_from_iterator(shakespeare_lines[:4000], vocab_size=800, lowercase=False)
+    assert tok.lowercase is False
+    tok.save(tmp_path)
+    hf = BertTokenizerFast.from_pretrained(str(tmp_path))
+    assert_same_as_hf(tok, hf, shakespeare_lines[:400], max_length=16)
+    assert tok.decode(tok.encode("First Citizen:")["input_ids"]) == "First Citizen :"
+
+
+def test_encode_batch_pads_to_longest_and_truncates_longest_first(shakespeare_tok):
+    tok = shakespeare_tok
+    texts = ["To be, or not to be", "ay"]
+    batch = tok.encode_batch(texts, max_length=64, return_tensors="pt")
+    lengths = [len(tok.encode(t)["input_ids"]) for t in texts]
+    assert batch["input_ids"].shape == (2, max(lengths))  # the longest, not max_length
+    assert batch["attention_mask"].sum(1).tolist() == lengths
+    assert batch["input_ids"][1, lengths[1] :].eq(tok.pad_id).all()
+    fixed = tok.encode_batch(texts, max_length=16, padding="max_length", return_tensors="pt")
+    assert fixed["input_ids"].shape == (2, 16)
+
+    long, short = "word " * 50, "to be or not"
+    enc = tok.encode(long, short, max_length=12)
+    types = enc["token_type_ids"]
+    # [CLS] a.. [SEP] b.. [SEP]: only the longer first text lost tokens (50 -> 5), b kept its 4
+    assert len(enc["input_ids"]) == 12 and types.count(0) == 7 and types.count(1) == 5
+    assert enc["input_ids"][0] == tok.cls_id and enc["input_ids"][-1] == tok.sep_id
+    mask = tok.special_tokens_mask(enc["input_ids"])
+    assert mask.tolist() == [i in (0, 6, 11) for i in range(12)]
+    assert tok.encode("the [MASK] of it")["input_ids"].count(tok.mask_id) == 1
+    assert np.array_equal(tok.encode_batch([], return_tensors="pt")["input_ids"].shape, (0, 0))
+
+
+def test_cli_trains_saves_and_summarises(shakespeare_file, tmp_path, capsys):
+    corpus = tmp_path / "shakespeare.txt.gz"  # .gz is read transparently
+    corpus.write_bytes(gzip.compress(shakespeare_file.read_bytes()))
+    out = tmp_path / "tok"
+    code = cli_main(
+        [
+            "tokenizer",
+            "train",
+            "--input",
+            str(corpus),
+            "--vocab-size",
+            "1000",
+            "--output",
+            str(out),
+            "--min-frequency",
+            "3",
+        ]
+    )
+    assert code == 0
+    summary = capsys.readouterr().out.strip()
+    assert "\n" not in summary
+    assert "1000 tokens" in summary and "1 file" in summary and str(out) in summary
+    tok = Tokenizer.from_file(out)
+    assert tok.vocab_size == 1000 and tok.special_ids == [0, 1, 2, 3, 4]
+    assert tok.token_to_id("king") is not None and tok.token_to_id("citizen") is not None
+    text = "First Citizen: Before we proceed any further, hear me speak."
+    assert tok.decode(tok.encode(text)["input_ids"]) == normalised(tok, text)
+
+    code = cli_main(
+        [
+            "tokenizer",
+            "train",
+            "--input",
+            str(tmp_path / "nope.txt"),
+            "--vocab-size",
+            "100",
+            "--output",
+            str(tmp_path / "x"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: input file(s) not found") and "nope.txt" in err
+
+
+def test_missing_file_errors(tmp_path):
+    with pytest.raises(BertforgeError, match=r"not found: .*missing\.txt"):
+        Tokenizer.train([tmp_path / "missing.txt"], vocab_size=100)
+    with pytest.raises(BertforgeError, match=r"absent\.txt: tokenizer file not found"):
+        Tokenizer.from_file(tmp_path / "absent.txt")
+    with pytest.raises(BertforgeError, match="holds neither tokenizer.json nor vocab.txt"):
+        Tokenizer.from_file(tmp_path)
+
+
+def test_vocab_without_mask_names_file_and_token(minilm_dir, tmp_path):
+    lines = (minilm_dir / "vocab.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    (tmp_path / "vocab.txt").write_text(
+        "".join(x for x in lines if x != "[MASK]\n"), encoding="utf-8"
+    )
+    with pytest.raises(BertforgeError) as info:
+        Tokenizer.from_file(tmp_path / "vocab.txt")
+    message = str(info.value)
+    assert str(tmp_path / "vocab.txt") in message and "[MASK]" in message
+    assert "[PAD]" not in message.split(";")[0]  # only the missing token is named as missing
+    assert "\n" not in message
+
+
+def test_empty_corpus_is_refused(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n   \n\n")
+    with pytest.raises(BertforgeError, match=r"empty\.txt: the corpus is empty"):
+        Tokenizer.train(empty, vocab_size=100)
+    with pytest.raises(BertforgeError, match="corpus is empty"):
+        Tokenizer.train_from_iterator(iter([]), vocab_size=100)
+
+
+def test_bad_arguments_say_how_to_fix(shakespeare_tok):
+    with pytest.raises(BertforgeError, match="vocab_size=5 leaves no room"):
+        Tokenizer.train_from_iterator(["some text"], vocab_size=5)
+    with pytest.raises(BertforgeError, match="max_length=2 cannot hold"):
+        shakespeare_tok.encode("a", "b", max_length=2)
+    with pytest.raises(BertforgeError, match="3 texts but 2 pairs"):
+        shakespeare_tok.encode_batch(["a", "b", "c"], ["x", "y"])
+
+
+def test_vocab_with_a_repeated_line_is_refused(tmp_path):
+    (tmp_path / "vocab.txt").write_text("\n".join([*SPECIAL_TOKENS, "the", "a", "the"]) + "\n")
+    with pytest.raises(BertforgeError, match=r"token 'the' appears on lines 6 and 8"):
+        Tokenizer.from_file(tmp_path)
