@@ -1,0 +1,304 @@
+"""Read text corpora into documents, each a list of sentences.
+
+Formats (``format="auto"`` picks one per file, see :func:`detect_format`):
+
+- ``text``: one sentence (or paragraph) per line, a blank line between documents — the layout
+  Google's BERT expects. Every line goes through :func:`split_sentences`, so a line holding a
+  whole paragraph becomes its sentences and a line holding one sentence stays one.
+- ``lines``: one document per line (e.g. IMDB's ``unsup`` text); auto-detected for a text file
+  whose first 64 KiB holds several lines and no blank line.
+- ``wikitext``: ``wiki.*.tokens`` files; a `` = Title = `` heading starts a document, section
+  headings (`` = = Sub = = ``) are dropped, and WikiText's ``@-@``, ``@,@``, ``@.@`` are undone.
+- ``csv``, ``tsv``, ``jsonl``: one row is one document, taken from ``text_column`` (multi-line
+  cells are read as paragraphs).
+
+Files may be gzip-compressed (``.gz``). Directories expand to the corpus files under them
+(:data:`CORPUS_SUFFIXES`) and globs to their matches, each in sorted order. HTML line breaks (``<br />``, as in IMDB) become spaces.
+Undecodable bytes raise :class:`~bertforge.errors.BertforgeError` naming the file and byte
+offset, unless ``encoding_errors="replace"``. Everything streams: memory does not grow with the
+file size.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import gzip
+import json
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from bertforge.errors import BertforgeError
+
+FORMATS = ("auto", "text", "lines", "wikitext", "csv", "tsv", "jsonl")
+Document = list[str]
+CORPUS_SUFFIXES = (".txt", ".text", ".tokens", ".raw", ".csv", ".tsv", ".jsonl", ".ndjson")
+"""Files a directory input expands to (a README.md beside the data is not text to train on)."""
+
+# Lower-cased words that end with a period without ending a sentence.
+ABBREVIATIONS = frozenset(
+    """mr mrs ms dr prof sr jr st mt ft vs etc e.g i.e cf al approx dept est fig figs inc ltd co
+    corp no nos vol vols pp p ch sec gen col lt sgt capt cmdr adm gov sen rep rev hon pres jan feb
+    mar apr jun jul aug sep sept oct nov dec u.s u.k u.n a.m p.m ph.d b.a m.a d.c op ed eds esp
+    ca viz""".split()  # noqa: SIM905 (a word list reads better as text)
+)
+_BR = re.compile(r"<br\s*/?>", re.IGNORECASE)
+_SPACES = re.compile(r"\s+")
+# A candidate boundary: terminal punctuation, optional closing quotes/brackets, whitespace, then
+# something that can open a sentence (optional opening quote/bracket, then a capital or a digit).
+_BOUNDARY = re.compile(r"([.!?]+)([\"'”’)\]]*)\s+(?=[\"'“‘(\[]*[A-Z0-9])")
+_ACRONYM = re.compile(r"(?:[A-Za-z]\.)+[A-Za-z]")
+_WIKI_TITLE = re.compile(r"^ ?= [^=].* = ?$")
+_WIKI_HEADING = re.compile(r"^ ?(= )+.*( =)+ ?$")
+_WIKI_JOINERS = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
+
+
+def clean_text(text: str) -> str:
+    """Replace HTML line breaks by spaces and collapse whitespace."""
+    return _SPACES.sub(" ", _BR.sub(" ", text)).strip()
+
+
+def _ends_sentence(before: str, punct: str) -> bool:
+    """Whether ``before`` + ``punct`` (text up to a candidate boundary) really ends a sentence."""
+    if punct != ".":  # "!", "?", "..." and mixes end sentences
+        return True
+    words = before[-40:].split()
+    if not words:
+        return True
+    word = words[-1].lstrip("\"'“‘([")
+    if not word:
+        return True
+    if word.lower() in ABBREVIATIONS:
+        return False
+    # Initials ("J. R. R. Tolkien") and dotted acronyms ("U.S.A") do not end a sentence.
+    is_initial = len(word) == 1 and word.isupper()
+    return not is_initial and _ACRONYM.fullmatch(word) is None
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split running text into sentences with rules for abbreviations, initials, decimals, quotes.
+
+    A sentence ends at ``.``, ``!`` or ``?`` (plus closing quotes or brackets) followed by
+    whitespace and a capital letter or digit, unless the period belongs to a known abbreviation
+    ("Dr.", "e.g.") or an initial ("J."). Decimals ("3.14") never split: no whitespace follows.
+    """
+    text = clean_text(text)
+    if not text:
+        return []
+    sentences, start = [], 0
+    for match in _BOUNDARY.finditer(text):
+        if _ends_sentence(text[start : match.start()], match.group(1)):
+            sentence = text[start : match.end()].strip()
+            if sentence:
+                sentences.append(sentence)
+            start = match.end()
+    tail = text[start:].strip()
+    if tail:
+        sentences.append(tail)
+    return sentences
+
+
+def _is_corpus_file(path: Path) -> bool:
+    name = path.name.lower().removesuffix(".gz")
+    return not name.startswith(".") and Path(name).suffix in CORPUS_SUFFIXES
+
+
+def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
+    """Expand files, directories (recursively) and globs into a stable, sorted list of files."""
+    files: list[Path] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and _is_corpus_file(p))
+            if not found:
+                raise BertforgeError(
+                    f"{path}: directory holds no corpus file ({', '.join(CORPUS_SUFFIXES)}, "
+                    "optionally .gz); pass files to --input"
+                )
+            files += found
+        elif path.is_file():
+            files.append(path)
+        elif glob.has_magic(str(item)):
+            found = sorted(
+                Path(p) for p in glob.glob(str(item), recursive=True) if Path(p).is_file()
+            )
+            if not found:
+                raise BertforgeError(f"{item}: the pattern matches no file; check --input")
+            files += found
+        else:
+            raise BertforgeError(f"{item}: no such file or directory; check --input")
+    if not files:
+        raise BertforgeError("no input files given; pass at least one --input")
+    return files
+
+
+def _open_binary(path: Path):
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
+
+
+def iter_lines(path: Path, encoding_errors: str = "strict") -> Iterator[str]:
+    """Decoded lines of a (possibly gzip) file, newline kept; bad UTF-8 names the byte offset."""
+    offset = 0
+    with _open_binary(path) as fh:
+        try:
+            for raw in fh:
+                try:
+                    yield raw.decode("utf-8", errors=encoding_errors)
+                except UnicodeDecodeError as err:
+                    where = " (after decompression)" if path.suffix == ".gz" else ""
+                    raise BertforgeError(
+                        f"{path}: bytes at offset {offset + err.start}{where} are not UTF-8 "
+                        f"({raw[err.start : err.start + 4]!r}); fix the file or pass "
+                        "--encoding-errors replace"
+                    ) from None
+                offset += len(raw)
+        except (OSError, EOFError) as err:  # truncated or corrupt gzip
+            raise BertforgeError(f"{path}: cannot read the file ({err}); check it") from None
+
+
+def detect_format(path: Path) -> str:
+    """Guess a file's format from its name and, for text, its first 64 KiB."""
+    name = path.name.lower().removesuffix(".gz")
+    for fmt, suffixes in (("csv", (".csv",)), ("tsv", (".tsv",)), ("jsonl", (".jsonl", ".ndjson"))):
+        if name.endswith(suffixes):
+            return fmt
+    if name.endswith(".tokens"):
+        return "wikitext"
+    with _open_binary(path) as fh:
+        head = fh.read(65536)
+    # split on "\n" only, as the reader does (str.splitlines also splits on \x85, \u2028, ...)
+    lines = head.decode("utf-8", errors="replace").split("\n")
+    if len(lines) > 1:
+        lines = lines[:-1]  # the last line may be cut or empty
+    first = next((line for line in lines if line.strip()), "")
+    if _WIKI_TITLE.match(first):
+        return "wikitext"
+    if len(lines) >= 3 and all(line.strip() for line in lines):
+        return "lines"
+    return "text"
+
+
+def _text_documents(lines: Iterator[str]) -> Iterator[Document]:
+    doc: Document = []
+    for line in lines:
+        if line.strip():
+            doc += split_sentences(line)
+        elif doc:
+            yield doc
+            doc = []
+    if doc:
+        yield doc
+
+
+def _wikitext_documents(lines: Iterator[str]) -> Iterator[Document]:
+    doc: Document = []
+    for line in lines:
+        line = line.rstrip("\n")
+        if _WIKI_TITLE.match(line):
+            if doc:
+                yield doc
+            doc = []
+        elif _WIKI_HEADING.match(line) or not line.strip():
+            continue
+        else:
+            for old, new in _WIKI_JOINERS:
+                line = line.replace(old, new)
+            doc += split_sentences(line)
+    if doc:
+        yield doc
+
+
+def _cell_document(cell: object) -> Document:
+    text = "" if cell is None else str(cell)
+    return [s for paragraph in text.splitlines() for s in split_sentences(paragraph)]
+
+
+def _table_documents(
+    path: Path, lines: Iterator[str], fmt: str, text_column: str | None
+) -> Iterator[Document]:
+    if fmt == "jsonl":
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise BertforgeError(
+                    f"{path}:{number}: not valid JSON ({err.msg}); fix the line"
+                ) from None
+            if isinstance(row, str) and text_column is None:
+                yield _cell_document(row)
+                continue
+            if not isinstance(row, dict) or text_column is None or text_column not in row:
+                keys = sorted(row) if isinstance(row, dict) else []
+                raise BertforgeError(
+                    f"{path}:{number}: no text column {text_column!r}; the keys are {keys}; "
+                    "pass --text-column with one of them"
+                )
+            yield _cell_document(row[text_column])
+        return
+    reader = csv.reader(lines, delimiter="\t" if fmt == "tsv" else ",")
+    try:
+        header = next(reader)
+    except StopIteration:
+        return
+    except csv.Error as err:
+        raise BertforgeError(f"{path}: cannot parse the header as {fmt.upper()} ({err})") from None
+    if text_column is None or text_column not in header:
+        raise BertforgeError(
+            f"{path}: no column {text_column!r}; the columns are {header}; "
+            "pass --text-column with one of them"
+        )
+    column = header.index(text_column)
+    try:
+        for row in reader:
+            if len(row) > column:
+                yield _cell_document(row[column])
+    except csv.Error as err:
+        raise BertforgeError(
+            f"{path}: line {reader.line_num}: malformed {fmt.upper()} ({err})"
+        ) from None
+
+
+def read_documents(
+    path: str | Path,
+    *,
+    format: str = "auto",
+    text_column: str | None = None,
+    encoding_errors: str = "strict",
+) -> Iterator[Document]:
+    """Stream the documents of one file; each is a list of non-empty sentences (may be empty)."""
+    path = Path(path)
+    if format not in FORMATS:
+        raise BertforgeError(f"format {format!r} is unknown; choose one of {', '.join(FORMATS)}")
+    if encoding_errors not in ("strict", "replace"):
+        raise BertforgeError(f"--encoding-errors {encoding_errors!r}: choose strict or replace")
+    if not path.is_file():
+        raise BertforgeError(f"{path}: no such file; check --input")
+    fmt = detect_format(path) if format == "auto" else format
+    lines = iter_lines(path, encoding_errors)
+    if fmt in ("csv", "tsv", "jsonl"):
+        yield from _table_documents(path, lines, fmt, text_column)
+    elif fmt == "wikitext":
+        yield from _wikitext_documents(lines)
+    elif fmt == "lines":
+        for line in lines:
+            if line.strip():
+                yield split_sentences(line)
+    else:
+        yield from _text_documents(lines)
+
+
+def iter_documents(
+    inputs: Iterable[str | Path],
+    *,
+    format: str = "auto",
+    text_column: str | None = None,
+    encoding_errors: str = "strict",
+) -> Iterator[Document]:
+    """Stream the documents of every input (files, directories, globs) in a stable order."""
+    for path in expand_inputs(inputs):
+        yield from read_documents(
+            path, format=format, text_column=text_column, encoding_errors=encoding_errors
+        )

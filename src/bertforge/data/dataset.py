@@ -1,0 +1,181 @@
+"""The on-disk format of prepared pretraining data: the shard writer and the memmap reader.
+
+Layout of a data directory (``bertforge prepare`` writes it to a hidden temporary sibling and
+renames it when complete, so an interrupted run never leaves something that looks whole)::
+
+    meta.json                 format version, mode, max_seq_length, vocab_size, token dtype,
+                              tokenizer fingerprint, special ids, settings, counts, shard list
+    tokenizer/                the tokenizer the ids belong to (vocab.txt, tokenizer.json, ...)
+    train-00000.ids           token ids of whole sequences ([CLS] A [SEP] B [SEP]) back to back,
+                              uint16 when the vocabulary fits, else uint32
+    train-00000.idx           int64 (n, 4): offset, length, first position of segment B, NSP label
+    validation-00000.ids/.idx the same for the validation split
+
+- :class:`PretrainingDataset` ``(data_dir, split="train"|"validation", tokenizer=None)`` reads a
+  split: ``len(ds)``; ``ds[i]`` is a dict with ``input_ids`` and ``token_type_ids`` (int64 numpy
+  arrays, special tokens included) and ``next_sentence_label`` (0 IsNext, 1 NotNext as in
+  transformers, -1 in packed mode); ``ds.lengths`` (for length bucketing); ``ds.meta`` (the
+  ``meta.json`` dict); ``ds.tokenizer_dir``. Given a tokenizer, it checks the fingerprint and
+  raises :class:`~bertforge.errors.BertforgeError` saying what to do on a mismatch.
+- :func:`read_meta` loads and checks ``meta.json`` (format version) alone.
+- :class:`ShardWriter` appends sequences to a split's shards (used by ``prepare``).
+
+All of it is re-exported by :mod:`bertforge.data.shards`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertforge.data.instances import Instance
+from bertforge.errors import BertforgeError
+
+FORMAT_VERSION = 1
+META_FILE = "meta.json"
+TOKENIZER_DIR = "tokenizer"
+SPLITS = ("train", "validation")
+_IDX_COLUMNS = 4  # offset, length, b_start, nsp label
+
+
+class ShardWriter:
+    """Appends finished sequences of one split to shard files, starting a new file when full."""
+
+    def __init__(self, directory: Path, split: str, dtype: np.dtype, shard_tokens: int) -> None:
+        self.directory, self.split, self.dtype = directory, split, dtype
+        self.shard_tokens = shard_tokens
+        self.shards: list[dict[str, Any]] = []
+        self._ids = self._idx = None
+        self.instances = self.tokens = self.not_next = 0
+
+    def _open(self) -> None:
+        name = f"{self.split}-{len(self.shards):05d}"
+        self.shards.append({"name": name, "instances": 0, "tokens": 0})
+        self._ids = open(self.directory / f"{name}.ids", "wb")  # noqa: SIM115
+        self._idx = open(self.directory / f"{name}.idx", "wb")  # noqa: SIM115
+
+    def write(self, instances: list[Instance], cls_id: int, sep_id: int) -> None:
+        if not instances:
+            return
+        cls, sep = np.array([cls_id]), np.array([sep_id])
+        pieces, rows = [], np.zeros((len(instances), _IDX_COLUMNS), dtype=np.int64)
+        for row, inst in zip(rows, instances, strict=True):
+            la = len(inst.tokens_a)
+            if inst.tokens_b is None:
+                pieces += [cls, inst.tokens_a, sep]
+                row[1:] = (la + 2, la + 2, -1)
+            else:
+                pieces += [cls, inst.tokens_a, sep, inst.tokens_b, sep]
+                row[1:] = (la + len(inst.tokens_b) + 3, la + 2, int(inst.is_random_next))
+        if self._ids is None or self.shards[-1]["tokens"] >= self.shard_tokens:
+            self.close()
+            self._open()
+        shard = self.shards[-1]
+        rows[:, 0] = shard["tokens"] + np.concatenate([[0], np.cumsum(rows[:-1, 1])])
+        ids = np.concatenate(pieces).astype(self.dtype)
+        self._ids.write(ids.tobytes())
+        self._idx.write(rows.tobytes())
+        shard["instances"] += len(rows)
+        shard["tokens"] += len(ids)
+        self.instances += len(rows)
+        self.tokens += len(ids)
+        self.not_next += int((rows[:, 3] == 1).sum())
+
+    def close(self) -> None:
+        for fh in (self._ids, self._idx):
+            if fh is not None:
+                fh.close()
+        self._ids = self._idx = None
+
+
+def read_meta(data_dir: str | Path) -> dict[str, Any]:
+    """Load and check ``meta.json`` of a prepared data directory."""
+    path = Path(data_dir) / META_FILE
+    if not path.is_file():
+        raise BertforgeError(
+            f"{data_dir}: no {META_FILE}, so not a complete prepared data set (an interrupted "
+            "bertforge prepare leaves none); run bertforge prepare --output there"
+        )
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise BertforgeError(f"{path}: not valid JSON ({err}); re-run bertforge prepare") from None
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise BertforgeError(
+            f"{path}: data format version {meta.get('format_version')}, this bertforge reads "
+            f"version {FORMAT_VERSION}; re-run bertforge prepare with this version"
+        )
+    return meta
+
+
+class PretrainingDataset:
+    """Random access to one split of a prepared data directory (numpy memmaps, no loading)."""
+
+    def __init__(self, data_dir: str | Path, split: str = "train", tokenizer: Any = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.meta = read_meta(self.data_dir)
+        self.tokenizer_dir = self.data_dir / TOKENIZER_DIR
+        if tokenizer is not None and tokenizer.fingerprint != self.meta["tokenizer_fingerprint"]:
+            raise BertforgeError(
+                f"{self.data_dir / META_FILE}: prepared with tokenizer {self.meta['tokenizer_fingerprint']}"
+                f" but the given tokenizer is {tokenizer.fingerprint}; use the tokenizer in "
+                f"{self.tokenizer_dir} or re-run bertforge prepare with this tokenizer"
+            )
+        if split not in SPLITS:
+            raise BertforgeError(f"split {split!r} is unknown; choose train or validation")
+        if not self.meta["splits"][split]["instances"]:
+            raise BertforgeError(
+                f"{self.data_dir}: the {split} split is empty; prepare with a larger "
+                "--validation-fraction or with --validation FILE"
+            )
+        self.split = split
+        dtype = np.dtype(self.meta["dtype"])
+        self._ids, self._idx = [], []
+        for shard in self.meta["splits"][split]["shards"]:
+            base = self.data_dir / shard["name"]
+            for suffix in (".ids", ".idx"):
+                if not base.with_suffix(suffix).is_file():
+                    raise BertforgeError(f"{base}{suffix}: missing; re-run bertforge prepare")
+            self._ids.append(np.memmap(base.with_suffix(".ids"), dtype=dtype, mode="r"))
+            idx = np.memmap(base.with_suffix(".idx"), dtype=np.int64, mode="r")
+            self._idx.append(idx.reshape(-1, _IDX_COLUMNS))
+            if len(self._idx[-1]) != shard["instances"] or len(self._ids[-1]) != shard["tokens"]:
+                raise BertforgeError(
+                    f"{base}: size differs from meta.json; re-run bertforge prepare"
+                )
+        self._ends = np.cumsum([len(i) for i in self._idx])
+        self._lengths: np.ndarray | None = None
+
+    def __reduce__(self):
+        # reopen the memmaps in a worker process instead of pickling their contents
+        return (PretrainingDataset, (self.data_dir, self.split))
+
+    @property
+    def mode(self) -> str:
+        return self.meta["mode"]
+
+    def __len__(self) -> int:
+        return int(self._ends[-1])
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Sequence length of every example (for length bucketing)."""
+        if self._lengths is None:
+            self._lengths = np.concatenate([idx[:, 1] for idx in self._idx])
+        return self._lengths
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"index {index} out of range for {n} examples")
+        index %= n
+        shard = int(np.searchsorted(self._ends, index, side="right"))
+        local = index - (int(self._ends[shard - 1]) if shard else 0)
+        offset, length, b_start, label = (int(v) for v in self._idx[shard][local])
+        ids = np.array(self._ids[shard][offset : offset + length], dtype=np.int64)
+        types = np.zeros(length, dtype=np.int64)
+        types[b_start:] = 1
+        return {"input_ids": ids, "token_type_ids": types, "next_sentence_label": label}

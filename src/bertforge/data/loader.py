@@ -1,0 +1,261 @@
+"""Batches for pretraining: a rank-aware resumable sampler, a masking collator, a loader.
+
+Typical use in a training loop (one process per rank)::
+
+    ds = PretrainingDataset(data_dir, "train", tokenizer)
+    sampler = PretrainingSampler(len(ds), global_batch_size=256, rank=rank, world_size=world,
+                                 seed=seed, lengths=ds.lengths, bucket_window=50)
+    collator = PretrainingCollator(tokenizer, mlm_probability=0.15, seed=seed)
+    loader = PretrainingLoader(ds, sampler, collator)
+    loader.load_state_dict(state["data"])          # on resume: jumps straight to the position
+    batches = iter(loader)                          # endless: epochs follow each other
+    batch = next(batches)                           # this rank's share of one global step
+    state["data"] = loader.state_dict()
+
+- :class:`PretrainingSampler` yields, per global step, this rank's slice
+  ``global_batch[rank::world_size]`` of the global batch's example indices. Each epoch is a
+  fresh permutation drawn from (seed, epoch); optional length bucketing sorts by length within a
+  window of global batches and shuffles the batches of the window (deterministic, the same on
+  every rank). Its state is (epoch, step_in_epoch): resume restores the position directly.
+- :class:`PretrainingCollator` pads to the longest sequence of the batch and masks with random
+  numbers derived from (seed, epoch, example index, position) (see
+  :func:`~bertforge.data.masking.counter_uniforms`), so masks are independent of batching,
+  rank and padding.
+- :func:`validation_batches` iterates a validation set in order with the fixed epoch
+  :data:`VALIDATION_EPOCH`: its masks are fixed once, comparable across evaluations and runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from bertforge.data.masking import counter_uniforms_np, mask_tokens
+from bertforge.errors import BertforgeError
+
+VALIDATION_EPOCH = -1
+"""Epoch number used for validation masks (never a training epoch)."""
+
+
+def check_vocab(tokenizer_vocab_size: int, model_vocab_size: int) -> None:
+    """Raise when the tokenizer's and the model's vocabulary sizes differ."""
+    if int(tokenizer_vocab_size) != int(model_vocab_size):
+        raise BertforgeError(
+            f"the tokenizer has {tokenizer_vocab_size} tokens but the model's vocab_size is "
+            f"{model_vocab_size}; build the model with vocab_size={tokenizer_vocab_size} or use the "
+            "tokenizer the data was prepared with"
+        )
+
+
+class PretrainingSampler:
+    """Global-batch sampler for one rank; endless over epochs; resumable by (epoch, step)."""
+
+    def __init__(
+        self,
+        num_examples: int,
+        global_batch_size: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = True,
+        lengths: Sequence[int] | np.ndarray | None = None,
+        bucket_window: int = 0,
+    ) -> None:
+        if global_batch_size % world_size:
+            raise BertforgeError(
+                f"global batch size {global_batch_size} is not divisible by world size "
+                f"{world_size}; choose a multiple of {world_size}"
+            )
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+        if num_examples < (global_batch_size if drop_last else 1):
+            raise BertforgeError(
+                f"the data set has {num_examples} examples, fewer than one global batch of "
+                f"{global_batch_size}; lower the batch size or prepare more data"
+            )
+        if bucket_window and lengths is None:
+            raise ValueError("length bucketing (bucket_window > 0) needs lengths")
+        self.num_examples, self.global_batch_size = num_examples, global_batch_size
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.shuffle, self.drop_last = shuffle, drop_last
+        self.lengths = None if lengths is None else np.asarray(lengths)
+        self.bucket_window = bucket_window
+        self._epoch, self._step = 0, 0
+        self._cached: tuple[int, np.ndarray] | None = None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        n, b = self.num_examples, self.global_batch_size
+        return n // b if self.drop_last else -(-n // b)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the next batch."""
+        return self._epoch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self._epoch, "step_in_epoch": self._step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._epoch, self._step = int(state["epoch"]), int(state["step_in_epoch"])
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """All global batches of an epoch as a (steps, global_batch_size) array (last may be -1 padded)."""
+        if self._cached is not None and self._cached[0] == epoch:
+            return self._cached[1]
+        rng = np.random.default_rng([self.seed, epoch])
+        n, b = self.num_examples, self.global_batch_size
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        steps = self.steps_per_epoch
+        order = (
+            order[: steps * b]
+            if self.drop_last
+            else np.pad(order, (0, steps * b - n), constant_values=-1)
+        )
+        batches = order.reshape(steps, b)
+        if self.bucket_window and self.lengths is not None:
+            batches = self._bucket(batches, rng)
+        self._cached = (epoch, batches)
+        return batches
+
+    def _bucket(self, batches: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        out = []
+        for start in range(0, len(batches), self.bucket_window):
+            window = batches[start : start + self.bucket_window].reshape(-1)
+            real = window[window >= 0]
+            real = real[np.argsort(self.lengths[real], kind="stable")]
+            window = np.concatenate([real, window[window < 0]]).reshape(-1, self.global_batch_size)
+            out.append(window[rng.permutation(len(window))])
+        return np.concatenate(out)
+
+    def batch_indices(self, epoch: int, step: int) -> list[int]:
+        """This rank's example indices at (epoch, step)."""
+        global_batch = self.epoch_order(epoch)[step]
+        return [int(i) for i in global_batch[self.rank :: self.world_size] if i >= 0]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        while True:
+            if self._step >= self.steps_per_epoch:
+                self._epoch, self._step = self._epoch + 1, 0
+            indices = self.batch_indices(self._epoch, self._step)
+            self._step += 1  # the state now points at the next batch
+            yield indices
+
+
+class PretrainingCollator:
+    """Pads examples to the longest in the batch and masks them; see the module docstring.
+
+    ``tokenizer`` is a :class:`~bertforge.tokenizer.Tokenizer` (or anything with ``vocab_size``,
+    ``pad_id``, ``mask_id``, ``special_ids`` and, for whole-word masking, ``is_continuation``).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        mlm_probability: float = 0.15,
+        replace_probs: tuple[float, float, float] = (0.8, 0.1, 0.1),
+        whole_word: bool = False,
+        max_predictions: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.vocab_size = int(tokenizer.vocab_size)
+        self.pad_id, self.mask_id = int(tokenizer.pad_id), int(tokenizer.mask_id)
+        special = sorted({int(i) for i in tokenizer.special_ids} | {self.pad_id, self.mask_id})
+        is_special = np.zeros(self.vocab_size, dtype=bool)
+        is_special[special] = True
+        self.is_special = is_special
+        self.candidate_ids = np.flatnonzero(~is_special)
+        self.is_continuation = (
+            np.asarray(tokenizer.is_continuation, dtype=bool) if whole_word else None
+        )
+        self.mlm_probability, self.replace_probs = mlm_probability, tuple(replace_probs)
+        self.max_predictions, self.seed = max_predictions, seed
+
+    def pad(self, examples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Stack examples padded to the longest; no masking."""
+        lengths = np.array([len(e["input_ids"]) for e in examples])
+        B, T = len(examples), int(lengths.max())
+        real = np.arange(T)[None, :] < lengths[:, None]  # (B, T), row-major like the concatenation
+        ids = np.full((B, T), self.pad_id, dtype=np.int64)
+        types = np.zeros((B, T), dtype=np.int64)
+        ids[real] = np.concatenate([e["input_ids"] for e in examples])
+        types[real] = np.concatenate([e["token_type_ids"] for e in examples])
+        nsp = np.array([int(e.get("next_sentence_label", -1)) for e in examples], dtype=np.int64)
+        return {
+            "input_ids": torch.from_numpy(ids),
+            "attention_mask": torch.from_numpy(real.astype(np.int64)),
+            "token_type_ids": torch.from_numpy(types),
+            "next_sentence_label": torch.from_numpy(nsp),
+        }
+
+    def __call__(
+        self, examples: Sequence[dict[str, Any]], indices: Sequence[int], epoch: int
+    ) -> dict[str, torch.Tensor]:
+        """Collate and mask; ``indices`` are the examples' data-set indices (they seed the masks)."""
+        batch = self.pad(examples)
+        ids = batch["input_ids"].numpy()
+        special = self.is_special[ids] | (batch["attention_mask"].numpy() == 0)
+        word_starts = None if self.is_continuation is None else ~self.is_continuation[ids]
+        masked, labels = mask_tokens(
+            batch["input_ids"],
+            special,
+            rate=self.mlm_probability,
+            mask_token_id=self.mask_id,
+            vocab_size=self.vocab_size,
+            replace_probs=self.replace_probs,
+            uniforms=counter_uniforms_np(self.seed, epoch, indices, ids.shape[1]),
+            word_starts=word_starts,
+            max_predictions=self.max_predictions,
+            candidate_ids=self.candidate_ids,
+        )
+        batch["input_ids"], batch["labels"] = masked, labels
+        return batch
+
+
+class PretrainingLoader:
+    """Dataset + sampler + collator: ``iter(loader)`` yields collated batches, endlessly.
+
+    ``state_dict()`` / ``load_state_dict()`` save and restore the sampler's position; since the
+    masks are a function of (seed, epoch, index), nothing else is needed for an exact resume.
+    """
+
+    def __init__(self, dataset: Any, sampler: PretrainingSampler, collator: PretrainingCollator):
+        self.dataset, self.sampler, self.collator = dataset, sampler, collator
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def state_dict(self) -> dict[str, int]:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.sampler.load_state_dict(state)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for indices in self.sampler:
+            epoch = self.sampler.epoch  # the batch just drawn belongs to this epoch
+            yield self.collator([self.dataset[i] for i in indices], indices, epoch)
+
+
+def validation_batches(
+    dataset: Any,
+    collator: PretrainingCollator,
+    batch_size: int,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    max_examples: int | None = None,
+) -> Iterator[dict[str, torch.Tensor]]:
+    """This rank's validation batches in order (examples ``rank::world_size``), fixed masks."""
+    n = len(dataset) if max_examples is None else min(len(dataset), max_examples)
+    mine = list(range(rank, n, world_size))
+    for start in range(0, len(mine), batch_size):
+        indices = mine[start : start + batch_size]
+        yield collator([dataset[i] for i in indices], indices, VALIDATION_EPOCH)

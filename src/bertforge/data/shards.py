@@ -1,0 +1,359 @@
+"""``bertforge prepare``: raw text to prepared pretraining data (see :mod:`.dataset` for the format).
+
+:func:`prepare` (CLI ``bertforge prepare``, :func:`main`) streams documents from the inputs
+(:mod:`bertforge.data.corpus`), tokenises them in chunks with the ``tokenizers`` library's parallel
+batch encoding, builds NSP pairs or packed sequences (:mod:`bertforge.data.instances`) and flushes
+them to shards as it goes (:class:`~bertforge.data.dataset.ShardWriter`), so memory stays bounded
+whatever the corpus size. It writes into a temporary directory renamed when complete, copies the
+tokenizer into ``OUTPUT/tokenizer/`` and returns a summary dict (documents, instances, tokens,
+skipped documents and why, throughput).
+
+The reader lives in :mod:`bertforge.data.dataset` and is re-exported here:
+:class:`PretrainingDataset`, :func:`read_meta`, :data:`TOKENIZER_DIR`, :data:`FORMAT_VERSION`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from bertforge.checkpoint import atomic_directory
+from bertforge.data.corpus import FORMATS, Document, iter_documents
+from bertforge.data.dataset import (
+    FORMAT_VERSION,
+    META_FILE,
+    SPLITS,
+    TOKENIZER_DIR,
+    PretrainingDataset,
+    ShardWriter,
+    read_meta,
+)
+from bertforge.data.instances import InstanceBuilder
+from bertforge.errors import BertforgeError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "META_FILE",
+    "TOKENIZER_DIR",
+    "PretrainingDataset",
+    "ShardWriter",
+    "format_summary",
+    "main",
+    "prepare",
+    "read_meta",
+]
+
+MODES = ("nsp", "packed")
+
+
+def _warnings(
+    builders: dict[str, InstanceBuilder],
+    writers: dict[str, ShardWriter],
+    validating: bool,
+) -> list[str]:
+    out = []
+    if validating and writers["validation"].instances == 0:
+        out.append(
+            "no validation instances: the corpus has too few documents for "
+            "--validation-fraction; raise it or pass --validation FILE"
+        )
+    for split, builder in builders.items():
+        if builder.mode == "nsp" and builder.documents == 1:
+            out.append(
+                f"the {split} split has a single document, so it has no NotNext pairs; "
+                "add documents"
+            )
+    return out
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A few human-readable lines about a finished :func:`prepare`."""
+    skipped = summary["skipped_documents"]
+    why = ", ".join(f"{n:,} {reason}" for reason, n in skipped.items()) or "none"
+    lines = [
+        f"wrote {summary['output']} ({summary['mode']}, max_seq_length {summary['max_seq_length']})",
+        f"documents: {summary['documents']:,} read, train {summary['documents_used']['train']:,}, "
+        f"validation {summary['documents_used']['validation']:,}; skipped: {why}",
+        f"instances: train {summary['instances']['train']:,}, validation "
+        f"{summary['instances']['validation']:,}; tokens: train {summary['tokens']['train']:,}, "
+        f"validation {summary['tokens']['validation']:,}",
+        f"sentences {summary['sentences']:,} ({summary['long_sentences_split']:,} too long, split); "
+        f"{summary['text_tokens']:,} text tokens in {summary['seconds']:.1f} s "
+        f"({summary['tokens_per_second']:,} tokens/s)",
+    ]
+    if summary["not_next_fraction"] is not None:
+        lines.append(f"NotNext share (train): {summary['not_next_fraction']:.3f}")
+    lines += [f"warning: {w}" for w in summary["warnings"]]
+    return "\n".join(lines)
+
+
+def _is_validation(doc_index: int, fraction: float) -> bool:
+    """Spread ``fraction`` of the documents evenly and deterministically over the corpus."""
+    return int((doc_index + 1) * fraction + 0.5) > int(doc_index * fraction + 0.5)
+
+
+def _document_key(doc: Document) -> bytes:
+    return hashlib.blake2b(" ".join(doc).encode("utf-8"), digest_size=12).digest()
+
+
+def _tagged_documents(
+    inputs, validation_inputs, fraction, read, excluded: set[bytes], stats: dict[str, Any]
+) -> Iterator[tuple[str, Document]]:
+    """(split, document) pairs; documents whose text is in ``excluded`` are skipped and counted."""
+    tagged = (
+        ("validation" if fraction > 0 and _is_validation(i, fraction) else "train", doc)
+        for i, doc in enumerate(iter_documents(inputs, **read))
+    )
+    if validation_inputs:
+        tagged = itertools.chain(
+            tagged, (("validation", doc) for doc in iter_documents(validation_inputs, **read))
+        )
+    skipped = stats.setdefault("skipped", {})
+    for split, doc in tagged:
+        if excluded and _document_key(doc) in excluded:
+            skipped["text in --exclude"] = skipped.get("text in --exclude", 0) + 1
+            continue
+        yield split, doc
+
+
+def prepare(
+    inputs: list[str],
+    tokenizer: Any,
+    output: str | Path,
+    *,
+    max_seq_length: int = 128,
+    mode: str = "nsp",
+    short_seq_prob: float = 0.1,
+    validation_fraction: float = 0.01,
+    validation_inputs: list[str] | None = None,
+    exclude_inputs: list[str] | None = None,
+    text_column: str | None = None,
+    format: str = "auto",
+    seed: int = 12345,
+    encoding_errors: str = "strict",
+    chunk_chars: int = 1_000_000,
+    shard_tokens: int = 1 << 26,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Turn text files into a prepared data directory at ``output``; return a summary dict.
+
+    ``tokenizer`` is a :class:`bertforge.tokenizer.Tokenizer`. With ``validation_inputs`` every
+    document of those files is validation data and ``validation_fraction`` is ignored; otherwise
+    that fraction of the documents (spread evenly) is held out. Documents whose text equals a
+    document of ``exclude_inputs`` (read the same way, e.g. IMDB's test reviews) are skipped and
+    counted. See the module docstring.
+    """
+    if mode not in MODES:
+        raise BertforgeError(f"--mode {mode!r}: choose nsp or packed")
+    if not 8 <= max_seq_length <= 1 << 16:
+        raise BertforgeError(f"--max-seq-length {max_seq_length}: must be between 8 and 65536")
+    if not 0 <= short_seq_prob <= 1 or not 0 <= validation_fraction < 1:
+        raise BertforgeError(
+            "--short-seq-prob must be in [0, 1] and --validation-fraction in [0, 1)"
+        )
+    fraction = 0.0 if validation_inputs else validation_fraction
+    output = Path(output)
+    if output.exists() and not overwrite:
+        raise BertforgeError(
+            f"{output}: already exists; choose another --output or pass --overwrite"
+        )
+    if output.exists() and any(output.iterdir()) and not (output / META_FILE).is_file():
+        raise BertforgeError(
+            f"{output}: exists and is not a prepared data set; refusing to replace it"
+        )
+    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
+    read = {"format": format, "text_column": text_column, "encoding_errors": encoding_errors}
+    stats: dict[str, Any] = {}
+    # documents to keep out of the data, e.g. an evaluation set's texts
+    excluded = (
+        {_document_key(d) for d in iter_documents(exclude_inputs, **read)}
+        if exclude_inputs
+        else set()
+    )
+    start = time.perf_counter()
+    with atomic_directory(output) as tmp:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result is ordinary data
+        writers = {split: ShardWriter(tmp, split, dtype, shard_tokens) for split in SPLITS}
+        builders = {
+            split: InstanceBuilder(
+                tokenizer,
+                lambda instances, w=writers[split]: w.write(
+                    instances, tokenizer.cls_id, tokenizer.sep_id
+                ),
+                mode,
+                max_seq_length,
+                short_seq_prob,
+                np.random.default_rng([seed, code]),
+                stats,
+                chunk_chars,
+            )
+            for code, split in enumerate(SPLITS)
+        }
+        n_docs = n_sentences = 0
+        bar = tqdm(desc="prepare", unit=" docs", disable=not progress, mininterval=1.0)
+        tagged = _tagged_documents(inputs, validation_inputs, fraction, read, excluded, stats)
+        for split, doc in tagged:
+            n_docs += 1
+            n_sentences += len(doc)
+            builders[split].add(doc)
+            bar.update(1)
+            if n_docs % 200 == 0:
+                rate = stats["text_tokens"] / max(time.perf_counter() - start, 1e-9)
+                bar.set_postfix_str(f"{stats['text_tokens']:,} tokens, {rate:,.0f} tokens/s")
+        for split in SPLITS:
+            builders[split].finish()
+            writers[split].close()
+        bar.close()
+        seconds = time.perf_counter() - start
+        if n_docs == 0:
+            raise BertforgeError(
+                f"{', '.join(map(str, inputs))}: no text found; the input is empty"
+            )
+        train = writers["train"]
+        if train.instances == 0:
+            raise BertforgeError(
+                f"no training instances from {n_docs} documents (skipped: {stats['skipped']}); "
+                "give more text, or use --mode packed for corpora of one-sentence documents"
+            )
+        summary: dict[str, Any] = {
+            "output": str(output),
+            "mode": mode,
+            "max_seq_length": max_seq_length,
+            "documents": n_docs,
+            "sentences": n_sentences,
+            "documents_used": {s: b.documents for s, b in builders.items()},
+            "skipped_documents": stats["skipped"],
+            "long_sentences_split": stats["long_sentences_split"],
+            "text_tokens": stats["text_tokens"],
+            "instances": {s: w.instances for s, w in writers.items()},
+            "tokens": {s: w.tokens for s, w in writers.items()},
+            "not_next_fraction": train.not_next / train.instances if mode == "nsp" else None,
+            "nsp_chunks_without_negative": stats["nsp_chunks_without_negative"],
+            "warnings": _warnings(builders, writers, bool(fraction > 0 or validation_inputs)),
+            "seconds": round(seconds, 3),
+            "tokens_per_second": round(stats["text_tokens"] / max(seconds, 1e-9)),
+        }
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "mode": mode,
+            "max_seq_length": max_seq_length,
+            "vocab_size": tokenizer.vocab_size,
+            "dtype": dtype.name,
+            "tokenizer_fingerprint": tokenizer.fingerprint,
+            "special_ids": {
+                "pad": tokenizer.pad_id,
+                "unk": tokenizer.unk_id,
+                "cls": tokenizer.cls_id,
+                "sep": tokenizer.sep_id,
+                "mask": tokenizer.mask_id,
+            },
+            "settings": {
+                "inputs": [str(i) for i in inputs],
+                "validation_inputs": [str(i) for i in validation_inputs or []],
+                "exclude_inputs": [str(i) for i in exclude_inputs or []],
+                "validation_fraction": fraction,
+                "short_seq_prob": short_seq_prob,
+                "seed": seed,
+                "text_column": text_column,
+                "format": format,
+                "encoding_errors": encoding_errors,
+                "chunk_chars": chunk_chars,
+            },
+            "splits": {
+                s: {"instances": w.instances, "tokens": w.tokens, "shards": w.shards}
+                for s, w in writers.items()
+            },
+            "counts": summary,
+        }
+        tokenizer.save(tmp / TOKENIZER_DIR)
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return summary
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bertforge prepare",
+        description="Turn text into token shards for pretraining: NSP pairs or packed sequences.",
+    )
+    p.add_argument(
+        "--input",
+        nargs="+",
+        action="extend",
+        required=True,
+        help="text files, directories or globs (txt, WikiText, csv/tsv/jsonl, .gz)",
+    )
+    p.add_argument("--tokenizer", required=True, help="tokenizer directory or file")
+    p.add_argument("--output", required=True, help="data directory to create")
+    p.add_argument("--max-seq-length", type=int, default=128, help="tokens per sequence (128)")
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default="nsp",
+        help="nsp: sentence pairs with NSP labels; packed: full sequences, MLM only",
+    )
+    p.add_argument(
+        "--short-seq-prob", type=float, default=0.1, help="share of shorter NSP targets (0.1)"
+    )
+    p.add_argument(
+        "--validation-fraction", type=float, default=0.01, help="documents held out (0.01)"
+    )
+    p.add_argument(
+        "--validation",
+        nargs="+",
+        action="extend",
+        default=None,
+        help="files holding the validation documents (instead of a fraction)",
+    )
+    p.add_argument(
+        "--exclude",
+        nargs="+",
+        action="extend",
+        default=None,
+        help="drop documents whose text equals one in these files (e.g. an evaluation set)",
+    )
+    p.add_argument("--text-column", default=None, help="column or key of csv/tsv/jsonl inputs")
+    p.add_argument("--format", choices=FORMATS, default="auto")
+    p.add_argument("--encoding-errors", choices=("strict", "replace"), default="strict")
+    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing data directory")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    from bertforge.tokenizer import Tokenizer
+
+    args = _parser().parse_args(argv)
+    tokenizer = Tokenizer.from_file(args.tokenizer)
+    summary = prepare(
+        args.input,
+        tokenizer,
+        args.output,
+        max_seq_length=args.max_seq_length,
+        mode=args.mode,
+        short_seq_prob=args.short_seq_prob,
+        validation_fraction=args.validation_fraction,
+        validation_inputs=args.validation,
+        exclude_inputs=args.exclude,
+        text_column=args.text_column,
+        format=args.format,
+        seed=args.seed,
+        encoding_errors=args.encoding_errors,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+    print(format_summary(summary))
+    return 0

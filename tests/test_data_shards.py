@@ -1,0 +1,266 @@
+"""bertforge prepare and the memmap reader: round trips, atomic output, checks, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bertforge.cli import main as cli_main
+from bertforge.data.corpus import iter_documents
+from bertforge.data.shards import PretrainingDataset, prepare
+from bertforge.errors import BertforgeError
+from bertforge.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(shakespeare_file: Path) -> Tokenizer:
+    return Tokenizer.train([shakespeare_file], vocab_size=800)
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tokenizer: Tokenizer, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tok")
+    tokenizer.save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, shared_data: Path) -> Path:
+    """WikiText valid (60 articles) as a small real corpus."""
+    return shared_data / "wikitext2" / "wiki.valid.tokens"
+
+
+def test_nsp_data_round_trip(corpus: Path, tokenizer: Tokenizer, tmp_path: Path) -> None:
+    out = tmp_path / "data"
+    summary = prepare(
+        [str(corpus)], tokenizer, out, max_seq_length=64, validation_fraction=0.05, progress=False
+    )
+    ds = PretrainingDataset(out, "train", tokenizer)
+    val = PretrainingDataset(out, "validation", tokenizer)
+    assert len(ds) == summary["instances"]["train"] > 500 and len(val) > 10
+    assert ds.meta["mode"] == "nsp" and ds.meta["vocab_size"] == tokenizer.vocab_size
+    assert ds.meta["dtype"] == "uint16" and summary["documents_used"]["validation"] == 3
+    labels = []
+    for i in range(len(ds)):
+        ex = ds[i]
+        ids, types = ex["input_ids"], ex["token_type_ids"]
+        assert ids.dtype == np.int64 and len(ids) <= 64 and len(ids) == len(types)
+        seps = np.flatnonzero(ids == tokenizer.sep_id)
+        assert ids[0] == tokenizer.cls_id and len(seps) == 2 and seps[1] == len(ids) - 1
+        assert (types[: seps[0] + 1] == 0).all() and (types[seps[0] + 1 :] == 1).all()
+        assert not np.isin(ids[1:-1], [tokenizer.cls_id, tokenizer.pad_id, tokenizer.mask_id]).any()
+        labels.append(ex["next_sentence_label"])
+    assert set(labels) == {0, 1} and 0.45 < np.mean(labels) < 0.56
+    assert np.array_equal(ds.lengths, [len(ds[i]["input_ids"]) for i in range(len(ds))])
+    # the tokenizer travels with the data
+    assert Tokenizer.from_file(ds.tokenizer_dir).fingerprint == tokenizer.fingerprint
+    assert type(ds[0]["input_ids"]) is np.ndarray
+    assert "common lobster" in tokenizer.decode(ds[0]["input_ids"].tolist())  # the first article
+
+
+def test_packed_shards_reproduce_the_token_stream_exactly(
+    corpus: Path, tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    out = tmp_path / "packed"
+    prepare(
+        [str(corpus)],
+        tokenizer,
+        out,
+        max_seq_length=48,
+        mode="packed",
+        validation_fraction=0.0,
+        shard_tokens=20_000,
+        chunk_chars=50_000,
+        progress=False,
+    )
+    ds = PretrainingDataset(out, "train", tokenizer)
+    assert len(ds.meta["splits"]["train"]["shards"]) > 3  # several shards, read as one
+    stream = []
+    for i in range(len(ds)):
+        ex = ds[i]
+        assert ex["next_sentence_label"] == -1 and not ex["token_type_ids"].any()
+        assert len(ex["input_ids"]) <= 48 and ex["input_ids"][0] == tokenizer.cls_id
+        body = ex["input_ids"][1:-1]
+        assert body[0] != tokenizer.sep_id
+        stream.append(body[body != tokenizer.sep_id])  # drop document separators
+    sentences = [s for doc in iter_documents([corpus]) for s in doc]
+    expected = [np.array(e.ids) for e in tokenizer.backend.encode_batch(sentences)]
+    assert np.array_equal(np.concatenate(stream), np.concatenate(expected))
+
+
+def test_interrupted_prepare_leaves_nothing(
+    corpus: Path, tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"Fine text here.\n\nThen \xc3\x28 broken.\n")
+    out = tmp_path / "data"
+    with pytest.raises(BertforgeError, match=r"bad.txt: bytes at offset 22"):
+        prepare([str(corpus), str(bad)], tokenizer, out, progress=False)
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt"]  # no temporary left
+    # a directory without meta.json (what a killed run could leave under another name) is refused
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "train-00000.ids").write_bytes(b"\0" * 64)
+    with pytest.raises(BertforgeError, match="no meta.json, so not a complete prepared data set"):
+        PretrainingDataset(half)
+
+
+def test_tokenizer_and_format_mismatches_say_what_to_do(
+    corpus: Path, tokenizer: Tokenizer, shakespeare_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "data"
+    prepare([str(corpus)], tokenizer, out, max_seq_length=32, progress=False)
+    other = Tokenizer.train([shakespeare_file], vocab_size=600)
+    with pytest.raises(
+        BertforgeError,
+        match=rf"prepared with tokenizer {tokenizer.fingerprint} but "
+        rf"the given tokenizer is {other.fingerprint}; use the tokenizer in .*tokenizer",
+    ):
+        PretrainingDataset(out, "train", other)
+    meta = json.loads((out / "meta.json").read_text())
+    shard = out / f"{meta['splits']['train']['shards'][0]['name']}.ids"
+    shard.write_bytes(shard.read_bytes()[:-2])  # truncated shard
+    with pytest.raises(
+        BertforgeError, match="size differs from meta.json; re-run bertforge prepare"
+    ):
+        PretrainingDataset(out)
+    meta["format_version"] = 99
+    (out / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(BertforgeError, match="format version 99, this bertforge reads version 1"):
+        PretrainingDataset(out)
+    with pytest.raises(BertforgeError, match="already exists; .* --overwrite"):
+        prepare([str(corpus)], tokenizer, out, progress=False)
+
+
+def test_short_documents_skipped_and_long_lines_split(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    text = tmp_path / "c.txt"
+    long_line = " ".join(["word"] * 300)
+    text.write_text(
+        "Only one sentence here.\n\n" + "First of two. Second of two.\n\n" + long_line + "\n"
+        "A closing sentence.\n\n   \n\nAnother single one.\n",
+        encoding="utf-8",
+    )
+    summary = prepare(
+        [str(text)],
+        tokenizer,
+        tmp_path / "nsp",
+        max_seq_length=32,
+        validation_fraction=0.0,
+        progress=False,
+    )
+    assert summary["documents"] == 4
+    assert summary["skipped_documents"] == {"fewer than 2 sentences (NSP)": 2}
+    assert summary["long_sentences_split"] == 1
+    packed = prepare(
+        [str(text)],
+        tokenizer,
+        tmp_path / "packed",
+        max_seq_length=32,
+        mode="packed",
+        validation_fraction=0.0,
+        progress=False,
+    )
+    ds = PretrainingDataset(tmp_path / "packed")
+    n_word = sum(
+        int((ds[i]["input_ids"] == tokenizer.token_to_id("word")).sum()) for i in range(len(ds))
+    )
+    assert n_word == 300 and packed["skipped_documents"] == {}
+
+
+def _cli(capsys, *args: str) -> tuple[int, str]:
+    rc = cli_main(["prepare", "--no-progress", *args])
+    return rc, capsys.readouterr().err
+
+
+def test_cli_bad_inputs_give_one_line_errors(tok_dir: Path, tmp_path: Path, capsys) -> None:
+    base = ["--tokenizer", str(tok_dir), "--output", str(tmp_path / "out")]
+    rc, err = _cli(capsys, "--input", str(tmp_path / "missing.txt"), *base)
+    assert rc == 2 and err.startswith("error: ") and "missing.txt: no such file" in err
+    assert err.count("\n") == 1
+    empty = tmp_path / "empty.txt"
+    empty.write_text("", encoding="utf-8")
+    rc, err = _cli(capsys, "--input", str(empty), *base)
+    assert rc == 2 and "no text found; the input is empty" in err
+    table = tmp_path / "t.csv"
+    table.write_text("label,review\n1,Good film. Loved it.\n", encoding="utf-8")
+    rc, err = _cli(capsys, "--input", str(table), "--text-column", "text", *base)
+    assert rc == 2 and "the columns are ['label', 'review']" in err
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(
+        b"It was fine. Really \xff good.\nAnd more here. Yes indeed.\n\nOther doc. With two.\n"
+    )
+    rc, err = _cli(capsys, "--input", str(bad), *base)
+    assert rc == 2 and "bad.txt: bytes at offset 20" in err
+    rc, _ = _cli(
+        capsys,
+        "--input",
+        str(bad),
+        "--encoding-errors",
+        "replace",
+        "--validation-fraction",
+        "0",
+        "--max-seq-length",
+        "16",
+        *base,
+    )
+    assert rc == 0 and len(PretrainingDataset(tmp_path / "out")) > 0
+    vocab = tmp_path / "novocab"
+    vocab.mkdir()
+    (vocab / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\n", encoding="utf-8")
+    rc, err = _cli(
+        capsys, "--input", str(bad), "--tokenizer", str(vocab), "--output", str(tmp_path / "o2")
+    )
+    assert rc == 2 and "lacks the special token(s) [MASK]" in err
+
+
+def test_exclude_drops_documents_of_an_evaluation_set(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    corpus = tmp_path / "unsup.txt"
+    corpus.write_text(
+        "A fine film. I liked it.<br />Really.\nBad plot. Bad acting.\nThird review. It is ok.\n",
+        encoding="utf-8",
+    )
+    test_set = tmp_path / "test.csv"
+    test_set.write_text('label,text\n1,"A fine film.  I liked it. Really."\n', encoding="utf-8")
+    summary = prepare(
+        [str(corpus)],
+        tokenizer,
+        tmp_path / "out",
+        max_seq_length=16,
+        validation_fraction=0.0,
+        exclude_inputs=[str(test_set)],
+        text_column="text",
+        progress=False,
+    )
+    assert summary["skipped_documents"] == {"text in --exclude": 1}
+    assert summary["documents_used"]["train"] == 2
+
+
+def test_dataset_pickles_as_a_reference(corpus: Path, tokenizer: Tokenizer, tmp_path: Path) -> None:
+    import pickle
+
+    prepare([str(corpus)], tokenizer, tmp_path / "d", max_seq_length=32, progress=False)
+    ds = PretrainingDataset(tmp_path / "d", "validation", tokenizer)
+    blob = pickle.dumps(ds)
+    assert len(blob) < 2000  # the path, not the tokens
+    again = pickle.loads(blob)
+    assert len(again) == len(ds) and np.array_equal(again[3]["input_ids"], ds[3]["input_ids"])
+
+
+def test_uint32_shards_read_back_equal(corpus: Path, tokenizer: Tokenizer, tmp_path: Path) -> None:
+    """Vocabularies over 65,536 ids are stored as uint32; the reader follows meta.json's dtype."""
+    out = tmp_path / "d"
+    prepare([str(corpus)], tokenizer, out, max_seq_length=32, progress=False)
+    before = PretrainingDataset(out, "validation")
+    expected = [before[i]["input_ids"] for i in range(len(before))]
+    meta = json.loads((out / "meta.json").read_text())
+    for shard in meta["splits"]["validation"]["shards"]:
+        path = out / f"{shard['name']}.ids"
+        path.write_bytes(np.fromfile(path, dtype=np.uint16).astype(np.uint32).tobytes())
+    meta["dtype"] = "uint32"
+    (out / "meta.json").write_text(json.dumps(meta))
+    after = PretrainingDataset(out, "validation")
+    assert all(np.array_equal(after[i]["input_ids"], e) for i, e in enumerate(expected))
