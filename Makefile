@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/bash scripts/demo.sh 2>/dev/null || PATH=$(BIN):$$PATH bash scripts/demo.sh
+	PATH=$(BIN):$$PATH bash scripts/demo.sh
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -12,6 +12,7 @@ from bertforge.model import (
     BertForSequenceClassification,
     BertModel,
 )
+from bertforge.predict import classify, embed, fill_mask
 from bertforge.tokenizer import Tokenizer
 
 __version__ = "0.1.0"
@@ -25,4 +26,7 @@ __all__ = [
     "BertforgeError",
     "Tokenizer",
     "__version__",
+    "classify",
+    "embed",
+    "fill_mask",
 ]

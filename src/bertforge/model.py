@@ -2,14 +2,17 @@
 
 Module and parameter names equal Hugging Face's ``modeling_bert`` so that a state dict moves
 between the two with no renaming table (``LayerNorm`` keeps its capital letters for that reason).
-The computation is the original post-LN BERT. Two things differ from a literal transcription,
-both for speed and neither changing the function:
+The computation is the original post-LN BERT. What differs from a literal transcription is
+for speed only and never changes the function (``tests/test_fast_paths.py`` checks each):
 
-* attention goes through ``F.scaled_dot_product_attention`` (fused kernels, no (T, T) softmax
-  materialised in Python);
+* attention goes through ``F.scaled_dot_product_attention`` (fused kernels), and q, k and v come
+  from one GEMM;
 * when MLM labels are given, the prediction head runs only on the masked positions ("sparse
-  prediction", as NVIDIA's BERT and Cramming do): the loss is identical, the 30k-wide decoder
-  does ~15% of the work.
+  prediction", as NVIDIA's BERT and Cramming do) and the last layer finishes only those rows:
+  the loss is identical, the 30k-wide decoder does ~15% of the work;
+* task models skip the padding: projections, feed-forward, LayerNorm and dropout run on the real
+  tokens only, attention alone on the (B, T) grid (``skip_padding``);
+* dropout and the MLM cross-entropy use the cheaper CPU forms of ``bertforge.ops``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertforge.config import BertConfig
+from bertforge.ops import CrossEntropy, Dropout, dropout, repad, unpad
 
 IGNORE_INDEX = -100
 
@@ -74,6 +78,7 @@ class SequenceClassifierOutput:
     logits: Tensor
     """(B, num_labels); for regression (B, 1)."""
     hidden_states: Tensor | None = None
+    """(B, T, H) last hidden state; None when labels are given (the last layer ran on [CLS])."""
     attentions: tuple[Tensor, ...] | None = None
 
 
@@ -86,7 +91,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, H)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, H)
         self.LayerNorm = nn.LayerNorm(H, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None) -> Tensor:
         T = input_ids.shape[1]
@@ -110,26 +115,37 @@ class BertSelfAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
 
     def forward(
-        self, x: Tensor, mask: Tensor | None, output_attentions: bool = False
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        output_attentions: bool = False,
+        index: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        B, T, H = x.shape
-        nh, hs = self.num_heads, self.head_dim
+        """``x`` is (B, T, H), or (N, H) real tokens only when ``index`` (see ``unpad``) is given;
+        the output has the layout of ``x``."""
+        H, nh, hs = x.shape[-1], self.num_heads, self.head_dim
         # One GEMM for q, k and v; the parameters stay three Linears so checkpoint keys match HF.
         w = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
         b = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # (3H,)
-        qkv = F.linear(x, w, b).view(B, T, 3, nh, hs)  # (B, T, 3, nh, hs)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs)
-        dropout_p = self.dropout_p if self.training else 0.0
-        if output_attentions:
-            scores = q @ k.transpose(-2, -1) / math.sqrt(hs)  # (B, nh, T, T)
+        qkv = F.linear(x, w, b)  # (B, T, 3H) or (N, 3H)
+        if index is not None:  # attention needs the (B, T) grid back
+            qkv = repad(qkv, index, mask.shape[0], mask.shape[-1])  # (B, T, 3H)
+        B, T = qkv.shape[:2]
+        q, k, v = qkv.view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs)
+        p = self.dropout_p if self.training else 0.0
+        # SDPA has no fused CPU kernel with dropout: the explicit form with our cheaper dropout
+        if output_attentions or (p > 0 and x.device.type == "cpu"):
+            scores = (q / math.sqrt(hs)) @ k.transpose(-2, -1)  # (B, nh, T, T)
             if mask is not None:
                 scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
             probs = scores.softmax(-1)
-            y = F.dropout(probs, dropout_p, self.training) @ v  # (B, nh, T, hs)
+            y = dropout(probs, p, self.training) @ v  # (B, nh, T, hs)
+            probs = probs if output_attentions else None
         else:
             probs = None
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        return y.transpose(1, 2).reshape(B, T, H), probs  # (B, T, H)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        y = y.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
+        return (y if index is None else unpad(y, index)), probs
 
 
 class BertSelfOutput(nn.Module):
@@ -139,7 +155,7 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, y: Tensor, residual: Tensor) -> Tensor:
         return self.LayerNorm(self.dropout(self.dense(y)) + residual)
@@ -152,9 +168,17 @@ class BertAttention(nn.Module):
         self.output = BertSelfOutput(config)
 
     def forward(
-        self, x: Tensor, mask: Tensor | None, output_attentions: bool = False
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        output_attentions: bool = False,
+        index: Tensor | None = None,
+        rows: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        y, probs = self.self(x, mask, output_attentions)
+        """``rows``: flat positions of the only outputs wanted; the result is then (n_rows, H)."""
+        y, probs = self.self(x, mask, output_attentions, index)
+        if rows is not None:  # keys and values needed every token, the rest only these rows
+            y, x = y.reshape(-1, y.shape[-1])[rows], x.reshape(-1, x.shape[-1])[rows]  # (n, H)
         return self.output(y, x), probs
 
 
@@ -173,7 +197,7 @@ class BertOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, h: Tensor, residual: Tensor) -> Tensor:
         return self.LayerNorm(self.dropout(self.dense(h)) + residual)
@@ -187,9 +211,14 @@ class BertLayer(nn.Module):
         self.output = BertOutput(config)
 
     def forward(
-        self, x: Tensor, mask: Tensor | None, output_attentions: bool = False
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        output_attentions: bool = False,
+        index: Tensor | None = None,
+        rows: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        x, probs = self.attention(x, mask, output_attentions)
+        x, probs = self.attention(x, mask, output_attentions, index, rows)
         return self.output(self.intermediate(x), x), probs
 
 
@@ -199,11 +228,18 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
     def forward(
-        self, x: Tensor, mask: Tensor | None, output_attentions: bool = False
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        output_attentions: bool = False,
+        index: Tensor | None = None,
+        rows: Tensor | None = None,
     ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
+        """``rows``: compute the last layer's output at these flat positions only (see BertModel)."""
         attentions = []
-        for layer in self.layer:
-            x, probs = layer(x, mask, output_attentions)
+        for i, layer in enumerate(self.layer):
+            last = i == len(self.layer) - 1
+            x, probs = layer(x, mask, output_attentions, index, rows if last else None)
             if probs is not None:
                 attentions.append(probs)
         return x, tuple(attentions) if output_attentions else None
@@ -297,17 +333,42 @@ class BertModel(BertPreTrainedModel):
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
         output_attentions: bool = False,
+        skip_padding: bool = False,
+        rows: Tensor | None = None,
     ) -> BertModelOutput:
-        T = input_ids.shape[1]
+        """``skip_padding`` runs every token-wise op on the real tokens only (faster on padded
+        batches, same values at real tokens); hidden states at [PAD] positions are then zero,
+        not HF's (meaningless) values there. Ignored with ``output_attentions``.
+
+        ``rows`` (flat positions in the (B, T) grid, e.g. the masked tokens) asks for the last
+        hidden state there only: the last layer then skips its attention output and feed-forward
+        elsewhere and ``last_hidden_state`` is (n_rows, H); the pooler still sees every [CLS].
+        """
+        B, T = input_ids.shape
         if self.config.max_position_embeddings < T:
             raise ValueError(
                 f"sequence length {T} exceeds max_position_embeddings="
                 f"{self.config.max_position_embeddings}; truncate the input (max_length)"
             )
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
-        x, attentions = self.encoder(x, padding_mask(attention_mask, x), output_attentions)
-        pooled = self.pooler(x) if self.pooler is not None else None
-        return BertModelOutput(x, pooled, attentions)
+        mask = padding_mask(attention_mask, x)
+        if rows is not None and self.pooler is not None:  # append every [CLS] for the pooler
+            rows = torch.cat([rows, torch.arange(B, device=rows.device) * T])  # (n + B,)
+        index = None
+        if mask is not None and skip_padding and not output_attentions:
+            index = attention_mask.flatten().nonzero().squeeze(1)  # (N,)
+            x = unpad(x, index)  # (N, H)
+            if rows is not None:  # the same positions, counted among the real tokens
+                rows = (attention_mask.flatten().cumsum(0) - 1)[rows]
+        x, attentions = self.encoder(x, mask, output_attentions, index, rows)
+        if rows is None and index is not None:
+            x = repad(x, index, B, T)  # (B, T, H)
+        if self.pooler is None:
+            return BertModelOutput(x, None, attentions)
+        if rows is None:
+            return BertModelOutput(x, self.pooler(x), attentions)
+        n = x.shape[0] - B
+        return BertModelOutput(x[:n], self.pooler(x[n:, None]), attentions)  # pooler: (B, 1, H)
 
 
 # ---- heads -------------------------------------------------------------------------------------
@@ -360,10 +421,14 @@ def masked_lm_logits(
     """Logits and mean cross-entropy of the MLM head; sparse over labelled positions when given."""
     if labels is None:
         return head(hidden), None  # (B, T, V)
-    selected = labels != IGNORE_INDEX  # (B, T)
-    logits = head(hidden[selected])  # (n_masked, V)
-    loss = F.cross_entropy(logits.float(), labels[selected])
+    logits = head(hidden)  # (n_masked, V): the encoder returned the labelled rows only
+    loss = CrossEntropy.apply(logits, labels[labels != IGNORE_INDEX])
     return logits, loss
+
+
+def labelled_rows(labels: Tensor | None) -> Tensor | None:
+    """Flat positions (row-major) of the tokens with an MLM label, for sparse prediction."""
+    return None if labels is None else (labels.flatten() != IGNORE_INDEX).nonzero().squeeze(1)
 
 
 # ---- task models -------------------------------------------------------------------------------
@@ -386,7 +451,9 @@ class BertForPreTraining(BertPreTrainedModel):
         next_sentence_label: Tensor | None = None,
         output_attentions: bool = False,
     ) -> PreTrainingOutput:
-        out = self.bert(input_ids, attention_mask, token_type_ids, output_attentions)
+        sparse = labels is not None
+        rows = labelled_rows(labels)
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_attentions, sparse, rows)
         logits, mlm_loss = masked_lm_logits(self.cls.predictions, out.last_hidden_state, labels)
         nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
         nsp_loss = None
@@ -415,7 +482,9 @@ class BertForMaskedLM(BertPreTrainedModel):
         labels: Tensor | None = None,
         output_attentions: bool = False,
     ) -> MaskedLMOutput:
-        out = self.bert(input_ids, attention_mask, token_type_ids, output_attentions)
+        sparse = labels is not None
+        rows = labelled_rows(labels)
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_attentions, sparse, rows)
         logits, loss = masked_lm_logits(self.cls.predictions, out.last_hidden_state, labels)
         return MaskedLMOutput(loss, logits, out.attentions)
 
@@ -429,7 +498,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
         self.num_labels = config.num_labels
         self.bert = BertModel(config)
         p = config.classifier_dropout
-        self.dropout = nn.Dropout(config.hidden_dropout_prob if p is None else p)
+        self.dropout = Dropout(config.hidden_dropout_prob if p is None else p)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
@@ -441,7 +510,10 @@ class BertForSequenceClassification(BertPreTrainedModel):
         labels: Tensor | None = None,
         output_attentions: bool = False,
     ) -> SequenceClassifierOutput:
-        out = self.bert(input_ids, attention_mask, token_type_ids, output_attentions)
+        # The head reads [CLS] only: skip the padding, and when training (labels given) let the
+        # last layer compute the [CLS] rows only (then no hidden states are returned).
+        rows = None if labels is None else input_ids.new_empty(0)
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_attentions, True, rows)
         logits = self.classifier(self.dropout(out.pooler_output))  # (B, num_labels)
         loss = None
         if labels is not None:
@@ -449,7 +521,8 @@ class BertForSequenceClassification(BertPreTrainedModel):
                 loss = F.mse_loss(logits.float().squeeze(-1), labels.float().view(-1))
             else:
                 loss = F.cross_entropy(logits.float(), labels.view(-1))
-        return SequenceClassifierOutput(loss, logits, out.last_hidden_state, out.attentions)
+        hidden = out.last_hidden_state if rows is None else None
+        return SequenceClassifierOutput(loss, logits, hidden, out.attentions)
 
 
 __all__ = [

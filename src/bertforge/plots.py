@@ -1,0 +1,160 @@
+"""Training curves as a PNG from ``metrics.jsonl`` (matplotlib with the Agg backend, no display)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bertforge.runtime import read_metrics
+
+
+def _series(records: list[dict], split: str, key: str) -> tuple[list[int], list[float]]:
+    points = [
+        (r["step"], r[key])
+        for r in records
+        if r.get("split") == split and isinstance(r.get(key), int | float)
+    ]
+    return [s for s, _ in points], [float(v) for _, v in points]
+
+
+def plot_training_curves(metrics: str | Path, output: str | Path, title: str | None = None) -> Path:
+    """Draw loss (train and every evaluated split), the evaluated accuracies and the learning
+    rate against the optimizer step; write ``output`` (PNG) and return its path.
+
+    Works for any ``metrics.jsonl`` written by :class:`bertforge.runtime.MetricsLogger`: train
+    records carry ``loss`` and ``lr``; evaluation records (any other ``split``) carry ``loss`` and
+    optionally ``accuracy``/``top5_accuracy``/``nsp_accuracy``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(metrics)
+    splits = sorted({r.get("split") for r in records if r.get("split") not in (None, "train")})
+    acc_keys = [
+        k
+        for k in ("accuracy", "top5_accuracy", "nsp_accuracy", "f1", "spearman")
+        if any(isinstance(r.get(k), int | float) for r in records if r.get("split") != "train")
+    ]
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax_loss, ax_acc, ax_lr = axes
+    steps, loss = _series(records, "train", "loss")
+    if steps:
+        ax_loss.plot(
+            steps, loss, color="tab:blue", alpha=0.35, linewidth=0.8, label="train (per step)"
+        )
+        window = max(1, len(loss) // 50)
+        if window > 1:  # a moving average reads better than the raw, noisy loss
+            smooth = [
+                sum(loss[max(0, i - window + 1) : i + 1])
+                / len(loss[max(0, i - window + 1) : i + 1])
+                for i in range(len(loss))
+            ]
+            ax_loss.plot(
+                steps, smooth, color="tab:blue", linewidth=1.5, label=f"train (mean of {window})"
+            )
+    for split in splits:
+        s, v = _series(records, split, "loss")
+        if s:
+            ax_loss.plot(s, v, marker="o", markersize=3, linewidth=1.5, label=split)
+    ax_loss.set(xlabel="step", ylabel="loss", title="loss")
+    ax_loss.legend(fontsize=8)
+
+    for split in splits:
+        for key in acc_keys:
+            s, v = _series(records, split, key)
+            if s:
+                ax_acc.plot(s, v, marker="o", markersize=3, label=f"{split} {key}")
+    ax_acc.set(xlabel="step", ylabel="accuracy", title="evaluation")
+    if ax_acc.lines:
+        ax_acc.legend(fontsize=8)
+
+    s, v = _series(records, "train", "lr")
+    if s:
+        ax_lr.plot(s, v, color="tab:green")
+    ax_lr.set(xlabel="step", ylabel="learning rate", title="learning rate")
+    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp")
+    fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    tmp.replace(output)  # atomic: a reader never sees a half-written PNG
+    return output
+
+
+# ---- fine-tuned task plots (added by the fine-tuning issue) -------------------------------------
+
+
+def _save(fig, output: str | Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp")
+    fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    tmp.replace(output)
+    return output
+
+
+def plot_confusion_matrix(
+    cm, labels: list[str], output: str | Path, title: str | None = None
+) -> Path:
+    """A confusion matrix (rows: true label, columns: predicted) with counts and row shares."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    cm = np.asarray(cm)
+    shares = cm / np.maximum(cm.sum(axis=1, keepdims=True), 1)  # each row sums to 1
+    k = len(labels)
+    fig, ax = plt.subplots(figsize=(1.2 * k + 3, 1.0 * k + 2.5))
+    image = ax.imshow(shares, cmap="Blues", vmin=0, vmax=1)
+    for i in range(k):
+        for j in range(k):
+            ax.text(
+                j,
+                i,
+                f"{cm[i, j]}\n{shares[i, j]:.1%}",
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if shares[i, j] > 0.5 else "black",
+            )
+    ax.set_xticks(range(k), labels, rotation=45 if k > 4 else 0, ha="right" if k > 4 else "center")
+    ax.set_yticks(range(k), labels)
+    ax.set(xlabel="predicted", ylabel="true", title=title or "confusion matrix")
+    fig.colorbar(image, ax=ax, fraction=0.046, label="share of the true class")
+    fig.tight_layout()
+    return _save(fig, output)
+
+
+def plot_regression_scatter(y_true, y_pred, output: str | Path, title: str | None = None) -> Path:
+    """Predicted against true values, with the y = x line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    y_true, y_pred = np.asarray(y_true, dtype=float), np.asarray(y_pred, dtype=float)
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    jitter = np.random.default_rng(0).uniform(-0.15, 0.15, y_true.size)  # integer scores overlap
+    ax.scatter(y_true + jitter, y_pred, s=6, alpha=0.35)
+    lo, hi = float(min(y_true.min(), y_pred.min())), float(max(y_true.max(), y_pred.max()))
+    ax.plot([lo, hi], [lo, hi], color="tab:red", linewidth=1, label="y = x")
+    ax.set(xlabel="true", ylabel="predicted", title=title or "predicted vs true")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, output)
+
+
+__all__ = ["plot_confusion_matrix", "plot_regression_scatter", "plot_training_curves"]

@@ -1,0 +1,107 @@
+"""MLM evaluation metrics against a direct computation, the comparison table and the curves plot."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from bertforge.evaluate import comparison_table, evaluate_mlm, random_init_like
+from bertforge.model import BertForMaskedLM, BertForPreTraining
+from bertforge.plots import plot_training_curves
+from bertforge.runtime import MetricsLogger
+
+
+def _batches(vocab: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(3):
+        ids = torch.randint(5, vocab, (4, 12), generator=g)
+        attention = torch.ones_like(ids)
+        attention[0, 9:] = 0  # one padded row
+        ids[0, 9:] = 0
+        labels = torch.full_like(ids, -100)
+        chosen = (torch.rand(ids.shape, generator=g) < 0.3) & attention.bool()
+        chosen[:, 1] = True
+        labels[chosen] = ids[chosen]
+        out.append(
+            {
+                "input_ids": ids,
+                "attention_mask": attention,
+                "token_type_ids": torch.zeros_like(ids),
+                "labels": labels,
+                "next_sentence_label": torch.tensor([0, 1, 1, 0]),
+            }
+        )
+    return out
+
+
+def test_mlm_metrics_equal_a_direct_computation(tiny_config):
+    torch.manual_seed(0)
+    model = BertForMaskedLM(tiny_config).eval()
+    batches = _batches(tiny_config.vocab_size)
+    metrics = evaluate_mlm(model, batches, torch.device("cpu"), "fp32")
+
+    losses, hits, hits5 = [], [], []
+    with torch.no_grad():
+        for b in batches:
+            logits = model(b["input_ids"], b["attention_mask"], b["token_type_ids"]).logits
+            keep = b["labels"] != -100
+            sel, target = logits[keep], b["labels"][keep]  # (n, V), (n,)
+            losses.append(F.cross_entropy(sel, target, reduction="none"))
+            hits.append(sel.argmax(-1) == target)
+            hits5.append((sel.topk(5, -1).indices == target[:, None]).any(-1))
+    loss = torch.cat(losses).mean().item()
+    assert metrics["tokens"] == sum(int((b["labels"] != -100).sum()) for b in batches)
+    assert math.isclose(metrics["loss"], loss, rel_tol=1e-5)
+    assert math.isclose(metrics["perplexity"], math.exp(loss), rel_tol=1e-5)
+    assert metrics["accuracy"] == torch.cat(hits).sum().item() / metrics["tokens"]
+    assert metrics["top5_accuracy"] == torch.cat(hits5).sum().item() / metrics["tokens"]
+    assert metrics["nsp_accuracy"] is None  # no NSP head
+    assert metrics["sequences"] == 12
+
+
+def test_nsp_accuracy_and_random_baseline(tiny_config):
+    torch.manual_seed(1)
+    model = BertForPreTraining(tiny_config)
+    batches = _batches(tiny_config.vocab_size, seed=1)
+    metrics = evaluate_mlm(model, batches, torch.device("cpu"), "fp32")
+    with torch.no_grad():
+        pred = torch.cat(
+            [
+                model(b["input_ids"], b["attention_mask"]).seq_relationship_logits.argmax(-1)
+                for b in batches
+            ]
+        )
+    truth = torch.cat([b["next_sentence_label"] for b in batches])
+    assert metrics["nsp_accuracy"] == (pred == truth).sum().item() / len(truth)
+    assert model.training  # evaluation restores the mode it found
+
+    fresh = random_init_like(model, seed=5)
+    assert type(fresh) is BertForPreTraining and fresh.config == model.config
+    same = random_init_like(model, seed=5)
+    assert all(
+        torch.equal(a, b) for a, b in zip(fresh.parameters(), same.parameters(), strict=True)
+    )
+    table = comparison_table(
+        {"random init": evaluate_mlm(fresh, batches, torch.device("cpu")), "trained": metrics},
+        title="val",
+    )
+    lines = table.splitlines()
+    assert lines[0] == "val" and "random init" in lines[1] and "trained" in lines[1]
+    assert any(line.startswith("NSP accuracy") for line in lines)
+    assert any(line.startswith("masked-token top-5 accuracy") for line in lines)
+
+
+def test_plot_from_metrics_file(tmp_path):
+    log = MetricsLogger(tmp_path, tensorboard=False)
+    for step in range(1, 101):
+        log.log(step, "train", loss=8.0 / math.sqrt(step), lr=1e-3 * (1 - step / 100))
+        if step % 25 == 0:
+            log.log(step, "val", loss=7.0 / math.sqrt(step), accuracy=step / 400)
+    log.close()
+    path = plot_training_curves(tmp_path, tmp_path / "plots" / "curves.png", title="test")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    assert not list((tmp_path / "plots").glob(".*tmp"))  # written atomically, no leftovers

@@ -1,0 +1,196 @@
+"""The Guard: every fast path of the model computes the same function as the plain computation.
+
+Fast paths: sparse MLM prediction (head on the masked positions only), skipped padding (token-wise
+ops on the real tokens only), the cheaper CPU dropout and the explicit attention it runs in, and
+bf16 autocast. Timings live in benchmarks/, never here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bertforge import BertForPreTraining, BertForSequenceClassification, BertModel
+from bertforge.ops import CrossEntropy, dropout
+
+
+def padded_batch(vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Five sequences of different lengths (one full), with MLM and NSP labels on real tokens."""
+    g = torch.Generator().manual_seed(seed)
+    B, T = 5, 16
+    lengths = torch.tensor([16, 9, 3, 12, 6])
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).long()  # (B, T)
+    ids = torch.randint(5, vocab, (B, T), generator=g) * mask
+    types = (torch.arange(T)[None, :] >= lengths[:, None] // 2).long() * mask
+    labels = torch.full_like(ids, -100)
+    chosen = mask.bool() & (torch.rand(B, T, generator=g) < 0.3)
+    chosen[:, 1] = True  # every sequence has at least one label
+    labels[chosen] = torch.randint(5, vocab, (int(chosen.sum()),), generator=g)
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "token_type_ids": types,
+        "labels": labels,
+        "next_sentence_label": torch.randint(0, 2, (B,), generator=g),
+    }
+
+
+def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_grads_close(a: dict, b: dict, atol: float = 1e-6) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=atol, rtol=1e-4, msg=name)
+
+
+def test_sparse_prediction_and_skipped_padding_equal_the_plain_pretraining_loss(tiny_config):
+    """Fast: labels given -> padding skipped + head on masked rows. Plain: dense (B, T, V) logits
+    over the padded batch, cross-entropy with ignore_index. Same loss, same gradients."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(tiny_config).eval()
+    batch = padded_batch(tiny_config.vocab_size)
+    fast = model(**batch)
+    fast.loss.backward()
+    fast_grads = grads(model)
+    model.zero_grad()
+
+    plain = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    V = tiny_config.vocab_size
+    assert plain.prediction_logits.shape == (*batch["input_ids"].shape, V)
+    mlm = F.cross_entropy(plain.prediction_logits.reshape(-1, V), batch["labels"].reshape(-1))
+    nsp = F.cross_entropy(plain.seq_relationship_logits, batch["next_sentence_label"])
+    (mlm + nsp).backward()
+
+    n_masked = int((batch["labels"] != -100).sum())
+    assert fast.prediction_logits.shape == (n_masked, V)
+    torch.testing.assert_close(fast.mlm_loss, mlm, atol=1e-6, rtol=0)
+    torch.testing.assert_close(fast.loss, mlm + nsp, atol=1e-6, rtol=0)
+    assert_grads_close(fast_grads, grads(model))
+
+
+def test_skipped_padding_keeps_real_tokens_and_zeroes_the_padding(tiny_config):
+    torch.manual_seed(1)
+    model = BertModel(tiny_config).eval()
+    batch = padded_batch(tiny_config.vocab_size, seed=1)
+    args = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    plain = model(*args)
+    fast = model(*args, skip_padding=True)
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(
+        fast.last_hidden_state[real], plain.last_hidden_state[real], atol=1e-5, rtol=0
+    )
+    assert fast.last_hidden_state[~real].abs().max() == 0
+    torch.testing.assert_close(fast.pooler_output, plain.pooler_output, atol=1e-5, rtol=0)
+    # a batch without padding takes the plain path either way: bit-identical
+    ids, mask = batch["input_ids"][:1], batch["attention_mask"][:1]  # the full-length sequence
+    a = model(ids, mask, skip_padding=True).last_hidden_state
+    b = model(ids, mask).last_hidden_state
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("num_labels", [3, 1])
+def test_classifier_gradients_with_skipped_padding_equal_the_padded_model(tiny_config, num_labels):
+    """The classifier always skips the padding; the padded encoder gives the same loss/grads."""
+    torch.manual_seed(2)
+    tiny_config.num_labels = num_labels
+    model = BertForSequenceClassification(tiny_config).eval()
+    batch = padded_batch(tiny_config.vocab_size, seed=2)
+    args = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    labels = (
+        torch.tensor([0.5, 1.0, -1.0, 2.0, 0.0])
+        if num_labels == 1
+        else torch.tensor([0, 2, 1, 1, 0])
+    )
+    fast = model(*args, labels=labels)
+    fast.loss.backward()
+    fast_grads = grads(model)
+    model.zero_grad()
+    pooled = model.bert(*args).pooler_output  # padded path
+    logits = model.classifier(pooled)
+    if num_labels == 1:
+        loss = F.mse_loss(logits.squeeze(-1), labels)
+    else:
+        loss = F.cross_entropy(logits, labels)
+    loss.backward()
+    torch.testing.assert_close(fast.logits, logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(fast.loss, loss, atol=1e-6, rtol=1e-5)
+    assert_grads_close(fast_grads, grads(model), atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_cross_entropy_equals_torch(dtype):
+    g = torch.Generator().manual_seed(7)
+    logits = (3 * torch.randn(37, 1000, generator=g)).to(dtype)
+    target = torch.randint(0, 1000, (37,), generator=g)
+    a = logits.clone().requires_grad_()
+    b = logits.clone().requires_grad_()
+    fast = CrossEntropy.apply(a, target)
+    plain = F.cross_entropy(b.float(), target)
+    (2.5 * fast).backward()
+    (2.5 * plain).backward()
+    assert fast.dtype == torch.float32
+    torch.testing.assert_close(fast, plain, atol=1e-6, rtol=1e-6)
+    assert a.grad.dtype == dtype
+    torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-2)
+
+
+def test_cpu_dropout_keeps_the_right_fraction_and_rescales():
+    torch.manual_seed(3)
+    x = torch.ones(1_000_000)
+    for p in (0.1, 0.5):
+        y = dropout(x, p, training=True)
+        kept = y != 0
+        assert abs(kept.float().mean().item() - (1 - p)) < 0.003  # ~6 sigma at n = 1e6
+        torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / (1 - p)))
+    assert dropout(x, 0.1, training=False) is x
+    assert dropout(x, 0.0, training=True) is x
+    # gradient flows through kept elements only, with the same scale
+    w = torch.randn(1000, 37, requires_grad=True)
+    y = dropout(w, 0.3, training=True)
+    y.sum().backward()
+    torch.testing.assert_close(w.grad, (y != 0).float() / 0.7)
+    # masks differ call to call, and follow torch's seed
+    torch.manual_seed(4)
+    a = dropout(x[:1000], 0.5, True)
+    torch.manual_seed(4)
+    assert torch.equal(a, dropout(x[:1000], 0.5, True))
+    assert not torch.equal(a, dropout(x[:1000], 0.5, True))
+
+
+def test_training_mode_explicit_attention_equals_sdpa_without_drops(tiny_config):
+    """In training on CPU, attention with dropout runs the explicit softmax path; with a dropout
+    probability too small to drop anything it must equal the fused SDPA path of eval mode."""
+    torch.manual_seed(5)
+    tiny_config.hidden_dropout_prob = 0.0
+    tiny_config.attention_probs_dropout_prob = 1e-12
+    model = BertModel(tiny_config)
+    batch = padded_batch(tiny_config.vocab_size, seed=5)
+    args = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    explicit = model.train()(*args, skip_padding=True).last_hidden_state
+    fused = model.eval()(*args, skip_padding=True).last_hidden_state
+    torch.testing.assert_close(explicit, fused, atol=1e-5, rtol=0)
+
+
+def test_bf16_autocast_loss_and_gradients_close_to_fp32(tiny_config):
+    torch.manual_seed(6)
+    tiny_config.vocab_size = 1000  # a realistic softmax width for the bf16 decoder
+    model = BertForPreTraining(tiny_config).eval()
+    batch = padded_batch(tiny_config.vocab_size, seed=6)
+    fp32 = model(**batch)
+    fp32.loss.backward()
+    g32 = grads(model)
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = model(**batch)
+    bf16.loss.backward()
+    g16 = grads(model)
+    assert bf16.loss.dtype == torch.float32  # losses are computed in fp32
+    assert abs(bf16.loss.item() - fp32.loss.item()) / fp32.loss.item() < 0.01
+    for name in g32:
+        if name.endswith("key.bias"):
+            continue  # softmax ignores a key bias: its true gradient is 0, both are rounding noise
+        cos = F.cosine_similarity(g16[name].flatten(), g32[name].flatten(), dim=0)
+        assert cos > 0.98, (name, cos.item())

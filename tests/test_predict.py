@@ -1,0 +1,177 @@
+"""Inference: fill-mask, classify and embed agree with transformers on the same weights, keep
+input order whatever the batching, and reject bad input with a clear message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from task_fixtures import tiny_start_model
+
+import bertforge
+from bertforge import cli
+from bertforge.errors import BertforgeError
+from bertforge.model import BertForMaskedLM, BertForSequenceClassification, BertModel
+from bertforge.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def mlm_dir(tmp_path_factory) -> Path:
+    return tiny_start_model(tmp_path_factory.mktemp("predict"), kind="mlm")
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(mlm_dir, tmp_path_factory) -> Path:
+    """A (random-headed) 3-class classifier built on the tiny encoder."""
+    torch.manual_seed(0)
+    model = BertForSequenceClassification.from_pretrained(mlm_dir, num_labels=3,
+                                                          id2label={0: "a", 1: "b", 2: "c"})
+    out = tmp_path_factory.mktemp("classifier") / "model"
+    model.save_pretrained(out, tokenizer=Tokenizer.from_file(mlm_dir))
+    return out
+
+
+TEXTS = ["the [MASK] was a film .", "good", "a [MASK] story about people who went to [MASK] town .",
+         "night [MASK]"]
+
+
+def test_fill_mask_matches_transformers_and_keeps_order(mlm_dir):
+    transformers = pytest.importorskip("transformers")
+    model, tok = BertForMaskedLM.from_pretrained(mlm_dir), Tokenizer.from_file(mlm_dir)
+    texts = [t for t in TEXTS if "[MASK]" in t]
+    one_by_one = [bertforge.fill_mask(model, tok, [t], top_k=3)[0] for t in texts]
+    batched = bertforge.fill_mask(model, tok, texts, top_k=3, batch_size=2)
+    for a, b in zip(batched, one_by_one, strict=True):  # padding changes float rounding only
+        assert a["filled"] == b["filled"]
+        assert [[p["id"] for p in m] for m in a["masks"]] == [[p["id"] for p in m] for m in b["masks"]]
+        assert [p["score"] for m in a["masks"] for p in m] == pytest.approx(
+            [p["score"] for m in b["masks"] for p in m], abs=1e-6)
+    assert [len(r["masks"]) for r in batched] == [1, 2, 1]
+    assert all(len(m) == 3 for r in batched for m in r["masks"])
+    assert batched[1]["text"] == texts[1] and "[MASK]" not in batched[1]["filled"]
+
+    hf = transformers.BertForMaskedLM.from_pretrained(mlm_dir).eval()
+    hf_tok = transformers.BertTokenizerFast.from_pretrained(mlm_dir)
+    enc = hf_tok(texts[1], return_tensors="pt")
+    with torch.no_grad():
+        probs = hf(**enc).logits[0].softmax(-1)  # (T, V)
+    positions = (enc["input_ids"][0] == hf_tok.mask_token_id).nonzero()[:, 0]
+    for pos, predicted in zip(positions.tolist(), batched[1]["masks"], strict=True):
+        top = probs[pos].topk(3)
+        assert [p["id"] for p in predicted] == top.indices.tolist()
+        np.testing.assert_allclose([p["score"] for p in predicted], top.values.numpy(), atol=1e-5)
+
+
+def test_fill_mask_errors(mlm_dir):
+    model, tok = BertForMaskedLM.from_pretrained(mlm_dir), Tokenizer.from_file(mlm_dir)
+    with pytest.raises(BertforgeError, match="text 2 has no \\[MASK\\]"):
+        bertforge.fill_mask(model, tok, ["a [MASK] .", "no mask here"])
+    with pytest.raises(BertforgeError, match="text 1 is .* tokens long, more than the model's 64"):
+        bertforge.fill_mask(model, tok, ["film " * 80 + "[MASK]"])
+    with pytest.raises(BertforgeError, match="list of texts"):
+        bertforge.fill_mask(model, tok, "a [MASK] .")
+
+
+def test_classify_is_order_stable_and_sums_to_one(classifier_dir):
+    model = BertForSequenceClassification.from_pretrained(classifier_dir)
+    tok = Tokenizer.from_file(classifier_dir)
+    texts = [t.replace("[MASK]", "movie") for t in TEXTS] * 2
+    batched = bertforge.classify(model, tok, texts, batch_size=3)
+    single = [bertforge.classify(model, tok, [t])[0] for t in texts]
+    for a, b in zip(batched, single, strict=True):
+        assert a["label"] == b["label"]
+        assert a["scores"] == pytest.approx(b["scores"], abs=1e-5)
+        assert set(a["scores"]) == {"a", "b", "c"} and sum(a["scores"].values()) == pytest.approx(1)
+    assert bertforge.classify(model, tok, []) == []
+
+
+def test_embed_mean_pooling_matches_sentence_transformers_recipe(minilm_dir):
+    transformers = pytest.importorskip("transformers")
+    model, tok = BertModel.from_pretrained(minilm_dir), Tokenizer.from_file(minilm_dir)
+    texts = ["A man is eating food.", "The new movie is awesome, I loved every minute of it.", "hi"]
+    ours = bertforge.embed(model, tok, texts, pooling="mean", batch_size=2, normalize=True)
+    hf = transformers.BertModel.from_pretrained(minilm_dir).eval()
+    enc = transformers.BertTokenizerFast.from_pretrained(minilm_dir)(texts, padding=True,
+                                                                     return_tensors="pt")
+    with torch.no_grad():
+        hidden = hf(**enc).last_hidden_state
+    mask = enc["attention_mask"][..., None].float()
+    expected = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+    np.testing.assert_allclose(ours, expected.numpy(), atol=1e-5)
+    cls = bertforge.embed(model, tok, texts, pooling="cls")
+    np.testing.assert_allclose(cls, hidden[:, 0].numpy(), atol=1e-5)
+    assert ours.shape == (3, 384) and ours[0] @ ours[1] < ours[0] @ ours[0]
+    with pytest.raises(BertforgeError, match="pooling"):
+        bertforge.embed(model, tok, texts, pooling="max")
+
+
+# ---- the commands -------------------------------------------------------------------------------
+
+
+def test_fill_mask_command(mlm_dir, tmp_path, capsys):
+    assert cli.main(["fill-mask", "--model", str(mlm_dir), "the [MASK] was good .", "--top-k", "2",
+                     "--precision", "fp32"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert len(row["masks"]) == 1 and len(row["masks"][0]) == 2
+    assert row["masks"][0][0]["score"] >= row["masks"][0][1]["score"]
+    inputs = tmp_path / "in.txt"
+    inputs.write_text("a [MASK] .\n\nthe [MASK] [MASK]\n")
+    out = tmp_path / "out.jsonl"
+    assert cli.main(["fill-mask", "--model", str(mlm_dir), "--input", str(inputs),
+                     "--output", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["text"] for r in rows] == ["a [MASK] .", "the [MASK] [MASK]"]
+    assert cli.main(["fill-mask", "--model", str(mlm_dir), "nothing to fill"]) == 2
+    assert "has no [MASK]" in capsys.readouterr().err
+
+
+def test_classify_command_table_input_and_errors(classifier_dir, mlm_dir, tmp_path, capsys):
+    table = tmp_path / "in.jsonl"
+    table.write_text("".join(json.dumps({"body": t, "id": i}) + "\n" for i, t in enumerate(["x", "y z"])))
+    assert cli.main(["classify", "--model", str(classifier_dir), "--input", str(table),
+                     "--text-column", "body"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 2 and all(r["label"] in "abc" for r in rows)
+    assert cli.main(["classify", "--model", str(classifier_dir), "--input", str(table)]) == 2
+    assert "no column 'text'; the file has columns 'body', 'id'" in capsys.readouterr().err
+    assert cli.main(["classify", "--model", str(mlm_dir), "some text"]) == 2
+    assert "no classifier weights" in capsys.readouterr().err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    assert cli.main(["classify", "--model", str(classifier_dir), "--input", str(empty)]) == 2
+    assert "empty" in capsys.readouterr().err
+
+
+def test_embed_command_writes_npy(mlm_dir, tmp_path, capsys):
+    inputs = tmp_path / "in.txt"
+    inputs.write_text("a film\nthe good night story\nmusic\n")
+    out = tmp_path / "vectors.npy"
+    assert cli.main(["embed", "--model", str(mlm_dir), "--input", str(inputs), "--output", str(out),
+                     "--pooling", "mean", "--precision", "fp32"]) == 0
+    vectors = np.load(out)
+    assert vectors.shape == (3, 32) and vectors.dtype == np.float32
+    model, tok = BertModel.from_pretrained(mlm_dir), Tokenizer.from_file(mlm_dir)
+    np.testing.assert_allclose(vectors[1], bertforge.embed(model, tok, ["the good night story"],
+                                                           "mean")[0], atol=1e-6)
+    assert cli.main(["embed", "--model", str(mlm_dir), "--input", str(inputs)]) == 2
+    assert "--output FILE.npy" in capsys.readouterr().err
+
+
+def test_evaluate_command_on_an_mlm_model_compares_with_random_init(mlm_dir, tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text("the movie was a good film . the actors went to town .\n\n"
+                    "a story about people who see it on day one . music and a scene at night .\n")
+    out = tmp_path / "mlm.json"
+    assert cli.main(["evaluate", "--model", str(mlm_dir), "--data", str(text), "--output", str(out),
+                     "--max-length", "16", "--precision", "fp32"]) == 0
+    printed = capsys.readouterr().out
+    assert "random init" in printed and "this model" in printed and "perplexity" in printed
+    result = json.loads(out.read_text())
+    assert result["trained"]["tokens"] == result["random_init"]["tokens"] > 0  # same masks
+    # the tiny model is itself untrained: both are near-uniform over the vocabulary
+    assert abs(result["trained"]["loss"] - np.log(120)) < 1.0
+    assert cli.main(["evaluate", "--model", str(mlm_dir), "--data", str(tmp_path / "none.txt")]) == 2
+    assert "no such file" in capsys.readouterr().err

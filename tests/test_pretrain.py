@@ -1,0 +1,368 @@
+"""The pretraining loop end to end on real (tiny) data: it learns, the final directory loads in
+transformers, resume is bit-exact, SIGTERM stops cleanly and resumes exactly, and two torchrun
+ranks equal one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertforge.config import ModelSection, PretrainConfig, TrainConfig
+from bertforge.data.shards import prepare
+from bertforge.errors import BertforgeError
+from bertforge.pretrain import CONFIG_FILE, main, pretrain
+from bertforge.runtime import list_checkpoints, read_metrics
+from bertforge.tokenizer import Tokenizer
+
+TINY_MODEL = ModelSection(
+    preset="tiny",
+    num_hidden_layers=2,
+    hidden_size=32,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+)
+TINY_MODEL_ARGS = [
+    "--model.preset",
+    "tiny",
+    "--model.num_hidden_layers",
+    "2",
+    "--model.hidden_size",
+    "32",
+    "--model.num_attention_heads",
+    "4",
+    "--model.intermediate_size",
+    "64",
+    "--model.max_position_embeddings",
+    "64",
+]
+
+
+@pytest.fixture(scope="module")
+def corpus(shakespeare_file: Path, tmp_path_factory) -> dict[str, Path]:
+    """A real tokenizer trained on Shakespeare and the text prepared both ways (NSP and packed)."""
+    root = tmp_path_factory.mktemp("pretrain")
+    text = root / "shakespeare.txt"
+    text.write_text(shakespeare_file.read_text(encoding="utf-8")[:250_000], encoding="utf-8")
+    tokenizer = Tokenizer.train(text, vocab_size=400)
+    out = {}
+    for mode in ("nsp", "packed"):
+        out[mode] = root / f"data-{mode}"
+        prepare(
+            [str(text)],
+            tokenizer,
+            out[mode],
+            max_seq_length=32,
+            mode=mode,
+            validation_fraction=0.05,
+            progress=False,
+        )
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    """The runs below use one thread (tiny matrices: more threads only wait on each other when
+    other processes share the cores); give the rest of the session its setting back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_cfg(data: Path, output: Path, **train) -> PretrainConfig:
+    settings = dict(
+        batch_size=16,
+        lr=3e-3,
+        precision="fp32",
+        device="cpu",
+        eval_examples=64,
+        eval_every=0,
+        save_every=0,
+        log_every=1,
+        progress=False,
+        warmup_ratio=0.1,
+        num_threads=1,
+    )
+    settings.update(train)
+    return PretrainConfig(
+        data=str(data), output=str(output), model=TINY_MODEL, train=TrainConfig(**settings)
+    )
+
+
+def train_losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run) if r["split"] == "train"}
+
+
+def weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+def test_loss_goes_down_and_the_model_loads_in_transformers(corpus, tmp_path):
+    result = pretrain(tiny_cfg(corpus["nsp"], tmp_path / "run", max_steps=60, eval_every=30))
+    before, after = result["initial"]["val"], result["final"]["val"]
+    # 60 steps of a 32-wide model: it learns the token statistics (ln 400 = 6.0 -> ~5.5 nats)
+    assert after["loss"] < before["loss"] - 0.4, (before, after)
+    assert after["top5_accuracy"] > before["top5_accuracy"] + 0.05
+    assert 0.0 <= after["nsp_accuracy"] <= 1.0
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records if r["split"] == "val"] == [0, 30, 60]
+    assert len(train_losses(tmp_path / "run")) == 60
+    assert (tmp_path / "run" / "curves.png").stat().st_size > 10_000
+    model_dir = Path(result["model_dir"])
+    assert {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json"} <= {
+        p.name for p in model_dir.iterdir()
+    }
+
+    transformers = pytest.importorskip("transformers")
+    from bertforge.model import BertForPreTraining
+
+    theirs = transformers.BertForPreTraining.from_pretrained(model_dir).eval()
+    ours = BertForPreTraining.from_pretrained(model_dir).eval()
+    tokenizer = Tokenizer.from_file(model_dir)
+    batch = tokenizer.encode_batch(["to be or not to [MASK]", "my lord"], return_tensors="pt")
+    with torch.no_grad():
+        a = ours(**batch)
+        b = theirs(**batch)
+    torch.testing.assert_close(a.prediction_logits, b.prediction_logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        a.seq_relationship_logits, b.seq_relationship_logits, atol=1e-4, rtol=1e-4
+    )
+
+
+def test_resume_from_a_checkpoint_is_bit_exact(corpus, tmp_path):
+    # dropout on and an evaluation mid-way: resume must restore RNG and not be perturbed by eval
+    cfg = tiny_cfg(
+        corpus["nsp"],
+        tmp_path / "full",
+        max_steps=10,
+        save_every=3,
+        keep_checkpoints=0,
+        eval_every=4,
+    )
+    full = pretrain(cfg)
+    assert [p.name for p in list_checkpoints(tmp_path / "full")][-1] == "checkpoint-00000010"
+    resumed = pretrain(
+        replace(
+            cfg,
+            output=str(tmp_path / "resumed"),
+            resume=str(tmp_path / "full" / "checkpoint-00000006"),
+        )
+    )
+    a, b = train_losses(tmp_path / "full"), train_losses(tmp_path / "resumed")
+    assert sorted(b) == [7, 8, 9, 10]
+    assert [a[s] for s in b] == [b[s] for s in b]  # exactly equal floats
+    wa, wb = weights(tmp_path / "full" / "model"), weights(tmp_path / "resumed" / "model")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert resumed["final"] == full["final"]
+    assert resumed["initial"] == full["initial"]  # the random-init baseline survives resume
+
+
+def test_a_time_budget_resumes_with_the_time_it_has_left(corpus, tmp_path):
+    cfg = tiny_cfg(corpus["nsp"], tmp_path / "a", max_steps=4, max_time="1h")
+    pretrain(cfg)
+    checkpoint = tmp_path / "a" / "checkpoint-00000004"
+    used = json.loads((checkpoint / "train_state.json").read_text())["elapsed"]
+    assert used > 0
+
+    def resume(output: str, **train) -> dict:
+        return pretrain(
+            replace(
+                cfg,
+                output=str(tmp_path / output),
+                resume=str(checkpoint),
+                train=replace(cfg.train, **train),
+            )
+        )
+
+    assert resume("spent", max_steps=None, max_time=f"{used / 2:.6f}s")["step"] == 4
+    assert resume("longer", max_steps=6)["step"] == 6
+    with pytest.raises(BertforgeError, match="batch_size was 16, now 8"):
+        resume("changed", batch_size=8)
+
+
+def test_sigterm_saves_exits_zero_and_resumes_exactly(corpus, tmp_path):
+    run = tmp_path / "run"
+    args = [
+        "--data",
+        str(corpus["nsp"]),
+        "--output",
+        str(run),
+        *TINY_MODEL_ARGS,
+        "--train.max_steps",
+        "300",
+        "--train.batch_size",
+        "16",
+        "--train.lr",
+        "3e-3",
+        "--train.precision",
+        "fp32",
+        "--train.device",
+        "cpu",
+        "--train.eval_examples",
+        "64",
+        "--train.eval_every",
+        "0",
+        "--train.save_every",
+        "0",
+        "--train.log_every",
+        "1",
+        "--train.progress",
+        "false",
+        "--train.warmup_ratio",
+        "0.1",
+        "--train.num_threads",
+        "1",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bertforge.cli", "pretrain", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (run / "metrics.jsonl").is_file() and any(
+            r["split"] == "train" for r in read_metrics(run)
+        ):
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "Resume with" in err and CONFIG_FILE in err
+    stopped_at = int(list_checkpoints(run)[-1].name.split("-")[1])
+    assert 1 <= stopped_at < 300, "the run finished before the signal arrived"
+    assert not (run / "model").exists()  # no final model from an interrupted run
+
+    assert main(["--config", str(run / CONFIG_FILE)]) == 0  # the printed resume command
+    reference = tmp_path / "reference"
+    main([*args[:2], *args[2:3], str(reference), *args[4:]])
+    a, b = train_losses(reference), train_losses(run)
+    assert sorted(b) == list(range(1, 301))  # every step logged once across the two processes
+    assert a == b
+    wa, wb = weights(reference / "model"), weights(run / "model")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_two_torchrun_ranks_equal_one_process(corpus, tmp_path):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun not installed next to this python")
+    common = [
+        "--data",
+        str(corpus["packed"]),
+        *TINY_MODEL_ARGS,
+        "--train.objective",
+        "mlm",
+        "--train.max_steps",
+        "8",
+        "--train.batch_size",
+        "16",
+        "--train.lr",
+        "3e-3",
+        "--train.precision",
+        "fp32",
+        "--train.device",
+        "cpu",
+        "--train.dropout",
+        "0.0",
+        "--train.eval_examples",
+        "64",
+        "--train.eval_every",
+        "0",
+        "--train.log_every",
+        "1",
+        "--train.progress",
+        "false",
+        "--train.num_threads",
+        "1",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "bertforge.cli",
+            "pretrain",
+            *common,
+            "--output",
+            str(tmp_path / "ddp"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    # one process, full batch in two micro-batches of 8 (gradient accumulation)
+    assert (
+        main([*common, "--output", str(tmp_path / "single"), "--train.micro_batch_size", "8"]) == 0
+    )
+    a, b = train_losses(tmp_path / "ddp"), train_losses(tmp_path / "single")
+    assert sorted(a) == sorted(b) == list(range(1, 9))
+    for step in a:
+        assert a[step] == pytest.approx(b[step], rel=1e-5, abs=1e-5)
+    wa, wb = weights(tmp_path / "ddp" / "model"), weights(tmp_path / "single" / "model")
+    for key in wa:
+        torch.testing.assert_close(wa[key], wb[key], atol=2e-5, rtol=1e-4)
+    results = json.loads((tmp_path / "ddp" / "results.json").read_text())
+    assert results["final"]["val"]["nsp_accuracy"] is None  # MLM only: no NSP head
+
+
+def test_non_finite_losses_are_skipped_then_stop_with_a_message(corpus, tmp_path):
+    cfg = tiny_cfg(
+        corpus["nsp"],
+        tmp_path / "run",
+        max_steps=30,
+        lr=1e30,
+        warmup_ratio=0.0,
+        max_nonfinite=3,
+        max_grad_norm=0.0,
+    )
+    with pytest.raises(BertforgeError, match="non-finite for 3 steps in a row"):
+        pretrain(cfg)
+    skipped = [r["skipped"] for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
+    assert skipped[-1] >= 2  # earlier bad steps were skipped, not applied
+
+
+def test_config_errors_name_the_option(corpus, tmp_path, capsys):
+    with pytest.raises(BertforgeError, match="--train.objective mlm"):
+        pretrain(tiny_cfg(corpus["packed"], tmp_path / "a", max_steps=2))
+    with pytest.raises(BertforgeError, match="micro_batch_size"):
+        pretrain(tiny_cfg(corpus["nsp"], tmp_path / "b", max_steps=2, micro_batch_size=5))
+    with pytest.raises(BertforgeError, match="budget"):
+        pretrain(tiny_cfg(corpus["nsp"], tmp_path / "c"))
+    root = Path(__file__).resolve().parents[1]
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "--config",
+                str(root / "configs" / "mini.yaml"),
+                "--data",
+                "d",
+                "--output",
+                "o",
+                "--train.lr",
+                "5e-4",
+                "--print_config",
+            ]
+        )
+    printed = capsys.readouterr().out
+    assert "lr: 0.0005" in printed and "preset: mini" in printed
+    shutil.rmtree(tmp_path, ignore_errors=True)

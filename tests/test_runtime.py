@@ -1,0 +1,126 @@
+"""Training runtime: durations, precision choice, RNG state, train-state files, rotation,
+metrics log and the signal handler."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from bertforge.errors import BertforgeError
+from bertforge.optim import build_optimizer
+from bertforge.runtime import (
+    GracefulStop,
+    MetricsLogger,
+    autocast,
+    checkpoint_name,
+    cpu_has_fast_bf16,
+    latest_checkpoint,
+    list_checkpoints,
+    load_train_state,
+    parse_duration,
+    pick_device,
+    pick_precision,
+    read_metrics,
+    rotate_checkpoints,
+    save_train_state,
+    seed_everything,
+)
+
+
+def test_parse_duration():
+    assert parse_duration("15m") == 900
+    assert parse_duration("1h30m") == 5400
+    assert parse_duration("90s") == 90
+    assert parse_duration("2.5h") == 9000
+    assert parse_duration("120") == 120
+    assert parse_duration(None) is None
+    for bad in ("15 minutes", "m15", "-5m", "0s"):
+        with pytest.raises(BertforgeError, match="duration"):
+            parse_duration(bad)
+
+
+def test_precision_choice_follows_cpu_flags():
+    assert cpu_has_fast_bf16("flags : fpu avx512f avx512_bf16 amx_tile")
+    assert cpu_has_fast_bf16("flags : fpu amx_bf16")
+    assert not cpu_has_fast_bf16("flags : fpu avx2 avx512f")
+    cpu = torch.device("cpu")
+    assert pick_precision("fp32", cpu) == "fp32"
+    assert pick_precision("bf16", cpu) == "bf16"
+    assert pick_precision("auto", cpu) == ("bf16" if cpu_has_fast_bf16() else "fp32")
+    with pytest.raises(BertforgeError, match="--precision"):
+        pick_precision("fp16x", cpu)
+    assert pick_device("cpu") == cpu
+    with autocast(cpu, "bf16"):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    with autocast(cpu, "fp32"):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+
+
+def _draws() -> tuple:
+    return random.random(), float(np.random.rand()), float(np.random.randn()), float(torch.rand(1))
+
+
+def test_train_state_round_trip_restores_optimizer_and_every_rng(tmp_path):
+    seed_everything(3)
+    model = nn.Linear(4, 3)
+    opt = build_optimizer(model, lr=0.01)
+    model(torch.randn(5, 4)).sum().backward()
+    opt.step()
+    np.random.randn()  # leave a cached gaussian in NumPy's state
+    save_train_state(
+        tmp_path / "ck", state={"step": 7, "data": {"epoch": 1, "index": 40}}, optimizer=opt
+    )
+    expected = _draws()
+
+    seed_everything(99)
+    fresh = build_optimizer(nn.Linear(4, 3), lr=0.5)
+    state, _ = load_train_state(tmp_path / "ck", optimizer=fresh)
+    assert state == {"step": 7, "data": {"epoch": 1, "index": 40}}
+    assert _draws() == expected
+    saved = opt.state_dict()["state"][0]["exp_avg"]
+    assert torch.equal(fresh.state_dict()["state"][0]["exp_avg"], saved)
+    assert fresh.param_groups[0]["lr"] == 0.01
+    with pytest.raises(BertforgeError, match="not a training checkpoint"):
+        load_train_state(tmp_path)
+
+
+def test_rotation_keeps_the_newest_complete_checkpoints(tmp_path):
+    for step in (5, 10, 100, 20):
+        save_train_state(tmp_path / checkpoint_name(step), state={"step": step})
+    (tmp_path / checkpoint_name(500)).mkdir()  # incomplete: no train state, never "latest"
+    assert [p.name for p in list_checkpoints(tmp_path)] == [
+        checkpoint_name(s) for s in (5, 10, 20, 100)
+    ]
+    deleted = rotate_checkpoints(tmp_path, keep=2)
+    assert [p.name for p in deleted] == [checkpoint_name(5), checkpoint_name(10)]
+    assert latest_checkpoint(tmp_path).name == checkpoint_name(100)
+    assert not (tmp_path / checkpoint_name(5)).exists()
+
+
+def test_metrics_log_resume_drops_records_after_the_checkpoint(tmp_path):
+    log = MetricsLogger(tmp_path, tensorboard=False)
+    for step in range(1, 6):
+        log.log(step, "train", loss=1.0 / step)
+    log.close()
+    log = MetricsLogger(tmp_path, resume_step=3, tensorboard=False)
+    log.log(4, "train", loss=0.3)
+    log.close()
+    records = read_metrics(tmp_path)
+    assert [(r["step"], r["loss"]) for r in records] == [(1, 1.0), (2, 0.5), (3, 1 / 3), (4, 0.3)]
+
+
+def test_graceful_stop_turns_a_signal_into_a_request_and_restores_handlers():
+    before = signal.getsignal(signal.SIGTERM)
+    with GracefulStop() as stop:
+        assert not stop.requested
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested and stop.signal_name == "SIGTERM"
+        with pytest.raises(KeyboardInterrupt):  # a second signal stops at once
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before
