@@ -15,6 +15,14 @@ from bertforge import BertForPreTraining, BertForSequenceClassification, BertMod
 from bertforge.ops import CrossEntropy, dropout
 
 
+@pytest.fixture(autouse=True)
+def _restore_global_rng():
+    """These tests seed torch's global RNG; put it back so that later tests see no difference."""
+    state = torch.get_rng_state()
+    yield
+    torch.set_rng_state(state)
+
+
 def padded_batch(vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """Five sequences of different lengths (one full), with MLM and NSP labels on real tokens."""
     g = torch.Generator().manual_seed(seed)

@@ -121,7 +121,7 @@ class BertSelfAttention(nn.Module):
         output_attentions: bool = False,
         index: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """``x`` is (B, T, H), or (N, H) real tokens only when ``index`` (see ``unpad``) is given;
+        """``x`` is (B, T, H), or (N, H) real tokens only when ``index`` (see ``ops.unpad``) is given;
         the output has the layout of ``x``."""
         H, nh, hs = x.shape[-1], self.num_heads, self.head_dim
         # One GEMM for q, k and v; the parameters stay three Linears so checkpoint keys match HF.
@@ -177,7 +177,7 @@ class BertAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """``rows``: flat positions of the only outputs wanted; the result is then (n_rows, H)."""
         y, probs = self.self(x, mask, output_attentions, index)
-        if rows is not None:  # keys and values needed every token, the rest only these rows
+        if rows is not None:  # k and v were needed at every token, the rest only here
             y, x = y.reshape(-1, y.shape[-1])[rows], x.reshape(-1, x.shape[-1])[rows]  # (n, H)
         return self.output(y, x), probs
 

@@ -158,7 +158,7 @@ def parse_duration(text: str | float | int | None) -> float | None:
 
 
 def format_duration(seconds: float) -> str:
-    seconds = int(round(seconds))
+    seconds = max(0, int(round(seconds)))  # a clock step back must not print "-1h59m59s"
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
