@@ -13,11 +13,42 @@ import json
 import random
 from pathlib import Path
 
+import torch
+
 from bertforge.config import BertConfig
 from bertforge.model import BertForMaskedLM, BertForPreTraining
 from bertforge.tokenizer import Tokenizer
 
-FILLER = ["the", "movie", "was", "a", "film", "with", "some", "actors", "and", "a", "plot", "about", "people", "who", "went", "to", "see", "it", "on", "day", "one", "night", "in", "town", "story", "scene", "music", "time"]
+FILLER = [
+    "the",
+    "movie",
+    "was",
+    "a",
+    "film",
+    "with",
+    "some",
+    "actors",
+    "and",
+    "a",
+    "plot",
+    "about",
+    "people",
+    "who",
+    "went",
+    "to",
+    "see",
+    "it",
+    "on",
+    "day",
+    "one",
+    "night",
+    "in",
+    "town",
+    "story",
+    "scene",
+    "music",
+    "time",
+]
 
 
 def sentence(rng: random.Random, keyword: str, repeats: int = 1) -> str:
@@ -54,7 +85,9 @@ def write_rows(path: Path, rows: list[dict], fmt: str = "csv") -> None:
         path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
         return
     with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]), delimiter="\t" if fmt == "tsv" else ",")
+        writer = csv.DictWriter(
+            f, fieldnames=list(rows[0]), delimiter="\t" if fmt == "tsv" else ","
+        )
         writer.writeheader()
         writer.writerows(rows)
 
@@ -67,9 +100,16 @@ def tiny_start_model(root: Path, kind: str = "pretraining") -> Path:
     lines = [sentence(rng, rng.choice(["good", "bad", "fine"])) for _ in range(300)]
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
     tokenizer = Tokenizer.train(corpus, vocab_size=120, min_frequency=1)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     cls = BertForPreTraining if kind == "pretraining" else BertForMaskedLM
+    torch.manual_seed(0)  # the same start whatever earlier tests did to the global RNG
     model = cls(config)
     out = root / f"tiny-{kind}"
     model.save_pretrained(out, tokenizer=tokenizer)

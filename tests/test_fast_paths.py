@@ -99,6 +99,18 @@ def test_skipped_padding_keeps_real_tokens_and_zeroes_the_padding(tiny_config):
     assert torch.equal(a, b)
 
 
+def test_qkv_one_gemm_and_three_gemms_agree(tiny_config):
+    """Few tokens take three q/k/v projections, many take one fused GEMM: same hidden states."""
+    torch.manual_seed(8)
+    model = BertModel(tiny_config).eval()
+    ids = torch.randint(5, tiny_config.vocab_size, (6, 12))  # 72 tokens >= H = 32: fused
+    batched = model(ids).last_hidden_state
+    for i in range(ids.shape[0]):  # 12 tokens < H: three GEMMs
+        torch.testing.assert_close(
+            model(ids[i : i + 1]).last_hidden_state[0], batched[i], atol=1e-5, rtol=0
+        )
+
+
 @pytest.mark.parametrize("num_labels", [3, 1])
 def test_classifier_gradients_with_skipped_padding_equal_the_padded_model(tiny_config, num_labels):
     """The classifier always skips the padding; the padded encoder gives the same loss/grads."""

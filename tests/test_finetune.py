@@ -21,15 +21,33 @@ from bertforge.model import BertForSequenceClassification
 from bertforge.runtime import list_checkpoints, read_metrics
 from bertforge.tokenizer import Tokenizer
 
-FAST = ["--max-length", "32", "--batch-size", "16", "--lr", "3e-3", "--dropout", "0",
-        "--precision", "fp32", "--no-progress", "--warmup-ratio", "0.1"]
+FAST = [
+    "--max-length",
+    "32",
+    "--batch-size",
+    "16",
+    "--lr",
+    "3e-3",
+    "--dropout",
+    "0",
+    "--precision",
+    "fp32",
+    "--no-progress",
+    "--warmup-ratio",
+    "0.1",
+]
 
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("finetune")
-    paths = {"root": root, "start": tiny_start_model(root),
-             "train": root / "train.csv", "test": root / "test.jsonl", "scores": root / "scores.csv"}
+    paths = {
+        "root": root,
+        "start": tiny_start_model(root),
+        "train": root / "train.csv",
+        "test": root / "test.jsonl",
+        "scores": root / "scores.csv",
+    }
     write_sentiment(paths["train"], 480, seed=1)
     write_sentiment(paths["test"], 200, seed=2, fmt="jsonl")
     write_scores(paths["scores"], 480, seed=3)
@@ -39,9 +57,26 @@ def work(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def trained(work) -> Path:
     out = work["root"] / "sentiment"
-    argv = ["finetune", "--model", str(work["start"]), "--train", str(work["train"]),
-            "--text-column", "text", "--label-column", "label", "--task", "classification",
-            "--output", str(out), "--epochs", "4", "--eval-every", "27", *FAST]
+    argv = [
+        "finetune",
+        "--model",
+        str(work["start"]),
+        "--train",
+        str(work["train"]),
+        "--text-column",
+        "text",
+        "--label-column",
+        "label",
+        "--task",
+        "classification",
+        "--output",
+        str(out),
+        "--epochs",
+        "4",
+        "--eval-every",
+        "27",
+        *FAST,
+    ]
     assert cli.main(argv) == 0
     return out
 
@@ -61,13 +96,18 @@ def test_finetuning_learns_the_keyword_rule_far_above_chance(trained):
 def test_saved_model_loads_in_transformers_with_labels_and_same_logits(trained):
     transformers = pytest.importorskip("transformers")
     saved = json.loads((trained / "config.json").read_text())
-    assert saved["id2label"] == {"0": "neg", "1": "pos"} and saved["label2id"] == {"neg": 0, "pos": 1}
+    assert saved["id2label"] == {"0": "neg", "1": "pos"} and saved["label2id"] == {
+        "neg": 0,
+        "pos": 1,
+    }
     assert saved["architectures"] == ["BertForSequenceClassification"]
     ours = BertForSequenceClassification.from_pretrained(trained).eval()
     theirs = transformers.BertForSequenceClassification.from_pretrained(trained).eval()
     assert theirs.config.id2label == {0: "neg", 1: "pos"}
     hf_tok = transformers.BertTokenizerFast.from_pretrained(trained)
-    batch = hf_tok(["a good film .", "the plot was bad and long"], padding=True, return_tensors="pt")
+    batch = hf_tok(
+        ["a good film .", "the plot was bad and long"], padding=True, return_tensors="pt"
+    )
     with torch.no_grad():
         expected = theirs(**batch).logits
         got = ours(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits
@@ -76,8 +116,22 @@ def test_saved_model_loads_in_transformers_with_labels_and_same_logits(trained):
 
 def test_evaluate_and_classify_commands_use_the_fine_tuned_model(trained, work, tmp_path, capsys):
     report = tmp_path / "eval.json"
-    assert cli.main(["evaluate", "--model", str(trained), "--data", str(work["test"]),
-                     "--output", str(report), "--precision", "fp32"]) == 0
+    assert (
+        cli.main(
+            [
+                "evaluate",
+                "--model",
+                str(trained),
+                "--data",
+                str(work["test"]),
+                "--output",
+                str(report),
+                "--precision",
+                "fp32",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "precision" in printed and "neg" in printed and "pos" in printed
     result = json.loads(report.read_text())
@@ -88,12 +142,31 @@ def test_evaluate_and_classify_commands_use_the_fine_tuned_model(trained, work, 
     inputs = tmp_path / "inputs.txt"
     inputs.write_text("\n".join(texts) + "\n")
     out = tmp_path / "labels.jsonl"
-    assert cli.main(["classify", "--model", str(trained), "--input", str(inputs), "--output", str(out),
-                     "--batch-size", "2", "--precision", "fp32"]) == 0
+    assert (
+        cli.main(
+            [
+                "classify",
+                "--model",
+                str(trained),
+                "--input",
+                str(inputs),
+                "--output",
+                str(out),
+                "--batch-size",
+                "2",
+                "--precision",
+                "fp32",
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["label"] for r in rows] == ["pos", "neg", "pos"]  # input order kept
     assert all(abs(sum(r["scores"].values()) - 1) < 1e-5 for r in rows)
-    assert cli.main(["classify", "--model", str(trained), "the film was bad", "--precision", "fp32"]) == 0
+    assert (
+        cli.main(["classify", "--model", str(trained), "the film was bad", "--precision", "fp32"])
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["label"] == "neg"
 
 
@@ -112,9 +185,31 @@ def test_label_map_round_trip():
 
 def test_regression_learns_scores_in_their_own_units(work):
     out = work["root"] / "scores"
-    assert cli.main(["finetune", "--model", str(work["start"]), "--train", str(work["scores"]),
-                     "--text-column", "review", "--label-column", "score", "--task", "regression",
-                     "--output", str(out), "--epochs", "5", "--eval-every", "40", *FAST]) == 0
+    assert (
+        cli.main(
+            [
+                "finetune",
+                "--model",
+                str(work["start"]),
+                "--train",
+                str(work["scores"]),
+                "--text-column",
+                "review",
+                "--label-column",
+                "score",
+                "--task",
+                "regression",
+                "--output",
+                str(out),
+                "--epochs",
+                "5",
+                "--eval-every",
+                "40",
+                *FAST,
+            ]
+        )
+        == 0
+    )
     results = json.loads((out / "eval_results.json").read_text())
     assert results["metric"] == "spearman"
     assert results["validation"]["spearman"] >= 0.8
@@ -133,8 +228,20 @@ def test_regression_learns_scores_in_their_own_units(work):
 
 
 def test_resume_from_a_checkpoint_continues_exactly(work):
-    argv = ["finetune", "--model", str(work["start"]), "--train", str(work["train"]),
-            "--max-steps", "20", "--eval-every", "10", "--keep-checkpoints", "0", *FAST]
+    argv = [
+        "finetune",
+        "--model",
+        str(work["start"]),
+        "--train",
+        str(work["train"]),
+        "--max-steps",
+        "20",
+        "--eval-every",
+        "10",
+        "--keep-checkpoints",
+        "0",
+        *FAST,
+    ]
     full, resumed = work["root"] / "full", work["root"] / "resumed"
     assert cli.main([*argv, "--output", str(full)]) == 0
     first, last = list_checkpoints(full)
@@ -146,15 +253,27 @@ def test_resume_from_a_checkpoint_continues_exactly(work):
     a = BertForSequenceClassification.from_pretrained(last).state_dict()
     b = BertForSequenceClassification.from_pretrained(list_checkpoints(resumed)[-1]).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    losses = [[r["loss"] for r in read_metrics(d) if r["split"] == "train" and r["step"] > 10]
-              for d in (full, resumed)]
+    losses = [
+        [r["loss"] for r in read_metrics(d) if r["split"] == "train" and r["step"] > 10]
+        for d in (full, resumed)
+    ]
     assert losses[0] == losses[1] and losses[0]
 
 
 def test_resume_with_changed_settings_is_refused(work, capsys):
     out = work["root"] / "changed"
-    argv = ["finetune", "--model", str(work["start"]), "--train", str(work["train"]),
-            "--max-steps", "2", "--output", str(out), *FAST]
+    argv = [
+        "finetune",
+        "--model",
+        str(work["start"]),
+        "--train",
+        str(work["train"]),
+        "--max-steps",
+        "2",
+        "--output",
+        str(out),
+        *FAST,
+    ]
     assert cli.main(argv) == 0
     assert cli.main([*argv, "--batch-size", "8"]) == 2
     assert "--batch-size was 16, now 8" in capsys.readouterr().err
@@ -182,25 +301,34 @@ def test_stratified_split_keeps_class_shares():
     assert np.bincount(labels[val]).tolist() == [20, 5]
     values = np.arange(200, dtype=np.float32)
     _, val = tasks.stratified_split(values, 0.1, seed=0, regression=True)
-    assert len(val) == 20 and np.histogram(values[val], bins=10, range=(0, 200))[0].tolist() == [2] * 10
+    assert (
+        len(val) == 20
+        and np.histogram(values[val], bins=10, range=(0, 200))[0].tolist() == [2] * 10
+    )
 
 
 def test_head_tail_truncation_and_dynamic_padding(work):
     tok = Tokenizer.from_file(work["start"])
     words = " ".join(f"w{i}" for i in range(40))
     ids = [int(x) for x in tok.backend.encode(words, add_special_tokens=False).ids]
-    (head, _), = tasks.encode_examples(tok, [words], max_length=10)
-    (ht, _), = tasks.encode_examples(tok, [words], max_length=10, truncation="head_tail")
+    ((head, _),) = tasks.encode_examples(tok, [words], max_length=10)
+    ((ht, _),) = tasks.encode_examples(tok, [words], max_length=10, truncation="head_tail")
     assert head.tolist() == [tok.cls_id, *ids[:8], tok.sep_id]
-    assert ht.tolist() == [tok.cls_id, *ids[:2], *ids[-6:], tok.sep_id]  # a quarter head, the rest tail
+    assert ht.tolist() == [
+        tok.cls_id,
+        *ids[:2],
+        *ids[-6:],
+        tok.sep_id,
+    ]  # a quarter head, the rest tail
     enc = tasks.encode_examples(tok, ["good", "a film with people"], ["bad", "x"], max_length=64)
     batch = tasks.collate(enc, tok.pad_id)
     assert batch["input_ids"].shape[1] == max(len(e[0]) for e in enc)  # longest, not max_length
     assert batch["token_type_ids"][0].tolist()[:5] == [0, 0, 0, 1, 1]
     order = tasks.batch_order([5, 1, 9, 3, 7, 2], 2, seed=0, epoch=0)
     assert sorted(np.concatenate(order).tolist()) == list(range(6))
-    assert [o.tolist() for o in order] == [o.tolist() for o in tasks.batch_order(
-        [5, 1, 9, 3, 7, 2], 2, seed=0, epoch=0)]
+    assert [o.tolist() for o in order] == [
+        o.tolist() for o in tasks.batch_order([5, 1, 9, 3, 7, 2], 2, seed=0, epoch=0)
+    ]
 
 
 # ---- bad input --------------------------------------------------------------------------------
@@ -220,15 +348,19 @@ def test_bad_inputs_get_clear_messages(work, trained, tmp_path, capsys):
     assert "empty" in _error([*base, "--train", str(empty)], capsys)
     one_class = tmp_path / "one.csv"
     write_rows(one_class, [{"text": "a", "label": "x"}, {"text": "b", "label": "x"}])
-    assert "single label" in _error([*base, "--train", str(one_class), "--validation",
-                                     str(one_class)], capsys)
+    assert "single label" in _error(
+        [*base, "--train", str(one_class), "--validation", str(one_class)], capsys
+    )
     not_number = tmp_path / "nan.csv"
     write_rows(not_number, [{"text": "a", "label": "high"}])
-    assert "not a number" in _error([*base, "--train", str(not_number), "--task", "regression"], capsys)
+    assert "not a number" in _error(
+        [*base, "--train", str(not_number), "--task", "regression"], capsys
+    )
     unknown = tmp_path / "unknown.csv"
     write_rows(unknown, [{"text": "a good one", "label": "pos"}, {"text": "so so", "label": "meh"}])
     err = _error(["evaluate", "--model", str(trained), "--data", str(unknown)], capsys)
     assert "row 2 has label 'meh'" in err and "'neg', 'pos'" in err
     assert "unknown file type" in _error([*base, "--train", str(tmp_path / "data.xlsx")], capsys)
-    assert "max_position_embeddings" in _error([*base, "--train", str(work["train"]),
-                                                "--max-length", "100"], capsys)
+    assert "max_position_embeddings" in _error(
+        [*base, "--train", str(work["train"]), "--max-length", "100"], capsys
+    )

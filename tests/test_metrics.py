@@ -40,8 +40,13 @@ def test_binary_mcc_equals_the_two_by_two_formula():
 def test_per_class_report_and_text_table():
     report = M.per_class_report(T3, P3, ["neg", "neu", "pos"])
     assert [r["label"] for r in report] == ["neg", "neu", "pos"]
-    assert report[1] == {"label": "neu", "precision": pytest.approx(2 / 3), "recall": 1.0,
-                         "f1": pytest.approx(0.8), "support": 2}
+    assert report[1] == {
+        "label": "neu",
+        "precision": pytest.approx(2 / 3),
+        "recall": 1.0,
+        "f1": pytest.approx(0.8),
+        "support": 2,
+    }
     assert report[2]["precision"] == 1.0 and report[2]["recall"] == 0.5
     text = M.format_report(report, {"accuracy": 4 / 6})
     assert "neu" in text.splitlines()[2] and "0.6667" in text.splitlines()[-1]

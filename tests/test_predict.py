@@ -27,15 +27,20 @@ def mlm_dir(tmp_path_factory) -> Path:
 def classifier_dir(mlm_dir, tmp_path_factory) -> Path:
     """A (random-headed) 3-class classifier built on the tiny encoder."""
     torch.manual_seed(0)
-    model = BertForSequenceClassification.from_pretrained(mlm_dir, num_labels=3,
-                                                          id2label={0: "a", 1: "b", 2: "c"})
+    model = BertForSequenceClassification.from_pretrained(
+        mlm_dir, num_labels=3, id2label={0: "a", 1: "b", 2: "c"}
+    )
     out = tmp_path_factory.mktemp("classifier") / "model"
     model.save_pretrained(out, tokenizer=Tokenizer.from_file(mlm_dir))
     return out
 
 
-TEXTS = ["the [MASK] was a film .", "good", "a [MASK] story about people who went to [MASK] town .",
-         "night [MASK]"]
+TEXTS = [
+    "the [MASK] was a film .",
+    "good",
+    "a [MASK] story about people who went to [MASK] town .",
+    "night [MASK]",
+]
 
 
 def test_fill_mask_matches_transformers_and_keeps_order(mlm_dir):
@@ -46,9 +51,12 @@ def test_fill_mask_matches_transformers_and_keeps_order(mlm_dir):
     batched = bertforge.fill_mask(model, tok, texts, top_k=3, batch_size=2)
     for a, b in zip(batched, one_by_one, strict=True):  # padding changes float rounding only
         assert a["filled"] == b["filled"]
-        assert [[p["id"] for p in m] for m in a["masks"]] == [[p["id"] for p in m] for m in b["masks"]]
+        assert [[p["id"] for p in m] for m in a["masks"]] == [
+            [p["id"] for p in m] for m in b["masks"]
+        ]
         assert [p["score"] for m in a["masks"] for p in m] == pytest.approx(
-            [p["score"] for m in b["masks"] for p in m], abs=1e-6)
+            [p["score"] for m in b["masks"] for p in m], abs=1e-6
+        )
     assert [len(r["masks"]) for r in batched] == [1, 2, 1]
     assert all(len(m) == 3 for r in batched for m in r["masks"])
     assert batched[1]["text"] == texts[1] and "[MASK]" not in batched[1]["filled"]
@@ -94,8 +102,9 @@ def test_embed_mean_pooling_matches_sentence_transformers_recipe(minilm_dir):
     texts = ["A man is eating food.", "The new movie is awesome, I loved every minute of it.", "hi"]
     ours = bertforge.embed(model, tok, texts, pooling="mean", batch_size=2, normalize=True)
     hf = transformers.BertModel.from_pretrained(minilm_dir).eval()
-    enc = transformers.BertTokenizerFast.from_pretrained(minilm_dir)(texts, padding=True,
-                                                                     return_tensors="pt")
+    enc = transformers.BertTokenizerFast.from_pretrained(minilm_dir)(
+        texts, padding=True, return_tensors="pt"
+    )
     with torch.no_grad():
         hidden = hf(**enc).last_hidden_state
     mask = enc["attention_mask"][..., None].float()
@@ -112,16 +121,33 @@ def test_embed_mean_pooling_matches_sentence_transformers_recipe(minilm_dir):
 
 
 def test_fill_mask_command(mlm_dir, tmp_path, capsys):
-    assert cli.main(["fill-mask", "--model", str(mlm_dir), "the [MASK] was good .", "--top-k", "2",
-                     "--precision", "fp32"]) == 0
+    assert (
+        cli.main(
+            [
+                "fill-mask",
+                "--model",
+                str(mlm_dir),
+                "the [MASK] was good .",
+                "--top-k",
+                "2",
+                "--precision",
+                "fp32",
+            ]
+        )
+        == 0
+    )
     row = json.loads(capsys.readouterr().out)
     assert len(row["masks"]) == 1 and len(row["masks"][0]) == 2
     assert row["masks"][0][0]["score"] >= row["masks"][0][1]["score"]
     inputs = tmp_path / "in.txt"
     inputs.write_text("a [MASK] .\n\nthe [MASK] [MASK]\n")
     out = tmp_path / "out.jsonl"
-    assert cli.main(["fill-mask", "--model", str(mlm_dir), "--input", str(inputs),
-                     "--output", str(out)]) == 0
+    assert (
+        cli.main(
+            ["fill-mask", "--model", str(mlm_dir), "--input", str(inputs), "--output", str(out)]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["text"] for r in rows] == ["a [MASK] .", "the [MASK] [MASK]"]
     assert cli.main(["fill-mask", "--model", str(mlm_dir), "nothing to fill"]) == 2
@@ -130,9 +156,23 @@ def test_fill_mask_command(mlm_dir, tmp_path, capsys):
 
 def test_classify_command_table_input_and_errors(classifier_dir, mlm_dir, tmp_path, capsys):
     table = tmp_path / "in.jsonl"
-    table.write_text("".join(json.dumps({"body": t, "id": i}) + "\n" for i, t in enumerate(["x", "y z"])))
-    assert cli.main(["classify", "--model", str(classifier_dir), "--input", str(table),
-                     "--text-column", "body"]) == 0
+    table.write_text(
+        "".join(json.dumps({"body": t, "id": i}) + "\n" for i, t in enumerate(["x", "y z"]))
+    )
+    assert (
+        cli.main(
+            [
+                "classify",
+                "--model",
+                str(classifier_dir),
+                "--input",
+                str(table),
+                "--text-column",
+                "body",
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(rows) == 2 and all(r["label"] in "abc" for r in rows)
     assert cli.main(["classify", "--model", str(classifier_dir), "--input", str(table)]) == 2
@@ -149,29 +189,66 @@ def test_embed_command_writes_npy(mlm_dir, tmp_path, capsys):
     inputs = tmp_path / "in.txt"
     inputs.write_text("a film\nthe good night story\nmusic\n")
     out = tmp_path / "vectors.npy"
-    assert cli.main(["embed", "--model", str(mlm_dir), "--input", str(inputs), "--output", str(out),
-                     "--pooling", "mean", "--precision", "fp32"]) == 0
+    assert (
+        cli.main(
+            [
+                "embed",
+                "--model",
+                str(mlm_dir),
+                "--input",
+                str(inputs),
+                "--output",
+                str(out),
+                "--pooling",
+                "mean",
+                "--precision",
+                "fp32",
+            ]
+        )
+        == 0
+    )
     vectors = np.load(out)
     assert vectors.shape == (3, 32) and vectors.dtype == np.float32
     model, tok = BertModel.from_pretrained(mlm_dir), Tokenizer.from_file(mlm_dir)
-    np.testing.assert_allclose(vectors[1], bertforge.embed(model, tok, ["the good night story"],
-                                                           "mean")[0], atol=1e-6)
+    np.testing.assert_allclose(
+        vectors[1], bertforge.embed(model, tok, ["the good night story"], "mean")[0], atol=1e-6
+    )
     assert cli.main(["embed", "--model", str(mlm_dir), "--input", str(inputs)]) == 2
     assert "--output FILE.npy" in capsys.readouterr().err
 
 
 def test_evaluate_command_on_an_mlm_model_compares_with_random_init(mlm_dir, tmp_path, capsys):
     text = tmp_path / "text.txt"
-    text.write_text("the movie was a good film . the actors went to town .\n\n"
-                    "a story about people who see it on day one . music and a scene at night .\n")
+    text.write_text(
+        "the movie was a good film . the actors went to town .\n\n"
+        "a story about people who see it on day one . music and a scene at night .\n"
+    )
     out = tmp_path / "mlm.json"
-    assert cli.main(["evaluate", "--model", str(mlm_dir), "--data", str(text), "--output", str(out),
-                     "--max-length", "16", "--precision", "fp32"]) == 0
+    assert (
+        cli.main(
+            [
+                "evaluate",
+                "--model",
+                str(mlm_dir),
+                "--data",
+                str(text),
+                "--output",
+                str(out),
+                "--max-length",
+                "16",
+                "--precision",
+                "fp32",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "random init" in printed and "this model" in printed and "perplexity" in printed
     result = json.loads(out.read_text())
     assert result["trained"]["tokens"] == result["random_init"]["tokens"] > 0  # same masks
     # the tiny model is itself untrained: both are near-uniform over the vocabulary
     assert abs(result["trained"]["loss"] - np.log(120)) < 1.0
-    assert cli.main(["evaluate", "--model", str(mlm_dir), "--data", str(tmp_path / "none.txt")]) == 2
+    assert (
+        cli.main(["evaluate", "--model", str(mlm_dir), "--data", str(tmp_path / "none.txt")]) == 2
+    )
     assert "no such file" in capsys.readouterr().err

@@ -250,15 +250,23 @@ def task_plot_name(config: Any) -> str:
     return "predicted_vs_true.png" if config.is_regression else "confusion_matrix.png"
 
 
-def save_task_plot(config: Any, y_true: np.ndarray, y_pred: np.ndarray, output: str | Path,
-                   title: str | None = None) -> Path:
+def save_task_plot(
+    config: Any,
+    y_true: np.ndarray,
+    y_pred: np.ndarray,
+    output: str | Path,
+    title: str | None = None,
+) -> Path:
     """A confusion matrix (classification) or predicted-vs-true scatter (regression) PNG."""
     from bertforge.plots import plot_confusion_matrix, plot_regression_scatter
 
     if config.is_regression:
         return plot_regression_scatter(y_true, y_pred, output, title)
-    names = [config.id2label[i] for i in range(config.num_labels)] if config.id2label else \
-        [str(i) for i in range(config.num_labels)]
+    names = (
+        [config.id2label[i] for i in range(config.num_labels)]
+        if config.id2label
+        else [str(i) for i in range(config.num_labels)]
+    )
     cm = M.confusion_matrix(y_true, y_pred, len(names))
     return plot_confusion_matrix(cm, names, output, title)
 
@@ -424,7 +432,9 @@ def main(argv: list[str]) -> int:
         }
         if args.plot:
             more = f" + {len(args.data) - 1} more" if len(args.data) > 1 else ""
-            save_task_plot(config, data.labels, predictions, args.plot, title=Path(args.data[0]).name + more)
+            save_task_plot(
+                config, data.labels, predictions, args.plot, title=Path(args.data[0]).name + more
+            )
         lines = [f"{k}: {metrics[k]:.4f}" for k in metrics if k not in ("examples",)]
         lines.append(f"examples: {metrics['examples']:,} ({result['seconds']}s)")
         if "report_text" in report:

@@ -165,11 +165,16 @@ class FinetuneConfig:
             raise BertforgeError(f"--dropout {self.dropout} must lie in [0, 1)")
         default = "spearman" if self.task == "regression" else "accuracy"
         self.metric = self.metric or default
-        allowed = (("spearman", "pearson", "mse", "mae") if self.task == "regression"
-                   else ("accuracy", "macro_f1", "mcc"))
+        allowed = (
+            ("spearman", "pearson", "mse", "mae")
+            if self.task == "regression"
+            else ("accuracy", "macro_f1", "mcc")
+        )
         if self.metric not in allowed:
-            raise BertforgeError(f"--metric {self.metric!r} does not fit --task {self.task}; "
-                                 f"choose one of {', '.join(allowed)}")
+            raise BertforgeError(
+                f"--metric {self.metric!r} does not fit --task {self.task}; "
+                f"choose one of {', '.join(allowed)}"
+            )
 
 
 def _improved(value: float, best: float | None, metric: str) -> bool:
@@ -178,8 +183,12 @@ def _improved(value: float, best: float | None, metric: str) -> bool:
     return value > best if HIGHER_IS_BETTER[metric] else value < best
 
 
-def save_model(model: BertForSequenceClassification, out: Path, tokenizer: Tokenizer,
-               scale: tuple[float, float] | None) -> None:
+def save_model(
+    model: BertForSequenceClassification,
+    out: Path,
+    tokenizer: Tokenizer,
+    scale: tuple[float, float] | None,
+) -> None:
     """Write the model; for normalised regression fold ``y = z * std + mean`` into the head."""
     if scale is not None:
         model = copy.deepcopy(model).float()
@@ -205,28 +214,40 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
 
     # ---- data --------------------------------------------------------------------------------
     tokenizer = Tokenizer.from_file(cfg.model)
-    columns = dict(text_column=cfg.text_column, label_column=cfg.label_column,
-                   text_pair_column=cfg.text_pair_column, task=cfg.task)
+    columns = dict(
+        text_column=cfg.text_column,
+        label_column=cfg.label_column,
+        text_pair_column=cfg.text_pair_column,
+        task=cfg.task,
+    )
     train, id2label = load_labelled(cfg.train, **columns)
     if cfg.validation:
-        val, _ = load_labelled(cfg.validation, **columns,
-                               label2id=None if regression else {v: k for k, v in id2label.items()})
+        val, _ = load_labelled(
+            cfg.validation,
+            **columns,
+            label2id=None if regression else {v: k for k, v in id2label.items()},
+        )
     else:
-        train_idx, val_idx = stratified_split(train.labels, cfg.validation_fraction, cfg.seed,
-                                              regression=regression)
+        train_idx, val_idx = stratified_split(
+            train.labels, cfg.validation_fraction, cfg.seed, regression=regression
+        )
         train, val = train.subset(train_idx), train.subset(val_idx)
     if not regression and len(id2label) < 2:
-        raise BertforgeError(f"{cfg.train[0]}: column {cfg.label_column!r} has a single label "
-                             f"{id2label[0]!r}; classification needs at least two")
+        raise BertforgeError(
+            f"{cfg.train[0]}: column {cfg.label_column!r} has a single label "
+            f"{id2label[0]!r}; classification needs at least two"
+        )
     scale = None
     if regression and cfg.normalize_targets:
         scale = (float(train.labels.mean()), float(train.labels.std()) or 1.0)
     targets = train.labels if scale is None else (train.labels - scale[0]) / scale[1]
     t0 = time.perf_counter()
-    enc_train = encode_examples(tokenizer, train.texts, train.pairs, max_length=cfg.max_length,
-                                truncation=cfg.truncation)
-    enc_val = encode_examples(tokenizer, val.texts, val.pairs, max_length=cfg.max_length,
-                              truncation=cfg.truncation)
+    enc_train = encode_examples(
+        tokenizer, train.texts, train.pairs, max_length=cfg.max_length, truncation=cfg.truncation
+    )
+    enc_val = encode_examples(
+        tokenizer, val.texts, val.pairs, max_length=cfg.max_length, truncation=cfg.truncation
+    )
     lengths = [len(ids) for ids, _ in enc_train]
     steps_per_epoch = math.ceil(len(enc_train) / cfg.batch_size)
     total = max(1, round(cfg.epochs * steps_per_epoch))
@@ -240,41 +261,81 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     if resume_dir is not None:
         model = BertForSequenceClassification.from_pretrained(resume_dir)
     elif regression:
-        model = BertForSequenceClassification.from_pretrained(cfg.model, num_labels=1,
-                                                              problem_type="regression")
+        model = BertForSequenceClassification.from_pretrained(
+            cfg.model, num_labels=1, problem_type="regression"
+        )
     else:
         model = BertForSequenceClassification.from_pretrained(
-            cfg.model, num_labels=len(id2label), id2label=id2label,
-            problem_type="single_label_classification")
+            cfg.model,
+            num_labels=len(id2label),
+            id2label=id2label,
+            problem_type="single_label_classification",
+        )
     if model.config.max_position_embeddings < cfg.max_length:
-        raise BertforgeError(f"--max-length {cfg.max_length} exceeds the model's "
-                             f"max_position_embeddings={model.config.max_position_embeddings}; lower it")
+        raise BertforgeError(
+            f"--max-length {cfg.max_length} exceeds the model's "
+            f"max_position_embeddings={model.config.max_position_embeddings}; lower it"
+        )
     if cfg.dropout is not None:
         set_dropout(model, cfg.dropout)
     model = model.to(device)
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
     resolved = json.loads(json.dumps(asdict(cfg)))
-    identity = {k: resolved[k] for k in ("model", "train", "validation", "text_column", "label_column",
-                                         "text_pair_column", "task", "max_length", "truncation",
-                                         "batch_size", "seed", "bucket", "validation_fraction")}
-    state: dict[str, Any] = {"step": 0, "epoch": 0, "batch": 0, "elapsed": 0.0, "tokens": 0,
-                             "skipped": 0, "best": None, "best_step": None, "bad_evals": 0,
-                             "scale": scale, "run": identity, "finished": False}
+    identity = {
+        k: resolved[k]
+        for k in (
+            "model",
+            "train",
+            "validation",
+            "text_column",
+            "label_column",
+            "text_pair_column",
+            "task",
+            "max_length",
+            "truncation",
+            "batch_size",
+            "seed",
+            "bucket",
+            "validation_fraction",
+        )
+    }
+    state: dict[str, Any] = {
+        "step": 0,
+        "epoch": 0,
+        "batch": 0,
+        "elapsed": 0.0,
+        "tokens": 0,
+        "skipped": 0,
+        "best": None,
+        "best_step": None,
+        "bad_evals": 0,
+        "scale": scale,
+        "run": identity,
+        "finished": False,
+    }
     if resume_dir is not None:
         state, _ = load_train_state(resume_dir, optimizer=optimizer)
         changed = [k for k, v in identity.items() if state["run"].get(k) != v]
         if changed:
-            raise BertforgeError(f"{resume_dir}: --{changed[0].replace('_', '-')} was "
-                                 f"{state['run'][changed[0]]!r}, now {identity[changed[0]]!r}; "
-                                 "resume with the same settings or choose a new --output")
+            raise BertforgeError(
+                f"{resume_dir}: --{changed[0].replace('_', '-')} was "
+                f"{state['run'][changed[0]]!r}, now {identity[changed[0]]!r}; "
+                "resume with the same settings or choose a new --output"
+            )
         say(f"resuming from {resume_dir} at step {state['step']}")
     logger = MetricsLogger(out, resume_step=state["step"] if resume_dir is not None else None)
     atomic_write_text(out / FINETUNE_CONFIG, json.dumps(resolved, indent=2) + "\n")
 
     def evaluate() -> dict[str, Any]:
-        metrics, _ = evaluate_sequence_model(model, enc_val, val.labels, tokenizer.pad_id,
-                                             batch_size=cfg.eval_batch_size, precision=precision,
-                                             scale=state["scale"])
+        metrics, _ = evaluate_sequence_model(
+            model,
+            enc_val,
+            val.labels,
+            tokenizer.pad_id,
+            batch_size=cfg.eval_batch_size,
+            precision=precision,
+            scale=state["scale"],
+        )
         return metrics
 
     def save_checkpoint() -> None:
@@ -284,33 +345,49 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
         rotate_checkpoints(out, cfg.keep_checkpoints)
 
     def done() -> bool:
-        return (state["finished"] or state["step"] >= total
-                or (budget is not None and state["elapsed"] >= budget))
+        return (
+            state["finished"]
+            or state["step"] >= total
+            or (budget is not None and state["elapsed"] >= budget)
+        )
 
     def learning_rate() -> float:
         warmup = round(cfg.warmup_ratio * total)
         if budget is None:
-            return lr_at(state["step"], max_lr=cfg.lr, warmup=warmup, total=total,
-                         schedule=cfg.schedule)
+            return lr_at(
+                state["step"], max_lr=cfg.lr, warmup=warmup, total=total, schedule=cfg.schedule
+            )
         progress = max(state["elapsed"] / budget, state["step"] / total)
-        return lr_at_progress(progress, max_lr=cfg.lr, warmup=cfg.warmup_ratio, schedule=cfg.schedule)
+        return lr_at_progress(
+            progress, max_lr=cfg.lr, warmup=cfg.warmup_ratio, schedule=cfg.schedule
+        )
 
-    say(f"fine-tuning {cfg.model} for {cfg.task} ({len(id2label) if id2label else 1} output(s)) on "
+    say(
+        f"fine-tuning {cfg.model} for {cfg.task} ({len(id2label) if id2label else 1} output(s)) on "
         f"{len(train):,} examples, validating on {len(val):,}; {precision} on {device}; "
-        f"{total} steps of {cfg.batch_size}" + (f" or {format_duration(budget)}" if budget else "")
-        + f"; encoded in {time.perf_counter() - t0:.1f}s")
+        f"{total} steps of {cfg.batch_size}"
+        + (f" or {format_duration(budget)}" if budget else "")
+        + f"; encoded in {time.perf_counter() - t0:.1f}s"
+    )
 
     # ---- the loop ----------------------------------------------------------------------------
-    bar = ProgressBar(budget or total, initial=state["elapsed"] if budget else state["step"],
-                      by_time=budget is not None, enabled=cfg.progress)
+    bar = ProgressBar(
+        budget or total,
+        initial=state["elapsed"] if budget else state["step"],
+        by_time=budget is not None,
+        enabled=cfg.progress,
+    )
     window = {"loss": 0.0, "n": 0, "tokens": 0.0, "seconds": 0.0}
     streak, stopped, order, order_epoch = 0, None, [], -1
     model.train()
     with GracefulStop() as stop:
         while not done():
-            if order_epoch != state["epoch"]:  # a pure function of (seed, epoch): resume needs no replay
-                order = batch_order(lengths, cfg.batch_size, seed=cfg.seed, epoch=state["epoch"],
-                                    bucket=cfg.bucket)
+            if (
+                order_epoch != state["epoch"]
+            ):  # a pure function of (seed, epoch): resume needs no replay
+                order = batch_order(
+                    lengths, cfg.batch_size, seed=cfg.seed, epoch=state["epoch"], bucket=cfg.bucket
+                )
                 order_epoch = state["epoch"]
             if state["batch"] >= len(order):  # epoch finished: the next one has a new order
                 state["epoch"], state["batch"] = state["epoch"] + 1, 0
@@ -319,8 +396,10 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
             lr = learning_rate()
             set_lr(optimizer, lr)
             index = order[state["batch"]]
-            batch = {k: v.to(device) for k, v in collate([enc_train[i] for i in index],
-                                                         tokenizer.pad_id).items()}
+            batch = {
+                k: v.to(device)
+                for k, v in collate([enc_train[i] for i in index], tokenizer.pad_id).items()
+            }
             labels = torch.as_tensor(targets[index]).to(device)
             with autocast(device, precision):
                 loss = model(**batch, labels=labels).loss
@@ -335,8 +414,10 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
                 state["skipped"] += 1
                 streak += 1
                 if streak >= cfg.max_nonfinite:
-                    raise BertforgeError(f"the loss was non-finite for {streak} steps in a row; "
-                                         "lower --lr or use --precision fp32")
+                    raise BertforgeError(
+                        f"the loss was non-finite for {streak} steps in a row; "
+                        "lower --lr or use --precision fp32"
+                    )
             optimizer.zero_grad(set_to_none=True)
             state["step"] += 1
             state["batch"] += 1
@@ -350,13 +431,25 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
             window["tokens"] += tokens
             window["seconds"] += seconds
             tok_s = window["tokens"] / max(window["seconds"], 1e-9)
-            bar.update(state["elapsed"] if budget else state["step"], step=state["step"],
-                       loss=step_loss, lr=lr, tokens_per_s=tok_s)
+            bar.update(
+                state["elapsed"] if budget else state["step"],
+                step=state["step"],
+                loss=step_loss,
+                lr=lr,
+                tokens_per_s=tok_s,
+            )
             if state["step"] % cfg.log_every == 0:
-                logger.log(state["step"], "train", loss=window["loss"] / max(window["n"], 1), lr=lr,
-                           grad_norm=grad_norm, tokens_per_s=tok_s, elapsed=state["elapsed"],
-                           epoch=state["epoch"] + state["batch"] / len(order),
-                           skipped=state["skipped"])
+                logger.log(
+                    state["step"],
+                    "train",
+                    loss=window["loss"] / max(window["n"], 1),
+                    lr=lr,
+                    grad_norm=grad_norm,
+                    tokens_per_s=tok_s,
+                    elapsed=state["elapsed"],
+                    epoch=state["epoch"] + state["batch"] / len(order),
+                    skipped=state["skipped"],
+                )
                 window = {"loss": 0.0, "n": 0, "tokens": 0.0, "seconds": 0.0}
             if state["step"] % eval_every == 0 or done():
                 metrics = evaluate()
@@ -367,8 +460,10 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
                     save_model(model, out, tokenizer, state["scale"])
                 else:
                     state["bad_evals"] += 1
-                bar.write(f"step {state['step']}: val loss {metrics['loss']:.4f} {cfg.metric} "
-                          f"{value:.4f} (best {state['best']:.4f} at step {state['best_step']})")
+                bar.write(
+                    f"step {state['step']}: val loss {metrics['loss']:.4f} {cfg.metric} "
+                    f"{value:.4f} (best {state['best']:.4f} at step {state['best_step']})"
+                )
                 if cfg.patience and state["bad_evals"] >= cfg.patience:
                     bar.write(f"no improvement in {cfg.patience} evaluations: stopping early")
                     state["finished"] = True
@@ -380,8 +475,10 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     if stopped:
         save_checkpoint()
         logger.close()
-        say(f"stopped at step {state['step']} on {stopped}; checkpoint saved in "
-            f"{out / checkpoint_name(state['step'])}. Resume by running the same command again.")
+        say(
+            f"stopped at step {state['step']} on {stopped}; checkpoint saved in "
+            f"{out / checkpoint_name(state['step'])}. Resume by running the same command again."
+        )
         return {"stopped": True, "step": state["step"]}
     if not (out / "model.safetensors").is_file():  # the best model was lost: keep the last one
         say(f"{out}: no best model found; saving the model of step {state['step']} instead")
@@ -390,21 +487,44 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
 
     # ---- the best model, reloaded from disk: final validation report and plots ---------------
     best = BertForSequenceClassification.from_pretrained(out).to(device)
-    metrics, predictions = evaluate_sequence_model(best, enc_val, val.labels, tokenizer.pad_id,
-                                                   batch_size=cfg.eval_batch_size, precision=precision)
-    report = task_report(best.config, val.labels, predictions,
-                         baseline_value=None if scale is None else scale[0])
-    plot = save_task_plot(best.config, val.labels, predictions, out / task_plot_name(best.config),
-                          title=f"validation ({out.name})")
+    metrics, predictions = evaluate_sequence_model(
+        best,
+        enc_val,
+        val.labels,
+        tokenizer.pad_id,
+        batch_size=cfg.eval_batch_size,
+        precision=precision,
+    )
+    report = task_report(
+        best.config, val.labels, predictions, baseline_value=None if scale is None else scale[0]
+    )
+    plot = save_task_plot(
+        best.config,
+        val.labels,
+        predictions,
+        out / task_plot_name(best.config),
+        title=f"validation ({out.name})",
+    )
     plot_training_curves(out, out / PLOT_FILE, title=f"bertforge finetune: {out.name}")
-    result = {"best_step": state["best_step"], "steps": state["step"], "epochs": round(
-        state["step"] / steps_per_epoch, 3), "train_seconds": round(state["elapsed"], 1),
-        "tokens": state["tokens"], "skipped": state["skipped"], "metric": cfg.metric,
-        "validation": metrics, **report, "plot": str(plot), "model_dir": str(out)}
+    result = {
+        "best_step": state["best_step"],
+        "steps": state["step"],
+        "epochs": round(state["step"] / steps_per_epoch, 3),
+        "train_seconds": round(state["elapsed"], 1),
+        "tokens": state["tokens"],
+        "skipped": state["skipped"],
+        "metric": cfg.metric,
+        "validation": metrics,
+        **report,
+        "plot": str(plot),
+        "model_dir": str(out),
+    }
     atomic_write_text(out / RESULTS_FILE, json.dumps(result, indent=2) + "\n")
-    say(f"best {cfg.metric} {metrics[cfg.metric]:.4f} at step {state['best_step']} of {state['step']} "
+    say(
+        f"best {cfg.metric} {metrics[cfg.metric]:.4f} at step {state['best_step']} of {state['step']} "
         f"({format_duration(state['elapsed'])} of training); model: {out}\n"
-        + report.get("report_text", ""))
+        + report.get("report_text", "")
+    )
     return result
 
 
@@ -415,28 +535,46 @@ def build_parser() -> argparse.ArgumentParser:
     """One ``--option-name`` per ``FinetuneConfig`` field; the help is the field's docstring."""
     import docstring_parser
 
-    docs = {p.arg_name: p.description for p in docstring_parser.parse_from_object(FinetuneConfig).params}
+    docs = {
+        p.arg_name: p.description for p in docstring_parser.parse_from_object(FinetuneConfig).params
+    }
     parser = argparse.ArgumentParser(
         prog="bertforge finetune",
-        description="Fine-tune a BERT model for text classification or regression.")
+        description="Fine-tune a BERT model for text classification or regression.",
+    )
     for f in fields(FinetuneConfig):
         flag = "--" + f.name.replace("_", "-")
         kind = str(f.type)
         help_ = " ".join((docs.get(f.name) or "").split())
         if f.name in ("train", "validation"):
-            parser.add_argument(flag, nargs="+", required=f.name == "train", metavar="FILE", help=help_)
+            parser.add_argument(
+                flag, nargs="+", required=f.name == "train", metavar="FILE", help=help_
+            )
         elif kind == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_)
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_
+            )
         else:
             base = kind.split(" |")[0]
             cast = {"int": int, "float": float}.get(base, str)
             required = f.default is MISSING
-            metavar = ("DIR" if f.name in ("model", "output") else "C" if f.name.endswith("_column")
-                       else {"int": "N", "float": "X"}.get(base, "S"))
+            metavar = (
+                "DIR"
+                if f.name in ("model", "output")
+                else "C"
+                if f.name.endswith("_column")
+                else {"int": "N", "float": "X"}.get(base, "S")
+            )
             if not required:
                 help_ += f" (default: {f.default})"
-            parser.add_argument(flag, type=cast, required=required, metavar=metavar,
-                                default=None if required else f.default, help=help_)
+            parser.add_argument(
+                flag,
+                type=cast,
+                required=required,
+                metavar=metavar,
+                default=None if required else f.default,
+                help=help_,
+            )
     return parser
 
 

@@ -28,7 +28,9 @@ def _pair(y_true: ArrayLike, y_pred: ArrayLike) -> tuple[np.ndarray, np.ndarray]
 # ---- classification -----------------------------------------------------------------------
 
 
-def confusion_matrix(y_true: ArrayLike, y_pred: ArrayLike, num_classes: int | None = None) -> np.ndarray:
+def confusion_matrix(
+    y_true: ArrayLike, y_pred: ArrayLike, num_classes: int | None = None
+) -> np.ndarray:
     """(K, K) int64 counts: row = true class id, column = predicted class id."""
     t, p = _pair(y_true, y_pred)
     t, p = t.astype(np.int64), p.astype(np.int64)
@@ -74,7 +76,9 @@ def mcc(y_true: ArrayLike, y_pred: ArrayLike, num_classes: int | None = None) ->
     return float(cov_tp / denom) if denom > 0 else 0.0
 
 
-def classification_metrics(y_true: ArrayLike, y_pred: ArrayLike, num_classes: int | None = None) -> dict[str, float]:
+def classification_metrics(
+    y_true: ArrayLike, y_pred: ArrayLike, num_classes: int | None = None
+) -> dict[str, float]:
     """``accuracy``, ``macro_f1`` and ``mcc`` in one dict."""
     return {
         "accuracy": accuracy(y_true, y_pred),
@@ -90,8 +94,13 @@ def per_class_report(
     cm = confusion_matrix(y_true, y_pred, len(labels))
     precision, recall, f1, support = precision_recall_f1(cm)
     return [
-        {"label": str(name), "precision": float(precision[i]), "recall": float(recall[i]),
-         "f1": float(f1[i]), "support": int(support[i])}
+        {
+            "label": str(name),
+            "precision": float(precision[i]),
+            "recall": float(recall[i]),
+            "f1": float(f1[i]),
+            "support": int(support[i]),
+        }
         for i, name in enumerate(labels)
     ]
 
@@ -101,8 +110,10 @@ def format_report(report: list[dict[str, Any]], metrics: dict[str, float] | None
     width = max(10, *(len(r["label"]) for r in report))
     lines = [f"{'label':<{width}}  precision  recall      f1  support"]
     for r in report:
-        lines.append(f"{r['label']:<{width}}  {r['precision']:9.4f}  {r['recall']:6.4f}  "
-                     f"{r['f1']:6.4f}  {r['support']:7d}")
+        lines.append(
+            f"{r['label']:<{width}}  {r['precision']:9.4f}  {r['recall']:6.4f}  "
+            f"{r['f1']:6.4f}  {r['support']:7d}"
+        )
     for key, value in (metrics or {}).items():
         lines.append(f"{key:<{width}}  {value:.4f}")
     return "\n".join(lines)
@@ -160,7 +171,18 @@ def regression_metrics(y_true: ArrayLike, y_pred: ArrayLike) -> dict[str, float]
 
 
 __all__ = [
-    "accuracy", "classification_metrics", "confusion_matrix", "format_report", "macro_f1", "mae",
-    "mcc", "mse", "pearson", "per_class_report", "precision_recall_f1", "rankdata",
-    "regression_metrics", "spearman",
+    "accuracy",
+    "classification_metrics",
+    "confusion_matrix",
+    "format_report",
+    "macro_f1",
+    "mae",
+    "mcc",
+    "mse",
+    "pearson",
+    "per_class_report",
+    "precision_recall_f1",
+    "rankdata",
+    "regression_metrics",
+    "spearman",
 ]

@@ -124,10 +124,14 @@ class BertSelfAttention(nn.Module):
         """``x`` is (B, T, H), or (N, H) real tokens only when ``index`` (see ``ops.unpad``) is given;
         the output has the layout of ``x``."""
         H, nh, hs = x.shape[-1], self.num_heads, self.head_dim
-        # One GEMM for q, k and v; the parameters stay three Linears so checkpoint keys match HF.
-        w = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
-        b = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # (3H,)
-        qkv = F.linear(x, w, b)  # (B, T, 3H) or (N, 3H)
+        # One GEMM for q, k and v (the parameters stay three Linears so checkpoint keys match HF);
+        # for a few tokens (one sentence) copying the 3 weights would cost more than it saves.
+        if x.numel() >= H * H:
+            w = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
+            b = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # (3H,)
+            qkv = F.linear(x, w, b)  # (B, T, 3H) or (N, 3H)
+        else:
+            qkv = torch.cat([self.query(x), self.key(x), self.value(x)], -1)  # (B, T, 3H)
         if index is not None:  # attention needs the (B, T) grid back
             qkv = repad(qkv, index, mask.shape[0], mask.shape[-1])  # (B, T, 3H)
         B, T = qkv.shape[:2]

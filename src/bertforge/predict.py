@@ -62,7 +62,9 @@ def sequence_logits(
     try:
         lengths = [len(ids) for ids, _ in encoded]
         for index in batch_order(lengths, batch_size, seed=0, epoch=0, shuffle=False):
-            batch = {k: v.to(device) for k, v in collate([encoded[i] for i in index], pad_id).items()}
+            batch = {
+                k: v.to(device) for k, v in collate([encoded[i] for i in index], pad_id).items()
+            }
             with autocast(device, precision):
                 logits = model(**batch).logits  # (B, num_labels)
             out[index] = logits.float().cpu().numpy()
@@ -102,18 +104,25 @@ def classify(
     texts = _check_texts(texts)
     if not texts:
         return []
-    encoded = encode_examples(tokenizer, texts, pairs, max_length=_max_length(model, max_length),
-                              truncation=truncation)
-    logits = sequence_logits(model, encoded, tokenizer.pad_id, batch_size=batch_size,
-                             precision=precision)
+    encoded = encode_examples(
+        tokenizer, texts, pairs, max_length=_max_length(model, max_length), truncation=truncation
+    )
+    logits = sequence_logits(
+        model, encoded, tokenizer.pad_id, batch_size=batch_size, precision=precision
+    )
     config = model.config
     if config.is_regression:
         return [{"value": float(v)} for v in logits[:, 0]]
     id2label = config.id2label or {i: f"LABEL_{i}" for i in range(config.num_labels)}
     probs = torch.softmax(torch.from_numpy(logits), dim=-1).numpy()
     names = [id2label[i] for i in range(config.num_labels)]
-    return [{"label": names[int(p.argmax())], "scores": {n: float(s) for n, s in zip(names, p, strict=True)}}
-            for p in probs]
+    return [
+        {
+            "label": names[int(p.argmax())],
+            "scores": {n: float(s) for n, s in zip(names, p, strict=True)},
+        }
+        for p in probs
+    ]
 
 
 @torch.inference_mode()
@@ -140,21 +149,28 @@ def fill_mask(
     encoded = encode_examples(tokenizer, texts, max_length=10**9)
     for i, (ids, _) in enumerate(encoded):
         if not (ids == tokenizer.mask_id).any():
-            raise BertforgeError(f"text {i + 1} has no [MASK] token: {texts[i][:80]!r}; write [MASK] "
-                                 "where a word should be predicted")
+            raise BertforgeError(
+                f"text {i + 1} has no [MASK] token: {texts[i][:80]!r}; write [MASK] "
+                "where a word should be predicted"
+            )
         if len(ids) > limit:
-            raise BertforgeError(f"text {i + 1} is {len(ids)} tokens long, more than the model's "
-                                 f"{limit} positions; shorten it")
+            raise BertforgeError(
+                f"text {i + 1} is {len(ids)} tokens long, more than the model's "
+                f"{limit} positions; shorten it"
+            )
     was_training = model.training
     model.eval()
     device = _device(model)
     results: list[dict[str, Any]] = [{} for _ in texts]
     try:
-        order = batch_order([len(ids) for ids, _ in encoded], batch_size, seed=0, epoch=0,
-                            shuffle=False)
+        order = batch_order(
+            [len(ids) for ids, _ in encoded], batch_size, seed=0, epoch=0, shuffle=False
+        )
         for index in order:
-            batch = {k: v.to(device) for k, v in collate([encoded[i] for i in index],
-                                                          tokenizer.pad_id).items()}
+            batch = {
+                k: v.to(device)
+                for k, v in collate([encoded[i] for i in index], tokenizer.pad_id).items()
+            }
             masked = batch["input_ids"] == tokenizer.mask_id  # (B, T)
             # labels only select the rows the head scores (sparse prediction), their values are unused
             labels = torch.where(masked, 0, -100)
@@ -169,10 +185,14 @@ def fill_mask(
                 results[b]["masks"] = []
             for m, row in enumerate(row_of):
                 b = int(index[row])
-                results[b]["masks"].append([
-                    {"token": tokenizer.id_to_token(int(t)), "id": int(t), "score": float(s)}
-                    for s, t in zip(top.values[m].tolist(), top.indices[m].tolist(), strict=True)
-                ])
+                results[b]["masks"].append(
+                    [
+                        {"token": tokenizer.id_to_token(int(t)), "id": int(t), "score": float(s)}
+                        for s, t in zip(
+                            top.values[m].tolist(), top.indices[m].tolist(), strict=True
+                        )
+                    ]
+                )
     finally:
         model.train(was_training)
     for b, (ids, _) in enumerate(encoded):
@@ -213,10 +233,13 @@ def embed(
     encoder.eval()
     device = _device(encoder)
     try:
-        for index in batch_order([len(i) for i, _ in encoded], batch_size, seed=0, epoch=0,
-                                 shuffle=False):
-            batch = {k: v.to(device) for k, v in collate([encoded[i] for i in index],
-                                                          tokenizer.pad_id).items()}
+        for index in batch_order(
+            [len(i) for i, _ in encoded], batch_size, seed=0, epoch=0, shuffle=False
+        ):
+            batch = {
+                k: v.to(device)
+                for k, v in collate([encoded[i] for i in index], tokenizer.pad_id).items()
+            }
             with autocast(device, precision):
                 hidden = encoder(**batch).last_hidden_state.float()  # (B, T, H)
             if pooling == "cls":
@@ -235,8 +258,9 @@ def embed(
 # ---- commands -------------------------------------------------------------------------------
 
 
-def read_texts(path: str | Path, text_column: str | None = None,
-               text_pair_column: str | None = None) -> tuple[list[str], list[str] | None]:
+def read_texts(
+    path: str | Path, text_column: str | None = None, text_pair_column: str | None = None
+) -> tuple[list[str], list[str] | None]:
     """Texts of an input file: a column of a CSV/TSV/JSONL file, or the non-empty lines of any
     other (plain-text) file."""
     path = Path(path)
@@ -259,7 +283,9 @@ def read_texts(path: str | Path, text_column: str | None = None,
             raise BertforgeError(f"{path}: the file is empty (no non-blank line)")
         return texts, None
     texts, pairs = read_columns(path, [text_column or "text", text_pair_column])
-    return [clean_text(t) for t in texts], [clean_text(t) for t in pairs] if text_pair_column else None
+    return [clean_text(t) for t in texts], [
+        clean_text(t) for t in pairs
+    ] if text_pair_column else None
 
 
 def _common(parser: argparse.ArgumentParser, batch_size: int = 32) -> None:
@@ -267,16 +293,25 @@ def _common(parser: argparse.ArgumentParser, batch_size: int = 32) -> None:
     parser.add_argument("--output", metavar="FILE", help="write here instead of standard output")
     parser.add_argument("--batch-size", type=int, default=batch_size, metavar="N")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, mps (default auto)")
-    parser.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
-                        help="bf16 autocast where the hardware runs it fast (default auto)")
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        choices=("auto", "bf16", "fp32"),
+        help="bf16 autocast where the hardware runs it fast (default auto)",
+    )
 
 
-def _inputs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[list[str], list[str] | None]:
+def _inputs(
+    args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> tuple[list[str], list[str] | None]:
     if bool(args.texts) == bool(args.input):
-        raise BertforgeError(f"{parser.prog}: give texts as arguments or --input FILE (one of them)")
+        raise BertforgeError(
+            f"{parser.prog}: give texts as arguments or --input FILE (one of them)"
+        )
     if args.input:
-        return read_texts(args.input, getattr(args, "text_column", None),
-                          getattr(args, "text_pair_column", None))
+        return read_texts(
+            args.input, getattr(args, "text_column", None), getattr(args, "text_pair_column", None)
+        )
     return list(args.texts), None
 
 
@@ -300,11 +335,16 @@ def _write_lines(records: list[dict[str, Any]], output: str | None) -> None:
 
 def fill_mask_main(argv: list[str]) -> int:
     """``bertforge fill-mask --model DIR "the man went to the [MASK] ." --top-k 5``."""
-    parser = argparse.ArgumentParser(prog="bertforge fill-mask",
-                                     description="Predict every [MASK] of each text.")
+    parser = argparse.ArgumentParser(
+        prog="bertforge fill-mask", description="Predict every [MASK] of each text."
+    )
     parser.add_argument("texts", nargs="*", metavar="TEXT", help="texts with [MASK] tokens")
-    parser.add_argument("--input", metavar="FILE", help="one text per line (or --text-column of a table)")
-    parser.add_argument("--text-column", metavar="C", help="column of a CSV/TSV/JSONL input (default text)")
+    parser.add_argument(
+        "--input", metavar="FILE", help="one text per line (or --text-column of a table)"
+    )
+    parser.add_argument(
+        "--text-column", metavar="C", help="column of a CSV/TSV/JSONL input (default text)"
+    )
     parser.add_argument("--top-k", type=int, default=5, metavar="K")
     _common(parser)
     args = parser.parse_args(argv)
@@ -312,12 +352,22 @@ def fill_mask_main(argv: list[str]) -> int:
     from bertforge.model import BertForMaskedLM
 
     model, tokenizer, device = _load(BertForMaskedLM, args.model, args.device)
-    missing = [k for k in model.loading_info["missing"] if k.startswith("cls.predictions.transform")]
+    missing = [
+        k for k in model.loading_info["missing"] if k.startswith("cls.predictions.transform")
+    ]
     if missing:
-        raise BertforgeError(f"{args.model}: the checkpoint has no masked-language-model head "
-                             "(cls.predictions.*); fill-mask needs a pretrained MLM model")
-    results = fill_mask(model, tokenizer, texts, args.top_k, batch_size=args.batch_size,
-                        precision=pick_precision(args.precision, device))
+        raise BertforgeError(
+            f"{args.model}: the checkpoint has no masked-language-model head "
+            "(cls.predictions.*); fill-mask needs a pretrained MLM model"
+        )
+    results = fill_mask(
+        model,
+        tokenizer,
+        texts,
+        args.top_k,
+        batch_size=args.batch_size,
+        precision=pick_precision(args.precision, device),
+    )
     _write_lines(results, args.output)
     return 0
 
@@ -329,14 +379,23 @@ def _finetune_defaults(model_dir: str) -> dict[str, Any]:
 
 def classify_main(argv: list[str]) -> int:
     """``bertforge classify --model DIR TEXT...`` or ``--input FILE [--text-column C]``."""
-    parser = argparse.ArgumentParser(prog="bertforge classify",
-                                     description="Classify texts; one JSON object per text, in order.")
+    parser = argparse.ArgumentParser(
+        prog="bertforge classify", description="Classify texts; one JSON object per text, in order."
+    )
     parser.add_argument("texts", nargs="*", metavar="TEXT")
-    parser.add_argument("--input", metavar="FILE", help="one text per line, or a CSV/TSV/JSONL file")
-    parser.add_argument("--text-column", metavar="C", help="text column (default: as in fine-tuning)")
-    parser.add_argument("--text-pair-column", metavar="C2", help="second-text column for pair tasks")
+    parser.add_argument(
+        "--input", metavar="FILE", help="one text per line, or a CSV/TSV/JSONL file"
+    )
+    parser.add_argument(
+        "--text-column", metavar="C", help="text column (default: as in fine-tuning)"
+    )
+    parser.add_argument(
+        "--text-pair-column", metavar="C2", help="second-text column for pair tasks"
+    )
     parser.add_argument("--max-length", type=int, metavar="N", help="default: as in fine-tuning")
-    parser.add_argument("--truncation", choices=("head", "head_tail"), help="default: as in fine-tuning")
+    parser.add_argument(
+        "--truncation", choices=("head", "head_tail"), help="default: as in fine-tuning"
+    )
     _common(parser)
     args = parser.parse_args(argv)
     defaults = _finetune_defaults(args.model)
@@ -348,26 +407,44 @@ def classify_main(argv: list[str]) -> int:
 
     model, tokenizer, device = _load(BertForSequenceClassification, args.model, args.device)
     if any(k.startswith("classifier.") for k in model.loading_info["missing"]):
-        raise BertforgeError(f"{args.model}: the checkpoint has no classifier weights; fine-tune it "
-                             "first (bertforge finetune) or point --model at a fine-tuned model")
-    results = classify(model, tokenizer, texts, pairs, batch_size=args.batch_size,
-                       max_length=args.max_length or defaults.get("max_length"),
-                       truncation=args.truncation or defaults.get("truncation", "head"),
-                       precision=pick_precision(args.precision, device))
+        raise BertforgeError(
+            f"{args.model}: the checkpoint has no classifier weights; fine-tune it "
+            "first (bertforge finetune) or point --model at a fine-tuned model"
+        )
+    results = classify(
+        model,
+        tokenizer,
+        texts,
+        pairs,
+        batch_size=args.batch_size,
+        max_length=args.max_length or defaults.get("max_length"),
+        truncation=args.truncation or defaults.get("truncation", "head"),
+        precision=pick_precision(args.precision, device),
+    )
     _write_lines(results, args.output)
     return 0
 
 
 def embed_main(argv: list[str]) -> int:
     """``bertforge embed --model DIR --input FILE --output FILE.npy --pooling cls|mean``."""
-    parser = argparse.ArgumentParser(prog="bertforge embed",
-                                     description="Embed texts into an (N, hidden) float32 .npy matrix.")
-    parser.add_argument("--input", required=True, metavar="FILE",
-                        help="one text per line, or a CSV/TSV/JSONL file with --text-column")
+    parser = argparse.ArgumentParser(
+        prog="bertforge embed", description="Embed texts into an (N, hidden) float32 .npy matrix."
+    )
+    parser.add_argument(
+        "--input",
+        required=True,
+        metavar="FILE",
+        help="one text per line, or a CSV/TSV/JSONL file with --text-column",
+    )
     parser.add_argument("--text-column", metavar="C", help="column of a table input (default text)")
     parser.add_argument("--pooling", choices=("cls", "mean"), default="cls")
     parser.add_argument("--normalize", action="store_true", help="scale vectors to unit length")
-    parser.add_argument("--max-length", type=int, metavar="N", help="truncate longer texts (default: model positions)")
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        metavar="N",
+        help="truncate longer texts (default: model positions)",
+    )
     _common(parser)
     args = parser.parse_args(argv)
     if not args.output or not args.output.endswith(".npy"):
@@ -376,18 +453,36 @@ def embed_main(argv: list[str]) -> int:
     from bertforge.model import BertModel
 
     model, tokenizer, device = _load(BertModel, args.model, args.device)
-    vectors = embed(model, tokenizer, texts, args.pooling, batch_size=args.batch_size,
-                    max_length=args.max_length, normalize=args.normalize,
-                    precision=pick_precision(args.precision, device))
+    vectors = embed(
+        model,
+        tokenizer,
+        texts,
+        args.pooling,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        normalize=args.normalize,
+        precision=pick_precision(args.precision, device),
+    )
     from bertforge.checkpoint import atomic_write_bytes
 
     buffer = io.BytesIO()
     np.save(buffer, vectors)
     atomic_write_bytes(args.output, buffer.getvalue())
-    print(f"wrote {args.output}: {vectors.shape[0]} x {vectors.shape[1]} float32 ({args.pooling} pooling)",
-          file=sys.stderr)
+    print(
+        f"wrote {args.output}: {vectors.shape[0]} x {vectors.shape[1]} float32 ({args.pooling} pooling)",
+        file=sys.stderr,
+    )
     return 0
 
 
-__all__ = ["FINETUNE_CONFIG", "classify", "classify_main", "embed", "embed_main", "fill_mask",
-           "fill_mask_main", "read_texts", "sequence_logits"]
+__all__ = [
+    "FINETUNE_CONFIG",
+    "classify",
+    "classify_main",
+    "embed",
+    "embed_main",
+    "fill_mask",
+    "fill_mask_main",
+    "read_texts",
+    "sequence_logits",
+]

@@ -65,7 +65,9 @@ def read_table(path: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
                     try:
                         row = json.loads(line)
                     except json.JSONDecodeError as err:
-                        raise BertforgeError(f"{path}: line {n} is not valid JSON ({err.msg})") from err
+                        raise BertforgeError(
+                            f"{path}: line {n} is not valid JSON ({err.msg})"
+                        ) from err
                     if not isinstance(row, dict):
                         raise BertforgeError(f"{path}: line {n} is not a JSON object")
                     rows.append(row)
@@ -139,7 +141,9 @@ def build_label_map(values: Sequence[Any]) -> dict[int, str]:
     return dict(enumerate(sorted(names, key=int) if numeric else sorted(names)))
 
 
-def labels_to_ids(values: Sequence[Any], label2id: dict[str, int], source: str = "data") -> np.ndarray:
+def labels_to_ids(
+    values: Sequence[Any], label2id: dict[str, int], source: str = "data"
+) -> np.ndarray:
     """Label cells -> int64 ids; an unknown label names the row and the known labels."""
     ids = np.empty(len(values), dtype=np.int64)
     for i, value in enumerate(values):
@@ -166,7 +170,9 @@ def to_floats(values: Sequence[Any], column: str, source: str = "data") -> np.nd
                 "regression needs a numeric label column"
             ) from None
         if not np.isfinite(out[i]):
-            raise BertforgeError(f"{source}: row {i + 1}: column {column!r} is {value!r}; use finite numbers")
+            raise BertforgeError(
+                f"{source}: row {i + 1}: column {column!r} is {value!r}; use finite numbers"
+            )
     return out
 
 
@@ -267,7 +273,7 @@ def _keep(ids: list[int], budget: int, truncation: str) -> list[int]:
     if truncation == "head":
         return ids[:budget]
     head = budget // 4  # Sun et al. (2019): the first 128 and last 382 of 510 tokens work best
-    return ids[:head] + ids[len(ids) - (budget - head):]
+    return ids[:head] + ids[len(ids) - (budget - head) :]
 
 
 def encode_examples(
@@ -285,15 +291,20 @@ def encode_examples(
     longer text is shortened first.
     """
     if truncation not in TRUNCATIONS:
-        raise BertforgeError(f"--truncation {truncation!r} is unknown; choose {' or '.join(TRUNCATIONS)}")
+        raise BertforgeError(
+            f"--truncation {truncation!r} is unknown; choose {' or '.join(TRUNCATIONS)}"
+        )
     specials = 3 if pairs is not None else 2
     if max_length <= specials:
         raise BertforgeError(f"--max-length {max_length} leaves no room for text; use e.g. 128")
     budget = max_length - specials
     backend = tokenizer.backend
     a_ids = [e.ids for e in backend.encode_batch(list(texts), add_special_tokens=False)]
-    b_ids = (None if pairs is None
-             else [e.ids for e in backend.encode_batch(list(pairs), add_special_tokens=False)])
+    b_ids = (
+        None
+        if pairs is None
+        else [e.ids for e in backend.encode_batch(list(pairs), add_special_tokens=False)]
+    )
     cls, sep = tokenizer.cls_id, tokenizer.sep_id
     out: list[tuple[np.ndarray, int]] = []
     for i, a in enumerate(a_ids):
@@ -328,13 +339,21 @@ def collate(examples: Sequence[tuple[np.ndarray, int]], pad_id: int) -> dict[str
     for row, (ids, len_a) in enumerate(examples):
         input_ids[row, : len(ids)] = ids
         attention[row, : len(ids)] = 1
-        types[row, len_a: len(ids)] = 1
-    return {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(attention),
-            "token_type_ids": torch.from_numpy(types)}
+        types[row, len_a : len(ids)] = 1
+    return {
+        "input_ids": torch.from_numpy(input_ids),
+        "attention_mask": torch.from_numpy(attention),
+        "token_type_ids": torch.from_numpy(types),
+    }
 
 
 def batch_order(
-    lengths: Sequence[int], batch_size: int, *, seed: int, epoch: int, bucket: bool = True,
+    lengths: Sequence[int],
+    batch_size: int,
+    *,
+    seed: int,
+    epoch: int,
+    bucket: bool = True,
     shuffle: bool = True,
 ) -> list[np.ndarray]:
     """Example indices grouped into batches for one epoch, a pure function of (seed, epoch).
@@ -348,23 +367,27 @@ def batch_order(
     lengths = np.asarray(lengths)
     if not shuffle:
         order = np.argsort(-lengths, kind="stable") if bucket else np.arange(n)
-        return [order[i: i + batch_size] for i in range(0, n, batch_size)]
+        return [order[i : i + batch_size] for i in range(0, n, batch_size)]
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(n)
     if bucket:
         window = batch_size * 50
-        order = np.concatenate([
-            chunk[np.argsort(-lengths[chunk], kind="stable")]
-            for chunk in np.array_split(order, max(1, -(-n // window)))
-        ])
-    batches = [order[i: i + batch_size] for i in range(0, n, batch_size)]
+        order = np.concatenate(
+            [
+                chunk[np.argsort(-lengths[chunk], kind="stable")]
+                for chunk in np.array_split(order, max(1, -(-n // window)))
+            ]
+        )
+    batches = [order[i : i + batch_size] for i in range(0, n, batch_size)]
     if bucket:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches
 
 
 def iterate_batches(
-    encoded: Sequence[tuple[np.ndarray, int]], order: Sequence[np.ndarray], pad_id: int,
+    encoded: Sequence[tuple[np.ndarray, int]],
+    order: Sequence[np.ndarray],
+    pad_id: int,
 ) -> Iterator[tuple[np.ndarray, dict[str, torch.Tensor]]]:
     """``(indices, padded batch)`` for each batch of ``order``."""
     for index in order:
@@ -372,7 +395,20 @@ def iterate_batches(
 
 
 __all__ = [
-    "LabelledData", "TRUNCATIONS", "batch_order", "build_label_map", "clean_text", "collate",
-    "encode_examples", "iterate_batches", "label_name", "labels_to_ids", "load_labelled",
-    "read_columns", "read_table", "stratified_split", "table_format", "to_floats",
+    "LabelledData",
+    "TRUNCATIONS",
+    "batch_order",
+    "build_label_map",
+    "clean_text",
+    "collate",
+    "encode_examples",
+    "iterate_batches",
+    "label_name",
+    "labels_to_ids",
+    "load_labelled",
+    "read_columns",
+    "read_table",
+    "stratified_split",
+    "table_format",
+    "to_floats",
 ]
