@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from bertforge import cli
 from bertforge.config import BertConfig
 from bertforge.model import BertForMaskedLM, BertForPreTraining
 from bertforge.tokenizer import Tokenizer
@@ -114,3 +115,10 @@ def tiny_start_model(root: Path, kind: str = "pretraining") -> Path:
     out = root / f"tiny-{kind}"
     model.save_pretrained(out, tokenizer=tokenizer)
     return out
+
+
+def evaluate_cli(model: Path, data: Path, output: Path, *options: str) -> int:
+    """Run ``bertforge evaluate`` of ``model`` on ``data`` in fp32, the results JSON to
+    ``output``; returns the exit code."""
+    argv = ["evaluate", "--model", str(model), "--data", str(data), "--output", str(output)]
+    return cli.main([*argv, "--precision", "fp32", *options])

@@ -15,6 +15,11 @@ from bertforge.errors import BertforgeError
 from bertforge.tokenizer import Tokenizer
 
 
+def prepare_quietly(path: Path, tokenizer: Tokenizer, out: Path, **options) -> dict:
+    """``prepare`` one file without a progress bar; returns its summary."""
+    return prepare([str(path)], tokenizer, out, progress=False, **options)
+
+
 @pytest.fixture(scope="module")
 def tokenizer(shakespeare_file: Path) -> Tokenizer:
     return Tokenizer.train([shakespeare_file], vocab_size=800)
@@ -35,9 +40,7 @@ def corpus(tmp_path_factory, shared_data: Path) -> Path:
 
 def test_nsp_data_round_trip(corpus: Path, tokenizer: Tokenizer, tmp_path: Path) -> None:
     out = tmp_path / "data"
-    summary = prepare(
-        [str(corpus)], tokenizer, out, max_seq_length=64, validation_fraction=0.05, progress=False
-    )
+    summary = prepare_quietly(corpus, tokenizer, out, max_seq_length=64, validation_fraction=0.05)
     ds = PretrainingDataset(out, "train", tokenizer)
     val = PretrainingDataset(out, "validation", tokenizer)
     assert len(ds) == summary["instances"]["train"] > 500 and len(val) > 10
@@ -65,8 +68,8 @@ def test_packed_shards_reproduce_the_token_stream_exactly(
     corpus: Path, tokenizer: Tokenizer, tmp_path: Path
 ) -> None:
     out = tmp_path / "packed"
-    prepare(
-        [str(corpus)],
+    prepare_quietly(
+        corpus,
         tokenizer,
         out,
         max_seq_length=48,
@@ -74,7 +77,6 @@ def test_packed_shards_reproduce_the_token_stream_exactly(
         validation_fraction=0.0,
         shard_tokens=20_000,
         chunk_chars=50_000,
-        progress=False,
     )
     ds = PretrainingDataset(out, "train", tokenizer)
     assert len(ds.meta["splits"]["train"]["shards"]) > 3  # several shards, read as one
@@ -113,7 +115,7 @@ def test_tokenizer_and_format_mismatches_say_what_to_do(
     corpus: Path, tokenizer: Tokenizer, shakespeare_file: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "data"
-    prepare([str(corpus)], tokenizer, out, max_seq_length=32, progress=False)
+    prepare_quietly(corpus, tokenizer, out, max_seq_length=32)
     other = Tokenizer.train([shakespeare_file], vocab_size=600)
     with pytest.raises(
         BertforgeError,
@@ -133,7 +135,7 @@ def test_tokenizer_and_format_mismatches_say_what_to_do(
     with pytest.raises(BertforgeError, match="format version 99, this bertforge reads version 1"):
         PretrainingDataset(out)
     with pytest.raises(BertforgeError, match="already exists; .* --overwrite"):
-        prepare([str(corpus)], tokenizer, out, progress=False)
+        prepare_quietly(corpus, tokenizer, out)
 
 
 def test_short_documents_skipped_and_long_lines_split(tokenizer: Tokenizer, tmp_path: Path) -> None:
@@ -144,25 +146,19 @@ def test_short_documents_skipped_and_long_lines_split(tokenizer: Tokenizer, tmp_
         "A closing sentence.\n\n   \n\nAnother single one.\n",
         encoding="utf-8",
     )
-    summary = prepare(
-        [str(text)],
-        tokenizer,
-        tmp_path / "nsp",
-        max_seq_length=32,
-        validation_fraction=0.0,
-        progress=False,
+    summary = prepare_quietly(
+        text, tokenizer, tmp_path / "nsp", max_seq_length=32, validation_fraction=0.0
     )
     assert summary["documents"] == 4
     assert summary["skipped_documents"] == {"fewer than 2 sentences (NSP)": 2}
     assert summary["long_sentences_split"] == 1
-    packed = prepare(
-        [str(text)],
+    packed = prepare_quietly(
+        text,
         tokenizer,
         tmp_path / "packed",
         max_seq_length=32,
         mode="packed",
         validation_fraction=0.0,
-        progress=False,
     )
     ds = PretrainingDataset(tmp_path / "packed")
     n_word = sum(
@@ -225,15 +221,14 @@ def test_exclude_drops_documents_of_an_evaluation_set(tokenizer: Tokenizer, tmp_
     )
     test_set = tmp_path / "test.csv"
     test_set.write_text('label,text\n1,"A fine film.  I liked it. Really."\n', encoding="utf-8")
-    summary = prepare(
-        [str(corpus)],
+    summary = prepare_quietly(
+        corpus,
         tokenizer,
         tmp_path / "out",
         max_seq_length=16,
         validation_fraction=0.0,
         exclude_inputs=[str(test_set)],
         text_column="text",
-        progress=False,
     )
     assert summary["skipped_documents"] == {"text in --exclude": 1}
     assert summary["documents_used"]["train"] == 2
@@ -242,7 +237,7 @@ def test_exclude_drops_documents_of_an_evaluation_set(tokenizer: Tokenizer, tmp_
 def test_dataset_pickles_as_a_reference(corpus: Path, tokenizer: Tokenizer, tmp_path: Path) -> None:
     import pickle
 
-    prepare([str(corpus)], tokenizer, tmp_path / "d", max_seq_length=32, progress=False)
+    prepare_quietly(corpus, tokenizer, tmp_path / "d", max_seq_length=32)
     ds = PretrainingDataset(tmp_path / "d", "validation", tokenizer)
     blob = pickle.dumps(ds)
     assert len(blob) < 2000  # the path, not the tokens
@@ -253,7 +248,7 @@ def test_dataset_pickles_as_a_reference(corpus: Path, tokenizer: Tokenizer, tmp_
 def test_uint32_shards_read_back_equal(corpus: Path, tokenizer: Tokenizer, tmp_path: Path) -> None:
     """Vocabularies over 65,536 ids are stored as uint32; the reader follows meta.json's dtype."""
     out = tmp_path / "d"
-    prepare([str(corpus)], tokenizer, out, max_seq_length=32, progress=False)
+    prepare_quietly(corpus, tokenizer, out, max_seq_length=32)
     before = PretrainingDataset(out, "validation")
     expected = [before[i]["input_ids"] for i in range(len(before))]
     meta = json.loads((out / "meta.json").read_text())

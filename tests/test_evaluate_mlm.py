@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from bertforge.evaluate import comparison_table, evaluate_mlm, random_init_like
 from bertforge.model import BertForMaskedLM, BertForPreTraining
 from bertforge.plots import plot_training_curves
-from bertforge.runtime import MetricsLogger
+from bertforge.progress import MetricsLogger
 
 
 def _batches(vocab: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:

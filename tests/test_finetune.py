@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from task_fixtures import tiny_start_model, write_rows, write_scores, write_sentiment
+from task_fixtures import evaluate_cli, tiny_start_model, write_rows, write_scores, write_sentiment
 
 from bertforge import cli
 from bertforge.config import BertConfig
@@ -54,30 +54,29 @@ def work(tmp_path_factory) -> dict[str, Path]:
     return paths
 
 
-@pytest.fixture(scope="module")
-def trained(work) -> Path:
-    out = work["root"] / "sentiment"
-    argv = [
+def finetune_argv(
+    work: dict[str, Path], out: Path, *options: str, train: str = "train"
+) -> list[str]:
+    """``bertforge finetune`` of the tiny start model on ``work[train]`` into ``out``, with the
+    ``FAST`` settings after ``options``."""
+    return [
         "finetune",
         "--model",
         str(work["start"]),
         "--train",
-        str(work["train"]),
-        "--text-column",
-        "text",
-        "--label-column",
-        "label",
-        "--task",
-        "classification",
+        str(work[train]),
         "--output",
         str(out),
-        "--epochs",
-        "4",
-        "--eval-every",
-        "27",
+        *options,
         *FAST,
     ]
-    assert cli.main(argv) == 0
+
+
+@pytest.fixture(scope="module")
+def trained(work) -> Path:
+    out = work["root"] / "sentiment"
+    options = ["--text-column", "text", "--label-column", "label", "--task", "classification"]
+    assert cli.main(finetune_argv(work, out, *options, "--epochs", "4", "--eval-every", "27")) == 0
     return out
 
 
@@ -116,22 +115,7 @@ def test_saved_model_loads_in_transformers_with_labels_and_same_logits(trained):
 
 def test_evaluate_and_classify_commands_use_the_fine_tuned_model(trained, work, tmp_path, capsys):
     report = tmp_path / "eval.json"
-    assert (
-        cli.main(
-            [
-                "evaluate",
-                "--model",
-                str(trained),
-                "--data",
-                str(work["test"]),
-                "--output",
-                str(report),
-                "--precision",
-                "fp32",
-            ]
-        )
-        == 0
-    )
+    assert evaluate_cli(trained, work["test"], report) == 0
     printed = capsys.readouterr().out
     assert "precision" in printed and "neg" in printed and "pos" in printed
     result = json.loads(report.read_text())
@@ -185,31 +169,9 @@ def test_label_map_round_trip():
 
 def test_regression_learns_scores_in_their_own_units(work):
     out = work["root"] / "scores"
-    assert (
-        cli.main(
-            [
-                "finetune",
-                "--model",
-                str(work["start"]),
-                "--train",
-                str(work["scores"]),
-                "--text-column",
-                "review",
-                "--label-column",
-                "score",
-                "--task",
-                "regression",
-                "--output",
-                str(out),
-                "--epochs",
-                "5",
-                "--eval-every",
-                "40",
-                *FAST,
-            ]
-        )
-        == 0
-    )
+    options = ["--text-column", "review", "--label-column", "score", "--task", "regression"]
+    argv = finetune_argv(work, out, *options, "--epochs", "5", "--eval-every", "40", train="scores")
+    assert cli.main(argv) == 0
     results = json.loads((out / "eval_results.json").read_text())
     assert results["metric"] == "spearman"
     assert results["validation"]["spearman"] >= 0.8
@@ -228,28 +190,15 @@ def test_regression_learns_scores_in_their_own_units(work):
 
 
 def test_resume_from_a_checkpoint_continues_exactly(work):
-    argv = [
-        "finetune",
-        "--model",
-        str(work["start"]),
-        "--train",
-        str(work["train"]),
-        "--max-steps",
-        "20",
-        "--eval-every",
-        "10",
-        "--keep-checkpoints",
-        "0",
-        *FAST,
-    ]
+    options = ["--max-steps", "20", "--eval-every", "10", "--keep-checkpoints", "0"]
     full, resumed = work["root"] / "full", work["root"] / "resumed"
-    assert cli.main([*argv, "--output", str(full)]) == 0
+    assert cli.main(finetune_argv(work, full, *options)) == 0
     first, last = list_checkpoints(full)
     shutil.copytree(first, resumed / first.name)  # as if the run had been killed after step 10
     for f in full.iterdir():  # ... leaving its best model so far next to the checkpoint
         if f.is_file():
             shutil.copy(f, resumed / f.name)
-    assert cli.main([*argv, "--output", str(resumed)]) == 0
+    assert cli.main(finetune_argv(work, resumed, *options)) == 0
     a = BertForSequenceClassification.from_pretrained(last).state_dict()
     b = BertForSequenceClassification.from_pretrained(list_checkpoints(resumed)[-1]).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -262,18 +211,7 @@ def test_resume_from_a_checkpoint_continues_exactly(work):
 
 def test_resume_with_changed_settings_is_refused(work, capsys):
     out = work["root"] / "changed"
-    argv = [
-        "finetune",
-        "--model",
-        str(work["start"]),
-        "--train",
-        str(work["train"]),
-        "--max-steps",
-        "2",
-        "--output",
-        str(out),
-        *FAST,
-    ]
+    argv = finetune_argv(work, out, "--max-steps", "2")
     assert cli.main(argv) == 0
     assert cli.main([*argv, "--batch-size", "8"]) == 2
     assert "--batch-size was 16, now 8" in capsys.readouterr().err

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from task_fixtures import tiny_start_model
+from task_fixtures import evaluate_cli, tiny_start_model
 
 import bertforge
 from bertforge import cli
@@ -224,24 +224,7 @@ def test_evaluate_command_on_an_mlm_model_compares_with_random_init(mlm_dir, tmp
         "a story about people who see it on day one . music and a scene at night .\n"
     )
     out = tmp_path / "mlm.json"
-    assert (
-        cli.main(
-            [
-                "evaluate",
-                "--model",
-                str(mlm_dir),
-                "--data",
-                str(text),
-                "--output",
-                str(out),
-                "--max-length",
-                "16",
-                "--precision",
-                "fp32",
-            ]
-        )
-        == 0
-    )
+    assert evaluate_cli(mlm_dir, text, out, "--max-length", "16") == 0
     printed = capsys.readouterr().out
     assert "random init" in printed and "this model" in printed and "perplexity" in printed
     result = json.loads(out.read_text())

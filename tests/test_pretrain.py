@@ -11,17 +11,18 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from bertforge.commands.pretrain import main
 from bertforge.config import ModelSection, PretrainConfig, TrainConfig
 from bertforge.data.shards import prepare
 from bertforge.errors import BertforgeError
-from bertforge.pretrain import CONFIG_FILE, main, pretrain
+from bertforge.pretrain import CONFIG_FILE, pretrain
 from bertforge.runtime import list_checkpoints, read_metrics
 from bertforge.tokenizer import Tokenizer
 
@@ -33,20 +34,6 @@ TINY_MODEL = ModelSection(
     intermediate_size=64,
     max_position_embeddings=64,
 )
-TINY_MODEL_ARGS = [
-    "--model.preset",
-    "tiny",
-    "--model.num_hidden_layers",
-    "2",
-    "--model.hidden_size",
-    "32",
-    "--model.num_attention_heads",
-    "4",
-    "--model.intermediate_size",
-    "64",
-    "--model.max_position_embeddings",
-    "64",
-]
 
 
 @pytest.fixture(scope="module")
@@ -80,24 +67,42 @@ def _restore_threads():
     torch.set_num_threads(threads)
 
 
+TINY_TRAIN = dict(
+    batch_size=16,
+    lr=3e-3,
+    precision="fp32",
+    device="cpu",
+    eval_examples=64,
+    eval_every=0,
+    save_every=0,
+    log_every=1,
+    progress=False,
+    warmup_ratio=0.1,
+    num_threads=1,
+)
+"""Fast, deterministic training settings of every run here (one thread, fp32, tiny evaluation)."""
+
+
 def tiny_cfg(data: Path, output: Path, **train) -> PretrainConfig:
-    settings = dict(
-        batch_size=16,
-        lr=3e-3,
-        precision="fp32",
-        device="cpu",
-        eval_examples=64,
-        eval_every=0,
-        save_every=0,
-        log_every=1,
-        progress=False,
-        warmup_ratio=0.1,
-        num_threads=1,
-    )
-    settings.update(train)
     return PretrainConfig(
-        data=str(data), output=str(output), model=TINY_MODEL, train=TrainConfig(**settings)
+        data=str(data),
+        output=str(output),
+        model=TINY_MODEL,
+        train=TrainConfig(**(TINY_TRAIN | train)),
     )
+
+
+def tiny_argv(data: Path, **train) -> list[str]:
+    """``tiny_cfg`` as ``bertforge pretrain`` options (without --output)."""
+    argv = ["--data", str(data)]
+    sections = [("model", asdict(TINY_MODEL)), ("train", TINY_TRAIN | train)]
+    for section, values in sections:
+        for key, value in values.items():
+            argv += [
+                f"--{section}.{key}",
+                str(value).lower() if isinstance(value, bool) else str(value),
+            ]
+    return argv
 
 
 def train_losses(run: Path) -> dict[int, float]:
@@ -193,37 +198,7 @@ def test_a_time_budget_resumes_with_the_time_it_has_left(corpus, tmp_path):
 
 def test_sigterm_saves_exits_zero_and_resumes_exactly(corpus, tmp_path):
     run = tmp_path / "run"
-    args = [
-        "--data",
-        str(corpus["nsp"]),
-        "--output",
-        str(run),
-        *TINY_MODEL_ARGS,
-        "--train.max_steps",
-        "300",
-        "--train.batch_size",
-        "16",
-        "--train.lr",
-        "3e-3",
-        "--train.precision",
-        "fp32",
-        "--train.device",
-        "cpu",
-        "--train.eval_examples",
-        "64",
-        "--train.eval_every",
-        "0",
-        "--train.save_every",
-        "0",
-        "--train.log_every",
-        "1",
-        "--train.progress",
-        "false",
-        "--train.warmup_ratio",
-        "0.1",
-        "--train.num_threads",
-        "1",
-    ]
+    args = [*tiny_argv(corpus["nsp"], max_steps=300), "--output", str(run)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "bertforge.cli", "pretrain", *args],
@@ -249,7 +224,7 @@ def test_sigterm_saves_exits_zero_and_resumes_exactly(corpus, tmp_path):
 
     assert main(["--config", str(run / CONFIG_FILE)]) == 0  # the printed resume command
     reference = tmp_path / "reference"
-    main([*args[:2], *args[2:3], str(reference), *args[4:]])
+    main([*args[:-1], str(reference)])
     a, b = train_losses(reference), train_losses(run)
     assert sorted(b) == list(range(1, 301))  # every step logged once across the two processes
     assert a == b
@@ -261,35 +236,7 @@ def test_two_torchrun_ranks_equal_one_process(corpus, tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
         pytest.skip("torchrun not installed next to this python")
-    common = [
-        "--data",
-        str(corpus["packed"]),
-        *TINY_MODEL_ARGS,
-        "--train.objective",
-        "mlm",
-        "--train.max_steps",
-        "8",
-        "--train.batch_size",
-        "16",
-        "--train.lr",
-        "3e-3",
-        "--train.precision",
-        "fp32",
-        "--train.device",
-        "cpu",
-        "--train.dropout",
-        "0.0",
-        "--train.eval_examples",
-        "64",
-        "--train.eval_every",
-        "0",
-        "--train.log_every",
-        "1",
-        "--train.progress",
-        "false",
-        "--train.num_threads",
-        "1",
-    ]
+    common = tiny_argv(corpus["packed"], objective="mlm", max_steps=8, dropout=0.0)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(
         [

@@ -14,19 +14,17 @@ from torch import nn
 
 from bertforge.errors import BertforgeError
 from bertforge.optim import build_optimizer
+from bertforge.progress import MetricsLogger, parse_duration, read_metrics
 from bertforge.runtime import (
     GracefulStop,
-    MetricsLogger,
     autocast,
     checkpoint_name,
     cpu_has_fast_bf16,
     latest_checkpoint,
     list_checkpoints,
     load_train_state,
-    parse_duration,
     pick_device,
     pick_precision,
-    read_metrics,
     rotate_checkpoints,
     save_train_state,
     seed_everything,

@@ -179,6 +179,20 @@ def remap_state_dict(
     return out
 
 
+def _refuse_structural(
+    keys: list[str], tensors: dict[str, torch.Tensor], origin: str, what: str, why: str
+) -> None:
+    """Raise when ``keys`` holds a weight of the encoder itself (keys of optional heads and the
+    pooler may differ between layouts); ``what`` counts them (``{n}``), ``why`` says the fix."""
+    structural = [k for k in keys if not k.startswith(OPTIONAL_PREFIXES)]
+    if structural:
+        key = structural[0]
+        raise BertforgeError(
+            f"{origin}: {what.format(n=len(structural))}, first {key!r} with shape "
+            f"{tuple(tensors[key].shape)}; {why}"
+        )
+
+
 def load_state_dict_into(
     model: torch.nn.Module, source: dict[str, torch.Tensor], origin: str
 ) -> dict[str, list[str]]:
@@ -187,21 +201,23 @@ def load_state_dict_into(
     weights = remap_state_dict(source, prefix)
     expected = model.state_dict()
     missing = [k for k in expected if k not in weights and k not in TIED_KEYS]
-    required = [k for k in missing if not k.startswith(OPTIONAL_PREFIXES)]
-    if required:
-        raise BertforgeError(
-            f"{origin}: missing {len(required)} weight(s), first {required[0]!r} with shape "
-            f"{tuple(expected[required[0]].shape)}; the checkpoint does not match config.json "
-            "(wrong number of layers, or not a BERT checkpoint)"
-        )
     unexpected = [k for k in weights if k not in expected]
-    structural = [k for k in unexpected if not k.startswith(OPTIONAL_PREFIXES)]
-    if structural:
-        raise BertforgeError(
-            f"{origin}: unexpected weight {structural[0]!r} with shape "
-            f"{tuple(weights[structural[0]].shape)}; config.json describes a smaller model than "
-            "the weights (check num_hidden_layers and the other sizes)"
-        )
+    _refuse_structural(
+        missing,
+        expected,
+        origin,
+        "missing {n} weight(s)",
+        "the checkpoint does not match config.json (wrong number of layers, or not a BERT "
+        "checkpoint)",
+    )
+    _refuse_structural(
+        unexpected,
+        weights,
+        origin,
+        "{n} unexpected weight(s)",
+        "config.json describes a smaller model than the weights (check num_hidden_layers and the "
+        "other sizes)",
+    )
     for key, tensor in weights.items():
         if key in expected and tuple(tensor.shape) != tuple(expected[key].shape):
             hint = (

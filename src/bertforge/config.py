@@ -9,6 +9,7 @@ follow the same pattern: a dataclass, a docstring under each field, validation i
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -201,6 +202,22 @@ __all__ = ["BertConfig", "CONFIG_NAME", "PRESETS"]
 # ---- pretraining (``bertforge pretrain``; the loop lives in bertforge.pretrain) ---------------
 
 
+def check_training_options(cfg: Any, option: Callable[[str], str]) -> None:
+    """The checks ``TrainConfig`` and ``FinetuneConfig`` share, on ``cfg``'s ``warmup_ratio``,
+    ``schedule``, ``precision`` and ``dropout``; ``option(field)`` names the command-line option
+    in the message (``--train.warmup_ratio``, ``--warmup-ratio``)."""
+    if not 0.0 <= cfg.warmup_ratio < 1.0:
+        raise BertforgeError(f"{option('warmup_ratio')} {cfg.warmup_ratio} must lie in [0, 1)")
+    if cfg.schedule not in ("linear", "cosine", "constant"):
+        raise BertforgeError(
+            f"{option('schedule')} {cfg.schedule!r}: choose linear, cosine or constant"
+        )
+    if cfg.precision not in ("auto", "bf16", "fp32"):
+        raise BertforgeError(f"{option('precision')} {cfg.precision!r}: choose auto, bf16 or fp32")
+    if cfg.dropout is not None and not 0.0 <= cfg.dropout < 1.0:
+        raise BertforgeError(f"{option('dropout')} {cfg.dropout} must lie in [0, 1)")
+
+
 @dataclass
 class ModelSection:
     """The encoder to pretrain: a named size plus overrides. ``vocab_size`` comes from the data's
@@ -274,8 +291,34 @@ class MaskingConfig:
             )
 
 
+@dataclass(kw_only=True)
+class LoopOptions:
+    """Options of a training loop with the same meaning and default everywhere: pretraining's
+    ``train`` section (``TrainConfig``) and ``bertforge finetune`` (``FinetuneConfig``) add theirs
+    to these."""
+
+    weight_decay: float = 0.01
+    """Decoupled weight decay (not on biases and LayerNorm)."""
+    schedule: str = "linear"
+    """Decay after warmup: linear, cosine or constant."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (0 = no clipping)."""
+    precision: str = "auto"
+    """auto (bf16 where the hardware is fast at it), bf16 or fp32."""
+    device: str = "auto"
+    """auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps."""
+    log_every: int = 10
+    """Write the mean training loss to metrics.jsonl every N steps."""
+    max_nonfinite: int = 20
+    """Stop after this many non-finite losses in a row (each such step is skipped)."""
+    num_threads: int | None = None
+    """torch CPU threads per process (None = torch's default)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+
 @dataclass
-class TrainConfig:
+class TrainConfig(LoopOptions):
     """The optimisation: objective, batch, budget, schedule, evaluation and checkpoints."""
 
     objective: str = "mlm_nsp"
@@ -292,27 +335,17 @@ class TrainConfig:
     Evaluation and checkpoint time is not counted."""
     lr: float = 1e-4
     """Peak learning rate."""
-    weight_decay: float = 0.01
-    """Decoupled weight decay (not on biases and LayerNorm)."""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas."""
     eps: float = 1e-6
     """AdamW epsilon."""
     warmup_ratio: float = 0.06
     """Fraction of the budget (steps or time) spent warming the LR up linearly from 0."""
-    schedule: str = "linear"
-    """Decay after warmup: linear, cosine or constant."""
     min_lr_ratio: float = 0.0
     """The LR floor at the end, as a fraction of the peak."""
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm to this (0 = no clipping)."""
     dropout: float | None = None
     """Dropout rate used while pretraining (hidden and attention); None uses the model's. The
     saved config.json keeps the model's values for fine-tuning."""
-    precision: str = "auto"
-    """auto (bf16 where the hardware is fast at it), bf16 or fp32."""
-    device: str = "auto"
-    """auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps."""
     compile: bool = False
     """Run the model through torch.compile."""
     seed: int = 0
@@ -327,14 +360,6 @@ class TrainConfig:
     """Write a resumable checkpoint every N steps (0 = only at the end)."""
     keep_checkpoints: int = 2
     """Keep the newest K checkpoints (0 = keep all)."""
-    log_every: int = 10
-    """Write the mean training loss to metrics.jsonl every N steps."""
-    max_nonfinite: int = 20
-    """Stop after this many non-finite losses in a row (each such step is skipped)."""
-    num_threads: int | None = None
-    """torch CPU threads per process (None = torch's default)."""
-    progress: bool = True
-    """Show a progress bar."""
 
     def __post_init__(self) -> None:
         if self.objective not in ("mlm_nsp", "mlm"):
@@ -345,16 +370,7 @@ class TrainConfig:
             self.micro_batch_size is not None and self.micro_batch_size <= 0
         ):
             raise BertforgeError("train.batch_size and train.micro_batch_size must be positive")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise BertforgeError(f"train.warmup_ratio={self.warmup_ratio} must lie in [0, 1)")
-        if self.schedule not in ("linear", "cosine", "constant"):
-            raise BertforgeError(
-                f"train.schedule={self.schedule!r}: choose linear, cosine or constant"
-            )
-        if self.precision not in ("auto", "bf16", "fp32"):
-            raise BertforgeError(f"train.precision={self.precision!r}: choose auto, bf16 or fp32")
-        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
-            raise BertforgeError(f"train.dropout={self.dropout} must lie in [0, 1)")
+        check_training_options(self, lambda name: f"--train.{name}")
 
 
 @dataclass
@@ -378,4 +394,11 @@ class PretrainConfig:
     """Optimisation, budget, evaluation and checkpoints."""
 
 
-__all__ += ["MaskingConfig", "ModelSection", "PretrainConfig", "TrainConfig"]
+__all__ += [
+    "LoopOptions",
+    "MaskingConfig",
+    "ModelSection",
+    "PretrainConfig",
+    "TrainConfig",
+    "check_training_options",
+]

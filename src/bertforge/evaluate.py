@@ -1,11 +1,11 @@
 """Evaluation. The top of this file holds the masked-language-model metrics the pretraining loop
 uses (``evaluate_mlm``, the random-init baseline and the "random init vs trained" table); the
-fine-tuned-task metrics and the ``bertforge evaluate`` command (``main(argv)``) follow below them.
+fine-tuned-task metrics, report and plot follow, then MLM batches from a text file. The
+``bertforge evaluate`` command is ``bertforge.commands.evaluate``.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -217,22 +217,35 @@ def evaluate_sequence_model(
     return {"loss": loss, **metrics, "examples": len(labels)}, predictions
 
 
+def class_names(config: Any) -> list[str]:
+    """The class names of a classifier's config in id order (``"0"``, ``"1"``, ... without
+    ``id2label``)."""
+    if config.id2label:
+        return [config.id2label[i] for i in range(config.num_labels)]
+    return [str(i) for i in range(config.num_labels)]
+
+
 def task_report(
-    config: Any, y_true: np.ndarray, y_pred: np.ndarray, baseline_value: Any = None
+    config: Any,
+    y_true: np.ndarray,
+    y_pred: np.ndarray,
+    baseline_value: Any = None,
+    *,
+    plot: str | Path | None = None,
+    plot_title: str | None = None,
 ) -> dict[str, Any]:
     """The per-class report (classification) and a trivial baseline for comparison: the majority
     class, or for regression ``baseline_value`` (e.g. the training mean) predicted for every
-    example (its correlations are 0 by definition)."""
+    example (its correlations are 0 by definition). With ``plot`` (a PNG path) the
+    :func:`save_task_plot` goes there too."""
     y_true = np.asarray(y_true)
+    if plot is not None:
+        save_task_plot(config, y_true, y_pred, plot, title=plot_title)
     if config.is_regression:
         value = float(y_true.mean()) if baseline_value is None else float(baseline_value)
         base = M.regression_metrics(y_true, np.full(y_true.shape, value))
         return {"baseline": {"predicts": value, **base}}
-    names = (
-        [config.id2label[i] for i in range(config.num_labels)]
-        if config.id2label
-        else [str(i) for i in range(config.num_labels)]
-    )
+    names = class_names(config)
     report = M.per_class_report(y_true, y_pred, names)
     majority = int(np.bincount(y_true.astype(np.int64), minlength=len(names)).argmax())
     base = M.classification_metrics(y_true, np.full(y_true.shape, majority), len(names))
@@ -262,11 +275,7 @@ def save_task_plot(
 
     if config.is_regression:
         return plot_regression_scatter(y_true, y_pred, output, title)
-    names = (
-        [config.id2label[i] for i in range(config.num_labels)]
-        if config.id2label
-        else [str(i) for i in range(config.num_labels)]
-    )
+    names = class_names(config)
     cm = M.confusion_matrix(y_true, y_pred, len(names))
     return plot_confusion_matrix(cm, names, output, title)
 
@@ -326,181 +335,13 @@ def mlm_text_batches(
     ]
 
 
-# ---- the command -------------------------------------------------------------------------------
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="bertforge evaluate",
-        description="Evaluate a model. A masked-language model (pretrained): MLM loss, perplexity "
-        "and masked-token accuracy on a text file, next to a random-initialised network "
-        "of the same shape. A fine-tuned classifier/regressor: its metrics on a labelled "
-        "file, with the per-class report.",
-    )
-    parser.add_argument("--model", required=True, metavar="DIR")
-    parser.add_argument(
-        "--data",
-        required=True,
-        nargs="+",
-        metavar="FILE",
-        help="text file (MLM) or labelled CSV/TSV/JSONL file(s) (fine-tuned model)",
-    )
-    parser.add_argument("--text-column", metavar="C", help="default: as in fine-tuning / text")
-    parser.add_argument("--text-pair-column", metavar="C2", help="default: as in fine-tuning")
-    parser.add_argument("--label-column", metavar="L", help="default: as in fine-tuning / label")
-    parser.add_argument(
-        "--max-length",
-        type=int,
-        metavar="N",
-        help="tokens per example (default: as in fine-tuning; MLM: 128)",
-    )
-    parser.add_argument(
-        "--truncation", choices=("head", "head_tail"), help="default: as in fine-tuning"
-    )
-    parser.add_argument(
-        "--max-sequences", type=int, metavar="N", help="MLM: evaluate at most N sequences"
-    )
-    parser.add_argument("--batch-size", type=int, default=64, metavar="N")
-    parser.add_argument(
-        "--seed", type=int, default=0, help="MLM: seed of the masks and the random init"
-    )
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"))
-    parser.add_argument("--output", metavar="JSON", help="also write the results here")
-    parser.add_argument(
-        "--plot", metavar="PNG", help="fine-tuned model: confusion matrix / scatter PNG"
-    )
-    return parser
-
-
-def main(argv: list[str]) -> int:
-    """``bertforge evaluate --model DIR --data FILE [...]``."""
-    import json
-    import sys
-    import time
-
-    from bertforge.config import BertConfig
-    from bertforge.predict import FINETUNE_CONFIG
-    from bertforge.runtime import pick_device, pick_precision
-    from bertforge.tokenizer import Tokenizer
-
-    args = _parser().parse_args(argv)
-    config = BertConfig.load(args.model)
-    device = pick_device(args.device)
-    precision = pick_precision(args.precision, device)
-    tokenizer = Tokenizer.from_file(args.model)
-    start = time.perf_counter()
-    if "BertForSequenceClassification" in (config.architectures or []):
-        from bertforge.data.tasks import encode_examples, load_labelled
-        from bertforge.model import BertForSequenceClassification
-
-        ft_path = Path(args.model) / FINETUNE_CONFIG
-        ft = json.loads(ft_path.read_text(encoding="utf-8")) if ft_path.is_file() else {}
-        model = BertForSequenceClassification.from_pretrained(args.model).to(device)
-        task = "regression" if config.is_regression else "classification"
-        data, _ = load_labelled(
-            args.data,
-            text_column=args.text_column or ft.get("text_column", "text"),
-            label_column=args.label_column or ft.get("label_column", "label"),
-            text_pair_column=args.text_pair_column or ft.get("text_pair_column"),
-            task=task,
-            label2id=None if config.is_regression else config.label2id,
-        )
-        encoded = encode_examples(
-            tokenizer,
-            data.texts,
-            data.pairs,
-            max_length=args.max_length or ft.get("max_length") or config.max_position_embeddings,
-            truncation=args.truncation or ft.get("truncation", "head"),
-        )
-        metrics, predictions = evaluate_sequence_model(
-            model,
-            encoded,
-            data.labels,
-            tokenizer.pad_id,
-            batch_size=args.batch_size,
-            precision=precision,
-        )
-        report = task_report(config, data.labels, predictions)
-        result = {
-            "model": args.model,
-            "data": args.data,
-            "task": task,
-            **metrics,
-            "seconds": round(time.perf_counter() - start, 1),
-            **report,
-        }
-        if args.plot:
-            more = f" + {len(args.data) - 1} more" if len(args.data) > 1 else ""
-            save_task_plot(
-                config, data.labels, predictions, args.plot, title=Path(args.data[0]).name + more
-            )
-        lines = [f"{k}: {metrics[k]:.4f}" for k in metrics if k not in ("examples",)]
-        lines.append(f"examples: {metrics['examples']:,} ({result['seconds']}s)")
-        if "report_text" in report:
-            lines += ["", report["report_text"]]
-        base = report["baseline"]
-        lines.append(
-            f"baseline (always {base['predicts']}): "
-            + ", ".join(f"{k} {v:.4f}" for k, v in base.items() if k != "predicts")
-        )
-        print("\n".join(lines))
-    else:
-        from bertforge.model import BertForMaskedLM, BertForPreTraining
-
-        cls = (
-            BertForPreTraining
-            if "BertForPreTraining" in (config.architectures or [])
-            else BertForMaskedLM
-        )
-        model = cls.from_pretrained(args.model).to(device)
-        if any(k.startswith("cls.predictions.transform") for k in model.loading_info["missing"]):
-            raise BertforgeError(
-                f"{args.model}: no masked-language-model head (cls.predictions.*) "
-                "and no classifier; evaluate needs a pretrained MLM or a fine-tuned model"
-            )
-        if len(args.data) != 1:
-            raise BertforgeError("an MLM evaluation takes one text file in --data")
-        max_len = min(args.max_length or 128, config.max_position_embeddings)
-        batches = mlm_text_batches(
-            tokenizer,
-            args.data[0],
-            max_seq_length=max_len,
-            batch_size=args.batch_size,
-            seed=args.seed,
-            text_column=args.text_column,
-            max_sequences=args.max_sequences,
-        )
-        trained = evaluate_mlm(model, batches, device, precision)
-        baseline = evaluate_mlm(random_init_like(model, seed=args.seed), batches, device, precision)
-        result = {
-            "model": args.model,
-            "data": args.data[0],
-            "trained": trained,
-            "random_init": baseline,
-            "seconds": round(time.perf_counter() - start, 1),
-        }
-        print(
-            comparison_table(
-                {"random init": baseline, "this model": trained},
-                title=f"{args.data[0]} ({trained['sequences']:,} sequences of <= {max_len} tokens)",
-            )
-        )
-    if args.output:
-        from bertforge.checkpoint import atomic_write_text
-
-        atomic_write_text(args.output, json.dumps(result, indent=2) + "\n")
-        print(f"results: {args.output}", file=sys.stderr)
-    return 0
-
-
 __all__ = [
     "HIGHER_IS_BETTER",
     "MLM_KEYS",
+    "class_names",
     "comparison_table",
     "evaluate_mlm",
     "evaluate_sequence_model",
-    "main",
     "mlm_text_batches",
     "random_init_like",
     "save_task_plot",

@@ -1,4 +1,5 @@
-"""``bertforge pretrain``: the pretraining loop, one flat function.
+"""Pretraining: the loop, one flat function (the ``bertforge pretrain`` command that parses its
+config is ``bertforge.commands.pretrain``).
 
 Per optimizer step: set the LR (a pure function of the step, or of elapsed time for a wall-clock
 budget) -> draw this rank's share of the global batch -> accumulate micro-batches (loss
@@ -14,100 +15,42 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import sys
 import time
-from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import yaml
-from torch import nn
 
 from bertforge import distributed as D
+from bertforge import training
 from bertforge.checkpoint import atomic_directory, atomic_write_text
 from bertforge.config import PretrainConfig
-from bertforge.data.loader import PretrainingCollator, PretrainingSampler, validation_batches
-from bertforge.data.shards import TOKENIZER_DIR, PretrainingDataset, read_meta
+from bertforge.data.loader import validation_batches
 from bertforge.errors import BertforgeError
 from bertforge.evaluate import comparison_table, evaluate_mlm
-from bertforge.model import IGNORE_INDEX, BertForMaskedLM, BertForPreTraining
-from bertforge.optim import build_optimizer, lr_at, lr_at_progress, set_lr
+from bertforge.model import IGNORE_INDEX
+from bertforge.optim import build_optimizer, set_lr
 from bertforge.plots import plot_training_curves
+from bertforge.pretrain_setup import build_model, config_dict, find_resume, open_data, run_identity
+from bertforge.progress import MetricsLogger, format_duration, parse_duration
 from bertforge.runtime import (
-    TRAIN_STATE_JSON,
     GracefulStop,
-    MetricsLogger,
-    ProgressBar,
     autocast,
     checkpoint_name,
-    format_duration,
-    latest_checkpoint,
     load_train_state,
-    parse_duration,
     pick_device,
     pick_precision,
     rng_state,
-    rotate_checkpoints,
-    save_train_state,
     seed_everything,
     set_rng_state,
 )
-from bertforge.tokenizer import Tokenizer
 
 CONFIG_FILE = "pretrain_config.yaml"
 FINAL_DIR = "model"
 PLOT_FILE = "curves.png"
-
-
-def set_dropout(model: nn.Module, p: float) -> None:
-    """Use dropout rate ``p`` everywhere in ``model`` (its config, saved for fine-tuning, keeps
-    its own values)."""
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = p
-        if hasattr(module, "dropout_p"):  # attention dropout goes to SDPA as a float
-            module.dropout_p = p
-
-
-def find_resume(cfg: PretrainConfig) -> Path | None:
-    """The checkpoint to continue from: ``--resume`` (a checkpoint or a run directory), else the
-    newest checkpoint already in ``--output``, else None (a fresh run)."""
-    if cfg.resume:
-        path = Path(cfg.resume)
-        if (path / TRAIN_STATE_JSON).is_file():
-            return path
-        latest = latest_checkpoint(path)
-        if latest is None:
-            raise BertforgeError(
-                f"--resume {path}: no checkpoint-* with a train state there; "
-                "give a checkpoint directory or a run directory holding one"
-            )
-        return latest
-    return latest_checkpoint(cfg.output)
-
-
-def config_dict(cfg: PretrainConfig) -> dict[str, Any]:
-    """The config as plain YAML-able data (the shape ``--config`` reads back)."""
-    return json.loads(json.dumps(asdict(cfg)))  # tuples -> lists
-
-
-def _identity(cfg: PretrainConfig, meta: dict, n_train: int) -> dict[str, Any]:
-    """What must not change between a run and its resumption for the data to continue exactly."""
-    return json.loads(
-        json.dumps(
-            {
-                "batch_size": cfg.train.batch_size,
-                "seed": cfg.train.seed,
-                "objective": cfg.train.objective,
-                "masking": asdict(cfg.masking),
-                "tokenizer": meta["tokenizer_fingerprint"],
-                "train_examples": n_train,
-            }
-        )
-    )
 
 
 def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
@@ -130,80 +73,21 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
         if main_proc:
             print(text, file=sys.stderr, flush=True)
 
-    # ---- data --------------------------------------------------------------------------------
-    meta = read_meta(cfg.data)
-    tokenizer = Tokenizer.from_file(Path(cfg.data) / TOKENIZER_DIR)
-    train_ds = PretrainingDataset(cfg.data, "train", tokenizer)
-    val_ds = PretrainingDataset(cfg.data, "validation", tokenizer)
-    extra = {}
-    for path in cfg.extra_eval or []:
-        splits = read_meta(path)["splits"]
-        split = "validation" if splits.get("validation", {}).get("instances") else "train"
-        extra[Path(path).name] = PretrainingDataset(path, split, tokenizer)
-    use_nsp = tc.objective == "mlm_nsp"
-    if use_nsp and train_ds.mode != "nsp":
-        raise BertforgeError(
-            f"{cfg.data} was prepared in {train_ds.mode!r} mode, without NSP "
-            "labels; use --train.objective mlm or prepare with --mode nsp"
-        )
-    model_config = cfg.model.to_bert_config(tokenizer.vocab_size)
-    if meta["max_seq_length"] > model_config.max_position_embeddings:
-        raise BertforgeError(
-            f"data max_seq_length={meta['max_seq_length']} exceeds "
-            f"--model.max_position_embeddings={model_config.max_position_embeddings}"
-        )
-    if tc.batch_size % info.world_size:
-        raise BertforgeError(
-            f"--train.batch_size {tc.batch_size} is not divisible by the "
-            f"{info.world_size} processes; choose a multiple of {info.world_size}"
-        )
-    per_rank = tc.batch_size // info.world_size
-    micro = min(tc.micro_batch_size or per_rank, per_rank)
-    if per_rank % micro:
-        raise BertforgeError(
-            f"--train.micro_batch_size {micro} does not divide the per-process "
-            f"batch {per_rank} (= batch_size / processes); choose a divisor"
-        )
-    accum = per_rank // micro
-    sampler = PretrainingSampler(
-        len(train_ds),
-        tc.batch_size,
-        rank=info.rank,
-        world_size=info.world_size,
-        seed=tc.seed,
-        lengths=train_ds.lengths if cfg.masking.bucket_window else None,
-        bucket_window=cfg.masking.bucket_window,
-    )
-    collator = PretrainingCollator(
-        tokenizer,
-        mlm_probability=cfg.masking.mlm_probability,
-        replace_probs=cfg.masking.replace_probs,
-        whole_word=cfg.masking.whole_word,
-        max_predictions=cfg.masking.max_predictions,
-        seed=tc.seed,
-    )
-
-    # ---- model, optimizer, state ----------------------------------------------------------------
+    # ---- data and model ------------------------------------------------------------------------
+    data = open_data(cfg, rank=info.rank, world_size=info.world_size)
+    tokenizer, train_ds, sampler, collator = data.tokenizer, data.train, data.sampler, data.collator
+    use_nsp, micro, accum = tc.objective == "mlm_nsp", data.micro, data.accum
     seed_everything(tc.seed)
-    model_cls = BertForPreTraining if use_nsp else BertForMaskedLM
     resume_dir = find_resume(cfg)
-    if resume_dir is None:
-        model = model_cls(model_config)
-    else:
-        model = model_cls.from_pretrained(resume_dir)
-        if model.config.to_dict() | {"architectures": None} != model_config.to_dict() | {
-            "architectures": None
-        }:
-            raise BertforgeError(
-                f"{resume_dir}: its model config differs from --model.*; resume "
-                "with the original settings or start a new --output"
-            )
+    model = build_model(cfg, data, resume_dir)
+
+    # ---- optimizer, state --------------------------------------------------------------------
     if tc.dropout is not None:
-        set_dropout(model, tc.dropout)
+        training.set_dropout(model, tc.dropout)
     raw = model.to(device)  # the plain module: what is saved and evaluated
     optimizer = build_optimizer(raw, tc.lr, tc.weight_decay, tuple(tc.betas), tc.eps)
     torch.manual_seed(tc.seed + 1 + 7919 * info.rank)  # each rank its own dropout stream
-    identity = _identity(cfg, meta, len(train_ds))
+    identity = run_identity(cfg, data.meta, len(train_ds))
     state: dict[str, Any] = {
         "step": 0,
         "elapsed": 0.0,
@@ -215,12 +99,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
     }
     if resume_dir is not None:
         state, blob = load_train_state(resume_dir, optimizer=optimizer, restore_rng=False)
-        for key, value in identity.items():
-            if state["run"].get(key) != value:
-                raise BertforgeError(
-                    f"{resume_dir}: {key} was {state['run'].get(key)!r}, now "
-                    f"{value!r}; resume with the original setting or start a new --output"
-                )
+        training.check_same_run(resume_dir, state["run"], identity)
         per_rank_rng = blob.get("rng_per_rank") or [blob["rng"]]
         set_rng_state(per_rank_rng[info.rank] if info.rank < len(per_rank_rng) else blob["rng"])
         sampler.load_state_dict(state["data"])
@@ -241,9 +120,9 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
 
     def evaluate_all(with_extra: bool = True) -> dict[str, dict[str, Any]]:
         """The validation split (+ the extra sets: before and after training only)."""
-        sets = {"val": val_ds}
+        sets = {"val": data.val}
         if with_extra:
-            sets |= {f"val:{name}": ds for name, ds in extra.items()}
+            sets |= {f"val:{name}": ds for name, ds in data.extra.items()}
         return {
             name: evaluate_mlm(
                 raw,
@@ -272,44 +151,25 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
             ranks_rng = [None] * info.world_size
             dist.all_gather_object(ranks_rng, rng_state())
         if main_proc:
-            with atomic_directory(out / checkpoint_name(state["step"])) as tmp:
-                raw.save_pretrained(tmp, tokenizer=tokenizer)
-                save_train_state(
-                    tmp, state=state, optimizer=optimizer, extra_tensors={"rng_per_rank": ranks_rng}
-                )
-            rotate_checkpoints(out, tc.keep_checkpoints)
+            training.write_checkpoint(
+                out,
+                raw,
+                tokenizer,
+                state=state,
+                optimizer=optimizer,
+                keep=tc.keep_checkpoints,
+                extra_tensors={"rng_per_rank": ranks_rng},
+            )
         D.barrier()
 
     def done() -> bool:
-        return (tc.max_steps is not None and state["step"] >= tc.max_steps) or (
-            budget is not None and state["elapsed"] >= budget
-        )
-
-    def learning_rate() -> float:
-        if budget is None:
-            warmup = round(tc.warmup_ratio * tc.max_steps)
-            return lr_at(
-                state["step"],
-                max_lr=tc.lr,
-                warmup=warmup,
-                total=tc.max_steps,
-                schedule=tc.schedule,
-                min_lr_ratio=tc.min_lr_ratio,
-            )
-        progress = state["elapsed"] / budget
-        if tc.max_steps is not None:
-            progress = max(progress, state["step"] / tc.max_steps)
-        return lr_at_progress(
-            progress,
-            max_lr=tc.lr,
-            warmup=tc.warmup_ratio,
-            schedule=tc.schedule,
-            min_lr_ratio=tc.min_lr_ratio,
+        return training.budget_spent(
+            state["step"], state["elapsed"], total_steps=tc.max_steps, budget=budget
         )
 
     n_params = sum(p.numel() for p in raw.parameters())
     say(
-        f"pretraining {model_cls.__name__} ({n_params / 1e6:.2f}M parameters, {precision}, "
+        f"pretraining {type(raw).__name__} ({n_params / 1e6:.2f}M parameters, {precision}, "
         f"{device}, {info.world_size} process(es)) on {len(train_ds):,} sequences; batch "
         f"{tc.batch_size} = {info.world_size} x {accum} x {micro}; budget "
         + " and ".join(
@@ -323,19 +183,20 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
         log_eval(0, state["initial_eval"])
 
     # ---- the loop -------------------------------------------------------------------------------
-    bar = ProgressBar(
-        budget or tc.max_steps,
-        initial=state["elapsed"] if budget else state["step"],
-        by_time=budget is not None,
-        enabled=main_proc and tc.progress,
-    )
+    bar = training.progress_bar(state, tc.max_steps, budget, enabled=main_proc and tc.progress)
     batches = iter(sampler)
-    window = {"loss": 0.0, "mlm": 0.0, "nsp": 0.0, "n": 0, "tokens": 0.0, "seconds": 0.0}
-    streak, stopped = 0, None
+    window = training.RunningMeans()
+    guard = training.NonFiniteGuard(
+        tc.max_nonfinite,
+        "lower --train.lr, raise --train.warmup_ratio or use --train.precision fp32",
+    )
+    stopped = None
     with GracefulStop() as stop:
         while not done():
             t0 = time.perf_counter()
-            lr = learning_rate()
+            lr = training.scheduled_lr(
+                state["step"], state["elapsed"], tc, total_steps=tc.max_steps, budget=budget
+            )
             set_lr(optimizer, lr)
             indices = next(batches)
             epoch = sampler.epoch  # the epoch of the batch just drawn
@@ -380,66 +241,42 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
                         sums[1] += output.nsp_loss.detach().double().cpu() * n_local_nsp
                     loss.backward()
                 sums[2] += float(batch["attention_mask"].sum())
-            max_norm = tc.max_grad_norm if tc.max_grad_norm > 0 else float("inf")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(raw.parameters(), max_norm))
+            grad_norm = training.clip_gradients(raw.parameters(), tc.max_grad_norm)
             sums[3] = float(stop.requested)
             totals = D.all_reduce_sum(sums)
             mlm_loss = float(totals[0]) / n_masked
             nsp_loss = float(totals[1]) / n_nsp if use_nsp and n_nsp else None
             step_loss = mlm_loss + (nsp_loss or 0.0)
-            if math.isfinite(step_loss) and math.isfinite(grad_norm):
+            if guard.allows(step_loss, grad_norm, state["step"] + 1):
                 optimizer.step()
-                streak = 0
-            else:  # skip: a bf16 overflow or a bad batch must not poison the weights
+            else:
                 state["skipped"] += 1
-                streak += 1
                 say(f"step {state['step'] + 1}: non-finite loss/gradient, step skipped")
-                if streak >= tc.max_nonfinite:
-                    raise BertforgeError(
-                        f"the loss was non-finite for {streak} steps in a row (step "
-                        f"{state['step'] + 1}); lower --train.lr, raise --train.warmup_ratio or "
-                        "use --train.precision fp32"
-                    )
             optimizer.zero_grad(set_to_none=True)
             state["step"] += 1
             state["tokens"] += int(totals[2])
             state["data"] = sampler.state_dict()
             seconds = time.perf_counter() - t0
             state["elapsed"] += seconds
-
-            if math.isfinite(step_loss):
-                window["loss"] += step_loss
-                window["mlm"] += mlm_loss
-                window["nsp"] += nsp_loss or 0.0
-                window["n"] += 1
-            window["tokens"] += float(totals[2])
-            window["seconds"] += seconds
-            tok_s = window["tokens"] / max(window["seconds"], 1e-9)
-            bar.update(
-                state["elapsed"] if budget else state["step"],
-                step=state["step"],
-                loss=step_loss,
-                lr=lr,
-                tokens_per_s=tok_s,
-            )
+            losses = {"loss": step_loss, "mlm_loss": mlm_loss}
+            if use_nsp:
+                losses["nsp_loss"] = nsp_loss or 0.0
+            window.add(float(totals[2]), seconds, **losses)
+            training.show_step(bar, state, budget, loss=step_loss, lr=lr, window=window)
             if state["step"] % tc.log_every == 0 or done():
-                n = max(window["n"], 1)
-                record = {
-                    "loss": window["loss"] / n,
-                    "mlm_loss": window["mlm"] / n,
-                    "lr": lr,
-                    "grad_norm": grad_norm,
-                    "tokens_per_s": tok_s,
-                    "tokens": state["tokens"],
-                    "elapsed": state["elapsed"],
-                    "epoch": epoch,
-                    "skipped": state["skipped"],
-                }
-                if use_nsp:
-                    record["nsp_loss"] = window["nsp"] / n
-                logger.log(state["step"], "train", **record)
-                window = dict.fromkeys(window, 0.0)
-                window["n"] = 0
+                logger.log(
+                    state["step"],
+                    "train",
+                    **window.means(*losses),
+                    lr=lr,
+                    grad_norm=grad_norm,
+                    tokens_per_s=window.tokens_per_s,
+                    tokens=state["tokens"],
+                    elapsed=state["elapsed"],
+                    epoch=epoch,
+                    skipped=state["skipped"],
+                )
+                window.reset()
             if tc.eval_every and state["step"] % tc.eval_every == 0 and not done():
                 results = evaluate_all(with_extra=False)
                 log_eval(state["step"], results)
@@ -501,39 +338,11 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
     return result
 
 
-def build_parser() -> Any:
-    from jsonargparse import ActionConfigFile, ArgumentParser
-
-    parser = ArgumentParser(
-        prog="bertforge pretrain",
-        description="Pretrain a BERT encoder (MLM + NSP or MLM only) on prepared data. Options "
-        "come from --config YAML files and dotted overrides (--train.lr 1e-4).",
-    )
-    parser.add_argument(
-        "--config", action=ActionConfigFile, help="YAML preset(s), e.g. configs/mini.yaml"
-    )
-    parser.add_class_arguments(PretrainConfig, as_positional=False)
-    return parser
-
-
-def main(argv: list[str]) -> int:
-    parser = build_parser()
-    namespace = parser.instantiate(parser.parse_args(argv))
-    cfg = PretrainConfig(**{f.name: namespace[f.name] for f in fields(PretrainConfig)})
-    try:
-        pretrain(cfg)
-    finally:
-        D.cleanup()
-    return 0
-
-
 __all__ = [
     "CONFIG_FILE",
     "FINAL_DIR",
     "PLOT_FILE",
     "config_dict",
     "find_resume",
-    "main",
     "pretrain",
-    "set_dropout",
 ]

@@ -1,6 +1,7 @@
 """What every training loop needs around the math: device and precision, seeds and RNG state,
-graceful stop on signals, metrics logging, a progress bar, durations, checkpoint rotation and the
-train-state file. Shared by ``pretrain`` and ``finetune`` so both behave the same.
+graceful stop on signals, checkpoint rotation and the train-state file. Shared by ``pretrain`` and
+``finetune`` so both behave the same. The progress bar, metrics log and durations live in
+``bertforge.progress``; the step-level helpers both loops share in ``bertforge.training``.
 """
 
 from __future__ import annotations
@@ -8,14 +9,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import math
 import random
 import re
 import shutil
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 
 from bertforge.errors import BertforgeError
+from bertforge.progress import read_metrics  # re-exported: plots.py and benchmarks import it here
 
 Precision = Literal["auto", "bf16", "fp32"]
 
@@ -133,37 +133,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-# ---- durations ------------------------------------------------------------------------------
-
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str | float | int | None) -> float | None:
-    """``"15m"``, ``"1h30m"``, ``"90s"``, ``"2.5h"`` or a number of seconds -> seconds."""
-    if text is None or text == "":
-        return None
-    if isinstance(text, int | float):
-        seconds = float(text)
-    else:
-        s = str(text).strip().lower().replace(" ", "")
-        parts = re.findall(r"(\d+(?:\.\d+)?)([smhd]?)", s)
-        if not parts or "".join(n + u for n, u in parts) != s:
-            raise BertforgeError(
-                f"duration {text!r} is not understood; write e.g. 15m, 1h30m, 90s or 2.5h"
-            )
-        seconds = sum(float(n) * _UNITS[u or "s"] for n, u in parts)
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise BertforgeError(f"duration {text!r} must be positive")
-    return seconds
-
-
-def format_duration(seconds: float) -> str:
-    seconds = max(0, int(round(seconds)))  # a clock step back must not print "-1h59m59s"
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
-
-
 # ---- graceful stop --------------------------------------------------------------------------
 
 
@@ -202,150 +171,6 @@ class GracefulStop:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
-
-
-# ---- metrics --------------------------------------------------------------------------------
-
-METRICS_FILE = "metrics.jsonl"
-
-
-class MetricsLogger:
-    """Append one JSON object per record to ``<out>/metrics.jsonl`` (and TensorBoard if installed).
-
-    Each record is ``{"step": int, "split": "train"|"val"|..., "time": seconds, **metrics}``.
-    ``resume_step`` drops records written after that step by an interrupted run, so a resumed run
-    continues the file without duplicates. Only the main process should log (``enabled``).
-    """
-
-    def __init__(
-        self,
-        out_dir: str | Path,
-        *,
-        enabled: bool = True,
-        resume_step: int | None = None,
-        tensorboard: bool = True,
-    ) -> None:
-        self.path = Path(out_dir) / METRICS_FILE
-        self.enabled = enabled
-        self._tb = None
-        if not enabled:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if resume_step is None:
-            self.path.write_text("")
-        elif self.path.exists():
-            from bertforge.checkpoint import atomic_write_text
-
-            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
-            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
-        self._file = self.path.open("a", encoding="utf-8")
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(str(self.path.parent / "tensorboard"))
-            except ImportError:  # tensorboard is optional
-                self._tb = None
-
-    def log(self, step: int, split: str, **metrics: float | int | str) -> None:
-        if not self.enabled:
-            return
-        record = {"step": int(step), "split": split, "time": round(time.time(), 3), **metrics}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
-        if self._tb is not None:
-            for key, value in metrics.items():
-                if isinstance(value, int | float) and math.isfinite(value):
-                    self._tb.add_scalar(f"{split}/{key}", value, step)
-
-    def close(self) -> None:
-        if not self.enabled:
-            return
-        self._file.close()
-        if self._tb is not None:
-            self._tb.close()
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a ``metrics.jsonl`` file (or of the one in a directory); a torn last line is
-    ignored."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / METRICS_FILE
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            records.append(json.loads(line))
-    return records
-
-
-# ---- progress bar ---------------------------------------------------------------------------
-
-
-class ProgressBar:
-    """A tqdm bar over steps (or over seconds for a wall-clock budget) showing step, loss, lr,
-    tokens/s; tqdm supplies the ETA. When stderr is not a terminal (a log file, CI), it prints a
-    plain status line every ``log_interval`` seconds instead. Disabled when ``enabled`` is False
-    (non-main ranks)."""
-
-    def __init__(
-        self,
-        total: float,
-        *,
-        initial: float = 0,
-        by_time: bool = False,
-        enabled: bool = True,
-        desc: str = "train",
-        log_interval: float = 30.0,
-    ) -> None:
-        from tqdm.auto import tqdm
-
-        self.by_time, self.enabled, self.total = by_time, enabled, total
-        self.plain = enabled and not sys.stderr.isatty()
-        self.log_interval, self._last_print = log_interval, time.monotonic()
-        self._start, self._start_done = time.monotonic(), initial
-        fmt = "{desc} {percentage:3.0f}%|{bar:20}| {elapsed}<{remaining} {postfix}"
-        self._bar = tqdm(
-            total=round(total, 1) if by_time else int(total),
-            initial=initial,
-            desc=desc,
-            disable=not enabled or self.plain,
-            bar_format=fmt,
-            dynamic_ncols=True,
-            file=sys.stderr,
-            mininterval=0.5,
-        )
-
-    def update(
-        self, done: float, *, step: int, loss: float, lr: float, tokens_per_s: float
-    ) -> None:
-        """``done`` = steps done (or seconds elapsed when ``by_time``)."""
-        status = f"step {step} loss {loss:.4f} lr {lr:.2e} {tokens_per_s:,.0f} tok/s"
-        if self.plain:
-            now = time.monotonic()
-            if now - self._last_print >= self.log_interval or done >= self.total:
-                self._last_print = now
-                rate = (done - self._start_done) / max(now - self._start, 1e-9)
-                eta = max(self.total - done, 0) / rate if rate > 0 else float("nan")
-                eta_text = format_duration(eta) if math.isfinite(eta) else "?"
-                print(
-                    f"[{100 * min(done / self.total, 1):5.1f}%] {status} ETA {eta_text}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            return
-        self._bar.n = round(done, 1) if self.by_time else int(done)
-        self._bar.set_postfix_str(status, refresh=False)
-        self._bar.refresh()
-
-    def write(self, text: str) -> None:
-        if self.plain:
-            print(text, file=sys.stderr, flush=True)
-        elif self.enabled:
-            self._bar.write(text, file=sys.stderr)
-
-    def close(self) -> None:
-        self._bar.close()
 
 
 # ---- checkpoints and train state ------------------------------------------------------------
@@ -449,17 +274,12 @@ def load_train_state(
 __all__ = [
     "CHECKPOINT_PREFIX",
     "GracefulStop",
-    "METRICS_FILE",
-    "MetricsLogger",
-    "ProgressBar",
     "autocast",
     "checkpoint_name",
     "cpu_has_fast_bf16",
-    "format_duration",
     "latest_checkpoint",
     "list_checkpoints",
     "load_train_state",
-    "parse_duration",
     "pick_device",
     "pick_precision",
     "read_metrics",

@@ -13,87 +13,52 @@ Trained vocabularies start with ``[PAD] [UNK] [CLS] [SEP] [MASK]`` (ids 0-4); a 
 
 from __future__ import annotations
 
-import argparse
-import gzip
 import hashlib
 import json
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 from tokenizers import Tokenizer as _Backend
-from tokenizers import decoders, normalizers, pre_tokenizers, processors, trainers
-from tokenizers.models import WordPiece
+from tokenizers import processors, trainers
 
 from bertforge.errors import BertforgeError
+from bertforge.tokenizer_files import (
+    CLS,
+    PAD,
+    SEP,
+    SPECIAL_TOKENS,
+    TOKENIZER_FILE,
+    VOCAB_FILE,
+    bert_backend,
+    iter_text_lines,
+    read_tokenizer_config,
+    read_vocab_txt,
+    write_tokenizer_files,
+)
 
-PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
-SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
-"""BERT's special tokens, in the order (and so with the ids 0-4) of a trained vocabulary."""
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
-VOCAB_FILE, TOKENIZER_FILE, CONFIG_FILE = "vocab.txt", "tokenizer.json", "tokenizer_config.json"
 _LINES_PER_BATCH = 1000  # lines handed to the Rust trainer per iterator step
 
 
-def _bert_backend(
-    vocab: dict[str, int] | None, lowercase: bool, strip_accents: bool | None
-) -> _Backend:
-    """A ``tokenizers.Tokenizer`` set up as BERT's, without post-processing."""
-    backend = _Backend(
-        WordPiece(vocab, unk_token=UNK) if vocab is not None else WordPiece(unk_token=UNK)
-    )
-    # strip_accents=None follows lowercase, as in Google's BERT and transformers.
-    backend.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=strip_accents, lowercase=lowercase
-    )
-    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    backend.decoder = decoders.WordPiece(prefix="##")
-    return backend
+class TrainOptions(TypedDict, total=False):
+    """Keyword options of :meth:`Tokenizer.train` (defaults: :meth:`Tokenizer.train_from_iterator`)."""
 
-
-def _read_vocab_txt(path: Path) -> dict[str, int]:
-    """One token per line, id = line number (as Google's BERT and transformers read it)."""
-    vocab: dict[str, int] = {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.readlines()  # splits at newlines only, exactly as transformers reads it
-    except UnicodeDecodeError as err:
-        raise BertforgeError(f"{path}: not a UTF-8 vocabulary ({err.reason})") from err
-    for index, line in enumerate(lines):
-        token = line.rstrip("\n")
-        if token in vocab:
-            raise BertforgeError(
-                f"{path}: token {token!r} appears on lines {vocab[token] + 1} and {index + 1}; "
-                "a vocabulary needs unique lines"
-            )
-        vocab[token] = index
-    return vocab
-
-
-def _read_config(directory: Path) -> dict[str, Any]:
-    path = directory / CONFIG_FILE
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise BertforgeError(f"{path}: not valid JSON ({err}); fix or delete the file") from err
-
-
-def _iter_lines(files: Sequence[Path]) -> Iterator[str]:
-    for path in files:
-        opener = gzip.open if path.suffix == ".gz" else open
-        try:
-            with opener(path, "rt", encoding="utf-8") as f:
-                yield from f
-        except UnicodeDecodeError as err:
-            raise BertforgeError(
-                f"{path}: not UTF-8 text ({err.reason}); convert it, e.g. iconv -t utf-8"
-            ) from err
-        except (gzip.BadGzipFile, EOFError) as err:
-            raise BertforgeError(f"{path}: not a complete gzip file ({err})") from err
+    min_frequency: int
+    """Minimum count of a merged WordPiece."""
+    lowercase: bool
+    """Lowercase the text (an uncased vocabulary)."""
+    strip_accents: bool | None
+    """Strip accents; None: exactly when lowercasing, as BERT."""
+    limit_alphabet: int
+    """At most this many single characters in the vocabulary; rarer ones become [UNK]."""
+    show_progress: bool
+    """Show the trainer's progress bars."""
+    model_max_length: int | None
+    """The longest sequence the model will take, recorded in tokenizer_config.json."""
 
 
 class Tokenizer:
@@ -148,18 +113,10 @@ class Tokenizer:
         cls,
         files: str | Path | Sequence[str | Path],
         vocab_size: int = 30522,
-        *,
-        min_frequency: int = 2,
-        lowercase: bool = True,
-        strip_accents: bool | None = None,
-        limit_alphabet: int = 1000,
-        show_progress: bool = False,
-        model_max_length: int | None = None,
+        **options: Unpack[TrainOptions],
     ) -> Tokenizer:
-        """Train a WordPiece vocabulary on UTF-8 text files (``.gz`` read transparently).
-
-        ``strip_accents=None`` strips accents exactly when lowercasing, as BERT does.
-        ``limit_alphabet`` caps the single characters kept; rarer characters become ``[UNK]``.
+        """Train a WordPiece vocabulary on UTF-8 text files (``.gz`` read transparently); the
+        ``options`` (:class:`TrainOptions`) and their defaults are :meth:`train_from_iterator`'s.
         """
         paths = [Path(files)] if isinstance(files, (str, Path)) else [Path(f) for f in files]
         if not paths:
@@ -171,14 +128,9 @@ class Tokenizer:
                 "Tokenizer.train_from_iterator)"
             )
         return cls.train_from_iterator(
-            _iter_lines(paths),
+            iter_text_lines(paths),
             vocab_size,
-            min_frequency=min_frequency,
-            lowercase=lowercase,
-            strip_accents=strip_accents,
-            limit_alphabet=limit_alphabet,
-            show_progress=show_progress,
-            model_max_length=model_max_length,
+            **options,
             source=", ".join(map(str, paths)),
         )
 
@@ -198,7 +150,9 @@ class Tokenizer:
     ) -> Tokenizer:
         """Train a WordPiece vocabulary on strings (documents, lines or sentences).
 
-        Options as in :meth:`train`; ``source`` names the text in error messages.
+        ``strip_accents=None`` strips accents exactly when lowercasing, as BERT does.
+        ``limit_alphabet`` caps the single characters kept; rarer characters become ``[UNK]``.
+        ``source`` names the text in error messages.
         """
         if vocab_size <= len(SPECIAL_TOKENS):
             raise BertforgeError(
@@ -225,7 +179,7 @@ class Tokenizer:
             if batch:
                 yield batch
 
-        backend = _bert_backend(None, lowercase, strip_accents)
+        backend = bert_backend(None, lowercase, strip_accents)
         trainer = trainers.WordPieceTrainer(
             vocab_size=vocab_size,
             min_frequency=min_frequency,
@@ -257,7 +211,7 @@ class Tokenizer:
             raise BertforgeError(f"{path}: holds neither {TOKENIZER_FILE} nor {VOCAB_FILE}")
         if not path.is_file():
             raise BertforgeError(f"{path}: tokenizer file not found")
-        config = _read_config(path.parent)
+        config = read_tokenizer_config(path.parent)
         max_len = config.get("model_max_length")
         max_len = int(max_len) if isinstance(max_len, (int, float)) and max_len < 1e9 else None
         if path.suffix == ".json":
@@ -268,7 +222,7 @@ class Tokenizer:
             return cls(backend, max_len, str(path))
         if lowercase is None:
             lowercase = bool(config.get("do_lower_case", True))
-        backend = _bert_backend(_read_vocab_txt(path), lowercase, config.get("strip_accents"))
+        backend = bert_backend(read_vocab_txt(path), lowercase, config.get("strip_accents"))
         return cls(backend, max_len, str(path))
 
     # ---- properties ---------------------------------------------------------------------------
@@ -418,33 +372,15 @@ class Tokenizer:
         ``transformers.BertTokenizerFast.from_pretrained`` with identical ids. Each file is written
         atomically; returns the paths written.
         """
-        from bertforge.checkpoint import atomic_write_text
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         self._configure(None, False, False)
-        tokens = [self._backend.id_to_token(i) for i in range(self.vocab_size)]
-        config: dict[str, Any] = {
-            "tokenizer_class": "BertTokenizer",
-            "do_lower_case": self.lowercase if self.lowercase is not None else True,
-            "strip_accents": self.strip_accents,
-            "tokenize_chinese_chars": True,
-            "unk_token": UNK,
-            "sep_token": SEP,
-            "pad_token": PAD,
-            "cls_token": CLS,
-            "mask_token": MASK,
-        }
-        if self.model_max_length is not None:
-            config["model_max_length"] = self.model_max_length
-        written = {
-            VOCAB_FILE: "".join(f"{t}\n" for t in tokens),
-            TOKENIZER_FILE: self._encoder.to_str(pretty=True),
-            CONFIG_FILE: json.dumps(config, indent=2) + "\n",
-        }
-        for name, text in written.items():
-            atomic_write_text(directory / name, text)
-        return [directory / name for name in written]
+        return write_tokenizer_files(
+            directory,
+            [self._backend.id_to_token(i) for i in range(self.vocab_size)],
+            self._encoder.to_str(pretty=True),
+            lowercase=self.lowercase,
+            strip_accents=self.strip_accents,
+            model_max_length=self.model_max_length,
+        )
 
     def __repr__(self) -> str:
         return (
@@ -453,92 +389,4 @@ class Tokenizer:
         )
 
 
-# ---- CLI ------------------------------------------------------------------------------------------
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="bertforge tokenizer", description="WordPiece tokenizers."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train a WordPiece vocabulary on text files")
-    train.add_argument(
-        "--input",
-        nargs="+",
-        required=True,
-        metavar="FILE",
-        help="UTF-8 text files (.gz is read transparently)",
-    )
-    train.add_argument(
-        "--vocab-size",
-        type=int,
-        required=True,
-        metavar="N",
-        help="vocabulary size including the 5 special tokens (BERT: 30522)",
-    )
-    train.add_argument(
-        "--output",
-        required=True,
-        metavar="DIR",
-        help="directory for vocab.txt, tokenizer.json, tokenizer_config.json",
-    )
-    train.add_argument(
-        "--min-frequency",
-        type=int,
-        default=2,
-        metavar="N",
-        help="minimum count of a merged WordPiece (default 2)",
-    )
-    train.add_argument(
-        "--no-lowercase",
-        dest="lowercase",
-        action="store_false",
-        help="keep case (a cased vocabulary)",
-    )
-    train.add_argument(
-        "--strip-accents",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="strip accents (default: exactly when lowercasing, as BERT)",
-    )
-    train.add_argument(
-        "--limit-alphabet",
-        type=int,
-        default=1000,
-        metavar="N",
-        help="at most N single characters in the vocabulary (default 1000)",
-    )
-    train.add_argument(
-        "--model-max-length",
-        type=int,
-        default=None,
-        metavar="N",
-        help="record the longest sequence the model will take (e.g. 512)",
-    )
-    train.add_argument("--progress", action="store_true", help="show the trainer's progress bars")
-    return parser
-
-
-def main(argv: list[str]) -> int:
-    """``bertforge tokenizer train --input FILE... --vocab-size N --output DIR``."""
-    args = _parser().parse_args(argv)
-    start = time.perf_counter()
-    tok = Tokenizer.train(
-        args.input,
-        args.vocab_size,
-        min_frequency=args.min_frequency,
-        lowercase=args.lowercase,
-        strip_accents=args.strip_accents,
-        limit_alphabet=args.limit_alphabet,
-        show_progress=args.progress,
-        model_max_length=args.model_max_length,
-    )
-    tok.save(args.output)
-    size_mb = sum(Path(f).stat().st_size for f in args.input) / 1e6
-    case = "lowercased" if args.lowercase else "cased"
-    print(
-        f"trained a {case} WordPiece vocabulary of {tok.vocab_size} tokens on {len(args.input)} "
-        f"file(s) ({size_mb:.1f} MB on disk) in {time.perf_counter() - start:.1f} s -> {args.output} "
-        f"(fingerprint {tok.fingerprint})"
-    )
-    return 0
+__all__ = ["SPECIAL_TOKENS", "Tokenizer", "TrainOptions"]

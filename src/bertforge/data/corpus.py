@@ -24,11 +24,11 @@ from __future__ import annotations
 import csv
 import glob
 import gzip
-import json
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from bertforge.data.tables import jsonl_rows
 from bertforge.errors import BertforgeError
 
 FORMATS = ("auto", "text", "lines", "wikitext", "csv", "tsv", "jsonl")
@@ -218,15 +218,7 @@ def _table_documents(
     path: Path, lines: Iterator[str], fmt: str, text_column: str | None
 ) -> Iterator[Document]:
     if fmt == "jsonl":
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise BertforgeError(
-                    f"{path}:{number}: not valid JSON ({err.msg}); fix the line"
-                ) from None
+        for number, row in jsonl_rows(lines, path):
             if isinstance(row, str) and text_column is None:
                 yield _cell_document(row)
                 continue

@@ -1,6 +1,6 @@
-"""Labelled data for fine-tuning: read CSV/TSV/JSONL (optionally gzip) files, map labels to ids,
-hold out a stratified validation split, tokenize with head or head+tail truncation, and cut the
-examples into dynamically padded batches.
+"""Labelled data for fine-tuning: read CSV/TSV/JSONL (optionally gzip) files (through
+``bertforge.data.tables``), map labels to ids, hold out a stratified validation split, tokenize
+with head or head+tail truncation, and cut the examples into dynamically padded batches.
 
 Nothing here knows about models; ``finetune``, ``evaluate`` and ``predict`` all read data
 through it, so a file that trains also evaluates and classifies.
@@ -8,10 +8,6 @@ through it, so a file that trains also evaluates and classifies.
 
 from __future__ import annotations
 
-import csv
-import gzip
-import io
-import json
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -21,101 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
+# read_table and table_format are re-exported: callers read tables through ``tasks`` too
+from bertforge.data.tables import clean_text, read_columns, read_table, table_format
 from bertforge.errors import BertforgeError
 
-TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".ndjson")
 TRUNCATIONS = ("head", "head_tail")
-_BR = re.compile(r"<br\s*/?>", re.IGNORECASE)
 _INT = re.compile(r"[+-]?\d+")
-
-# ---- reading tables ---------------------------------------------------------------------------
-
-
-def table_format(path: str | Path) -> str:
-    """``csv``, ``tsv`` or ``jsonl`` from a file name (a trailing ``.gz`` is ignored)."""
-    name = Path(path).name.lower()
-    name = name[:-3] if name.endswith(".gz") else name
-    for suffix in TABLE_SUFFIXES:
-        if name.endswith(suffix):
-            return {"json": "jsonl", "ndjson": "jsonl"}.get(suffix[1:], suffix[1:])
-    raise BertforgeError(
-        f"{path}: unknown file type; use .csv, .tsv or .jsonl (each optionally .gz)"
-    )
-
-
-def _open_text(path: Path) -> io.TextIOBase:
-    if not path.is_file():
-        raise BertforgeError(f"{path}: no such file")
-    if path.name.lower().endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", newline="")  # type: ignore[return-value]
-    return open(path, encoding="utf-8", newline="")  # noqa: SIM115
-
-
-def read_table(path: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
-    """Column names and rows (dicts) of one CSV/TSV (with a header row) or JSON-lines file."""
-    path = Path(path)
-    fmt = table_format(path)
-    try:
-        with _open_text(path) as f:
-            if fmt == "jsonl":
-                rows, columns = [], {}
-                for n, line in enumerate(f, start=1):
-                    if not line.strip():
-                        continue
-                    try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError as err:
-                        raise BertforgeError(
-                            f"{path}: line {n} is not valid JSON ({err.msg})"
-                        ) from err
-                    if not isinstance(row, dict):
-                        raise BertforgeError(f"{path}: line {n} is not a JSON object")
-                    rows.append(row)
-                    columns.update(dict.fromkeys(row))
-                column_names = list(columns)
-            else:
-                reader = csv.DictReader(f, delimiter="\t" if fmt == "tsv" else ",")
-                rows = list(reader)
-                column_names = list(reader.fieldnames or [])
-    except (UnicodeDecodeError, EOFError, gzip.BadGzipFile, csv.Error) as err:
-        raise BertforgeError(f"{path}: cannot read it as {fmt} ({err})") from err
-    if not rows:
-        raise BertforgeError(f"{path}: the file is empty (no data rows); give a file with examples")
-    return column_names, rows
-
-
-def clean_text(text: Any) -> str:
-    """The cell as a string, HTML line breaks (``<br />``, as in IMDB) turned into spaces."""
-    if text is None:
-        return ""
-    return _BR.sub(" ", str(text))
-
-
-def read_columns(
-    paths: str | Path | Sequence[str | Path], columns: Sequence[str | None]
-) -> list[list[Any]]:
-    """Read the named columns of one or more files (rows concatenated in order).
-
-    ``None`` entries in ``columns`` are skipped (returned as an empty list). A missing column is
-    an error that lists the columns the file has.
-    """
-    if isinstance(paths, str | Path):
-        paths = [paths]
-    if not paths:
-        raise BertforgeError("no data file given")
-    out: list[list[Any]] = [[] for _ in columns]
-    for path in paths:
-        names, rows = read_table(path)
-        for col in columns:
-            if col is not None and col not in names:
-                raise BertforgeError(
-                    f"{path}: no column {col!r}; the file has columns {', '.join(map(repr, names))}"
-                )
-        for i, col in enumerate(columns):
-            if col is not None:
-                out[i].extend(row.get(col) for row in rows)
-    return out
-
 
 # ---- labels ------------------------------------------------------------------------------------
 
@@ -264,6 +171,83 @@ def stratified_split(
     return np.setdiff1d(np.arange(labels.size), val_index), val_index
 
 
+# ---- a fine-tuning data set, ready for the loop -----------------------------------------------
+
+
+@dataclass
+class TaskData:
+    """Training and validation examples of a fine-tuning run, encoded for the model."""
+
+    train: LabelledData
+    """Training examples (the validation share removed when it was held out of them)."""
+    val: LabelledData
+    """Validation examples."""
+    id2label: dict[int, str] | None
+    """Class names by id (classification), None for regression."""
+    scale: tuple[float, float] | None
+    """``(mean, std)`` of the training targets when regression trains on z-scores."""
+    targets: np.ndarray
+    """The training labels as trained on: class ids, or targets (z-scored with ``scale``)."""
+    encoded_train: list[tuple[np.ndarray, int]]
+    """:func:`encode_examples` of the training texts."""
+    encoded_val: list[tuple[np.ndarray, int]]
+    """:func:`encode_examples` of the validation texts."""
+
+
+def load_task_data(
+    tokenizer: Any,
+    train_paths: Sequence[str | Path],
+    validation_paths: Sequence[str | Path] | None,
+    *,
+    text_column: str,
+    label_column: str,
+    text_pair_column: str | None,
+    task: str,
+    validation_fraction: float,
+    seed: int,
+    normalize_targets: bool,
+    max_length: int,
+    truncation: str,
+) -> TaskData:
+    """Read, split and encode a fine-tuning data set. Without ``validation_paths`` a stratified
+    ``validation_fraction`` of the training rows is held out (a pure function of ``seed``)."""
+    regression = task == "regression"
+    columns = dict(
+        text_column=text_column,
+        label_column=label_column,
+        text_pair_column=text_pair_column,
+        task=task,
+    )
+    train, id2label = load_labelled(train_paths, **columns)
+    if validation_paths:
+        label2id = None if regression else {v: k for k, v in id2label.items()}
+        val, _ = load_labelled(validation_paths, **columns, label2id=label2id)
+    else:
+        train_idx, val_idx = stratified_split(
+            train.labels, validation_fraction, seed, regression=regression
+        )
+        train, val = train.subset(train_idx), train.subset(val_idx)
+    if not regression and len(id2label) < 2:
+        raise BertforgeError(
+            f"{train_paths[0]}: column {label_column!r} has a single label "
+            f"{id2label[0]!r}; classification needs at least two"
+        )
+    scale = None
+    if regression and normalize_targets:
+        scale = (float(train.labels.mean()), float(train.labels.std()) or 1.0)
+    targets = train.labels if scale is None else (train.labels - scale[0]) / scale[1]
+    encode = dict(max_length=max_length, truncation=truncation)
+    return TaskData(
+        train,
+        val,
+        id2label,
+        scale,
+        targets,
+        encode_examples(tokenizer, train.texts, train.pairs, **encode),
+        encode_examples(tokenizer, val.texts, val.pairs, **encode),
+    )
+
+
 # ---- tokenization and batches ------------------------------------------------------------------
 
 
@@ -397,6 +381,7 @@ def iterate_batches(
 __all__ = [
     "LabelledData",
     "TRUNCATIONS",
+    "TaskData",
     "batch_order",
     "build_label_map",
     "clean_text",
@@ -406,6 +391,7 @@ __all__ = [
     "label_name",
     "labels_to_ids",
     "load_labelled",
+    "load_task_data",
     "read_columns",
     "read_table",
     "stratified_split",

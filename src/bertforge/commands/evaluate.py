@@ -1,0 +1,182 @@
+"""``bertforge evaluate``: a pretrained masked-language model on a text file (next to a
+random-initialised network of the same shape), or a fine-tuned classifier/regressor on a
+labelled file (with the per-class report and a trivial baseline)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bertforge.commands.common import add_runtime_options, add_task_options, finetune_defaults
+from bertforge.errors import BertforgeError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bertforge evaluate",
+        description="Evaluate a model. A masked-language model (pretrained): MLM loss, perplexity "
+        "and masked-token accuracy on a text file, next to a random-initialised network "
+        "of the same shape. A fine-tuned classifier/regressor: its metrics on a labelled "
+        "file, with the per-class report.",
+    )
+    parser.add_argument("--model", required=True, metavar="DIR")
+    parser.add_argument(
+        "--data",
+        required=True,
+        nargs="+",
+        metavar="FILE",
+        help="text file (MLM) or labelled CSV/TSV/JSONL file(s) (fine-tuned model)",
+    )
+    parser.add_argument("--label-column", metavar="L", help="default: as in fine-tuning / label")
+    add_task_options(
+        parser, max_length_help="tokens per example (default: as in fine-tuning; MLM: 128)"
+    )
+    parser.add_argument(
+        "--max-sequences", type=int, metavar="N", help="MLM: evaluate at most N sequences"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="MLM: seed of the masks and the random init"
+    )
+    add_runtime_options(parser, batch_size=64)
+    parser.add_argument("--output", metavar="JSON", help="also write the results here")
+    parser.add_argument(
+        "--plot", metavar="PNG", help="fine-tuned model: confusion matrix / scatter PNG"
+    )
+    return parser
+
+
+def _evaluate_task_model(
+    args: argparse.Namespace, config: Any, tokenizer: Any, device: Any, precision: str
+) -> dict[str, Any]:
+    from bertforge.data.tasks import encode_examples, load_labelled
+    from bertforge.evaluate import evaluate_sequence_model, task_report
+    from bertforge.model import BertForSequenceClassification
+
+    start = time.perf_counter()
+    ft = finetune_defaults(args.model)
+    model = BertForSequenceClassification.from_pretrained(args.model).to(device)
+    task = "regression" if config.is_regression else "classification"
+    data, _ = load_labelled(
+        args.data,
+        text_column=args.text_column or ft.get("text_column", "text"),
+        label_column=args.label_column or ft.get("label_column", "label"),
+        text_pair_column=args.text_pair_column or ft.get("text_pair_column"),
+        task=task,
+        label2id=None if config.is_regression else config.label2id,
+    )
+    encoded = encode_examples(
+        tokenizer,
+        data.texts,
+        data.pairs,
+        max_length=args.max_length or ft.get("max_length") or config.max_position_embeddings,
+        truncation=args.truncation or ft.get("truncation", "head"),
+    )
+    more = f" + {len(args.data) - 1} more" if len(args.data) > 1 else ""
+    metrics, predictions = evaluate_sequence_model(
+        model,
+        encoded,
+        data.labels,
+        tokenizer.pad_id,
+        batch_size=args.batch_size,
+        precision=precision,
+    )
+    title = Path(args.data[0]).name + more
+    report = task_report(config, data.labels, predictions, plot=args.plot, plot_title=title)
+    result = {
+        "model": args.model,
+        "data": args.data,
+        "task": task,
+        **metrics,
+        "seconds": round(time.perf_counter() - start, 1),
+        **report,
+    }
+    lines = [f"{k}: {metrics[k]:.4f}" for k in metrics if k not in ("examples",)]
+    lines.append(f"examples: {metrics['examples']:,} ({result['seconds']}s)")
+    if "report_text" in report:
+        lines += ["", report["report_text"]]
+    base = report["baseline"]
+    lines.append(
+        f"baseline (always {base['predicts']}): "
+        + ", ".join(f"{k} {v:.4f}" for k, v in base.items() if k != "predicts")
+    )
+    print("\n".join(lines))
+    return result
+
+
+def _evaluate_mlm_model(
+    args: argparse.Namespace, config: Any, tokenizer: Any, device: Any, precision: str
+) -> dict[str, Any]:
+    from bertforge.evaluate import (
+        comparison_table,
+        evaluate_mlm,
+        mlm_text_batches,
+        random_init_like,
+    )
+    from bertforge.model import BertForMaskedLM, BertForPreTraining
+
+    start = time.perf_counter()
+    cls = (
+        BertForPreTraining
+        if "BertForPreTraining" in (config.architectures or [])
+        else BertForMaskedLM
+    )
+    model = cls.from_pretrained(args.model).to(device)
+    if any(k.startswith("cls.predictions.transform") for k in model.loading_info["missing"]):
+        raise BertforgeError(
+            f"{args.model}: no masked-language-model head (cls.predictions.*) "
+            "and no classifier; evaluate needs a pretrained MLM or a fine-tuned model"
+        )
+    if len(args.data) != 1:
+        raise BertforgeError("an MLM evaluation takes one text file in --data")
+    max_len = min(args.max_length or 128, config.max_position_embeddings)
+    batches = mlm_text_batches(
+        tokenizer,
+        args.data[0],
+        max_seq_length=max_len,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        text_column=args.text_column,
+        max_sequences=args.max_sequences,
+    )
+    trained = evaluate_mlm(model, batches, device, precision)
+    baseline = evaluate_mlm(random_init_like(model, seed=args.seed), batches, device, precision)
+    print(
+        comparison_table(
+            {"random init": baseline, "this model": trained},
+            title=f"{args.data[0]} ({trained['sequences']:,} sequences of <= {max_len} tokens)",
+        )
+    )
+    return {
+        "model": args.model,
+        "data": args.data[0],
+        "trained": trained,
+        "random_init": baseline,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def main(argv: list[str]) -> int:
+    """``bertforge evaluate --model DIR --data FILE [...]``."""
+    from bertforge.config import BertConfig
+    from bertforge.runtime import pick_device, pick_precision
+    from bertforge.tokenizer import Tokenizer
+
+    args = _parser().parse_args(argv)
+    config = BertConfig.load(args.model)
+    device = pick_device(args.device)
+    precision = pick_precision(args.precision, device)
+    tokenizer = Tokenizer.from_file(args.model)
+    if "BertForSequenceClassification" in (config.architectures or []):
+        result = _evaluate_task_model(args, config, tokenizer, device, precision)
+    else:
+        result = _evaluate_mlm_model(args, config, tokenizer, device, precision)
+    if args.output:
+        from bertforge.checkpoint import atomic_write_text
+
+        atomic_write_text(args.output, json.dumps(result, indent=2) + "\n")
+        print(f"results: {args.output}", file=sys.stderr)
+    return 0

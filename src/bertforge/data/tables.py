@@ -1,0 +1,152 @@
+"""Tables on disk: CSV/TSV (with a header row) and JSON-lines files, optionally gzip, read into
+rows and columns, and the plain-text inputs of the inference commands. ``tasks`` builds labelled
+data sets from these; ``corpus`` streams JSON lines through :func:`jsonl_rows` too.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from bertforge.errors import BertforgeError
+
+TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".ndjson")
+_BR = re.compile(r"<br\s*/?>", re.IGNORECASE)
+
+
+def table_format(path: str | Path) -> str:
+    """``csv``, ``tsv`` or ``jsonl`` from a file name (a trailing ``.gz`` is ignored)."""
+    name = Path(path).name.lower()
+    name = name[:-3] if name.endswith(".gz") else name
+    for suffix in TABLE_SUFFIXES:
+        if name.endswith(suffix):
+            return {"json": "jsonl", "ndjson": "jsonl"}.get(suffix[1:], suffix[1:])
+    raise BertforgeError(
+        f"{path}: unknown file type; use .csv, .tsv or .jsonl (each optionally .gz)"
+    )
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if not path.is_file():
+        raise BertforgeError(f"{path}: no such file")
+    if path.name.lower().endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", newline="")  # type: ignore[return-value]
+    return open(path, encoding="utf-8", newline="")  # noqa: SIM115
+
+
+def jsonl_rows(lines: Iterable[str], path: str | Path) -> Iterator[tuple[int, Any]]:
+    """``(line number, value)`` for each non-blank line of a JSON-lines file; a line that is not
+    JSON is an error naming the file and line."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise BertforgeError(
+                f"{path}:{number}: not valid JSON ({err.msg}); fix the line"
+            ) from None
+        yield number, value
+
+
+def read_table(path: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """Column names and rows (dicts) of one CSV/TSV (with a header row) or JSON-lines file."""
+    path = Path(path)
+    fmt = table_format(path)
+    try:
+        with _open_text(path) as f:
+            if fmt == "jsonl":
+                rows, columns = [], {}
+                for n, row in jsonl_rows(f, path):
+                    if not isinstance(row, dict):
+                        raise BertforgeError(f"{path}:{n}: not a JSON object; write one per line")
+                    rows.append(row)
+                    columns.update(dict.fromkeys(row))
+                column_names = list(columns)
+            else:
+                reader = csv.DictReader(f, delimiter="\t" if fmt == "tsv" else ",")
+                rows = list(reader)
+                column_names = list(reader.fieldnames or [])
+    except (UnicodeDecodeError, EOFError, gzip.BadGzipFile, csv.Error) as err:
+        raise BertforgeError(f"{path}: cannot read it as {fmt} ({err})") from err
+    if not rows:
+        raise BertforgeError(f"{path}: the file is empty (no data rows); give a file with examples")
+    return column_names, rows
+
+
+def clean_text(text: Any) -> str:
+    """The cell as a string, HTML line breaks (``<br />``, as in IMDB) turned into spaces."""
+    if text is None:
+        return ""
+    return _BR.sub(" ", str(text))
+
+
+def read_columns(
+    paths: str | Path | Sequence[str | Path], columns: Sequence[str | None]
+) -> list[list[Any]]:
+    """Read the named columns of one or more files (rows concatenated in order).
+
+    ``None`` entries in ``columns`` are skipped (returned as an empty list). A missing column is
+    an error that lists the columns the file has.
+    """
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    if not paths:
+        raise BertforgeError("no data file given")
+    out: list[list[Any]] = [[] for _ in columns]
+    for path in paths:
+        names, rows = read_table(path)
+        for col in columns:
+            if col is not None and col not in names:
+                raise BertforgeError(
+                    f"{path}: no column {col!r}; the file has columns {', '.join(map(repr, names))}"
+                )
+        for i, col in enumerate(columns):
+            if col is not None:
+                out[i].extend(row.get(col) for row in rows)
+    return out
+
+
+def read_texts(
+    path: str | Path, text_column: str | None = None, text_pair_column: str | None = None
+) -> tuple[list[str], list[str] | None]:
+    """Texts of an input file: a column of a CSV/TSV/JSONL file, or the non-empty lines of any
+    other (plain-text) file."""
+    path = Path(path)
+    try:
+        table_format(path)
+        is_table = True
+    except BertforgeError:
+        is_table = False
+    if not is_table:
+        if text_pair_column:
+            raise BertforgeError(f"{path}: --text-pair-column needs a .csv, .tsv or .jsonl file")
+        if not path.is_file():
+            raise BertforgeError(f"{path}: no such file")
+        opener = gzip.open if path.name.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            texts = [clean_text(line.rstrip("\n")) for line in f if line.strip()]
+        if not texts:
+            raise BertforgeError(f"{path}: the file is empty (no non-blank line)")
+        return texts, None
+    texts, pairs = read_columns(path, [text_column or "text", text_pair_column])
+    return [clean_text(t) for t in texts], [
+        clean_text(t) for t in pairs
+    ] if text_pair_column else None
+
+
+__all__ = [
+    "TABLE_SUFFIXES",
+    "clean_text",
+    "jsonl_rows",
+    "read_columns",
+    "read_table",
+    "read_texts",
+    "table_format",
+]

@@ -1,0 +1,141 @@
+"""The files of a BERT tokenizer and the pieces ``Tokenizer`` is built from: the special tokens,
+the ``tokenizers`` pipeline configured as BERT's, reading ``vocab.txt`` / ``tokenizer_config.json``
+and training text, and writing the three files a saved tokenizer consists of (``vocab.txt``,
+``tokenizer.json``, ``tokenizer_config.json``: what ``transformers.BertTokenizerFast`` loads).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as Backend
+from tokenizers import decoders, normalizers, pre_tokenizers
+from tokenizers.models import WordPiece
+
+from bertforge.errors import BertforgeError
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+"""BERT's special tokens, in the order (and so with the ids 0-4) of a trained vocabulary."""
+
+VOCAB_FILE, TOKENIZER_FILE, CONFIG_FILE = "vocab.txt", "tokenizer.json", "tokenizer_config.json"
+
+
+def bert_backend(
+    vocab: dict[str, int] | None, lowercase: bool, strip_accents: bool | None
+) -> Backend:
+    """A ``tokenizers.Tokenizer`` set up as BERT's, without post-processing."""
+    backend = Backend(
+        WordPiece(vocab, unk_token=UNK) if vocab is not None else WordPiece(unk_token=UNK)
+    )
+    # strip_accents=None follows lowercase, as in Google's BERT and transformers.
+    backend.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=strip_accents, lowercase=lowercase
+    )
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece(prefix="##")
+    return backend
+
+
+def read_vocab_txt(path: Path) -> dict[str, int]:
+    """One token per line, id = line number (as Google's BERT and transformers read it)."""
+    vocab: dict[str, int] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()  # splits at newlines only, exactly as transformers reads it
+    except UnicodeDecodeError as err:
+        raise BertforgeError(f"{path}: not a UTF-8 vocabulary ({err.reason})") from err
+    for index, line in enumerate(lines):
+        token = line.rstrip("\n")
+        if token in vocab:
+            raise BertforgeError(
+                f"{path}: token {token!r} appears on lines {vocab[token] + 1} and {index + 1}; "
+                "a vocabulary needs unique lines"
+            )
+        vocab[token] = index
+    return vocab
+
+
+def read_tokenizer_config(directory: Path) -> dict[str, Any]:
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise BertforgeError(f"{path}: not valid JSON ({err}); fix or delete the file") from err
+
+
+def iter_text_lines(files: Sequence[Path]) -> Iterator[str]:
+    """The lines of UTF-8 text files (``.gz`` read transparently), one file after the other."""
+    for path in files:
+        opener = gzip.open if path.suffix == ".gz" else open
+        try:
+            with opener(path, "rt", encoding="utf-8") as f:
+                yield from f
+        except UnicodeDecodeError as err:
+            raise BertforgeError(
+                f"{path}: not UTF-8 text ({err.reason}); convert it, e.g. iconv -t utf-8"
+            ) from err
+        except (gzip.BadGzipFile, EOFError) as err:
+            raise BertforgeError(f"{path}: not a complete gzip file ({err})") from err
+
+
+def write_tokenizer_files(
+    directory: str | Path,
+    tokens: Sequence[str],
+    tokenizer_json: str,
+    *,
+    lowercase: bool | None,
+    strip_accents: bool | None,
+    model_max_length: int | None,
+) -> list[Path]:
+    """Write ``vocab.txt`` (``tokens`` in id order), ``tokenizer.json`` and
+    ``tokenizer_config.json`` into ``directory``, each atomically; returns the paths."""
+    from bertforge.checkpoint import atomic_write_text
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config: dict[str, Any] = {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": lowercase if lowercase is not None else True,
+        "strip_accents": strip_accents,
+        "tokenize_chinese_chars": True,
+        "unk_token": UNK,
+        "sep_token": SEP,
+        "pad_token": PAD,
+        "cls_token": CLS,
+        "mask_token": MASK,
+    }
+    if model_max_length is not None:
+        config["model_max_length"] = model_max_length
+    written = {
+        VOCAB_FILE: "".join(f"{t}\n" for t in tokens),
+        TOKENIZER_FILE: tokenizer_json,
+        CONFIG_FILE: json.dumps(config, indent=2) + "\n",
+    }
+    for name, text in written.items():
+        atomic_write_text(directory / name, text)
+    return [directory / name for name in written]
+
+
+__all__ = [
+    "CLS",
+    "CONFIG_FILE",
+    "MASK",
+    "PAD",
+    "SEP",
+    "SPECIAL_TOKENS",
+    "TOKENIZER_FILE",
+    "UNK",
+    "VOCAB_FILE",
+    "bert_backend",
+    "iter_text_lines",
+    "read_tokenizer_config",
+    "read_vocab_txt",
+    "write_tokenizer_files",
+]
