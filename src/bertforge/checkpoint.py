@@ -48,10 +48,30 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+def make_directory(path: str | Path) -> Path:
+    """``mkdir -p path``; a file in the way is an error naming it, not a traceback."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise BertforgeError(
+            f"{path}: a file is in the way of this directory; choose another output path "
+            "or move the file"
+        ) from None
+    return path
+
+
+def _writable_file(path: str | Path) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        raise BertforgeError(f"{path}: is a directory; give a file name to write")
+    make_directory(path.parent)
+    return path
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = _writable_file(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -74,8 +94,7 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 @contextlib.contextmanager
 def atomic_file(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; it replaces ``path`` only if the block succeeds."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = _writable_file(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -97,7 +116,9 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
     ``final``. If ``final`` exists it is replaced (the old one is removed after the swap).
     """
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists() and not final.is_dir():
+        raise BertforgeError(f"{final}: is a file, not a directory; choose another output path")
+    make_directory(final.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         yield tmp
@@ -115,6 +136,16 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_tokenizer_fits(tokenizer: Any, config: BertConfig, source: str | Path) -> None:
+    """A tokenizer whose ids go past the model's embedding table is an error naming both sizes
+    (a smaller vocabulary is fine: some checkpoints pad their table)."""
+    if tokenizer.vocab_size > config.vocab_size:
+        raise BertforgeError(
+            f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model's "
+            f"vocab_size is {config.vocab_size}; put the model's own tokenizer files beside it"
+        )
 
 
 # ---- state dicts ------------------------------------------------------------------------------
@@ -273,8 +304,7 @@ def save_pretrained(model: torch.nn.Module, directory: str | Path, tokenizer: An
 
     Each file is replaced atomically, weights first, so a reader never sees a half-written file.
     """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = make_directory(directory)
     state = {
         k: v.detach().to("cpu").contiguous().clone()
         for k, v in model.state_dict().items()
@@ -295,6 +325,8 @@ __all__ = [
     "atomic_write_text",
     "atomic_file",
     "atomic_directory",
+    "check_tokenizer_fits",
+    "make_directory",
     "load_pretrained",
     "save_pretrained",
     "read_safetensors",

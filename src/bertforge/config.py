@@ -72,6 +72,7 @@ class BertConfig:
             "intermediate_size",
             "max_position_embeddings",
             "type_vocab_size",
+            "num_labels",
         ):
             if int(getattr(self, name)) <= 0:
                 raise BertforgeError(f"BertConfig.{name}={getattr(self, name)} must be positive")
@@ -84,6 +85,10 @@ class BertConfig:
             raise BertforgeError(
                 f"hidden_act={self.hidden_act!r} is not supported; choose one of {sorted(ACTIVATIONS)}"
             )
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise BertforgeError(f"BertConfig.{name}={value} must lie in [0, 1]; BERT uses 0.1")
         if self.problem_type not in (None, "regression", "single_label_classification"):
             raise BertforgeError(
                 f"problem_type={self.problem_type!r} is not supported; "
@@ -131,12 +136,29 @@ class BertConfig:
                 "only 'absolute' positions (as in BERT) are"
             )
         known = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in d.items() if k in known}
+        # null is "unset" in HF configs: the field keeps its default
+        kwargs = {k: v for k, v in d.items() if k in known and v is not None}
         if "id2label" not in d and "num_labels" not in d and "label2id" in d:
-            kwargs["id2label"] = {int(v): k for k, v in d["label2id"].items()}
+            labels = d["label2id"]
+            if not isinstance(labels, dict) or not all(isinstance(v, int) for v in labels.values()):
+                raise BertforgeError(f"{source}: label2id must map class names to ids; fix it")
+            kwargs["id2label"] = {v: k for k, v in labels.items()}
         # HF writes id2label {0: LABEL_0, 1: LABEL_1} even for models without a head; keep it.
+        for f in fields(cls):  # a hand-edited config.json: name the field, not a deep TypeError
+            if f.name in kwargs and not _json_value_fits(kwargs[f.name], str(f.type)):
+                raise BertforgeError(
+                    f"{source}: {f.name}={kwargs[f.name]!r} is not of type {f.type}; fix config.json"
+                )
+        labels = kwargs.get("id2label")
+        if labels is not None and not all(str(k).lstrip("-").isdigit() for k in labels):
+            raise BertforgeError(
+                f"{source}: id2label keys must be class ids (0, 1, ...), got {sorted(labels)}; "
+                "fix config.json"
+            )
         try:
             return cls(**kwargs)
+        except BertforgeError as err:  # name the file
+            raise BertforgeError(f"{source}: {err}") from None
         except TypeError as err:  # wrong value types in a hand-written config
             raise BertforgeError(f"{source}: {err}") from err
 
@@ -184,6 +206,19 @@ class BertConfig:
 
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+_JSON_TYPES = dict(int=(int,), float=(int, float), str=(str,), dict=(dict,), list=(list,))
+
+
+def _json_value_fits(value: Any, annotation: str) -> bool:
+    """Whether a JSON ``value`` has the type a BertConfig field is annotated with (a string
+    such as ``"float | None"`` or ``"dict[int, str] | None"``); JSON true/false is no number."""
+    options = [part.strip().split("[")[0] for part in annotation.split("|")]
+    if value is None:
+        return "None" in options
+    if isinstance(value, bool):
+        return "bool" in options
+    return any(isinstance(value, _JSON_TYPES.get(option, ())) for option in options)
+
 
 # name -> (layers, hidden): the 24 compact models of Turc et al. (2019) at their named points,
 # plus BERT-base and BERT-large.
@@ -203,9 +238,11 @@ __all__ = ["BertConfig", "CONFIG_NAME", "PRESETS"]
 
 
 def check_training_options(cfg: Any, option: Callable[[str], str]) -> None:
-    """The checks ``TrainConfig`` and ``FinetuneConfig`` share, on ``cfg``'s ``warmup_ratio``,
-    ``schedule``, ``precision`` and ``dropout``; ``option(field)`` names the command-line option
-    in the message (``--train.warmup_ratio``, ``--warmup-ratio``)."""
+    """The checks ``TrainConfig`` and ``FinetuneConfig`` share, on ``cfg``'s ``lr``,
+    ``warmup_ratio``, ``schedule``, ``precision``, ``dropout`` and counts; ``option(field)`` names
+    the command-line option in the message (``--train.warmup_ratio``, ``--warmup-ratio``)."""
+    if not cfg.lr > 0:
+        raise BertforgeError(f"{option('lr')} {cfg.lr} must be positive, e.g. 1e-4")
     if not 0.0 <= cfg.warmup_ratio < 1.0:
         raise BertforgeError(f"{option('warmup_ratio')} {cfg.warmup_ratio} must lie in [0, 1)")
     if cfg.schedule not in ("linear", "cosine", "constant"):
@@ -216,6 +253,16 @@ def check_training_options(cfg: Any, option: Callable[[str], str]) -> None:
         raise BertforgeError(f"{option('precision')} {cfg.precision!r}: choose auto, bf16 or fp32")
     if cfg.dropout is not None and not 0.0 <= cfg.dropout < 1.0:
         raise BertforgeError(f"{option('dropout')} {cfg.dropout} must lie in [0, 1)")
+    check_at_least(cfg, option, log_every=1, max_nonfinite=1, num_threads=1, max_grad_norm=0)
+
+
+def check_at_least(cfg: Any, option: Callable[[str], str], **minimums: float) -> None:
+    """Raise naming the option when a numeric field of ``cfg`` is below its minimum (None, an
+    unset optional value, passes)."""
+    for name, low in minimums.items():
+        value = getattr(cfg, name)
+        if value is not None and value < low:
+            raise BertforgeError(f"{option(name)} {value} must be at least {low}")
 
 
 @dataclass
@@ -289,6 +336,7 @@ class MaskingConfig:
                 f"masking.replace_probs={self.replace_probs} must be three shares summing to 1, "
                 "e.g. [0.8, 0.1, 0.1]"
             )
+        check_at_least(self, lambda name: f"--masking.{name}", max_predictions=1, bucket_window=0)
 
 
 @dataclass(kw_only=True)
@@ -370,7 +418,14 @@ class TrainConfig(LoopOptions):
             self.micro_batch_size is not None and self.micro_batch_size <= 0
         ):
             raise BertforgeError("train.batch_size and train.micro_batch_size must be positive")
-        check_training_options(self, lambda name: f"--train.{name}")
+        option = lambda name: f"--train.{name}"  # noqa: E731
+        check_training_options(self, option)
+        check_at_least(self, option, eval_every=0, save_every=0, keep_checkpoints=0, eps=0)
+        check_at_least(self, option, eval_examples=1, eval_batch_size=1)
+        if not all(0.0 <= b < 1.0 for b in self.betas) or len(self.betas) != 2:
+            raise BertforgeError(
+                f"--train.betas {list(self.betas)}: two values in [0, 1), e.g. [0.9, 0.999]"
+            )
 
 
 @dataclass
@@ -400,5 +455,6 @@ __all__ += [
     "ModelSection",
     "PretrainConfig",
     "TrainConfig",
+    "check_at_least",
     "check_training_options",
 ]

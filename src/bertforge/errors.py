@@ -1,5 +1,10 @@
 """The one exception type users see: a problem with their input, stated with the fix."""
 
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
+
 
 class BertforgeError(ValueError):
     """A user-facing error. The CLI prints its message on one line and exits with status 2.
@@ -7,3 +12,11 @@ class BertforgeError(ValueError):
     Messages name the file, field or option at fault and say what to do, e.g.
     ``"data/meta.json: tokenizer hash 1a2b.. differs from tokenizer 3c4d..; re-run bertforge prepare"``.
     """
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose usage errors (unknown option, missing or malformed value)
+    are :class:`BertforgeError`: one line naming the option, instead of the usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        raise BertforgeError(f"{self.prog}: {message}; see {self.prog} --help")

@@ -303,6 +303,12 @@ def mlm_text_batches(
     from bertforge.data.instances import Packer, split_long
     from bertforge.data.loader import VALIDATION_EPOCH, PretrainingCollator
 
+    if max_seq_length < 8:  # the shortest sequences bertforge prepare makes
+        raise BertforgeError(
+            f"--max-length {max_seq_length}: use at least 8 for an MLM (default 128)"
+        )
+    if max_sequences is not None and max_sequences < 1:
+        raise BertforgeError(f"--max-sequences {max_sequences} must be at least 1")
     packer = Packer(max_seq_length, tokenizer.sep_id)
     instances = []
     for doc in read_documents(path, text_column=text_column):

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from bertforge import training
-from bertforge.checkpoint import atomic_write_text
+from bertforge.checkpoint import atomic_write_text, check_tokenizer_fits
 from bertforge.data.tasks import batch_order, collate, load_task_data
 from bertforge.errors import BertforgeError
 from bertforge.evaluate import (
@@ -157,6 +157,7 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
             id2label=id2label,
             problem_type="single_label_classification",
         )
+    check_tokenizer_fits(tokenizer, model.config, cfg.model)
     if model.config.max_position_embeddings < cfg.max_length:
         raise BertforgeError(
             f"--max-length {cfg.max_length} exceeds the model's "
@@ -183,7 +184,7 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
         "finished": False,
     }
     if resume_dir is not None:
-        state, _ = load_train_state(resume_dir, optimizer=optimizer)
+        state, _ = load_train_state(resume_dir, optimizer=optimizer, keys=state)
         training.check_same_run(resume_dir, state["run"], identity, option=_option)
         say(f"resuming from {resume_dir} at step {state['step']}")
     logger = MetricsLogger(out, resume_step=state["step"] if resume_dir is not None else None)

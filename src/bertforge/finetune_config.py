@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bertforge.config import LoopOptions, check_training_options
+from bertforge.config import LoopOptions, check_at_least, check_training_options
 from bertforge.data.tasks import TRUNCATIONS
 from bertforge.errors import BertforgeError
 
@@ -84,7 +84,9 @@ class FinetuneConfig(LoopOptions):
             raise BertforgeError(f"--truncation {self.truncation!r}: choose head or head_tail")
         if self.batch_size <= 0 or self.eval_batch_size <= 0 or self.epochs <= 0:
             raise BertforgeError("--batch-size, --eval-batch-size and --epochs must be positive")
-        check_training_options(self, lambda name: "--" + name.replace("_", "-"))
+        option = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+        check_training_options(self, option)
+        check_at_least(self, option, max_steps=1, eval_every=0, patience=0, keep_checkpoints=0)
         default = "spearman" if self.task == "regression" else "accuracy"
         self.metric = self.metric or default
         allowed = (

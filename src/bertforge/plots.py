@@ -79,13 +79,7 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
-    tmp.replace(output)  # atomic: a reader never sees a half-written PNG
-    return output
+    return _save(fig, output)
 
 
 # ---- fine-tuned task plots (added by the fine-tuning issue) -------------------------------------
@@ -94,13 +88,14 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
 def _save(fig, output: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
-    tmp.replace(output)
-    return output
+    from bertforge.checkpoint import atomic_file
+
+    try:
+        with atomic_file(output) as tmp:  # a reader never sees a half-written PNG
+            fig.savefig(tmp, format="png", dpi=110)
+    finally:
+        plt.close(fig)
+    return Path(output)
 
 
 def plot_confusion_matrix(

@@ -98,7 +98,9 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
         "run": identity,
     }
     if resume_dir is not None:
-        state, blob = load_train_state(resume_dir, optimizer=optimizer, restore_rng=False)
+        state, blob = load_train_state(
+            resume_dir, optimizer=optimizer, restore_rng=False, keys=state
+        )
         training.check_same_run(resume_dir, state["run"], identity)
         per_rank_rng = blob.get("rng_per_rank") or [blob["rng"]]
         set_rng_state(per_rank_rng[info.rank] if info.rank < len(per_rank_rng) else blob["rng"])

@@ -73,7 +73,9 @@ class MetricsLogger:
         self._tb = None
         if not enabled:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        from bertforge.checkpoint import make_directory
+
+        make_directory(self.path.parent)
         if resume_step is None:
             self.path.write_text("")
         elif self.path.exists():

@@ -15,6 +15,7 @@ import shutil
 import signal
 import sys
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -248,10 +249,13 @@ def load_train_state(
     *,
     optimizer: torch.optim.Optimizer | None = None,
     restore_rng: bool = True,
+    keys: Iterable[str] = (),
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Read what :func:`save_train_state` wrote; load the optimizer and RNG states in place.
 
     Returns ``(state, blob)``: the JSON counters and the raw torch payload (for extra tensors).
+    A state without one of ``keys``, or files that do not load, is a damaged checkpoint: the
+    error says to delete it (the run then resumes from the checkpoint before).
     """
     directory = Path(directory)
     json_path, torch_path = directory / TRAIN_STATE_JSON, directory / TRAIN_STATE_TORCH
@@ -260,12 +264,27 @@ def load_train_state(
             f"{directory}: not a training checkpoint ({TRAIN_STATE_JSON} or {TRAIN_STATE_TORCH} "
             "missing); point --resume at a checkpoint-* directory or an output directory"
         )
-    state = json.loads(json_path.read_text(encoding="utf-8"))
-    blob = torch.load(torch_path, map_location="cpu", weights_only=True)
+    damaged = (
+        f"{directory}: damaged checkpoint (%s); delete this directory to resume from the one "
+        "before it, or start a new --output"
+    )
+    try:
+        state = json.loads(json_path.read_text(encoding="utf-8"))
+        blob = torch.load(torch_path, map_location="cpu", weights_only=True)
+    except (ValueError, RuntimeError, EOFError, OSError) as err:  # JSON, zip and pickle errors
+        raise BertforgeError(damaged % str(err).split(". ")[0].strip()) from None
+    if not isinstance(state, dict) or not isinstance(blob, dict) or "rng" not in blob:
+        raise BertforgeError(damaged % "unexpected contents")
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise BertforgeError(damaged % f"{TRAIN_STATE_JSON} lacks {', '.join(missing)}")
     if optimizer is not None:
         if "optimizer" not in blob:
             raise BertforgeError(f"{torch_path}: no optimizer state saved; cannot resume from it")
-        optimizer.load_state_dict(blob["optimizer"])
+        try:
+            optimizer.load_state_dict(blob["optimizer"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise BertforgeError(damaged % f"optimizer state: {err}") from None
     if restore_rng:
         set_rng_state(blob["rng"])
     return state, blob

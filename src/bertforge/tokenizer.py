@@ -159,6 +159,10 @@ class Tokenizer:
                 f"vocab_size={vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} special "
                 "tokens; use e.g. --vocab-size 8000 (BERT uses 30522)"
             )
+        if model_max_length is not None and model_max_length < 2:
+            raise BertforgeError(
+                f"model_max_length={model_max_length} cannot hold [CLS] and [SEP]; use e.g. 512"
+            )
         if min_frequency < 1 or limit_alphabet < 1:
             raise BertforgeError(
                 f"min_frequency={min_frequency} and limit_alphabet={limit_alphabet} must be >= 1"
@@ -192,6 +196,12 @@ class Tokenizer:
         if n_chars == 0:
             raise BertforgeError(
                 f"{source}: the corpus is empty (no non-whitespace text to train on)"
+            )
+        if backend.get_vocab_size() > vocab_size:  # the trainer never drops a character
+            raise BertforgeError(
+                f"{source}: --vocab-size {vocab_size} cannot hold the special tokens and the "
+                f"{backend.get_vocab_size() - len(SPECIAL_TOKENS)} characters (with ## forms) of "
+                f"the corpus; use at least {backend.get_vocab_size()} or a lower --limit-alphabet"
             )
         return cls(backend, model_max_length, source)
 

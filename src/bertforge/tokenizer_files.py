@@ -65,9 +65,12 @@ def read_tokenizer_config(directory: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise BertforgeError(f"{path}: not valid JSON ({err}); fix or delete the file") from err
+    if not isinstance(config, dict):
+        raise BertforgeError(f"{path}: expected a JSON object of settings; fix or delete the file")
+    return config
 
 
 def iter_text_lines(files: Sequence[Path]) -> Iterator[str]:
@@ -96,10 +99,9 @@ def write_tokenizer_files(
 ) -> list[Path]:
     """Write ``vocab.txt`` (``tokens`` in id order), ``tokenizer.json`` and
     ``tokenizer_config.json`` into ``directory``, each atomically; returns the paths."""
-    from bertforge.checkpoint import atomic_write_text
+    from bertforge.checkpoint import atomic_write_text, make_directory
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = make_directory(directory)
     config: dict[str, Any] = {
         "tokenizer_class": "BertTokenizer",
         "do_lower_case": lowercase if lowercase is not None else True,

@@ -14,9 +14,20 @@ from torch import nn
 from bertforge.finetune_config import FINETUNE_CONFIG
 
 
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an integer >= 1 (a batch size, a count)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
 def add_runtime_options(parser: argparse.ArgumentParser, batch_size: int = 32) -> None:
     """``--batch-size``, ``--device`` and ``--precision``."""
-    parser.add_argument("--batch-size", type=int, default=batch_size, metavar="N")
+    parser.add_argument("--batch-size", type=positive_int, default=batch_size, metavar="N")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, mps (default auto)")
     parser.add_argument(
         "--precision",
@@ -47,8 +58,18 @@ def add_task_options(
 
 def finetune_defaults(model_dir: str | Path) -> dict[str, Any]:
     """The resolved ``bertforge finetune`` config saved with a fine-tuned model ({} if none)."""
+    from bertforge.errors import BertforgeError
+
     path = Path(model_dir) / FINETUNE_CONFIG
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BertforgeError(f"{path}: not valid JSON ({err}); restore it or delete it") from None
+    if not isinstance(config, dict):
+        raise BertforgeError(f"{path}: expected a JSON object of finetune options; restore it")
+    return config
 
 
 def load_model(
@@ -58,6 +79,7 @@ def load_model(
     options every inference function takes (``batch_size``, ``precision`` as ``args.precision``
     resolves on that device). ``require = (prefix, message)`` names a head the command needs: a
     checkpoint without weights of that prefix (e.g. ``classifier.``) is an error saying message."""
+    from bertforge.checkpoint import check_tokenizer_fits
     from bertforge.errors import BertforgeError
     from bertforge.runtime import pick_device, pick_precision
     from bertforge.tokenizer import Tokenizer
@@ -68,7 +90,9 @@ def load_model(
     if require is not None and any(k.startswith(require[0]) for k in missing):
         raise BertforgeError(f"{args.model}: {require[1]}")
     options = {"batch_size": args.batch_size, "precision": pick_precision(args.precision, device)}
-    return model, Tokenizer.from_file(args.model), options
+    tokenizer = Tokenizer.from_file(args.model)
+    check_tokenizer_fits(tokenizer, model.config, args.model)
+    return model, tokenizer, options
 
 
 __all__ = [
@@ -77,4 +101,5 @@ __all__ = [
     "add_task_options",
     "finetune_defaults",
     "load_model",
+    "positive_int",
 ]

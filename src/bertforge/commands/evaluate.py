@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.commands.common import add_runtime_options, add_task_options, finetune_defaults
-from bertforge.errors import BertforgeError
+from bertforge.errors import ArgumentParser, BertforgeError
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="bertforge evaluate",
         description="Evaluate a model. A masked-language model (pretrained): MLM loss, perplexity "
         "and masked-token accuracy on a text file, next to a random-initialised network "
@@ -161,6 +161,7 @@ def _evaluate_mlm_model(
 
 def main(argv: list[str]) -> int:
     """``bertforge evaluate --model DIR --data FILE [...]``."""
+    from bertforge.checkpoint import check_tokenizer_fits
     from bertforge.config import BertConfig
     from bertforge.runtime import pick_device, pick_precision
     from bertforge.tokenizer import Tokenizer
@@ -170,6 +171,7 @@ def main(argv: list[str]) -> int:
     device = pick_device(args.device)
     precision = pick_precision(args.precision, device)
     tokenizer = Tokenizer.from_file(args.model)
+    check_tokenizer_fits(tokenizer, config, args.model)
     if "BertForSequenceClassification" in (config.architectures or []):
         result = _evaluate_task_model(args, config, tokenizer, device, precision)
     else:

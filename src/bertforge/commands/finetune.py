@@ -7,6 +7,7 @@ import argparse
 from dataclasses import MISSING, fields
 
 from bertforge.config import LoopOptions
+from bertforge.errors import ArgumentParser
 from bertforge.finetune import finetune
 from bertforge.finetune_config import FinetuneConfig
 
@@ -20,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         for cls in (LoopOptions, FinetuneConfig)
         for p in docstring_parser.parse_from_object(cls).params
     }
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="bertforge finetune",
         description="Fine-tune a BERT model for text classification or regression.",
     )

@@ -19,7 +19,7 @@ from bertforge.commands.common import (
     load_model,
 )
 from bertforge.data.tables import read_texts
-from bertforge.errors import BertforgeError
+from bertforge.errors import ArgumentParser, BertforgeError
 from bertforge.predict import classify, embed, fill_mask
 
 MLM_HEAD = (
@@ -66,7 +66,7 @@ def _inputs(
 
 def fill_mask_main(argv: list[str]) -> int:
     """``bertforge fill-mask --model DIR "the man went to the [MASK] ." --top-k 5``."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="bertforge fill-mask", description="Predict every [MASK] of each text."
     )
     parser.add_argument("texts", nargs="*", metavar="TEXT", help="texts with [MASK] tokens")
@@ -90,7 +90,7 @@ def fill_mask_main(argv: list[str]) -> int:
 
 def classify_main(argv: list[str]) -> int:
     """``bertforge classify --model DIR TEXT...`` or ``--input FILE [--text-column C]``."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="bertforge classify", description="Classify texts; one JSON object per text, in order."
     )
     parser.add_argument("texts", nargs="*", metavar="TEXT")
@@ -119,7 +119,7 @@ def classify_main(argv: list[str]) -> int:
 
 def embed_main(argv: list[str]) -> int:
     """``bertforge embed --model DIR --input FILE --output FILE.npy --pooling cls|mean``."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="bertforge embed", description="Embed texts into an (N, hidden) float32 .npy matrix."
     )
     parser.add_argument(

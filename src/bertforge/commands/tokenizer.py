@@ -6,13 +6,12 @@ import argparse
 import time
 from pathlib import Path
 
+from bertforge.errors import ArgumentParser
 from bertforge.tokenizer import Tokenizer, TrainOptions
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="bertforge tokenizer", description="WordPiece tokenizers."
-    )
+    parser = ArgumentParser(prog="bertforge tokenizer", description="WordPiece tokenizers.")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train a WordPiece vocabulary on text files")
     train.add_argument(

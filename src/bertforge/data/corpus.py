@@ -165,8 +165,11 @@ def detect_format(path: Path) -> str:
             return fmt
     if name.endswith(".tokens"):
         return "wikitext"
-    with _open_binary(path) as fh:
-        head = fh.read(65536)
+    try:
+        with _open_binary(path) as fh:
+            head = fh.read(65536)
+    except (OSError, EOFError) as err:  # a truncated or corrupt gzip
+        raise BertforgeError(f"{path}: cannot read the file ({err}); check it") from None
     # split on "\n" only, as the reader does (str.splitlines also splits on \x85, \u2028, ...)
     lines = head.decode("utf-8", errors="replace").split("\n")
     if len(lines) > 1:
@@ -238,9 +241,9 @@ def _table_documents(
     except csv.Error as err:
         raise BertforgeError(f"{path}: cannot parse the header as {fmt.upper()} ({err})") from None
     if text_column is None or text_column not in header:
+        what = f"no column {text_column!r}" if text_column else "a table needs --text-column"
         raise BertforgeError(
-            f"{path}: no column {text_column!r}; the columns are {header}; "
-            "pass --text-column with one of them"
+            f"{path}: {what}; the columns are {header}; pass --text-column with one of them"
         )
     column = header.index(text_column)
     try:

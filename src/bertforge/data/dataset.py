@@ -101,14 +101,68 @@ def read_meta(data_dir: str | Path) -> dict[str, Any]:
         )
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise BertforgeError(f"{path}: not valid JSON ({err}); re-run bertforge prepare") from None
+    if not isinstance(meta, dict):
+        raise BertforgeError(f"{path}: not a meta.json object; re-run bertforge prepare")
     if meta.get("format_version") != FORMAT_VERSION:
         raise BertforgeError(
             f"{path}: data format version {meta.get('format_version')}, this bertforge reads "
             f"version {FORMAT_VERSION}; re-run bertforge prepare with this version"
         )
+    _check_meta(meta, path)
     return meta
+
+
+def _check_meta(meta: dict[str, Any], path: Path) -> None:
+    """The fields the reader relies on, with their types (a hand-edited or damaged file fails
+    here, by name, instead of deep in training)."""
+    expected = {"mode": str, "max_seq_length": int, "vocab_size": int, "dtype": str}
+    expected |= {"tokenizer_fingerprint": str, "splits": dict}
+    for key, kind in expected.items():
+        if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
+            raise BertforgeError(
+                f"{path}: field {key!r} is missing or not of type {kind.__name__}; the file is "
+                "damaged, re-run bertforge prepare"
+            )
+    if meta["dtype"] not in ("uint16", "uint32"):
+        raise BertforgeError(
+            f"{path}: dtype {meta['dtype']!r} is not uint16 or uint32; re-run bertforge prepare"
+        )
+    for split in SPLITS:
+        info = meta["splits"].get(split)
+        shards = info.get("shards") if isinstance(info, dict) else None
+        ok = isinstance(shards, list) and isinstance(info.get("instances"), int)
+        for shard in shards if ok else []:
+            ok = ok and isinstance(shard, dict) and isinstance(shard.get("name"), str)
+            ok = ok and Path(shard["name"]).name == shard["name"]  # a file here, not elsewhere
+            ok = ok and all(isinstance(shard.get(k), int) for k in ("instances", "tokens"))
+        if not ok:
+            raise BertforgeError(
+                f"{path}: splits.{split} is missing or malformed (needs instances and a list of "
+                "shards with name, instances, tokens); re-run bertforge prepare"
+            )
+
+
+def _check_shard(base: Path, idx: np.ndarray, ids: np.ndarray, meta: dict[str, Any]) -> None:
+    """Every index row must describe a sequence inside the shard and every id lie in the
+    vocabulary: a damaged shard of the right size fails here, not as an index error mid-run."""
+    offset, length, b_start, label = idx.T
+    bad = (length < 2) | (length > meta["max_seq_length"]) | (offset < 0)
+    bad |= (offset > len(ids) - length) | (b_start < 1) | (b_start > length)
+    bad |= (label < -1) | (label > 1)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise BertforgeError(
+            f"{base}.idx: row {row} ({idx[row].tolist()}) does not describe a sequence of the "
+            "shard; the file is damaged, re-run bertforge prepare"
+        )
+    top = int(ids.max())
+    if top >= meta["vocab_size"]:
+        raise BertforgeError(
+            f"{base}.ids: token id {top} is outside the vocabulary of {meta['vocab_size']}; the "
+            "file is damaged, re-run bertforge prepare"
+        )
 
 
 class PretrainingDataset:
@@ -136,16 +190,19 @@ class PretrainingDataset:
         self._ids, self._idx = [], []
         for shard in self.meta["splits"][split]["shards"]:
             base = self.data_dir / shard["name"]
-            for suffix in (".ids", ".idx"):
+            sizes = {".ids": shard["tokens"] * dtype.itemsize}
+            sizes[".idx"] = shard["instances"] * _IDX_COLUMNS * 8
+            for suffix, size in sizes.items():
                 if not base.with_suffix(suffix).is_file():
                     raise BertforgeError(f"{base}{suffix}: missing; re-run bertforge prepare")
+                if base.with_suffix(suffix).stat().st_size != size or not size:
+                    raise BertforgeError(
+                        f"{base}: size differs from meta.json; re-run bertforge prepare"
+                    )
             self._ids.append(np.memmap(base.with_suffix(".ids"), dtype=dtype, mode="r"))
             idx = np.memmap(base.with_suffix(".idx"), dtype=np.int64, mode="r")
             self._idx.append(idx.reshape(-1, _IDX_COLUMNS))
-            if len(self._idx[-1]) != shard["instances"] or len(self._ids[-1]) != shard["tokens"]:
-                raise BertforgeError(
-                    f"{base}: size differs from meta.json; re-run bertforge prepare"
-                )
+            _check_shard(base, self._idx[-1], self._ids[-1], self.meta)
         self._ends = np.cumsum([len(i) for i in self._idx])
         self._lengths: np.ndarray | None = None
 

@@ -39,7 +39,7 @@ from bertforge.data.dataset import (
     read_meta,
 )
 from bertforge.data.instances import InstanceBuilder
-from bertforge.errors import BertforgeError
+from bertforge.errors import ArgumentParser, BertforgeError
 
 __all__ = [
     "FORMAT_VERSION",
@@ -168,6 +168,8 @@ def prepare(
         raise BertforgeError(
             f"{output}: already exists; choose another --output or pass --overwrite"
         )
+    if output.exists() and not output.is_dir():
+        raise BertforgeError(f"{output}: is a file, not a data directory; choose another --output")
     if output.exists() and any(output.iterdir()) and not (output / META_FILE).is_file():
         raise BertforgeError(
             f"{output}: exists and is not a prepared data set; refusing to replace it"
@@ -205,18 +207,20 @@ def prepare(
         n_docs = n_sentences = 0
         bar = tqdm(desc="prepare", unit=" docs", disable=not progress, mininterval=1.0)
         tagged = _tagged_documents(inputs, validation_inputs, fraction, read, excluded, stats)
-        for split, doc in tagged:
-            n_docs += 1
-            n_sentences += len(doc)
-            builders[split].add(doc)
-            bar.update(1)
-            if n_docs % 200 == 0:
-                rate = stats["text_tokens"] / max(time.perf_counter() - start, 1e-9)
-                bar.set_postfix_str(f"{stats['text_tokens']:,} tokens, {rate:,.0f} tokens/s")
+        try:
+            for split, doc in tagged:
+                n_docs += 1
+                n_sentences += len(doc)
+                builders[split].add(doc)
+                bar.update(1)
+                if n_docs % 200 == 0:
+                    rate = stats["text_tokens"] / max(time.perf_counter() - start, 1e-9)
+                    bar.set_postfix_str(f"{stats['text_tokens']:,} tokens, {rate:,.0f} tokens/s")
+        finally:
+            bar.close()  # ends the bar's line, so an error message starts on its own
         for split in SPLITS:
             builders[split].finish()
             writers[split].close()
-        bar.close()
         seconds = time.perf_counter() - start
         if n_docs == 0:
             raise BertforgeError(
@@ -284,7 +288,7 @@ def prepare(
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="bertforge prepare",
         description="Turn text into token shards for pretraining: NSP pairs or packed sequences.",
     )

@@ -130,8 +130,13 @@ def read_texts(
         if not path.is_file():
             raise BertforgeError(f"{path}: no such file")
         opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            texts = [clean_text(line.rstrip("\n")) for line in f if line.strip()]
+        try:
+            with opener(path, "rt", encoding="utf-8") as f:
+                texts = [clean_text(line.rstrip("\n")) for line in f if line.strip()]
+        except (UnicodeDecodeError, EOFError, gzip.BadGzipFile) as err:
+            raise BertforgeError(
+                f"{path}: cannot read it as UTF-8 text ({err}); fix the file"
+            ) from None
         if not texts:
             raise BertforgeError(f"{path}: the file is empty (no non-blank line)")
         return texts, None

@@ -1,0 +1,501 @@
+"""Bad and hostile input through every command: exit status 2, one ``error: ...`` line naming the
+file, field or option and the fix, no traceback, and nothing half-written left behind.
+
+Each case builds its input in ``tmp_path`` (damaged copies of real, freshly made artefacts: a
+tokenizer, prepared shards, model directories, a pretraining checkpoint), runs ``bertforge``
+in-process and checks the message and that ``tmp_path`` holds no new file. Errors that other
+test files already cover (missing files, empty corpora, bad UTF-8 in a corpus, unknown labels,
+pickled weights, ...) are not repeated here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from task_fixtures import tiny_start_model, write_sentiment
+
+from bertforge import cli
+from bertforge.data.shards import prepare
+from bertforge.model import BertForSequenceClassification
+from bertforge.runtime import latest_checkpoint
+from bertforge.tokenizer import Tokenizer
+
+TINY_PRETRAIN = [
+    *("--model.preset", "tiny", "--model.hidden_size", "32", "--model.num_attention_heads", "4"),
+    *("--model.num_hidden_layers", "1", "--model.intermediate_size", "64"),
+    *("--model.max_position_embeddings", "64", "--train.objective", "mlm"),
+    *("--train.max_steps", "2", "--train.batch_size", "8", "--train.progress", "false"),
+    *("--train.precision", "fp32", "--train.device", "cpu", "--train.eval_examples", "8"),
+    *("--train.num_threads", "1", "--train.eval_every", "0", "--train.save_every", "0"),
+]
+FAST_FINETUNE = ["--max-steps", "1", "--batch-size", "8", "--max-length", "32", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory) -> dict[str, Path]:
+    """Real artefacts to damage: a tiny MLM model with its tokenizer, a classifier, labelled
+    data, packed pretraining shards and a pretraining run with one checkpoint."""
+    root = tmp_path_factory.mktemp("bad_input")
+    mlm = tiny_start_model(root, kind="mlm")
+    torch.manual_seed(0)
+    clf = root / "classifier"
+    BertForSequenceClassification.from_pretrained(
+        mlm, num_labels=2, id2label={0: "neg", 1: "pos"}
+    ).save_pretrained(clf, tokenizer=Tokenizer.from_file(mlm))
+    write_sentiment(root / "train.csv", 32, seed=0)
+    data = root / "data"
+    prepare(
+        [str(root / "corpus.txt")],
+        Tokenizer.from_file(mlm),
+        data,
+        max_seq_length=32,
+        mode="packed",
+        validation_fraction=0.1,
+        progress=False,
+    )
+    run = root / "run"
+    threads = torch.get_num_threads()  # the run sets one thread; give the session its setting back
+    assert cli.main(["pretrain", "--data", str(data), "--output", str(run), *TINY_PRETRAIN]) == 0
+    torch.set_num_threads(threads)
+    assert latest_checkpoint(run) is not None
+    return {"mlm": mlm, "clf": clf, "train": root / "train.csv", "data": data, "run": run}
+
+
+def _files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def _copy(src: Path, dst: Path, edit: Callable[[Path], object]) -> Path:
+    shutil.copytree(src, dst)
+    edit(dst)
+    return dst
+
+
+def _edit_json(name: str, change: Callable[[dict], object]) -> Callable[[Path], None]:
+    def edit(directory: Path) -> None:
+        d = json.loads((directory / name).read_text())
+        change(d)
+        (directory / name).write_text(json.dumps(d))
+
+    return edit
+
+
+def _cut(name: str) -> Callable[[Path], None]:
+    """Truncate a file to half its size (a copy killed half-way)."""
+
+    def edit(directory: Path) -> None:
+        data = (directory / name).read_bytes()
+        (directory / name).write_bytes(data[: len(data) // 2])
+
+    return edit
+
+
+def _write(path: Path, data: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        path.write_text(data, encoding="utf-8")
+    return path
+
+
+def _blocked(path: Path, argv: list) -> list:
+    """``argv`` with a plain file put where the command wants to write a directory."""
+    _write(path, "x")
+    return argv
+
+
+def _dir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def _overwrite_idx(directory: Path) -> None:
+    path = directory / "train-00000.idx"
+    path.write_bytes(np.full(path.stat().st_size // 8, 7_000_000, dtype=np.int64).tobytes())
+
+
+def _overwrite_ids(directory: Path) -> None:
+    path = directory / "train-00000.ids"
+    path.write_bytes(b"\xff" * path.stat().st_size)
+
+
+# ---- cases: (id, argv builder (fixtures, tmp_path), expected parts of the message) ------------
+Argv = Callable[[dict[str, Path], Path], list]
+
+
+def _tok(t: Path, *extra) -> list:
+    corpus = _write(t / "c.txt", "the cat sat on the mat .\n" * 20)
+    return ["tokenizer", "train", "--input", corpus, "--output", t / "out", *extra]
+
+
+def _prep(fx: dict, t: Path, *extra, tokenizer: Path | None = None, corpus=None) -> list:
+    text = "One sentence here. And a second one.\n\nOther doc. Two.\n"
+    corpus = corpus or _write(t / "c.txt", text)
+    tok = tokenizer or fx["mlm"]
+    return [
+        "prepare",
+        "--input",
+        corpus,
+        "--tokenizer",
+        tok,
+        "--output",
+        t / "out",
+        "--no-progress",
+    ] + [*extra]
+
+
+def _pt(data: Path, t: Path, *extra) -> list:
+    return ["pretrain", "--data", data, "--output", t / "out", *TINY_PRETRAIN, *extra]
+
+
+def _bad_data(t: Path, fx: dict, edit: Callable[[Path], object]) -> Path:
+    return _copy(fx["data"], t / "data", edit)
+
+
+def _fm(model: Path, *extra) -> list:
+    return ["fill-mask", "--model", model, "a [MASK] film .", *extra]
+
+
+def _bad_model(t: Path, fx: dict, edit: Callable[[Path], object], kind: str = "mlm") -> Path:
+    return _copy(fx[kind], t / "model", edit)
+
+
+def _ft(fx: dict, t: Path, *extra, model: Path | None = None) -> list:
+    model = model or fx["mlm"]
+    return ["finetune", "--model", model, "--train", fx["train"], "--output", t / "out"] + [
+        *FAST_FINETUNE,
+        *extra,
+    ]
+
+
+def _bigger_tokenizer(directory: Path) -> None:
+    big = Tokenizer.train_from_iterator([f"w{i} x{i} y{i}" for i in range(400)], 300)
+    big.save(directory)
+
+
+def _resume_damaged(edit: Callable[[Path], object]) -> Argv:
+    """Continue the fixture's pretraining run after damaging its checkpoint."""
+
+    def argv(fx: dict, t: Path) -> list:
+        run = shutil.copytree(fx["run"], t / "out")
+        edit(latest_checkpoint(run))
+        return [*_pt(fx["data"], t), "--train.max_steps", "4"]
+
+    return argv
+
+
+CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
+    # tokenizer train
+    (
+        "tokenizer-output-is-a-file",
+        lambda fx, t: _blocked(t / "out", _tok(t, "--vocab-size", "60")),
+        ("out: a file is in the way", "choose another output path"),
+    ),
+    (
+        "tokenizer-vocab-below-the-alphabet",
+        lambda fx, t: _tok(t, "--vocab-size", "8"),
+        ("--vocab-size 8 cannot hold the special tokens", "use at least"),
+    ),
+    (
+        "tokenizer-model-max-length-negative",
+        lambda fx, t: _tok(t, "--vocab-size", "60", "--model-max-length", "-5"),
+        ("model_max_length=-5", "use e.g. 512"),
+    ),
+    (
+        "tokenizer-non-integer-option",
+        lambda fx, t: _tok(t, "--vocab-size", "lots"),
+        ("bertforge tokenizer train: argument --vocab-size: invalid int value: 'lots'", "--help"),
+    ),
+    # prepare
+    (
+        "prepare-missing-option",
+        lambda fx, t: ["prepare", "--input", "x.txt"],
+        ("bertforge prepare: the following arguments are required: --tokenizer, --output",),
+    ),
+    (
+        "prepare-output-is-a-file",
+        lambda fx, t: _blocked(t / "out", _prep(fx, t, "--overwrite")),
+        ("out: is a file, not a data directory", "another --output"),
+    ),
+    (
+        "prepare-corrupt-gzip",
+        lambda fx, t: _prep(fx, t, corpus=_write(t / "c.txt.gz", b"\x1f\x8b\x08junk")),
+        ("c.txt.gz: cannot read the file", "check it"),
+    ),
+    (
+        "prepare-table-without-text-column",
+        lambda fx, t: _prep(fx, t, corpus=_write(t / "t.csv", "a,b\n1,2\n")),
+        ("t.csv: a table needs --text-column; the columns are ['a', 'b']",),
+    ),
+    (
+        "prepare-tokenizer-config-not-an-object",
+        lambda fx, t: _prep(
+            fx, t, tokenizer=_bad_model(t, fx, lambda d: _write(d / "tokenizer_config.json", "[]"))
+        ),
+        ("tokenizer_config.json: expected a JSON object", "fix or delete the file"),
+    ),
+    # pretrain: damaged prepared data (found before the run directory is made)
+    (
+        "shards-index-truncated",
+        lambda fx, t: _pt(_bad_data(t, fx, _cut("train-00000.idx")), t),
+        ("train-00000: size differs from meta.json", "re-run bertforge prepare"),
+    ),
+    (
+        "shards-index-overwritten",
+        lambda fx, t: _pt(_bad_data(t, fx, _overwrite_idx), t),
+        ("train-00000.idx: row 0", "does not describe a sequence", "re-run bertforge prepare"),
+    ),
+    (
+        "shards-ids-outside-the-vocabulary",
+        lambda fx, t: _pt(_bad_data(t, fx, _overwrite_ids), t),
+        ("train-00000.ids: token id 65535 is outside the vocabulary", "re-run bertforge prepare"),
+    ),
+    (
+        "meta-not-an-object",
+        lambda fx, t: _pt(_bad_data(t, fx, lambda d: _write(d / "meta.json", "[]")), t),
+        ("meta.json: not a meta.json object", "re-run bertforge prepare"),
+    ),
+    (
+        "meta-missing-field",
+        lambda fx, t: _pt(_bad_data(t, fx, _edit_json("meta.json", lambda m: m.pop("splits"))), t),
+        ("meta.json: field 'splits' is missing", "re-run bertforge prepare"),
+    ),
+    (
+        "meta-wrong-type",
+        lambda fx, t: _pt(
+            _bad_data(t, fx, _edit_json("meta.json", lambda m: m.update(max_seq_length="x"))), t
+        ),
+        ("field 'max_seq_length' is missing or not of type int",),
+    ),
+    (
+        "meta-shard-outside-the-directory",
+        lambda fx, t: _pt(
+            _bad_data(
+                t,
+                fx,
+                _edit_json(
+                    "meta.json", lambda m: m["splits"]["train"]["shards"][0].update(name="../x")
+                ),
+            ),
+            t,
+        ),
+        ("splits.train is missing or malformed",),
+    ),
+    # pretrain: options and YAML
+    (
+        "yaml-unknown-key",
+        lambda fx, t: _pt(fx["data"], t, "--config", _write(t / "c.yaml", "train:\n  lrr: 1\n")),
+        ("Group 'train' does not accept option 'lrr'", "c.yaml", "bertforge pretrain --help"),
+    ),
+    (
+        "yaml-wrong-type",
+        lambda fx, t: _pt(
+            fx["data"], t, "--config", _write(t / "c.yaml", "train:\n  batch_size: lots\n")
+        ),
+        ('"train.batch_size"', "Got value: lots", "c.yaml"),
+    ),
+    (
+        "yaml-not-yaml",
+        lambda fx, t: _pt(fx["data"], t, "--config", _write(t / "c.yaml", "train: [\n : :\n")),
+        ("Problems parsing config", "c.yaml"),
+    ),
+    (
+        "yaml-binary",
+        lambda fx, t: _pt(fx["data"], t, "--config", _write(t / "c.yaml", bytes(range(256)))),
+        ("can't decode byte", "c.yaml"),
+    ),
+    (
+        "yaml-section-not-a-mapping",
+        lambda fx, t: _pt(fx["data"], t, "--config", _write(t / "c.yaml", "model: 5\n")),
+        ("a config section is not a mapping", "check the --config YAML"),
+    ),
+    (
+        "pretrain-unknown-option",
+        lambda fx, t: _pt(fx["data"], t, "--train.lrr", "1"),
+        ("unrecognized arguments: --train.lrr 1",),
+    ),
+    (
+        "pretrain-output-is-a-file",
+        lambda fx, t: _blocked(t / "out", _pt(fx["data"], t)),
+        ("out: a file is in the way",),
+    ),
+    *[
+        (
+            f"pretrain-{option}-{value}",
+            lambda fx, t, o=option, v=value: _pt(fx["data"], t, o, v),
+            (f"{option} {shown}",),
+        )
+        for option, value, shown in [
+            ("--train.log_every", "0", "0 must be at least 1"),
+            ("--train.eval_examples", "0", "0 must be at least 1"),
+            ("--train.eps", "-1", "-1.0 must be at least 0"),
+            ("--train.betas", "[2, 3]", "[2.0, 3.0]: two values in [0, 1)"),
+            ("--masking.max_predictions", "0", "0 must be at least 1"),
+            ("--masking.bucket_window", "-2", "-2 must be at least 0"),
+        ]
+    ],
+    # pretrain: resuming from a damaged checkpoint
+    (
+        "resume-state-json-not-json",
+        _resume_damaged(lambda c: _write(c / "train_state.json", "{x")),
+        ("damaged checkpoint", "delete this directory to resume from the one before it"),
+    ),
+    (
+        "resume-state-json-without-step",
+        _resume_damaged(_edit_json("train_state.json", lambda s: s.pop("step"))),
+        ("damaged checkpoint (train_state.json lacks step)",),
+    ),
+    (
+        "resume-state-pt-truncated",
+        _resume_damaged(_cut("train_state.pt")),
+        ("damaged checkpoint (PytorchStreamReader failed reading zip archive",),
+    ),
+    # model directories with a hand-edited or mismatched config.json / tokenizer
+    *[
+        (
+            f"config-{field}-{value!r}",
+            lambda fx, t, f=field, v=value: _fm(
+                _bad_model(t, fx, _edit_json("config.json", lambda c: c.update({f: v})))
+            ),
+            (message, "config.json"),
+        )
+        for field, value, message in [
+            ("hidden_size", "big", "hidden_size='big' is not of type int"),
+            ("num_hidden_layers", 1.5, "num_hidden_layers=1.5 is not of type int"),
+            ("layer_norm_eps", "x", "layer_norm_eps='x' is not of type float"),
+            ("id2label", ["a", "b"], "id2label=['a', 'b'] is not of type dict"),
+            ("id2label", {"x": "a"}, "id2label keys must be class ids"),
+        ]
+    ],
+    (
+        "config-no-labels",
+        lambda fx, t: [
+            "classify",
+            "--model",
+            _bad_model(
+                t, fx, _edit_json("config.json", lambda c: c.update(id2label={})), kind="clf"
+            ),
+            "good",
+        ],
+        ("config.json: BertConfig.num_labels=0 must be positive",),
+    ),
+    (
+        "config-dropout-out-of-range",
+        lambda fx, t: _fm(
+            _bad_model(t, fx, _edit_json("config.json", lambda c: c.update(hidden_dropout_prob=2)))
+        ),
+        ("hidden_dropout_prob=2 must lie in [0, 1]",),
+    ),
+    (
+        "fill-mask-tokenizer-bigger-than-the-model",
+        lambda fx, t: _fm(_bad_model(t, fx, _bigger_tokenizer)),
+        ("the tokenizer has 133 tokens but the model's vocab_size is 120", "own tokenizer files"),
+    ),
+    (
+        "finetune-tokenizer-bigger-than-the-model",
+        lambda fx, t: _ft(fx, t, model=_bad_model(t, fx, _bigger_tokenizer)),
+        ("the tokenizer has 133 tokens but the model's vocab_size is 120",),
+    ),
+    # inference commands
+    (
+        "fill-mask-batch-size-0",
+        lambda fx, t: _fm(fx["mlm"], "--batch-size", "0"),
+        ("argument --batch-size: '0' is not a positive integer", "bertforge fill-mask --help"),
+    ),
+    (
+        "fill-mask-output-is-a-directory",
+        lambda fx, t: _fm(fx["mlm"], "--output", _dir(t / "o")),
+        ("o: is a directory; give a file name",),
+    ),
+    (
+        "classify-binary-input",
+        lambda fx, t: (
+            ["classify", "--model", fx["clf"], "--input"] + [_write(t / "b.txt", bytes(range(256)))]
+        ),
+        ("b.txt: cannot read it as UTF-8 text",),
+    ),
+    (
+        "classify-finetune-config-not-json",
+        lambda fx, t: [
+            "classify",
+            "--model",
+            _bad_model(t, fx, lambda d: _write(d / "finetune_config.json", "{x"), kind="clf"),
+            "good",
+        ],
+        ("finetune_config.json: not valid JSON", "restore it or delete it"),
+    ),
+    (
+        "classify-finetune-config-not-an-object",
+        lambda fx, t: [
+            "classify",
+            "--model",
+            _bad_model(t, fx, lambda d: _write(d / "finetune_config.json", "[]"), kind="clf"),
+            "good",
+        ],
+        ("finetune_config.json: expected a JSON object",),
+    ),
+    (
+        "evaluate-mlm-max-length-2",
+        lambda fx, t: (
+            ["evaluate", "--model", fx["mlm"], "--data", _write(t / "c.txt", "a b\n")]
+            + ["--max-length", "2"]
+        ),
+        ("--max-length 2: use at least 8",),
+    ),
+    (
+        "evaluate-max-sequences-0",
+        lambda fx, t: (
+            ["evaluate", "--model", fx["mlm"], "--data", _write(t / "c.txt", "a b\n")]
+            + ["--max-sequences", "0"]
+        ),
+        ("--max-sequences 0 must be at least 1",),
+    ),
+    (
+        "evaluate-plot-is-a-directory",
+        lambda fx, t: (
+            ["evaluate", "--model", fx["clf"], "--data", fx["train"], "--plot"]
+            + [_dir(t / "p.png")]
+        ),
+        ("p.png: is a directory",),
+    ),
+    # finetune options
+    (
+        "finetune-lr-0",
+        lambda fx, t: _ft(fx, t, "--lr", "0"),
+        ("--lr 0.0 must be positive, e.g. 1e-4",),
+    ),
+    (
+        "finetune-output-is-a-file",
+        lambda fx, t: _blocked(t / "out", _ft(fx, t)),
+        ("out: a file is in the way",),
+    ),
+    *[
+        (
+            f"finetune{option}-{value}",
+            lambda fx, t, o=option, v=value: _ft(fx, t, o, v),
+            (f"{option} {value} must be at least",),
+        )
+        for option, value in [("--max-steps", "0"), ("--log-every", "0"), ("--patience", "-1")]
+    ],
+]
+
+
+@pytest.mark.parametrize(("build", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_gives_one_line_and_leaves_nothing(fx, tmp_path, capsys, build, expected):
+    argv = [str(a) for a in build(fx, tmp_path)]
+    before = _files(tmp_path)
+    capsys.readouterr()
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for part in expected:
+        assert part in lines[0], lines[0]
+    assert _files(tmp_path) == before  # no output, no temporary file or directory
