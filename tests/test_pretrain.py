@@ -19,10 +19,10 @@ import torch
 from safetensors.torch import load_file
 
 from bertforge.commands.pretrain import main
-from bertforge.config import ModelSection, PretrainConfig, TrainConfig
 from bertforge.data.shards import prepare
 from bertforge.errors import BertforgeError
 from bertforge.pretrain import CONFIG_FILE, pretrain
+from bertforge.pretrain_config import ModelSection, PretrainConfig, TrainConfig
 from bertforge.runtime import list_checkpoints, read_metrics
 from bertforge.tokenizer import Tokenizer
 

@@ -27,13 +27,13 @@ import yaml
 from bertforge import distributed as D
 from bertforge import training
 from bertforge.checkpoint import atomic_directory, atomic_write_text
-from bertforge.config import PretrainConfig
 from bertforge.data.loader import validation_batches
 from bertforge.errors import BertforgeError
 from bertforge.evaluate import comparison_table, evaluate_mlm
 from bertforge.model import IGNORE_INDEX
 from bertforge.optim import build_optimizer, set_lr
 from bertforge.plots import plot_training_curves
+from bertforge.pretrain_config import PretrainConfig
 from bertforge.pretrain_setup import build_model, config_dict, find_resume, open_data, run_identity
 from bertforge.progress import MetricsLogger, format_duration, parse_duration
 from bertforge.runtime import (

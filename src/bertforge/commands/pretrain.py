@@ -8,9 +8,9 @@ from dataclasses import fields
 from typing import Any
 
 from bertforge import distributed as D
-from bertforge.config import PretrainConfig
 from bertforge.errors import BertforgeError
 from bertforge.pretrain import pretrain
+from bertforge.pretrain_config import PretrainConfig
 
 
 def build_parser() -> Any:
