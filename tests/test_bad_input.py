@@ -260,7 +260,7 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
     (
         "meta-not-an-object",
         lambda fx, t: _pt(_bad_data(t, fx, lambda d: _write(d / "meta.json", "[]")), t),
-        ("meta.json: not a meta.json object", "re-run bertforge prepare"),
+        ("meta.json: expected a JSON object", "re-run bertforge prepare"),
     ),
     (
         "meta-missing-field",

@@ -299,6 +299,17 @@ def load_pretrained(cls: type[M], directory: str | Path, **config_overrides: Any
     return model
 
 
+def read_json_object(path: Path, fix: str) -> dict[str, Any]:
+    """Read a file holding one JSON object; a damaged one raises one line naming it and ``fix``."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BertforgeError(f"{path}: not valid JSON ({err}); {fix}") from None
+    if not isinstance(value, dict):
+        raise BertforgeError(f"{path}: expected a JSON object, not {type(value).__name__}; {fix}")
+    return value
+
+
 def save_pretrained(model: torch.nn.Module, directory: str | Path, tokenizer: Any = None) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (+ tokenizer files) into ``directory``.
 
@@ -329,6 +340,7 @@ __all__ = [
     "make_directory",
     "load_pretrained",
     "save_pretrained",
+    "read_json_object",
     "read_safetensors",
     "remap_state_dict",
     "WEIGHTS_NAME",

@@ -16,6 +16,7 @@ from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, normalizers, pre_tokenizers
 from tokenizers.models import WordPiece
 
+from bertforge.checkpoint import read_json_object
 from bertforge.errors import BertforgeError
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -64,13 +65,7 @@ def read_tokenizer_config(directory: Path) -> dict[str, Any]:
     path = directory / CONFIG_FILE
     if not path.is_file():
         return {}
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise BertforgeError(f"{path}: not valid JSON ({err}); fix or delete the file") from err
-    if not isinstance(config, dict):
-        raise BertforgeError(f"{path}: expected a JSON object of settings; fix or delete the file")
-    return config
+    return read_json_object(path, "fix or delete the file")
 
 
 def iter_text_lines(files: Sequence[Path]) -> Iterator[str]:

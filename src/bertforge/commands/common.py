@@ -5,12 +5,12 @@ with its tokenizer."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from bertforge.checkpoint import read_json_object
 from bertforge.finetune_config import FINETUNE_CONFIG
 
 
@@ -58,18 +58,10 @@ def add_task_options(
 
 def finetune_defaults(model_dir: str | Path) -> dict[str, Any]:
     """The resolved ``bertforge finetune`` config saved with a fine-tuned model ({} if none)."""
-    from bertforge.errors import BertforgeError
-
     path = Path(model_dir) / FINETUNE_CONFIG
     if not path.is_file():
         return {}
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise BertforgeError(f"{path}: not valid JSON ({err}); restore it or delete it") from None
-    if not isinstance(config, dict):
-        raise BertforgeError(f"{path}: expected a JSON object of finetune options; restore it")
-    return config
+    return read_json_object(path, "restore it or delete it")
 
 
 def load_model(

@@ -25,12 +25,12 @@ All of it is re-exported by :mod:`bertforge.data.shards`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bertforge.checkpoint import read_json_object
 from bertforge.data.instances import Instance
 from bertforge.errors import BertforgeError
 
@@ -99,12 +99,7 @@ def read_meta(data_dir: str | Path) -> dict[str, Any]:
             f"{data_dir}: no {META_FILE}, so not a complete prepared data set (an interrupted "
             "bertforge prepare leaves none); run bertforge prepare --output there"
         )
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise BertforgeError(f"{path}: not valid JSON ({err}); re-run bertforge prepare") from None
-    if not isinstance(meta, dict):
-        raise BertforgeError(f"{path}: not a meta.json object; re-run bertforge prepare")
+    meta = read_json_object(path, "re-run bertforge prepare")
     if meta.get("format_version") != FORMAT_VERSION:
         raise BertforgeError(
             f"{path}: data format version {meta.get('format_version')}, this bertforge reads "
