@@ -14,11 +14,11 @@ import pytest
 import torch
 from task_fixtures import evaluate_cli, tiny_start_model, write_rows, write_scores, write_sentiment
 
-from bertforge import cli
+from bertforge import cli, training
 from bertforge.config import BertConfig
 from bertforge.data import tasks
 from bertforge.model import BertForSequenceClassification
-from bertforge.runtime import list_checkpoints, read_metrics
+from bertforge.runtime import checkpoint_name, list_checkpoints, read_metrics
 from bertforge.tokenizer import Tokenizer
 
 FAST = [
@@ -189,9 +189,12 @@ def test_regression_learns_scores_in_their_own_units(work):
     assert values[0] > 4.0 and values[1] < 2.0
 
 
-def test_resume_from_a_checkpoint_continues_exactly(work):
+@pytest.mark.parametrize("micro", [None, "8"])
+def test_resume_from_a_checkpoint_continues_exactly(work, micro):
     options = ["--max-steps", "20", "--eval-every", "10", "--keep-checkpoints", "0"]
-    full, resumed = work["root"] / "full", work["root"] / "resumed"
+    if micro is not None:  # 2 micro-batches of 8 per optimizer step
+        options += ["--micro-batch-size", micro]
+    full, resumed = work["root"] / f"full-{micro}", work["root"] / f"resumed-{micro}"
     assert cli.main(finetune_argv(work, full, *options)) == 0
     first, last = list_checkpoints(full)
     shutil.copytree(first, resumed / first.name)  # as if the run had been killed after step 10
@@ -215,6 +218,68 @@ def test_resume_with_changed_settings_is_refused(work, capsys):
     assert cli.main(argv) == 0
     assert cli.main([*argv, "--batch-size", "8"]) == 2
     assert "--batch-size was 16, now 8" in capsys.readouterr().err
+
+
+def test_micro_batches_split_rows_and_weight_by_share():
+    assert training.micro_batches([7, 3, 5], 2) == [([7, 3], 2 / 3), ([5], 1 / 3)]
+    assert training.micro_batches([7, 3, 5, 1], 4) == [([7, 3, 5, 1], 1.0)]
+    split = training.micro_batches(np.arange(8), 2)
+    assert [c.tolist() for c, _ in split] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert [w for _, w in split] == [0.25] * 4
+
+
+def test_gradient_accumulation_takes_the_same_steps_as_the_whole_batch(work, tmp_path, capsys):
+    """Batch 8 in one forward pass, in 2 x 4 and in 4 x 2: the same weights after each of the two
+    optimizer steps of an 11-row epoch (8 rows, then 3: split 2 + 1, weighted by rows)."""
+    train = tmp_path / "eleven.csv"
+    labels = {r["label"] for r in write_sentiment(train, 11, seed=5)}
+    assert labels == {"pos", "neg"}
+    write_sentiment(val := tmp_path / "val.csv", 16, seed=6)
+    options = [
+        *("--validation", str(val), "--max-steps", "2", "--eval-every", "1"),
+        *("--log-every", "1", "--keep-checkpoints", "0", "--schedule", "constant"),
+    ]
+    runs = {}
+    for micro in (None, "4", "2"):
+        out = tmp_path / f"micro-{micro}"
+        argv = finetune_argv(work, out, *options, *(["--micro-batch-size", micro] * bool(micro)))
+        argv[argv.index("--train") + 1] = str(train)
+        assert cli.main([*argv, "--batch-size", "8"]) == 0
+        accum = 8 // int(micro or 8)
+        assert f"2 steps of batch 8 = {accum} x {int(micro or 8)}" in capsys.readouterr().err
+        runs[micro] = out
+    start = BertForSequenceClassification.from_pretrained(work["start"]).state_dict()
+    reference = None
+    for micro, out in runs.items():
+        checkpoints = list_checkpoints(out)  # eval and checkpoint cadence: optimizer steps
+        assert [c.name for c in checkpoints] == [checkpoint_name(1), checkpoint_name(2)], micro
+        weights = [
+            BertForSequenceClassification.from_pretrained(c).state_dict() for c in checkpoints
+        ]
+        metrics = read_metrics(out)
+        losses = [r["loss"] for r in metrics if r["split"] == "train"]
+        assert [r["step"] for r in metrics if r["split"] == "val"] == [1, 2]
+        if reference is None:
+            reference = weights, losses
+            moved = max(
+                float((w - start[k]).abs().max()) for k, w in weights[1].items() if k in start
+            )
+            assert moved > 1e-3  # the steps really changed the encoder
+            continue
+        for got, expected in zip(weights, reference[0], strict=True):
+            for key in expected:
+                torch.testing.assert_close(got[key], expected[key], atol=2e-6, rtol=1e-5)
+        assert losses == pytest.approx(reference[1], rel=1e-5)
+
+
+def test_micro_batch_size_must_divide_the_batch(work, tmp_path, capsys):
+    base = finetune_argv(work, tmp_path / "o", "--batch-size", "16")
+    assert "--micro-batch-size 3 does not divide --batch-size 16" in _error(
+        [*base, "--micro-batch-size", "3"], capsys
+    )
+    assert "--micro-batch-size 0 must be at least 1" in _error(
+        [*base, "--micro-batch-size", "0"], capsys
+    )
 
 
 # ---- data: formats, splits, truncation, batches ----------------------------------------------

@@ -2,7 +2,8 @@
 flat loop.
 
 Per optimizer step: set the LR (a pure function of the step, or of elapsed time for a wall-clock
-budget) -> take the next dynamically padded batch -> forward/backward under autocast -> clip ->
+budget) -> take the next batch and accumulate its dynamically padded micro-batches (forward/
+backward under autocast, each loss weighted by its share of the batch's rows) -> clip ->
 step unless the loss is non-finite -> log -> maybe evaluate (keep the best model, stop early) /
 checkpoint / stop on a signal. The progress bar, metrics log, checkpoints, resume and signal
 handling are the pretraining loop's (``bertforge.runtime``, ``progress`` and ``training``).
@@ -207,11 +208,12 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
         return state["finished"] or spent
 
     eval_with = dict(batch_size=cfg.eval_batch_size, precision=precision)
+    micro = cfg.micro_batch
 
     say(
         f"fine-tuning {cfg.model} for {cfg.task} ({len(id2label) if id2label else 1} output(s)) on "
         f"{len(data.train):,} examples, validating on {len(val):,}; {precision} on {device}; "
-        f"{total} steps of {cfg.batch_size}"
+        f"{total} steps of batch {cfg.batch_size} = {cfg.batch_size // micro} x {micro}"
         + (f" or {format_duration(budget)}" if budget else "")
         + f"; encoded in {time.perf_counter() - t0:.1f}s"
     )
@@ -237,15 +239,18 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
                 state["step"], state["elapsed"], cfg, total_steps=total, budget=budget
             )
             set_lr(optimizer, lr)
-            index = order[state["batch"]]
-            examples = [data.encoded_train[i] for i in index]
-            batch = {k: v.to(device) for k, v in collate(examples, tokenizer.pad_id).items()}
-            labels = torch.as_tensor(data.targets[index]).to(device)
-            with autocast(device, precision):
-                loss = model(**batch, labels=labels).loss
-            loss.backward()
+            step_loss, tokens = 0.0, 0
+            for rows, share in training.micro_batches(order[state["batch"]], micro):
+                examples = [data.encoded_train[i] for i in rows]
+                batch = {k: v.to(device) for k, v in collate(examples, tokenizer.pad_id).items()}
+                labels = torch.as_tensor(data.targets[rows]).to(device)
+                with autocast(device, precision):
+                    loss = model(**batch, labels=labels).loss
+                # a mean over this micro-batch's rows -> its share of the mean over the batch
+                (loss * share).backward()
+                step_loss += float(loss.detach()) * share
+                tokens += int(batch["attention_mask"].sum())
             grad_norm = training.clip_gradients(model.parameters(), cfg.max_grad_norm)
-            step_loss = float(loss.detach())
             if guard.allows(step_loss, grad_norm, state["step"] + 1):
                 optimizer.step()
             else:
@@ -253,7 +258,6 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
             optimizer.zero_grad(set_to_none=True)
             state["step"] += 1
             state["batch"] += 1
-            tokens = int(batch["attention_mask"].sum())
             state["tokens"] += tokens
             seconds = time.perf_counter() - t0
             state["elapsed"] += seconds

@@ -47,6 +47,9 @@ class FinetuneConfig(LoopOptions):
     """head (keep the beginning) or head_tail (first quarter + last three quarters, Sun et al. 2019)."""
     batch_size: int = 32
     """Examples per optimizer step."""
+    micro_batch_size: int | None = None
+    """Examples per forward pass, a divisor of --batch-size; the rest is gradient accumulation
+    (each micro-batch's loss weighted by its share of the batch's rows). None = the whole batch."""
     eval_batch_size: int = 64
     """Examples per evaluation batch."""
     lr: float = 5e-5
@@ -87,6 +90,12 @@ class FinetuneConfig(LoopOptions):
         option = lambda name: "--" + name.replace("_", "-")  # noqa: E731
         check_training_options(self, option)
         check_at_least(self, option, max_steps=1, eval_every=0, patience=0, keep_checkpoints=0)
+        check_at_least(self, option, micro_batch_size=1)
+        if self.batch_size % self.micro_batch:
+            raise BertforgeError(
+                f"--micro-batch-size {self.micro_batch_size} does not divide --batch-size "
+                f"{self.batch_size}; choose a divisor"
+            )
         default = "spearman" if self.task == "regression" else "accuracy"
         self.metric = self.metric or default
         allowed = (
@@ -99,6 +108,11 @@ class FinetuneConfig(LoopOptions):
                 f"--metric {self.metric!r} does not fit --task {self.task}; "
                 f"choose one of {', '.join(allowed)}"
             )
+
+    @property
+    def micro_batch(self) -> int:
+        """Examples per forward pass: --micro-batch-size, at most the batch (as in pretraining)."""
+        return min(self.micro_batch_size or self.batch_size, self.batch_size)
 
 
 __all__ = ["FINETUNE_CONFIG", "FinetuneConfig"]

@@ -1,7 +1,8 @@
 """The parts of an optimizer step that ``pretrain`` and ``finetune`` share, so the two loops
 cannot drift apart: the learning rate by steps or by wall-clock time, the budget check, gradient
 clipping, skipping non-finite steps, the running means behind each log line and the progress
-bar, the dropout override, the "same run?" check on resume and checkpoint writing.
+bar, the dropout override, the "same run?" check on resume and checkpoint writing (plus the
+micro-batch split fine-tuning's gradient accumulation uses).
 
 Each loop stays one flat function that calls these in order; see ``pretrain.py`` and
 ``finetune.py``.
@@ -10,7 +11,7 @@ Each loop stays one flat function that calls these in order; see ``pretrain.py``
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -76,6 +77,14 @@ def budget_spent(
     return (total_steps is not None and step >= total_steps) or (
         budget is not None and elapsed >= budget
     )
+
+
+def micro_batches(rows: Sequence[int], micro: int) -> list[tuple[Sequence[int], float]]:
+    """Split a batch's ``rows`` into consecutive micro-batches of ``micro`` rows (the last one
+    smaller when ``micro`` does not divide them, as in an epoch's short last batch), each paired
+    with its share of the rows: the weight of its mean loss in the mean loss of the batch."""
+    n = len(rows)
+    return [(rows[i : i + micro], min(micro, n - i) / n) for i in range(0, n, micro)]
 
 
 def clip_gradients(parameters: Iterable[nn.Parameter], max_norm: float) -> float:
@@ -209,6 +218,7 @@ __all__ = [
     "budget_spent",
     "check_same_run",
     "clip_gradients",
+    "micro_batches",
     "progress_bar",
     "scheduled_lr",
     "set_dropout",
