@@ -112,6 +112,66 @@ def matmul_rate(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
     return 2 * n**3 / statistics.median(samples)
 
 
+def _cpu_attention_flops(q_shape: Any, k_shape: Any, *args: Any, **kwargs: Any) -> int:
+    """q @ k^T and probs @ v of the fused CPU attention kernel (torch counts its GPU twins only)."""
+    b, h, s_q, d = q_shape
+    return 2 * 2 * b * h * s_q * k_shape[2] * d
+
+
+def _cpu_attention_backward_flops(grad_shape: Any, q_shape: Any, k_shape: Any, *a: Any, **kw: Any):
+    return 2 * _cpu_attention_flops(q_shape, k_shape)  # dq, dk, dv and d(probs)
+
+
+def _addmm_inplace_flops(self_shape: Any, a_shape: Any, b_shape: Any, *args: Any, **kw: Any):
+    """``addmm_`` (our inference accumulates products into the residual), missing from torch's
+    table: 2 * m * k * n like ``addmm``."""
+    return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+
+
+def matmul_flops(fn: Callable[[], Any]) -> float:
+    """FLOPs of the matrix products (mm, addmm, bmm, attention kernels) that one call of ``fn``
+    executes, counted by ``torch.utils.flop_counter`` (forward and backward)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    aten = torch.ops.aten
+    missing = {
+        aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention_flops,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_attention_backward_flops,
+        aten.addmm_: _addmm_inplace_flops,
+    }
+    with FlopCounterMode(display=False, custom_mapping=missing) as counter:
+        fn()
+    return float(counter.get_total_flops())
+
+
+def ceiling_row(
+    label: str, flops: dict[str, float], seconds: dict[str, float], rate: float
+) -> list[str]:
+    """One row of a ceiling table: each side's matmul FLOPs and matmul-only time at ``rate``, and
+    the best speed ratio over HF's measured time that any code doing our FLOPs could reach."""
+    floor = {side: f / rate for side, f in flops.items()}
+    return [
+        label,
+        f"{flops['ours'] / 1e9:,.1f}",
+        f"{flops['HF'] / 1e9:,.1f}",
+        f"{floor['ours'] * 1e3:,.0f} / {seconds['ours'] * 1e3:,.0f}",
+        f"{floor['HF'] * 1e3:,.0f} / {seconds['HF'] * 1e3:,.0f}",
+        f"{seconds['HF'] / seconds['ours']:.2f}x",
+        f"**{seconds['HF'] / floor['ours']:.2f}x**",
+    ]
+
+
+CEILING_HEADER = [
+    "case",
+    "ours GFLOP",
+    "HF GFLOP",
+    "ours ms: matmul-only / measured",
+    "HF ms: matmul-only / measured",
+    "ours / HF measured",
+    "ceiling: HF measured / ours matmul-only",
+]
+
+
 # ---- HF twins -------------------------------------------------------------------------------
 def hf_twin(ours: torch.nn.Module, hf_class_name: str) -> torch.nn.Module:
     """The transformers model of class ``hf_class_name`` with exactly our weights and config."""

@@ -25,7 +25,7 @@ sys.path.insert(0, str(HERE))
 import bench_finetune  # noqa: E402
 import bench_infer  # noqa: E402
 import bench_train  # noqa: E402
-from _common import log, machine_markdown, markdown_table  # noqa: E402
+from _common import CEILING_HEADER, log, machine_markdown, markdown_table  # noqa: E402
 
 
 def data_section() -> str | None:
@@ -62,9 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     ]
     sizes = ["mini"] if args.quick else ["mini", "small"]
     checks: dict[str, tuple[float, float]] = {}
-    sections.append(bench_train.main(["--sizes", *sizes, "--reps", str(reps)], checks) + "\n")
+    ceiling: list[list[str]] = []
+    train_args = ["--sizes", *sizes, "--reps", str(reps)]
+    sections.append(bench_train.main(train_args, checks, ceiling) + "\n")
     sections.append(bench_finetune.main(["--reps", str(reps)], checks) + "\n")
-    sections.append(bench_infer.main(["--reps", str(reps + 2)], checks) + "\n")
+    sections.append(bench_infer.main(["--reps", str(reps + 2)], checks, ceiling) + "\n")
     rows = [
         [
             name,
@@ -78,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         3,
         "### Targets of the issue\n\n"
         + markdown_table(["measurement", "measured", "target", "met"], rows)
+        + "\n\n### Ceiling: the best ratio our FLOPs allow\n\n"
+        + markdown_table(CEILING_HEADER, ceiling)
+        + "\n\n"
+        + bench_train.CEILING_NOTE
         + "\n",
     )
     if not args.skip_data:

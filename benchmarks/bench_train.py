@@ -16,14 +16,17 @@ from dataclasses import dataclass
 
 import torch
 from _common import (
+    CEILING_HEADER,
     Timing,
     alternate,
+    ceiling_row,
     fmt,
     hf_adamw,
     hf_twin,
     log,
     machine_markdown,
     markdown_table,
+    matmul_flops,
     matmul_rate,
 )
 
@@ -99,6 +102,8 @@ class TrainResult:
     tokens: int
     flops: float
     timings: dict[str, Timing]
+    matmul_flops: dict[str, float]
+    """Matmul FLOPs each side's step executes ("ours", "HF"), counted by torch's flop counter."""
 
 
 def bench_pretrain(
@@ -114,9 +119,10 @@ def bench_pretrain(
         hf = hf_twin(ours, "BertForPreTraining").train()
         cases[f"ours {precision}"] = make_step(ours, build_optimizer(ours, 1e-4), batch, precision)
         cases[f"HF {precision}"] = make_step(hf, hf_adamw(hf), batch, precision)
+    counted = {side: matmul_flops(cases[f"{side} fp32"]) for side in ("ours", "HF")}
     log(f"pretrain {size}: timing {list(cases)} x {reps}")
     timings = alternate(cases, warmup=warmup, reps=reps)
-    return TrainResult(size, B * T, train_flops(cfg, B, T, n_masked), timings)
+    return TrainResult(size, B * T, train_flops(cfg, B, T, n_masked), timings, counted)
 
 
 def report(results: list[TrainResult], rates: dict[str, float]) -> str:
@@ -156,6 +162,18 @@ def report(results: list[TrainResult], rates: dict[str, float]) -> str:
     return markdown_table(header, rows) + "\n\n" + rate_note
 
 
+def ceiling_rows(results: list[TrainResult], rates: dict[str, float]) -> list[list[str]]:
+    """Per size, fp32: the matmul-only time of each side's step and the best ratio any
+    implementation executing our matmul FLOPs could reach against HF's measured step. (bf16 is
+    left out: its 2048^3 rate is far above what the step's small GEMMs can reach.)"""
+    rows = []
+    for r in results:
+        seconds = {side: r.timings[f"{side} fp32"].median for side in ("ours", "HF")}
+        label = f"pretraining {r.size} fp32"
+        rows.append(ceiling_row(label, r.matmul_flops, seconds, rates["fp32"]))
+    return rows
+
+
 def measure_rates() -> dict[str, float]:
     return {"fp32": matmul_rate(torch.float32), "bf16": matmul_rate(torch.bfloat16)}
 
@@ -178,7 +196,19 @@ def add_checks(results: list[TrainResult], rates: dict[str, float], checks: dict
             checks["pretraining small fp32: MFU"] = (mfu, 0.5)
 
 
-def main(argv: list[str] | None = None, checks: dict | None = None) -> str:
+CEILING_NOTE = (
+    "Matmul-only time = the matmul FLOPs one step executes (forward + backward, counted by "
+    "`torch.utils.flop_counter`) / the measured 2048^3 matmul rate of that precision: the step of "
+    "a perfect implementation doing exactly these products. The ceiling column is HF's measured "
+    "step over our matmul-only time: the best ratio any implementation with our FLOPs could reach."
+)
+
+
+def main(
+    argv: list[str] | None = None, checks: dict | None = None, ceiling: list | None = None
+) -> str:
+    """The pretraining section. ``checks`` collects the issue's targets; ``ceiling`` (if given)
+    collects the ceiling rows instead of printing them in this section."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", nargs="+", default=["mini", "small"])
     p.add_argument("--reps", type=int, default=5)
@@ -190,7 +220,12 @@ def main(argv: list[str] | None = None, checks: dict | None = None) -> str:
     rates = {k: max(rates[k], rates_after[k]) for k in rates}
     if checks is not None:
         add_checks(results, rates, checks)
-    return "### Pretraining step (B=32, T=128, MLM + NSP, AdamW)\n\n" + report(results, rates)
+    text = "### Pretraining step (B=32, T=128, MLM + NSP, AdamW)\n\n" + report(results, rates)
+    rows = ceiling_rows(results, rates)
+    if ceiling is not None:
+        ceiling.extend(rows)
+        return text
+    return f"{text}\n\n{markdown_table(CEILING_HEADER, rows)}\n\n{CEILING_NOTE}"
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The Guard: every fast path of the model computes the same function as the plain computation.
 
 Fast paths: sparse MLM prediction (head on the masked positions only), skipped padding (token-wise
-ops on the real tokens only), the cheaper CPU dropout and the explicit attention it runs in, and
-bf16 autocast. Timings live in benchmarks/, never here.
+ops on the real tokens only), the cheaper CPU dropout and the explicit attention it runs in, the
+in-place buffers of inference, and bf16 autocast. Timings live in benchmarks/, never here.
 """
 
 from __future__ import annotations
@@ -138,6 +138,45 @@ def test_classifier_gradients_with_skipped_padding_equal_the_padded_model(tiny_c
     torch.testing.assert_close(fast.logits, logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(fast.loss, loss, atol=1e-6, rtol=1e-5)
     assert_grads_close(fast_grads, grads(model), atol=1e-5)
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_new", "relu"])
+def test_inference_in_place_buffers_equal_the_recorded_forward(tiny_config, act):
+    """Without autograd the layers reuse buffers in place (residual + bias + product in one GEMM,
+    activation in place): the same values as a forward that records gradients, padded or not."""
+    torch.manual_seed(9)
+    tiny_config.hidden_act = act
+    model = BertForPreTraining(tiny_config).eval()
+    with torch.no_grad():  # non-zero biases and activations well into GELU's curve
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    batch = padded_batch(tiny_config.vocab_size, seed=9)
+    args = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    inputs = [t.clone() for t in args]
+    for skip in (False, True):
+        recorded = model.bert(*args, skip_padding=skip)
+        with torch.inference_mode():
+            fast = model.bert(*args, skip_padding=skip)
+        assert recorded.last_hidden_state.requires_grad and not fast.last_hidden_state.requires_grad
+        for a, b in [
+            (fast.last_hidden_state, recorded.last_hidden_state),
+            (fast.pooler_output, recorded.pooler_output),
+        ]:
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    with torch.no_grad():  # the sparse MLM path (last layer on the labelled rows) as well
+        fast = model(**batch)
+    recorded = model(**batch)
+    torch.testing.assert_close(
+        fast.prediction_logits, recorded.prediction_logits, atol=1e-5, rtol=0
+    )
+    torch.testing.assert_close(fast.loss, recorded.loss, atol=1e-6, rtol=0)
+    assert all(torch.equal(a, b) for a, b in zip(inputs, args, strict=True))  # inputs untouched
+    # under bf16 autocast the dtypes differ: the layers keep the out-of-place path, same values
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        recorded = model.bert(*args).last_hidden_state
+        with torch.inference_mode():
+            fast = model.bert(*args).last_hidden_state
+    torch.testing.assert_close(fast, recorded, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -112,6 +112,34 @@ def test_sparse_mlm_loss_equals_dense_and_gradients_match(tiny_config):
     )
 
 
+def test_training_gradients_match_hf(tiny_config):
+    """Train mode with gradients recorded (the path with in-place sums, sparse prediction and
+    skipped padding): loss and every parameter's gradient equal transformers'. Dropout 0 keeps
+    both sides deterministic."""
+    torch.manual_seed(4)
+    tiny_config.hidden_dropout_prob = tiny_config.attention_probs_dropout_prob = 0.0
+    ours = BertForPreTraining(tiny_config).train()
+    with torch.no_grad():  # non-zero biases and LayerNorm affines
+        for p in ours.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    hf = transformers.BertForPreTraining(hf_config(tiny_config)).train()
+    hf.load_state_dict(ours.state_dict())
+    ids, mask, types = padded_batch(tiny_config.vocab_size)
+    labels = torch.full_like(ids, -100)
+    labels[:, 1] = torch.tensor([7, 8, 9, 10])
+    labels[0, 8] = 11
+    nsp = torch.tensor([0, 1, 1, 0])
+    kwargs = dict(attention_mask=mask, token_type_ids=types, labels=labels, next_sentence_label=nsp)
+    a = ours(ids, **kwargs).loss
+    b = hf(input_ids=ids, **kwargs).loss
+    a.backward()
+    b.backward()
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    theirs = dict(hf.named_parameters())
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, theirs[name].grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_attention_probabilities_match_hf(tiny_config):
     torch.manual_seed(5)
     ours = BertModel(tiny_config).eval()

@@ -12,7 +12,9 @@ for speed only and never changes the function (``tests/test_fast_paths.py`` chec
   the loss is identical, the 30k-wide decoder does ~15% of the work;
 * task models skip the padding: projections, feed-forward, LayerNorm and dropout run on the real
   tokens only, attention alone on the (B, T) grid (``skip_padding``);
-* dropout and the MLM cross-entropy use the cheaper CPU forms of ``bertforge.ops``.
+* dropout and the MLM cross-entropy use the cheaper CPU forms of ``bertforge.ops``;
+* sums go into buffers nobody else holds, and in inference (no autograd) the residual stream and
+  the activations are updated in place: fewer new tensors, whose first touch costs page faults.
 """
 
 from __future__ import annotations
@@ -27,17 +29,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertforge.config import BertConfig
-from bertforge.ops import CrossEntropy, Dropout, dropout, repad, unpad
+from bertforge.ops import CrossEntropy, Dropout, activation, autograd_free, dropout, repad, unpad
 
 IGNORE_INDEX = -100
-
-
-def activation(name: str, x: Tensor) -> Tensor:
-    if name == "gelu":  # BERT's exact, erf-based GELU
-        return F.gelu(x)
-    if name in ("gelu_new", "gelu_pytorch_tanh"):
-        return F.gelu(x, approximate="tanh")
-    return F.relu(x)
 
 
 # ---- outputs ----------------------------------------------------------------------------------
@@ -83,6 +77,19 @@ class SequenceClassifierOutput:
 
 
 # ---- the encoder ------------------------------------------------------------------------------
+@dataclass
+class Layout:
+    """Where the tokens of a batch sit: what every layer needs to know besides the hidden states."""
+
+    B: int
+    T: int
+    mask: Tensor | None
+    """(B, 1, 1, T) True at real tokens, or None when nothing is padded."""
+    index: Tensor | None = None
+    """(N,) flat positions of the real tokens when the padding is skipped: states are (N, H)."""
+    output_attentions: bool = False
+
+
 class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -95,11 +102,12 @@ class BertEmbeddings(nn.Module):
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None) -> Tensor:
         T = input_ids.shape[1]
-        x = self.word_embeddings(input_ids) + self.position_embeddings.weight[:T]  # (B, T, H)
+        x = self.word_embeddings(input_ids)  # (B, T, H), a new tensor: the sums go in place
+        x += self.position_embeddings.weight[:T]
         if token_type_ids is None:
-            x = x + self.token_type_embeddings.weight[0]
+            x += self.token_type_embeddings.weight[0]
         else:
-            x = x + self.token_type_embeddings(token_type_ids)
+            x += self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(x))
 
 
@@ -114,15 +122,9 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(H, H)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(
-        self,
-        x: Tensor,
-        mask: Tensor | None,
-        output_attentions: bool = False,
-        index: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        """``x`` is (B, T, H), or (N, H) real tokens only when ``index`` (see ``ops.unpad``) is given;
-        the output has the layout of ``x``."""
+    def forward(self, x: Tensor, layout: Layout) -> tuple[Tensor, Tensor | None]:
+        """``x`` is (B, T, H), or (N, H) real tokens only when ``layout.index`` is set; the output
+        has the layout of ``x``. Returns the attention probabilities when asked for them."""
         H, nh, hs = x.shape[-1], self.num_heads, self.head_dim
         # One GEMM for q, k and v (the parameters stay three Linears so checkpoint keys match HF);
         # for a few tokens (one sentence) copying the 3 weights would cost more than it saves.
@@ -132,58 +134,55 @@ class BertSelfAttention(nn.Module):
             qkv = F.linear(x, w, b)  # (B, T, 3H) or (N, 3H)
         else:
             qkv = torch.cat([self.query(x), self.key(x), self.value(x)], -1)  # (B, T, 3H)
-        if index is not None:  # attention needs the (B, T) grid back
-            qkv = repad(qkv, index, mask.shape[0], mask.shape[-1])  # (B, T, 3H)
-        B, T = qkv.shape[:2]
+        B, T, mask = layout.B, layout.T, layout.mask
+        if layout.index is not None:  # attention needs the (B, T) grid back
+            qkv = repad(qkv, layout.index, B, T)  # (B, T, 3H)
         q, k, v = qkv.view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs)
         p = self.dropout_p if self.training else 0.0
         # SDPA has no fused CPU kernel with dropout: the explicit form with our cheaper dropout
-        if output_attentions or (p > 0 and x.device.type == "cpu"):
+        if layout.output_attentions or (p > 0 and x.device.type == "cpu"):
             scores = (q / math.sqrt(hs)) @ k.transpose(-2, -1)  # (B, nh, T, T)
             if mask is not None:
                 scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
             probs = scores.softmax(-1)
             y = dropout(probs, p, self.training) @ v  # (B, nh, T, hs)
-            probs = probs if output_attentions else None
+            probs = probs if layout.output_attentions else None
         else:
             probs = None
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         y = y.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
-        return (y if index is None else unpad(y, index)), probs
+        return (y if layout.index is None else unpad(y, layout.index)), probs
 
 
-class BertSelfOutput(nn.Module):
-    """Projection of the attention heads, dropout, residual add and post-LN."""
+class BertOutput(nn.Module):
+    """Projection back to the hidden size, dropout, residual add and post-LN: closes both the
+    attention block (``attention.output``) and the feed-forward block (``output``)."""
 
-    def __init__(self, config: BertConfig) -> None:
+    def __init__(self, config: BertConfig, in_features: int) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(in_features, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, y: Tensor, residual: Tensor) -> Tensor:
-        return self.LayerNorm(self.dropout(self.dense(y)) + residual)
+        """``y`` (.., in_features), ``residual`` (.., H). In inference the residual's buffer is
+        reused for the result: callers pass a residual they no longer need."""
+        w, b = self.dense.weight, self.dense.bias
+        if not self.training and autograd_free(y, residual, w) and residual.is_contiguous():
+            # bias and product accumulate into the residual: one GEMM, no new (.., H) tensor
+            out = residual.add_(b).view(-1, w.shape[0]).addmm_(y.reshape(-1, w.shape[1]), w.t())
+            return self.LayerNorm(out.view_as(residual))
+        h = self.dropout(self.dense(y))  # a new tensor autograd keeps nothing of: add in place
+        return self.LayerNorm(h.add_(residual) if h.dtype == residual.dtype else h + residual)
 
 
 class BertAttention(nn.Module):
+    """The heads (``self``) and their output block, named as in HF; ``BertLayer`` runs both."""
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.self = BertSelfAttention(config)
-        self.output = BertSelfOutput(config)
-
-    def forward(
-        self,
-        x: Tensor,
-        mask: Tensor | None,
-        output_attentions: bool = False,
-        index: Tensor | None = None,
-        rows: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        """``rows``: flat positions of the only outputs wanted; the result is then (n_rows, H)."""
-        y, probs = self.self(x, mask, output_attentions, index)
-        if rows is not None:  # k and v were needed at every token, the rest only here
-            y, x = y.reshape(-1, y.shape[-1])[rows], x.reshape(-1, x.shape[-1])[rows]  # (n, H)
-        return self.output(y, x), probs
+        self.output = BertOutput(config, config.hidden_size)
 
 
 class BertIntermediate(nn.Module):
@@ -193,18 +192,8 @@ class BertIntermediate(nn.Module):
         self.act = config.hidden_act
 
     def forward(self, x: Tensor) -> Tensor:
-        return activation(self.act, self.dense(x))
-
-
-class BertOutput(nn.Module):
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.hidden_dropout_prob)
-
-    def forward(self, h: Tensor, residual: Tensor) -> Tensor:
-        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+        h = self.dense(x)  # (.., intermediate_size)
+        return activation(self.act, h, inplace=autograd_free(h))
 
 
 class BertLayer(nn.Module):
@@ -212,17 +201,16 @@ class BertLayer(nn.Module):
         super().__init__()
         self.attention = BertAttention(config)
         self.intermediate = BertIntermediate(config)
-        self.output = BertOutput(config)
+        self.output = BertOutput(config, config.intermediate_size)
 
     def forward(
-        self,
-        x: Tensor,
-        mask: Tensor | None,
-        output_attentions: bool = False,
-        index: Tensor | None = None,
-        rows: Tensor | None = None,
+        self, x: Tensor, layout: Layout, rows: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None]:
-        x, probs = self.attention(x, mask, output_attentions, index, rows)
+        """``rows``: flat positions of the only outputs wanted; the result is then (n_rows, H)."""
+        y, probs = self.attention.self(x, layout)
+        if rows is not None:  # k and v were needed at every token, the rest only here
+            y, x = y.reshape(-1, y.shape[-1])[rows], x.reshape(-1, x.shape[-1])[rows]  # (n, H)
+        x = self.attention.output(y, x)
         return self.output(self.intermediate(x), x), probs
 
 
@@ -232,21 +220,14 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
     def forward(
-        self,
-        x: Tensor,
-        mask: Tensor | None,
-        output_attentions: bool = False,
-        index: Tensor | None = None,
-        rows: Tensor | None = None,
+        self, x: Tensor, layout: Layout, rows: Tensor | None = None
     ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
         """``rows``: compute the last layer's output at these flat positions only (see BertModel)."""
         attentions = []
         for i, layer in enumerate(self.layer):
-            last = i == len(self.layer) - 1
-            x, probs = layer(x, mask, output_attentions, index, rows if last else None)
-            if probs is not None:
-                attentions.append(probs)
-        return x, tuple(attentions) if output_attentions else None
+            x, probs = layer(x, layout, rows if i == len(self.layer) - 1 else None)
+            attentions.append(probs)
+        return x, tuple(attentions) if layout.output_attentions else None
 
 
 class BertPooler(nn.Module):
@@ -262,32 +243,28 @@ class BertPooler(nn.Module):
 class BertPreTrainedModel(nn.Module):
     """Base of every model: BERT's initialisation, ``from_pretrained`` and ``save_pretrained``."""
 
-    config: BertConfig
     #: prefix of the encoder inside this model's state dict ("" for BertModel, "bert." otherwise)
     base_prefix = "bert."
 
-    def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, 0.0, std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, 0.0, std)
-            if module.padding_idx is not None:
-                module.weight.data[module.padding_idx].zero_()
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
-        elif isinstance(module, BertLMPredictionHead):
-            nn.init.zeros_(module.bias)
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
 
     def init_weights(self) -> None:
+        """BERT's initialisation: normal(0, initializer_range) weights, zero biases, unit LNs."""
+        std = self.config.initializer_range
         for name, module in self.named_modules():
-            # the decoder's weight *is* the word-embedding matrix: initialising it as a Linear
-            # would overwrite the embedding (and its zero [PAD] row)
-            if not name.endswith("predictions.decoder"):
-                self._init_weights(module)
+            if name.endswith("predictions.decoder"):
+                continue  # its weight *is* the word-embedding matrix (with its zero [PAD] row)
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, 0.0, std)
+            if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+                module.weight.data[module.padding_idx].zero_()
+            if isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+            has_bias = isinstance(module, (nn.Linear, nn.LayerNorm, BertLMPredictionHead))
+            if has_bias and module.bias is not None:
+                nn.init.zeros_(module.bias)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, **config_overrides: Any) -> Any:
@@ -306,17 +283,6 @@ class BertPreTrainedModel(nn.Module):
 
         return save_pretrained(self, directory, tokenizer=tokenizer)
 
-    @property
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-
-def padding_mask(attention_mask: Tensor | None, dtype_device: Tensor) -> Tensor | None:
-    """(B, T) 1/0 mask -> (B, 1, 1, T) boolean mask broadcast over heads and queries."""
-    if attention_mask is None or bool(attention_mask.all()):
-        return None  # no padding: let SDPA take its fastest, mask-free path
-    return attention_mask.to(device=dtype_device.device, dtype=torch.bool)[:, None, None, :]
-
 
 class BertModel(BertPreTrainedModel):
     """The encoder: embeddings, ``num_hidden_layers`` transformer layers and the pooler."""
@@ -324,8 +290,7 @@ class BertModel(BertPreTrainedModel):
     base_prefix = ""
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
@@ -355,18 +320,19 @@ class BertModel(BertPreTrainedModel):
                 f"{self.config.max_position_embeddings}; truncate the input (max_length)"
             )
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
-        mask = padding_mask(attention_mask, x)
+        layout = Layout(B, T, None, None, output_attentions)
+        if attention_mask is not None and not bool(attention_mask.all()):  # else SDPA's fastest
+            layout.mask = attention_mask.to(x.device, torch.bool)[:, None, None, :]  # (B,1,1,T)
         if rows is not None and self.pooler is not None:  # append every [CLS] for the pooler
             rows = torch.cat([rows, torch.arange(B, device=rows.device) * T])  # (n + B,)
-        index = None
-        if mask is not None and skip_padding and not output_attentions:
-            index = attention_mask.flatten().nonzero().squeeze(1)  # (N,)
-            x = unpad(x, index)  # (N, H)
+        if layout.mask is not None and skip_padding and not output_attentions:
+            layout.index = attention_mask.flatten().nonzero().squeeze(1)  # (N,)
+            x = unpad(x, layout.index)  # (N, H)
             if rows is not None:  # the same positions, counted among the real tokens
                 rows = (attention_mask.flatten().cumsum(0) - 1)[rows]
-        x, attentions = self.encoder(x, mask, output_attentions, index, rows)
-        if rows is None and index is not None:
-            x = repad(x, index, B, T)  # (B, T, H)
+        x, attentions = self.encoder(x, layout, rows)
+        if rows is None and layout.index is not None:
+            x = repad(x, layout.index, B, T)  # (B, T, H)
         if self.pooler is None:
             return BertModelOutput(x, None, attentions)
         if rows is None:
@@ -404,44 +370,46 @@ class BertLMPredictionHead(nn.Module):
 
 
 class BertOnlyMLMHead(nn.Module):
+    """The MLM head under HF's name (``cls.predictions``)."""
+
     def __init__(self, config: BertConfig, word_embeddings: nn.Embedding) -> None:
         super().__init__()
         self.predictions = BertLMPredictionHead(config, word_embeddings)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.predictions(x)
 
+class BertPreTrainingHeads(BertOnlyMLMHead):
+    """The MLM head plus the next-sentence classifier (``cls.seq_relationship``)."""
 
-class BertPreTrainingHeads(nn.Module):
     def __init__(self, config: BertConfig, word_embeddings: nn.Embedding) -> None:
-        super().__init__()
-        self.predictions = BertLMPredictionHead(config, word_embeddings)
+        super().__init__(config, word_embeddings)
         self.seq_relationship = nn.Linear(config.hidden_size, 2)
 
 
-def masked_lm_logits(
-    head: BertLMPredictionHead, hidden: Tensor, labels: Tensor | None
-) -> tuple[Tensor, Tensor | None]:
-    """Logits and mean cross-entropy of the MLM head; sparse over labelled positions when given."""
-    if labels is None:
-        return head(hidden), None  # (B, T, V)
-    logits = head(hidden)  # (n_masked, V): the encoder returned the labelled rows only
-    loss = CrossEntropy.apply(logits, labels[labels != IGNORE_INDEX])
-    return logits, loss
-
-
-def labelled_rows(labels: Tensor | None) -> Tensor | None:
-    """Flat positions (row-major) of the tokens with an MLM label, for sparse prediction."""
-    return None if labels is None else (labels.flatten() != IGNORE_INDEX).nonzero().squeeze(1)
-
-
 # ---- task models -------------------------------------------------------------------------------
+def masked_lm(
+    model: BertForPreTraining | BertForMaskedLM,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    token_type_ids: Tensor | None,
+    labels: Tensor | None,
+    output_attentions: bool,
+) -> tuple[BertModelOutput, Tensor, Tensor | None]:
+    """Encoder + MLM head: (encoder output, logits, loss). Without labels the logits are dense
+    (B, T, V). With labels the padding is skipped, the last layer and the head run on the labelled
+    positions only (row-major order: logits (n_masked, V)) and the loss is their mean CE."""
+    rows = None if labels is None else (labels.flatten() != IGNORE_INDEX).nonzero().squeeze(1)
+    sparse = labels is not None
+    out = model.bert(input_ids, attention_mask, token_type_ids, output_attentions, sparse, rows)
+    logits = model.cls.predictions(out.last_hidden_state)
+    loss = None if rows is None else CrossEntropy.apply(logits, labels.flatten()[rows])
+    return out, logits, loss
+
+
 class BertForPreTraining(BertPreTrainedModel):
     """BERT's pretraining model: encoder + MLM head (tied decoder) + next-sentence head."""
 
     def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.bert = BertModel(config)
         self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings)
         self.init_weights()
@@ -455,10 +423,8 @@ class BertForPreTraining(BertPreTrainedModel):
         next_sentence_label: Tensor | None = None,
         output_attentions: bool = False,
     ) -> PreTrainingOutput:
-        sparse = labels is not None
-        rows = labelled_rows(labels)
-        out = self.bert(input_ids, attention_mask, token_type_ids, output_attentions, sparse, rows)
-        logits, mlm_loss = masked_lm_logits(self.cls.predictions, out.last_hidden_state, labels)
+        args = (input_ids, attention_mask, token_type_ids, labels, output_attentions)
+        out, logits, mlm_loss = masked_lm(self, *args)
         nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
         nsp_loss = None
         if next_sentence_label is not None and bool((next_sentence_label >= 0).any()):
@@ -472,8 +438,7 @@ class BertForMaskedLM(BertPreTrainedModel):
     """Encoder (no pooler) + MLM head: the MLM-only pretraining and fill-mask model."""
 
     def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.bert = BertModel(config, add_pooling_layer=False)
         self.cls = BertOnlyMLMHead(config, self.bert.embeddings.word_embeddings)
         self.init_weights()
@@ -486,10 +451,8 @@ class BertForMaskedLM(BertPreTrainedModel):
         labels: Tensor | None = None,
         output_attentions: bool = False,
     ) -> MaskedLMOutput:
-        sparse = labels is not None
-        rows = labelled_rows(labels)
-        out = self.bert(input_ids, attention_mask, token_type_ids, output_attentions, sparse, rows)
-        logits, loss = masked_lm_logits(self.cls.predictions, out.last_hidden_state, labels)
+        args = (input_ids, attention_mask, token_type_ids, labels, output_attentions)
+        out, logits, loss = masked_lm(self, *args)
         return MaskedLMOutput(loss, logits, out.attentions)
 
 
@@ -497,8 +460,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
     """Encoder + pooler + dropout + linear head: classification (CE) or regression (MSE)."""
 
     def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.num_labels = config.num_labels
         self.bert = BertModel(config)
         p = config.classifier_dropout

@@ -2,7 +2,8 @@
 
 * :func:`dropout` / :class:`Dropout`: dropout with a cheaper random mask on CPU;
 * :class:`CrossEntropy`: mean cross-entropy with fewer passes over 30k-wide logits;
-* :func:`unpad` / :func:`repad`: move between a padded (B, T) batch and its N real tokens.
+* :func:`unpad` / :func:`repad`: move between a padded (B, T) batch and its N real tokens;
+* :func:`activation` and :func:`autograd_free`: in inference, activations overwrite their input.
 
 ``tests/test_fast_paths.py`` checks each against the plain computation.
 """
@@ -19,14 +20,15 @@ from torch import Tensor, nn
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """``F.dropout`` with a cheaper keep-mask on CPU, where torch's ``bernoulli_`` draws one 32-bit
     number per element and made dropout ~15% of a small model's training step. Here each 64-bit
-    draw yields two 32-bit uniforms, each kept with probability 1 - p (p resolved to 2^-32)."""
+    draw yields four 16-bit uniforms, each kept with probability 1 - p (p resolved to 2^-16:
+    0.1 drops with probability 0.100006); kept values are scaled by 1 / (1 - p) as in torch."""
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu":
         return F.dropout(x, p, True)
-    bits = torch.empty((x.numel() + 1) // 2, dtype=torch.int64, device=x.device)
-    bits = bits.random_(-(2**63), None).view(torch.int32)[: x.numel()]  # uniform over int32
-    keep = bits.view(x.shape) >= round(p * 2**32) - 2**31
+    bits = torch.empty((x.numel() + 3) // 4, dtype=torch.int64, device=x.device)
+    bits = bits.random_(-(2**63), None).view(torch.int16)[: x.numel()]  # uniform over int16
+    keep = bits.view(x.shape) >= round(p * 2**16) - 2**15
     return x * keep.to(x.dtype).mul_(1.0 / (1.0 - p))
 
 
@@ -75,4 +77,20 @@ def repad(x: Tensor, index: Tensor, B: int, T: int) -> Tensor:
     return out.view(B, T, -1)  # (B, T, C)
 
 
-__all__ = ["CrossEntropy", "Dropout", "dropout", "repad", "unpad"]
+def activation(name: str, x: Tensor, inplace: bool = False) -> Tensor:
+    """BERT's ``hidden_act`` of ``x``; ``inplace`` overwrites ``x`` (inference: no new buffer)."""
+    if name in ("gelu", "gelu_new", "gelu_pytorch_tanh"):  # "gelu": BERT's exact, erf-based one
+        approximate = "none" if name == "gelu" else "tanh"
+        if inplace:
+            return torch.ops.aten.gelu_(x, approximate=approximate)
+        return F.gelu(x, approximate=approximate)
+    return torch.relu_(x) if inplace else F.relu(x)
+
+
+def autograd_free(*tensors: Tensor) -> bool:
+    """True when no gradient is being recorded (inference) and ``tensors`` share one dtype (no
+    autocast mixing): intermediate buffers may then be reused in place."""
+    return not torch.is_grad_enabled() and len({t.dtype for t in tensors}) == 1
+
+
+__all__ = ["CrossEntropy", "Dropout", "activation", "autograd_free", "dropout", "repad", "unpad"]
