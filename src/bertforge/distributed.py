@@ -1,5 +1,6 @@
 """Data-parallel training through ``torchrun``: process-group setup from the environment it
-sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT), gloo on CPU and nccl on CUDA, and the few
+sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT), gloo on CPU and nccl on CUDA (with gloo
+for the CPU-side counters the loops reduce), and the few
 collectives the loops need. Without torchrun everything here degrades to a single process.
 """
 
@@ -50,7 +51,7 @@ def init_distributed(device: torch.device) -> DistInfo:
         raise BertforgeError("WORLD_SIZE>1 but this torch build has no torch.distributed")
     if device.type == "cuda":
         torch.cuda.set_device(info.local_rank)
-        backend = "nccl"
+        backend = "cpu:gloo,cuda:nccl"  # loss sums and counts are float64 CPU tensors
     else:
         backend = "gloo"
     dist.init_process_group(backend=backend, rank=info.rank, world_size=info.world_size)
@@ -62,10 +63,6 @@ def local_device(device: torch.device, info: DistInfo) -> torch.device:
     if device.type == "cuda" and info.enabled:
         return torch.device("cuda", info.local_rank)
     return device
-
-
-def is_main() -> bool:
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
 def _active() -> bool:
@@ -80,13 +77,13 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def all_reduce_mean(value: torch.Tensor | float) -> torch.Tensor:
-    """Mean of ``value`` over ranks, as a float64 tensor on the value's device."""
-    t = torch.as_tensor(value, dtype=torch.float64)
-    if isinstance(value, torch.Tensor):
-        t = t.to(value.device)
-    out = all_reduce_sum(t)
-    return out / (dist.get_world_size() if _active() else 1)
+def gather_object(value: object) -> list[object]:
+    """Every rank's ``value``, in rank order (``[value]`` in a single process)."""
+    if not _active():
+        return [value]
+    values: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
 
 
 def barrier() -> None:
@@ -114,12 +111,11 @@ def cleanup() -> None:
 
 __all__ = [
     "DistInfo",
-    "all_reduce_mean",
     "all_reduce_sum",
     "barrier",
     "cleanup",
+    "gather_object",
     "init_distributed",
-    "is_main",
     "local_device",
     "wrap_ddp",
 ]

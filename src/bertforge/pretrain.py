@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import yaml
 
 from bertforge import distributed as D
@@ -102,7 +101,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
             resume_dir, optimizer=optimizer, restore_rng=False, keys=state
         )
         training.check_same_run(resume_dir, state["run"], identity)
-        per_rank_rng = blob.get("rng_per_rank") or [blob["rng"]]
+        per_rank_rng = blob.get("rng_per_rank", [])  # blob["rng"] is rank 0's
         set_rng_state(per_rank_rng[info.rank] if info.rank < len(per_rank_rng) else blob["rng"])
         sampler.load_state_dict(state["data"])
         say(
@@ -148,10 +147,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
             logger.log(step, name, **{k: v for k, v in metrics.items() if v is not None})
 
     def save_checkpoint() -> None:
-        ranks_rng = [rng_state()]
-        if info.enabled:
-            ranks_rng = [None] * info.world_size
-            dist.all_gather_object(ranks_rng, rng_state())
+        ranks_rng = D.gather_object(rng_state())
         if main_proc:
             training.write_checkpoint(
                 out,
@@ -202,21 +198,25 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
             set_lr(optimizer, lr)
             indices = next(batches)
             epoch = sampler.epoch  # the epoch of the batch just drawn
-            chunks = [indices[i * micro : (i + 1) * micro] for i in range(accum)]
-            micro_batches = [collator([train_ds[i] for i in c], c, epoch) for c in chunks]
-            counts = torch.tensor(
+            parts = [rows for rows, _ in training.micro_batches(indices, micro)]
+            micro_batches = [collator([train_ds[i] for i in c], c, epoch) for c in parts]
+            # per micro-batch: masked tokens, NSP labels, real tokens (counted once, on the CPU)
+            local = torch.tensor(
                 [
                     [
                         float((b["labels"] != IGNORE_INDEX).sum()),
                         float((b["next_sentence_label"] >= 0).sum()),
+                        float(b["attention_mask"].sum()),
                     ]
                     for b in micro_batches
                 ],
                 dtype=torch.float64,
-            ).sum(0)
-            n_masked, n_nsp = D.all_reduce_sum(counts).tolist()  # over the whole global batch
+            )  # (accum, 3)
+            # over the whole global batch
+            n_masked, n_nsp = D.all_reduce_sum(local[:, :2].sum(0)).tolist()
             sums = torch.zeros(4, dtype=torch.float64)  # mlm CE sum, nsp CE sum, tokens, stop
-            for k, batch in enumerate(micro_batches):
+            for k, (batch, counts) in enumerate(zip(micro_batches, local.tolist(), strict=True)):
+                n_local, n_local_nsp, n_tokens = counts
                 batch = {key: v.to(device, non_blocking=True) for key, v in batch.items()}
                 last = k == accum - 1
                 sync = contextlib.nullcontext() if last or not info.enabled else ddp.no_sync()
@@ -233,16 +233,14 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
                             **kwargs,
                         )
                     # per-micro-batch means -> share of the global mean; DDP then averages ranks
-                    n_local = float((batch["labels"] != IGNORE_INDEX).sum())
                     mlm = output.mlm_loss if use_nsp else output.loss
                     loss = mlm * (n_local * info.world_size / n_masked)
                     sums[0] += mlm.detach().double().cpu() * n_local
                     if use_nsp and output.nsp_loss is not None:
-                        n_local_nsp = float((batch["next_sentence_label"] >= 0).sum())
                         loss = loss + output.nsp_loss * (n_local_nsp * info.world_size / n_nsp)
                         sums[1] += output.nsp_loss.detach().double().cpu() * n_local_nsp
                     loss.backward()
-                sums[2] += float(batch["attention_mask"].sum())
+                sums[2] += n_tokens
             grad_norm = training.clip_gradients(raw.parameters(), tc.max_grad_norm)
             sums[3] = float(stop.requested)
             totals = D.all_reduce_sum(sums)
