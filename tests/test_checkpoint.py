@@ -20,7 +20,7 @@ from bertforge import (
     BertForSequenceClassification,
     BertModel,
 )
-from bertforge.checkpoint import atomic_directory, atomic_write_text
+from bertforge.checkpoint import atomic_directory, atomic_file, atomic_write_text
 
 
 def batch(vocab: int):
@@ -168,6 +168,29 @@ def test_atomic_directory_leaves_nothing_half_written(tmp_path):
     assert (final / "a.txt").read_text() == "v2" and [p.name for p in tmp_path.iterdir()] == [
         "ckpt"
     ]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_atomic_writes_get_ordinary_modes_under_the_umask(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        (tmp_path / "plain.txt").write_text("x")
+        (tmp_path / "plain").mkdir()
+        atomic_write_text(tmp_path / "written.txt", "x")
+        with atomic_file(tmp_path / "filled.bin") as tmp:
+            tmp.write_bytes(b"x")
+        with atomic_directory(tmp_path / "model") as tmp:
+            (tmp / "config.json").write_text("{}")
+    finally:
+        os.umask(old)
+
+    def mode(name: str) -> int:
+        return (tmp_path / name).stat().st_mode & 0o777
+
+    assert mode("plain.txt") == 0o666 & ~umask and mode("plain") == 0o777 & ~umask
+    assert mode("written.txt") == mode("filled.bin") == mode("plain.txt")
+    assert mode("model") == mode("plain")
+    assert mode("model/config.json") == mode("plain.txt")
 
 
 def test_kill_9_during_save_keeps_the_previous_checkpoint(tiny_config, tmp_path):

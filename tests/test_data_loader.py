@@ -12,7 +12,6 @@ from bertforge.data.loader import (
     PretrainingCollator,
     PretrainingLoader,
     PretrainingSampler,
-    check_vocab,
     validation_batches,
 )
 from bertforge.data.shards import PretrainingDataset, prepare
@@ -179,11 +178,3 @@ def test_validation_masks_are_fixed(data_dir: Path, tokenizer: Tokenizer) -> Non
     labels1 = torch.cat([b["labels"][b["attention_mask"].bool()] for b in first])
     labels2 = torch.cat([b["labels"][b["attention_mask"].bool()] for b in second])
     assert torch.equal(labels1, labels2) and sum(len(b["labels"]) for b in first) == len(val)
-
-
-def test_check_vocab_names_both_numbers() -> None:
-    check_vocab(800, 800)
-    with pytest.raises(
-        BertforgeError, match="the tokenizer has 800 tokens but the model's vocab_size is 30522"
-    ):
-        check_vocab(800, 30522)

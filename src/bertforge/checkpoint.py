@@ -48,6 +48,17 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+def _ordinary_mode(base: int) -> int:
+    """``base`` (0o666 for files, 0o777 for directories) masked by the process umask.
+
+    ``mkstemp``/``mkdtemp`` create private (0600/0700) temporaries; what they become is an
+    ordinary file or directory, so it gets the mode ``open``/``mkdir`` would have given it.
+    """
+    umask = os.umask(0)  # the only way to read the umask; restored at once
+    os.umask(umask)
+    return base & ~umask
+
+
 def make_directory(path: str | Path) -> Path:
     """``mkdir -p path``; a file in the way is an error naming it, not a traceback."""
     path = Path(path)
@@ -74,6 +85,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     path = _writable_file(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _ordinary_mode(0o666))
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -96,7 +108,10 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; it replaces ``path`` only if the block succeeds."""
     path = _writable_file(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    try:
+        os.fchmod(fd, _ordinary_mode(0o666))
+    finally:
+        os.close(fd)
     try:
         yield Path(tmp)
         with open(tmp, "rb+") as f:
@@ -121,6 +136,7 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
     make_directory(final.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
+        os.chmod(tmp, _ordinary_mode(0o777))
         yield tmp
         for f in tmp.rglob("*"):
             if f.is_file():

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, normalizers, pre_tokenizers
 from tokenizers.models import WordPiece
 
-from bertforge.checkpoint import read_json_object
+from bertforge.checkpoint import atomic_write_text, make_directory, read_json_object
 from bertforge.errors import BertforgeError
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -94,8 +94,6 @@ def write_tokenizer_files(
 ) -> list[Path]:
     """Write ``vocab.txt`` (``tokens`` in id order), ``tokenizer.json`` and
     ``tokenizer_config.json`` into ``directory``, each atomically; returns the paths."""
-    from bertforge.checkpoint import atomic_write_text, make_directory
-
     directory = make_directory(directory)
     config: dict[str, Any] = {
         "tokenizer_class": "BertTokenizer",

@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from bertforge.data.tables import jsonl_rows
+from bertforge.data.tables import BR_TAG, jsonl_rows
 from bertforge.errors import BertforgeError
 
 FORMATS = ("auto", "text", "lines", "wikitext", "csv", "tsv", "jsonl")
@@ -43,7 +43,6 @@ ABBREVIATIONS = frozenset(
     mar apr jun jul aug sep sept oct nov dec u.s u.k u.n a.m p.m ph.d b.a m.a d.c op ed eds esp
     ca viz""".split()  # noqa: SIM905 (a word list reads better as text)
 )
-_BR = re.compile(r"<br\s*/?>", re.IGNORECASE)
 _SPACES = re.compile(r"\s+")
 # A candidate boundary: terminal punctuation, optional closing quotes/brackets, whitespace, then
 # something that can open a sentence (optional opening quote/bracket, then a capital or a digit).
@@ -56,7 +55,7 @@ _WIKI_JOINERS = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
 
 def clean_text(text: str) -> str:
     """Replace HTML line breaks by spaces and collapse whitespace."""
-    return _SPACES.sub(" ", _BR.sub(" ", text)).strip()
+    return _SPACES.sub(" ", BR_TAG.sub(" ", text)).strip()
 
 
 def _ends_sentence(before: str, punct: str) -> bool:

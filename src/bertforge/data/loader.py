@@ -40,16 +40,6 @@ VALIDATION_EPOCH = -1
 """Epoch number used for validation masks (never a training epoch)."""
 
 
-def check_vocab(tokenizer_vocab_size: int, model_vocab_size: int) -> None:
-    """Raise when the tokenizer's and the model's vocabulary sizes differ."""
-    if int(tokenizer_vocab_size) != int(model_vocab_size):
-        raise BertforgeError(
-            f"the tokenizer has {tokenizer_vocab_size} tokens but the model's vocab_size is "
-            f"{model_vocab_size}; build the model with vocab_size={tokenizer_vocab_size} or use the "
-            "tokenizer the data was prepared with"
-        )
-
-
 class PretrainingSampler:
     """Global-batch sampler for one rank; endless over epochs; resumable by (epoch, step)."""
 

@@ -18,7 +18,6 @@ import argparse
 import hashlib
 import itertools
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -185,9 +184,6 @@ def prepare(
     )
     start = time.perf_counter()
     with atomic_directory(output) as tmp:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result is ordinary data
         writers = {split: ShardWriter(tmp, split, dtype, shard_tokens) for split in SPLITS}
         builders = {
             split: InstanceBuilder(

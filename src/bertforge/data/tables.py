@@ -17,7 +17,7 @@ from typing import Any
 from bertforge.errors import BertforgeError
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".ndjson")
-_BR = re.compile(r"<br\s*/?>", re.IGNORECASE)
+BR_TAG = re.compile(r"<br\s*/?>", re.IGNORECASE)
 
 
 def table_format(path: str | Path) -> str:
@@ -84,7 +84,7 @@ def clean_text(text: Any) -> str:
     """The cell as a string, HTML line breaks (``<br />``, as in IMDB) turned into spaces."""
     if text is None:
         return ""
-    return _BR.sub(" ", str(text))
+    return BR_TAG.sub(" ", str(text))
 
 
 def read_columns(
