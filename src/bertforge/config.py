@@ -17,6 +17,10 @@ from typing import Any
 from bertforge.errors import BertforgeError
 
 CONFIG_NAME = "config.json"
+SCHEDULES: tuple[str, ...] = ("linear", "cosine", "constant")
+"""Learning-rate decays after warmup (``bertforge.optim.lr_at``)."""
+PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp32")
+"""Training precisions (``bertforge.runtime.pick_precision``)."""
 
 
 @dataclass
@@ -243,11 +247,11 @@ def check_training_options(cfg: Any, option: Callable[[str], str]) -> None:
         raise BertforgeError(f"{option('lr')} {cfg.lr} must be positive, e.g. 1e-4")
     if not 0.0 <= cfg.warmup_ratio < 1.0:
         raise BertforgeError(f"{option('warmup_ratio')} {cfg.warmup_ratio} must lie in [0, 1)")
-    if cfg.schedule not in ("linear", "cosine", "constant"):
+    if cfg.schedule not in SCHEDULES:
         raise BertforgeError(
             f"{option('schedule')} {cfg.schedule!r}: choose linear, cosine or constant"
         )
-    if cfg.precision not in ("auto", "bf16", "fp32"):
+    if cfg.precision not in PRECISIONS:
         raise BertforgeError(f"{option('precision')} {cfg.precision!r}: choose auto, bf16 or fp32")
     if cfg.dropout is not None and not 0.0 <= cfg.dropout < 1.0:
         raise BertforgeError(f"{option('dropout')} {cfg.dropout} must lie in [0, 1)")
@@ -291,7 +295,9 @@ class LoopOptions:
 
 __all__ = [
     "CONFIG_NAME",
+    "PRECISIONS",
     "PRESETS",
+    "SCHEDULES",
     "BertConfig",
     "LoopOptions",
     "check_at_least",

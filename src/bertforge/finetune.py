@@ -23,7 +23,6 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from bertforge.evaluate import (
     task_plot_name,
     task_report,
 )
-from bertforge.finetune_config import FINETUNE_CONFIG, FinetuneConfig
+from bertforge.finetune_config import FINETUNE_CONFIG, FinetuneConfig, option
 from bertforge.model import BertForSequenceClassification
 from bertforge.optim import build_optimizer, set_lr
 from bertforge.plots import plot_training_curves
@@ -74,11 +73,6 @@ RUN_IDENTITY = (
     "validation_fraction",
 )
 """Settings a resumed run must share with the interrupted one (the data order depends on them)."""
-
-
-def _option(key: str) -> str:
-    """How a resume error names a setting: the command's option."""
-    return "--" + key.replace("_", "-")
 
 
 def _improved(value: float, best: float | None, metric: str) -> bool:
@@ -168,7 +162,7 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
         training.set_dropout(model, cfg.dropout)
     model = model.to(device)
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
-    resolved = json.loads(json.dumps(asdict(cfg)))
+    resolved = training.config_dict(cfg)
     identity = {k: resolved[k] for k in RUN_IDENTITY}
     state: dict[str, Any] = {
         "step": 0,
@@ -186,7 +180,7 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     }
     if resume_dir is not None:
         state, _ = load_train_state(resume_dir, optimizer=optimizer, keys=state)
-        training.check_same_run(resume_dir, state["run"], identity, option=_option)
+        training.check_same_run(resume_dir, state["run"], identity, option=option)
         say(f"resuming from {resume_dir} at step {state['step']}")
     logger = MetricsLogger(out, resume_step=state["step"] if resume_dir is not None else None)
     atomic_write_text(out / FINETUNE_CONFIG, json.dumps(resolved, indent=2) + "\n")
@@ -262,7 +256,13 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
             seconds = time.perf_counter() - t0
             state["elapsed"] += seconds
             window.add(tokens, seconds, loss=step_loss)
-            training.show_step(bar, state, budget, loss=step_loss, lr=lr, window=window)
+            bar.update(
+                step=state["step"],
+                elapsed=state["elapsed"],
+                loss=step_loss,
+                lr=lr,
+                tokens_per_s=window.tokens_per_s,
+            )
             if state["step"] % cfg.log_every == 0:
                 logger.log(
                     state["step"],

@@ -11,6 +11,12 @@ from bertforge.config import LoopOptions, check_at_least, check_training_options
 from bertforge.data.tasks import TRUNCATIONS
 from bertforge.errors import BertforgeError
 
+
+def option(name: str) -> str:
+    """How ``bertforge finetune`` spells a ``FinetuneConfig`` field on the command line."""
+    return "--" + name.replace("_", "-")
+
+
 FINETUNE_CONFIG = "finetune_config.json"
 """The resolved config, written next to the fine-tuned model; the commands that use the model
 read its data columns, length and truncation from there."""
@@ -87,7 +93,6 @@ class FinetuneConfig(LoopOptions):
             raise BertforgeError(f"--truncation {self.truncation!r}: choose head or head_tail")
         if self.batch_size <= 0 or self.eval_batch_size <= 0 or self.epochs <= 0:
             raise BertforgeError("--batch-size, --eval-batch-size and --epochs must be positive")
-        option = lambda name: "--" + name.replace("_", "-")  # noqa: E731
         check_training_options(self, option)
         check_at_least(self, option, max_steps=1, eval_every=0, patience=0, keep_checkpoints=0)
         check_at_least(self, option, micro_batch_size=1)

@@ -12,10 +12,10 @@ from typing import Literal
 import torch
 from torch import nn
 
+from bertforge.config import SCHEDULES
 from bertforge.errors import BertforgeError
 
 Schedule = Literal["linear", "cosine", "constant"]
-SCHEDULES: tuple[str, ...] = ("linear", "cosine", "constant")
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

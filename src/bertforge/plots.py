@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from bertforge.runtime import read_metrics
+from bertforge.progress import read_metrics
+
+
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (files only, no display), imported on first use."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _series(records: list[dict], split: str, key: str) -> tuple[list[int], list[float]]:
@@ -20,14 +31,11 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
     """Draw loss (train and every evaluated split), the evaluated accuracies and the learning
     rate against the optimizer step; write ``output`` (PNG) and return its path.
 
-    Works for any ``metrics.jsonl`` written by :class:`bertforge.runtime.MetricsLogger`: train
+    Works for any ``metrics.jsonl`` written by :class:`bertforge.progress.MetricsLogger`: train
     records carry ``loss`` and ``lr``; evaluation records (any other ``split``) carry ``loss`` and
     optionally ``accuracy``/``top5_accuracy``/``nsp_accuracy``.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     records = read_metrics(metrics)
     splits = sorted({r.get("split") for r in records if r.get("split") not in (None, "train")})
@@ -46,11 +54,8 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
         )
         window = max(1, len(loss) // 50)
         if window > 1:  # a moving average reads better than the raw, noisy loss
-            smooth = [
-                sum(loss[max(0, i - window + 1) : i + 1])
-                / len(loss[max(0, i - window + 1) : i + 1])
-                for i in range(len(loss))
-            ]
+            windows = (loss[max(0, i - window + 1) : i + 1] for i in range(len(loss)))
+            smooth = [sum(w) / len(w) for w in windows]
             ax_loss.plot(
                 steps, smooth, color="tab:blue", linewidth=1.5, label=f"train (mean of {window})"
             )
@@ -86,8 +91,7 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
 
 
 def _save(fig, output: str | Path) -> Path:
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     from bertforge.checkpoint import atomic_file
 
     try:
@@ -102,10 +106,7 @@ def plot_confusion_matrix(
     cm, labels: list[str], output: str | Path, title: str | None = None
 ) -> Path:
     """A confusion matrix (rows: true label, columns: predicted) with counts and row shares."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     import numpy as np
 
     cm = np.asarray(cm)
@@ -134,10 +135,7 @@ def plot_confusion_matrix(
 
 def plot_regression_scatter(y_true, y_pred, output: str | Path, title: str | None = None) -> Path:
     """Predicted against true values, with the y = x line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
     import numpy as np
 
     y_true, y_pred = np.asarray(y_true, dtype=float), np.asarray(y_pred, dtype=float)

@@ -33,7 +33,7 @@ from bertforge.model import IGNORE_INDEX
 from bertforge.optim import build_optimizer, set_lr
 from bertforge.plots import plot_training_curves
 from bertforge.pretrain_config import PretrainConfig
-from bertforge.pretrain_setup import build_model, config_dict, find_resume, open_data, run_identity
+from bertforge.pretrain_setup import build_model, find_resume, open_data, run_identity
 from bertforge.progress import MetricsLogger, format_duration, parse_duration
 from bertforge.runtime import (
     GracefulStop,
@@ -114,7 +114,9 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
         out, enabled=main_proc, resume_step=state["step"] if resume_dir is not None else None
     )
     if main_proc:
-        resolved = config_dict(cfg) | {"resume": None}  # rerunning this config auto-resumes
+        resolved = training.config_dict(cfg) | {
+            "resume": None
+        }  # rerunning this config auto-resumes
         atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False))
 
     eval_bs = tc.eval_batch_size or micro
@@ -262,7 +264,13 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
             if use_nsp:
                 losses["nsp_loss"] = nsp_loss or 0.0
             window.add(float(totals[2]), seconds, **losses)
-            training.show_step(bar, state, budget, loss=step_loss, lr=lr, window=window)
+            bar.update(
+                step=state["step"],
+                elapsed=state["elapsed"],
+                loss=step_loss,
+                lr=lr,
+                tokens_per_s=window.tokens_per_s,
+            )
             if state["step"] % tc.log_every == 0 or done():
                 logger.log(
                     state["step"],
@@ -342,7 +350,5 @@ __all__ = [
     "CONFIG_FILE",
     "FINAL_DIR",
     "PLOT_FILE",
-    "config_dict",
-    "find_resume",
     "pretrain",
 ]

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bertforge.config import BertConfig
 from bertforge.data.loader import PretrainingCollator, PretrainingSampler
 from bertforge.data.shards import TOKENIZER_DIR, PretrainingDataset, read_meta
 from bertforge.errors import BertforgeError
@@ -28,6 +29,8 @@ class PretrainingData:
     """The data directory's meta.json (max_seq_length, tokenizer fingerprint, splits)."""
     tokenizer: Tokenizer
     """The data's tokenizer (saved with every checkpoint and the final model)."""
+    model_config: BertConfig
+    """The encoder ``cfg.model`` describes, sized to the tokenizer's vocabulary."""
     train: PretrainingDataset
     """The training split."""
     val: PretrainingDataset
@@ -62,7 +65,7 @@ def open_data(cfg: PretrainConfig, *, rank: int = 0, world_size: int = 1) -> Pre
             f"{cfg.data} was prepared in {train_ds.mode!r} mode, without NSP "
             "labels; use --train.objective mlm or prepare with --mode nsp"
         )
-    model_config = cfg.model.to_bert_config(tokenizer.vocab_size)  # built by build_model
+    model_config = cfg.model.to_bert_config(tokenizer.vocab_size)
     if meta["max_seq_length"] > model_config.max_position_embeddings:
         raise BertforgeError(
             f"data max_seq_length={meta['max_seq_length']} exceeds "
@@ -98,7 +101,16 @@ def open_data(cfg: PretrainConfig, *, rank: int = 0, world_size: int = 1) -> Pre
         seed=tc.seed,
     )
     return PretrainingData(
-        meta, tokenizer, train_ds, val_ds, extra, sampler, collator, micro, per_rank // micro
+        meta,
+        tokenizer,
+        model_config,
+        train_ds,
+        val_ds,
+        extra,
+        sampler,
+        collator,
+        micro,
+        per_rank // micro,
     )
 
 
@@ -107,7 +119,7 @@ def build_model(
 ) -> BertForPreTraining | BertForMaskedLM:
     """A fresh ``BertForPreTraining`` (objective mlm_nsp) or ``BertForMaskedLM`` (mlm) sized by
     ``cfg.model``, or the one in ``resume_dir``, which must have the same config."""
-    model_config = cfg.model.to_bert_config(data.tokenizer.vocab_size)
+    model_config = data.model_config
     model_cls = BertForPreTraining if cfg.train.objective == "mlm_nsp" else BertForMaskedLM
     if resume_dir is None:
         return model_cls(model_config)
@@ -139,11 +151,6 @@ def find_resume(cfg: PretrainConfig) -> Path | None:
     return latest_checkpoint(cfg.output)
 
 
-def config_dict(cfg: PretrainConfig) -> dict[str, Any]:
-    """The config as plain YAML-able data (the shape ``--config`` reads back)."""
-    return json.loads(json.dumps(asdict(cfg)))  # tuples -> lists
-
-
 def run_identity(cfg: PretrainConfig, meta: dict, n_train: int) -> dict[str, Any]:
     """What must not change between a run and its resumption for the data to continue exactly."""
     return json.loads(
@@ -163,7 +170,6 @@ def run_identity(cfg: PretrainConfig, meta: dict, n_train: int) -> dict[str, Any
 __all__ = [
     "PretrainingData",
     "build_model",
-    "config_dict",
     "find_resume",
     "open_data",
     "run_identity",

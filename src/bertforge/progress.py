@@ -162,9 +162,10 @@ class ProgressBar:
         )
 
     def update(
-        self, done: float, *, step: int, loss: float, lr: float, tokens_per_s: float
+        self, *, step: int, elapsed: float, loss: float, lr: float, tokens_per_s: float
     ) -> None:
-        """``done`` = steps done (or seconds elapsed when ``by_time``)."""
+        """Move to ``step`` (or to ``elapsed`` seconds when the bar counts time)."""
+        done = elapsed if self.by_time else step
         status = f"step {step} loss {loss:.4f} lr {lr:.2e} {tokens_per_s:,.0f} tok/s"
         if self.plain:
             now = time.monotonic()
@@ -179,9 +180,9 @@ class ProgressBar:
                     flush=True,
                 )
             return
-        self._bar.n = round(done, 1) if self.by_time else int(done)
         self._bar.set_postfix_str(status, refresh=False)
-        self._bar.refresh()
+        target = round(done, 1) if self.by_time else step
+        self._bar.update(target - self._bar.n)  # redraws at most every mininterval
 
     def write(self, text: str) -> None:
         if self.plain:

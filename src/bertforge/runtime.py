@@ -22,10 +22,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from bertforge.config import PRECISIONS
 from bertforge.errors import BertforgeError
-from bertforge.progress import read_metrics  # re-exported: plots.py and benchmarks import it here
-
-Precision = Literal["auto", "bf16", "fp32"]
+from bertforge.progress import read_metrics  # re-exported: benchmarks import it here
 
 # ---- device and precision -----------------------------------------------------------------
 
@@ -70,7 +69,7 @@ def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
 
 def pick_precision(precision: str, device: torch.device) -> Literal["bf16", "fp32"]:
     """Resolve ``auto`` to ``bf16`` where the hardware runs it fast, else ``fp32``."""
-    if precision not in ("auto", "bf16", "fp32"):
+    if precision not in PRECISIONS:
         raise BertforgeError(f"--precision {precision!r} is unknown; choose auto, bf16 or fp32")
     if precision != "auto":
         return precision  # type: ignore[return-value]

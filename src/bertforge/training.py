@@ -10,6 +10,8 @@ Each loop stays one flat function that calls these in order; see ``pretrain.py``
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from bertforge.checkpoint import atomic_directory
 from bertforge.errors import BertforgeError
 from bertforge.optim import lr_at, lr_at_progress
 from bertforge.progress import ProgressBar
@@ -85,6 +88,11 @@ def micro_batches(rows: Sequence[int], micro: int) -> list[tuple[Sequence[int], 
     with its share of the rows: the weight of its mean loss in the mean loss of the batch."""
     n = len(rows)
     return [(rows[i : i + micro], min(micro, n - i) / n) for i in range(0, n, micro)]
+
+
+def config_dict(cfg: Any) -> dict[str, Any]:
+    """A (nested) dataclass config as plain JSON/YAML-able data: what a run records of itself."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples -> lists
 
 
 def clip_gradients(parameters: Iterable[nn.Parameter], max_norm: float) -> float:
@@ -157,25 +165,6 @@ def progress_bar(
     )
 
 
-def show_step(
-    bar: ProgressBar,
-    state: dict[str, Any],
-    budget: float | None,
-    *,
-    loss: float,
-    lr: float,
-    window: RunningMeans,
-) -> None:
-    """Move the bar made by :func:`progress_bar` to ``state``."""
-    bar.update(
-        state["elapsed"] if budget else state["step"],
-        step=state["step"],
-        loss=loss,
-        lr=lr,
-        tokens_per_s=window.tokens_per_s,
-    )
-
-
 def check_same_run(
     resume_dir: Path, saved: dict[str, Any], now: dict[str, Any], option: Any = str
 ) -> None:
@@ -201,8 +190,6 @@ def write_checkpoint(
 ) -> Path:
     """Write ``out/checkpoint-<step>`` (model, tokenizer, train state) whole or not at all, then
     delete all but the newest ``keep`` checkpoints."""
-    from bertforge.checkpoint import atomic_directory
-
     path = out / checkpoint_name(state["step"])
     with atomic_directory(path) as tmp:
         model.save_pretrained(tmp, tokenizer=tokenizer)
@@ -222,6 +209,5 @@ __all__ = [
     "progress_bar",
     "scheduled_lr",
     "set_dropout",
-    "show_step",
     "write_checkpoint",
 ]

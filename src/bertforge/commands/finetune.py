@@ -9,7 +9,7 @@ from dataclasses import MISSING, fields
 from bertforge.config import LoopOptions
 from bertforge.errors import ArgumentParser
 from bertforge.finetune import finetune
-from bertforge.finetune_config import FinetuneConfig
+from bertforge.finetune_config import FinetuneConfig, option
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inherited = {f.name for f in fields(LoopOptions)}
     for f in sorted(fields(FinetuneConfig), key=lambda f: f.name in inherited):  # own ones first
-        flag = "--" + f.name.replace("_", "-")
+        flag = option(f.name)
         kind = str(f.type)
         help_ = " ".join((docs.get(f.name) or "").split())
         if f.name in ("train", "validation"):
