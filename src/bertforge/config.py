@@ -181,14 +181,9 @@ class BertConfig:
             path = path / CONFIG_NAME
         if not path.is_file():
             raise BertforgeError(f"{path}: no such file; a model directory needs config.json")
-        try:
-            d = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise BertforgeError(
-                f"{path}: not valid JSON ({err}); restore or re-save the config"
-            ) from err
-        if not isinstance(d, dict):
-            raise BertforgeError(f"{path}: expected a JSON object of BertConfig fields")
+        from bertforge.checkpoint import read_json_object
+
+        d = read_json_object(path, "restore or re-save the config")
         return cls.from_dict(d, source=str(path))
 
     @classmethod
@@ -215,10 +210,9 @@ _JSON_TYPES = dict(int=(int,), float=(int, float), str=(str,), dict=(dict,), lis
 
 def _json_value_fits(value: Any, annotation: str) -> bool:
     """Whether a JSON ``value`` has the type a BertConfig field is annotated with (a string
-    such as ``"float | None"`` or ``"dict[int, str] | None"``); JSON true/false is no number."""
+    such as ``"float | None"`` or ``"dict[int, str] | None"``; ``from_dict`` drops nulls before
+    asking); JSON true/false is no number."""
     options = [part.strip().split("[")[0] for part in annotation.split("|")]
-    if value is None:
-        return "None" in options
     if isinstance(value, bool):
         return "bool" in options
     return any(isinstance(value, _JSON_TYPES.get(option, ())) for option in options)

@@ -18,13 +18,10 @@ from torch import Tensor, nn
 
 from bertforge import metrics as M
 from bertforge.errors import BertforgeError
+from bertforge.model import IGNORE_INDEX
 from bertforge.runtime import autocast
 
-IGNORE_INDEX = -100
-
 # ---- masked-language-model metrics ---------------------------------------------------------
-
-MLM_KEYS = ("loss", "perplexity", "accuracy", "top5_accuracy", "nsp_accuracy")
 
 
 @torch.inference_mode()
@@ -34,7 +31,6 @@ def evaluate_mlm(
     device: torch.device,
     precision: str = "fp32",
     *,
-    max_batches: int | None = None,
     reduce_across_ranks: bool = False,
 ) -> dict[str, float | int | None]:
     """MLM loss (mean cross-entropy per masked token, nats), perplexity, masked-token top-1 and
@@ -53,9 +49,7 @@ def evaluate_mlm(
     sums = torch.zeros(6, dtype=torch.float64)  # loss, top1, top5, tokens, nsp correct, nsp count
     sequences = 0
     try:
-        for i, batch in enumerate(batches):
-            if max_batches is not None and i >= max_batches:
-                break
+        for batch in batches:
             batch = {
                 k: v.to(device, non_blocking=True)
                 for k, v in batch.items()
@@ -77,14 +71,15 @@ def evaluate_mlm(
                     labels=labels,
                     **kwargs,
                 )
+            # with labels given, the logits are sparse (n_masked, V) and the loss is their mean CE
             logits = getattr(out, "prediction_logits", None)
+            mlm_loss = getattr(out, "mlm_loss", None) if logits is not None else out.loss
             if logits is None:
                 logits = out.logits
             target = labels[labels != IGNORE_INDEX]  # (n_masked,)
-            logits = logits.float()  # (n_masked, V): sparse prediction
-            if logits.dim() == 3:  # a model that ignores labels: select the masked rows here
-                logits = logits[labels != IGNORE_INDEX]
-            sums[0] += F.cross_entropy(logits, target, reduction="sum").item()
+            logits = logits.float()
+            if target.numel():  # the mean over no masked token is NaN: add nothing
+                sums[0] += mlm_loss.float().item() * target.numel()
             top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices  # (n_masked, 5)
             sums[1] += (top5[:, 0] == target).sum().item()
             sums[2] += (top5 == target[:, None]).any(-1).sum().item()
@@ -296,11 +291,12 @@ def mlm_text_batches(
 ) -> list[dict[str, Tensor]]:
     """A text file as packed ``[CLS] ... [SEP]`` sequences with fixed 80/10/10 masks (MLM only).
 
-    Uses the pretraining pipeline (documents -> sentences -> packed sequences -> masking
-    collator with the validation epoch), so the numbers compare with pretraining's.
+    Uses the pretraining pipeline (documents -> sentences -> ``InstanceBuilder``'s packed
+    sequences -> masking collator with the validation epoch), so the numbers compare with
+    pretraining's.
     """
     from bertforge.data.corpus import read_documents
-    from bertforge.data.instances import Packer, split_long
+    from bertforge.data.instances import InstanceBuilder
     from bertforge.data.loader import VALIDATION_EPOCH, PretrainingCollator
 
     if max_seq_length < 8:  # the shortest sequences bertforge prepare makes
@@ -309,17 +305,22 @@ def mlm_text_batches(
         )
     if max_sequences is not None and max_sequences < 1:
         raise BertforgeError(f"--max-sequences {max_sequences} must be at least 1")
-    packer = Packer(max_seq_length, tokenizer.sep_id)
-    instances = []
+    instances: list[Any] = []
+    builder = InstanceBuilder(  # packed mode: no NSP, so no randomness and no short sequences
+        tokenizer,
+        instances.extend,
+        "packed",
+        max_seq_length,
+        short_seq_prob=0.0,
+        rng=np.random.default_rng(seed),
+        stats={},
+        chunk_chars=100_000,
+    )
     for doc in read_documents(path, text_column=text_column):
-        encodings = tokenizer.backend.encode_batch(list(doc), add_special_tokens=False)
-        pieces, _ = split_long(
-            [np.array(e.ids, dtype=np.int64) for e in encodings], max_seq_length - 2
-        )
-        instances.extend(packer.add_document(pieces))
+        builder.add(list(doc))
         if max_sequences is not None and len(instances) >= max_sequences:
             break
-    instances.extend(packer.finish())
+    builder.finish()
     instances = instances[:max_sequences]
     if not instances:
         raise BertforgeError(f"{path}: no text to evaluate on (the file is empty)")
@@ -343,7 +344,6 @@ def mlm_text_batches(
 
 __all__ = [
     "HIGHER_IS_BETTER",
-    "MLM_KEYS",
     "class_names",
     "comparison_table",
     "evaluate_mlm",

@@ -11,7 +11,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bertforge.commands.common import add_runtime_options, add_task_options, finetune_defaults
+from bertforge.commands.common import (
+    add_runtime_options,
+    add_task_options,
+    finetune_defaults,
+    load_model,
+)
 from bertforge.errors import ArgumentParser, BertforgeError
 
 
@@ -49,16 +54,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _evaluate_task_model(
-    args: argparse.Namespace, config: Any, tokenizer: Any, device: Any, precision: str
-) -> dict[str, Any]:
+def _evaluate_task_model(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     from bertforge.data.tasks import encode_examples, load_labelled
     from bertforge.evaluate import evaluate_sequence_model, task_report
     from bertforge.model import BertForSequenceClassification
 
     start = time.perf_counter()
     ft = finetune_defaults(args.model)
-    model = BertForSequenceClassification.from_pretrained(args.model).to(device)
+    model, tokenizer, options = load_model(BertForSequenceClassification, args)
     task = "regression" if config.is_regression else "classification"
     data, _ = load_labelled(
         args.data,
@@ -81,8 +84,7 @@ def _evaluate_task_model(
         encoded,
         data.labels,
         tokenizer.pad_id,
-        batch_size=args.batch_size,
-        precision=precision,
+        **options,
     )
     title = Path(args.data[0]).name + more
     report = task_report(config, data.labels, predictions, plot=args.plot, plot_title=title)
@@ -107,9 +109,7 @@ def _evaluate_task_model(
     return result
 
 
-def _evaluate_mlm_model(
-    args: argparse.Namespace, config: Any, tokenizer: Any, device: Any, precision: str
-) -> dict[str, Any]:
+def _evaluate_mlm_model(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     from bertforge.evaluate import (
         comparison_table,
         evaluate_mlm,
@@ -124,12 +124,16 @@ def _evaluate_mlm_model(
         if "BertForPreTraining" in (config.architectures or [])
         else BertForMaskedLM
     )
-    model = cls.from_pretrained(args.model).to(device)
-    if any(k.startswith("cls.predictions.transform") for k in model.loading_info["missing"]):
-        raise BertforgeError(
-            f"{args.model}: no masked-language-model head (cls.predictions.*) "
-            "and no classifier; evaluate needs a pretrained MLM or a fine-tuned model"
-        )
+    model, tokenizer, options = load_model(
+        cls,
+        args,
+        require=(
+            "cls.predictions.transform",
+            "no masked-language-model head (cls.predictions.*) "
+            "and no classifier; evaluate needs a pretrained MLM or a fine-tuned model",
+        ),
+    )
+    device, precision = next(model.parameters()).device, options["precision"]
     if len(args.data) != 1:
         raise BertforgeError("an MLM evaluation takes one text file in --data")
     max_len = min(args.max_length or 128, config.max_position_embeddings)
@@ -161,21 +165,14 @@ def _evaluate_mlm_model(
 
 def main(argv: list[str]) -> int:
     """``bertforge evaluate --model DIR --data FILE [...]``."""
-    from bertforge.checkpoint import check_tokenizer_fits
     from bertforge.config import BertConfig
-    from bertforge.runtime import pick_device, pick_precision
-    from bertforge.tokenizer import Tokenizer
 
     args = _parser().parse_args(argv)
     config = BertConfig.load(args.model)
-    device = pick_device(args.device)
-    precision = pick_precision(args.precision, device)
-    tokenizer = Tokenizer.from_file(args.model)
-    check_tokenizer_fits(tokenizer, config, args.model)
     if "BertForSequenceClassification" in (config.architectures or []):
-        result = _evaluate_task_model(args, config, tokenizer, device, precision)
+        result = _evaluate_task_model(args, config)
     else:
-        result = _evaluate_mlm_model(args, config, tokenizer, device, precision)
+        result = _evaluate_mlm_model(args, config)
     if args.output:
         from bertforge.checkpoint import atomic_write_text
 
