@@ -179,6 +179,8 @@ def test_atomic_writes_get_ordinary_modes_under_the_umask(tmp_path, umask):
         atomic_write_text(tmp_path / "written.txt", "x")
         with atomic_file(tmp_path / "filled.bin") as tmp:
             tmp.write_bytes(b"x")
+        with atomic_file(tmp_path / "weights.safetensors") as tmp:  # safetensors writes 0600
+            save_file({"w": torch.zeros(1)}, str(tmp))
         with atomic_directory(tmp_path / "model") as tmp:
             (tmp / "config.json").write_text("{}")
     finally:
@@ -189,6 +191,7 @@ def test_atomic_writes_get_ordinary_modes_under_the_umask(tmp_path, umask):
 
     assert mode("plain.txt") == 0o666 & ~umask and mode("plain") == 0o777 & ~umask
     assert mode("written.txt") == mode("filled.bin") == mode("plain.txt")
+    assert mode("weights.safetensors") == mode("plain.txt")
     assert mode("model") == mode("plain")
     assert mode("model/config.json") == mode("plain.txt")
 

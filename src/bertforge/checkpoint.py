@@ -108,12 +108,11 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; it replaces ``path`` only if the block succeeds."""
     path = _writable_file(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, _ordinary_mode(0o666))
-    finally:
-        os.close(fd)
+    os.close(fd)
     try:
         yield Path(tmp)
+        # after the block: a writer may have replaced the file (safetensors writes 0600 files)
+        os.chmod(tmp, _ordinary_mode(0o666))
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
