@@ -2,7 +2,8 @@
 
 Fast paths: sparse MLM prediction (head on the masked positions only), skipped padding (token-wise
 ops on the real tokens only), the cheaper CPU dropout and the explicit attention it runs in, the
-in-place buffers of inference, and bf16 autocast. Timings live in benchmarks/, never here.
+in-place buffers of inference, and bf16 autocast. The C kernel itself: tests/test_kernels.py.
+Timings live in benchmarks/, never here.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from bertforge import BertForPreTraining, BertForSequenceClassification, BertModel
-from bertforge.ops import CrossEntropy, dropout
+from bertforge.kernels import dropout_kernel
+from bertforge.ops import CrossEntropy, dropout, torch_dropout
 
 
 @pytest.fixture(autouse=True)
@@ -196,11 +198,19 @@ def test_fused_cross_entropy_equals_torch(dtype):
     torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-2)
 
 
-def test_cpu_dropout_keeps_the_right_fraction_and_rescales():
+@pytest.mark.parametrize("form", ["kernel", "torch"])
+def test_cpu_dropout_keeps_the_right_fraction_and_rescales(form):
+    """Both CPU forms: the C kernel (when this machine can build it) and the torch fallback."""
+    if form == "kernel" and dropout_kernel(torch.float32) is None:
+        pytest.skip("no C compiler here: the kernel form is not built")
+
+    def drop(x: torch.Tensor, p: float) -> torch.Tensor:
+        return dropout(x, p, training=True) if form == "kernel" else torch_dropout(x, p)
+
     torch.manual_seed(3)
     x = torch.ones(1_000_000)
     for p in (0.1, 0.5):
-        y = dropout(x, p, training=True)
+        y = drop(x, p)
         kept = y != 0
         assert abs(kept.float().mean().item() - (1 - p)) < 0.003  # ~6 sigma at n = 1e6
         torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / (1 - p)))
@@ -208,15 +218,16 @@ def test_cpu_dropout_keeps_the_right_fraction_and_rescales():
     assert dropout(x, 0.0, training=True) is x
     # gradient flows through kept elements only, with the same scale
     w = torch.randn(1000, 37, requires_grad=True)
-    y = dropout(w, 0.3, training=True)
-    y.sum().backward()
-    torch.testing.assert_close(w.grad, (y != 0).float() / 0.7)
+    y = drop(w, 0.3)
+    g = torch.randn(1000, 37)
+    y.backward(g)
+    torch.testing.assert_close(w.grad, g * (y != 0).float() / 0.7)
     # masks differ call to call, and follow torch's seed
     torch.manual_seed(4)
-    a = dropout(x[:1000], 0.5, True)
+    a = drop(x[:1000], 0.5)
     torch.manual_seed(4)
-    assert torch.equal(a, dropout(x[:1000], 0.5, True))
-    assert not torch.equal(a, dropout(x[:1000], 0.5, True))
+    assert torch.equal(a, drop(x[:1000], 0.5))
+    assert not torch.equal(a, drop(x[:1000], 0.5))
 
 
 def test_training_mode_explicit_attention_equals_sdpa_without_drops(tiny_config):

@@ -29,7 +29,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertforge.config import BertConfig
-from bertforge.ops import CrossEntropy, Dropout, activation, autograd_free, dropout, repad, unpad
+from bertforge.ops import (
+    CrossEntropy,
+    DecoderLinear,
+    Dropout,
+    activation,
+    autograd_free,
+    dropout,
+    repad,
+    unpad,
+)
 
 IGNORE_INDEX = -100
 
@@ -366,7 +375,10 @@ class BertLMPredictionHead(nn.Module):
         self.decoder.bias = self.bias
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.decoder(self.transform(x))
+        h = self.transform(x)
+        if h.dim() == 2 and torch.is_grad_enabled() and h.dtype == self.bias.dtype:
+            return DecoderLinear.apply(h, self.decoder.weight, self.bias)  # (n, V)
+        return self.decoder(h)
 
 
 class BertOnlyMLMHead(nn.Module):

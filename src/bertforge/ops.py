@@ -16,16 +16,51 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bertforge.kernels import dropout_kernel
+
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """``F.dropout`` with a cheaper keep-mask on CPU, where torch's ``bernoulli_`` draws one 32-bit
-    number per element and made dropout ~15% of a small model's training step. Here each 64-bit
-    draw yields four 16-bit uniforms, each kept with probability 1 - p (p resolved to 2^-16:
-    0.1 drops with probability 0.100006); kept values are scaled by 1 / (1 - p) as in torch."""
+    number per element and made dropout ~15% of a small model's training step. Each element is
+    kept when a 16-bit uniform is >= round(p * 2^16) (p resolved to 2^-16: 0.1 drops with
+    probability 0.100006); kept values are scaled by 1 / (1 - p) as in torch. With the C kernel
+    of :mod:`bertforge.kernels` (float32, bfloat16) mask and scaling take one pass and the
+    backward recomputes the mask; otherwise :func:`torch_dropout` computes the same in torch."""
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu":
         return F.dropout(x, p, True)
+    kernel = dropout_kernel(x.dtype)
+    if kernel is None or torch.compiler.is_compiling():
+        return torch_dropout(x, p)
+    return SeededDropout.apply(x, p, kernel)
+
+
+class SeededDropout(torch.autograd.Function):
+    """Dropout through a kernel ``f(x, out, seed, p)``: the seed is drawn from torch's generator
+    (so ``torch.manual_seed`` reproduces the masks) and the backward reruns the kernel on the
+    gradient with the same seed: same mask, same scale, and no mask kept in memory."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, p: float, kernel: Any) -> Tensor:
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        kernel(x, out, seed, p)
+        ctx.seed, ctx.p, ctx.kernel = seed, p, kernel
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        grad = grad.contiguous()
+        out = torch.empty_like(grad)
+        ctx.kernel(grad, out, ctx.seed, ctx.p)
+        return out, None, None
+
+
+def torch_dropout(x: Tensor, p: float) -> Tensor:
+    """The torch form of :func:`dropout` (training): each 64-bit draw of torch's generator yields
+    four 16-bit uniforms, compared, cast and multiplied in separate passes."""
     bits = torch.empty((x.numel() + 3) // 4, dtype=torch.int64, device=x.device)
     bits = bits.random_(-(2**63), None).view(torch.int16)[: x.numel()]  # uniform over int16
     keep = bits.view(x.shape) >= round(p * 2**16) - 2**15
@@ -64,6 +99,25 @@ class CrossEntropy(torch.autograd.Function):
         return grad.mul_(grad_loss / n).to(ctx.logits_dtype), None
 
 
+class DecoderLinear(torch.autograd.Function):
+    """``F.linear`` on (n, in) rows whose weight gradient comes out contiguous (out, in).
+
+    Autograd's ``F.linear`` yields the weight gradient as the transpose of an (in, out) product;
+    for the tied decoder, the word-embedding gradient then cannot be summed into it in place and
+    costs a fresh 30k x H tensor per step.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        return torch.addmm(bias, x, weight.t())  # (n, out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        x, weight = ctx.saved_tensors
+        return grad.mm(weight), grad.t().mm(x), grad.sum(0)
+
+
 # Unpadding: with padding in the batch, every token-wise op (projections, feed-forward, LayerNorm,
 # dropout) runs on the N real tokens only; attention alone goes back to the (B, T) grid.
 def unpad(x: Tensor, index: Tensor) -> Tensor:
@@ -93,4 +147,15 @@ def autograd_free(*tensors: Tensor) -> bool:
     return not torch.is_grad_enabled() and len({t.dtype for t in tensors}) == 1
 
 
-__all__ = ["CrossEntropy", "Dropout", "activation", "autograd_free", "dropout", "repad", "unpad"]
+__all__ = [
+    "CrossEntropy",
+    "Dropout",
+    "DecoderLinear",
+    "SeededDropout",
+    "activation",
+    "autograd_free",
+    "dropout",
+    "repad",
+    "torch_dropout",
+    "unpad",
+]
