@@ -1,16 +1,19 @@
 """Small C kernels for the CPU, built on first use with the system C compiler.
 
-torch has no fast way to draw a dropout mask on the CPU: ``bernoulli_`` and ``random_`` go
-through one Mersenne-Twister stream, and the mask then needs a comparison, a cast and two
-multiplications, each a pass over memory. ``csrc/dropout.c`` draws the mask from a counter-based
-generator and scales in the same pass (4x faster than the torch form for attention
-probabilities), and since the mask is a pure function of (seed, position), the backward pass
-recomputes it instead of storing it.
+Two places in a training step are bound by passes over memory that torch cannot merge on the CPU:
 
-The library is compiled once per source, compiler and CPU into ``$BERTFORGE_CACHE`` (default
-``~/.cache/bertforge``), atomically, and loaded with ``ctypes``: no torch headers, no build step at
-install time, about a second of compiling. Without a working compiler, or with
-``BERTFORGE_KERNELS=0``, :func:`dropout_kernel` returns None and callers use torch ops.
+* dropout: torch draws the mask through one Mersenne-Twister stream, then compares, casts and
+  multiplies, each a pass. ``csrc/dropout.c`` draws it from a counter-based generator and scales
+  in the same pass; since the mask is a pure function of (seed, position), the backward pass
+  recomputes it instead of storing it.
+* the MLM cross-entropy over n x 30,522 logits: torch writes the fp32 log-probabilities and
+  rereads them in the backward (plus a cast for bf16 logits). ``csrc/cross_entropy.c`` keeps
+  one log-sum-exp per row and writes the gradient in one pass.
+
+The sources in ``csrc/`` are compiled once per source, compiler and CPU into ``$BERTFORGE_CACHE``
+(default ``~/.cache/bertforge``), atomically, and loaded with ``ctypes``: no torch headers, no
+build step at install time, about a second of compiling. Without a working compiler, or with
+``BERTFORGE_KERNELS=0``, the getters below return None and callers use torch ops.
 """
 
 from __future__ import annotations
@@ -30,23 +33,34 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).with_name("csrc") / "dropout.c"
+SOURCES = sorted(Path(__file__).with_name("csrc").glob("*.c"))
 #: flag sets tried in order: the first that compiles wins (clang on macOS lacks -fopenmp)
 FLAG_SETS = (
     ["-O3", "-march=native", "-fopenmp"],
     ["-O3", "-fopenmp"],
     ["-O3"],
 )
-_ARGTYPES = [
-    ctypes.c_void_p,  # x
-    ctypes.c_void_p,  # out
-    ctypes.c_int64,  # n
-    ctypes.c_uint64,  # seed
-    ctypes.c_uint32,  # threshold
-    ctypes.c_float,  # scale
-    ctypes.c_int,  # threads
-]
-_SYMBOLS = {torch.float32: "bertforge_dropout_f32", torch.bfloat16: "bertforge_dropout_bf16"}
+_P, _I64, _U64, _U32, _F, _INT = (
+    ctypes.c_void_p,
+    ctypes.c_int64,
+    ctypes.c_uint64,
+    ctypes.c_uint32,
+    ctypes.c_float,
+    ctypes.c_int,
+)
+_DROPOUT = [_P, _P, _I64, _U64, _U32, _F, _INT]  # x, out, n, seed, threshold, scale, threads
+_SIGNATURES = {
+    "bertforge_dropout_f32": _DROPOUT,
+    "bertforge_dropout_bf16": _DROPOUT,
+    # x, target, lse, row_loss, n, V, threads
+    "bertforge_ce_forward_f32": [_P, _P, _P, _P, _I64, _I64, _INT],
+    # x, target, lse, row_loss, work, n, V, threads
+    "bertforge_ce_forward_bf16": [_P, _P, _P, _P, _P, _I64, _I64, _INT],
+    # x, target, lse, grad, n, V, scale, threads
+    "bertforge_ce_backward_f32": [_P, _P, _P, _P, _I64, _I64, _F, _INT],
+    "bertforge_ce_backward_bf16": [_P, _P, _P, _P, _I64, _I64, _F, _INT],
+}
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
 def cache_dir() -> Path:
@@ -68,17 +82,17 @@ def _cpu_name() -> str:
 
 
 def _build(compiler: str) -> Path | None:
-    """Compile ``SOURCE`` into the cache (once per source, compiler and CPU); None on failure."""
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, compiler.encode(), _cpu_name().encode()]))
-    target = cache_dir() / f"kernels-{platform.machine()}-{key.hexdigest()[:16]}.so"
+    """Compile ``SOURCES`` into the cache (once per sources, compiler and CPU); None on failure."""
+    parts = [p.read_bytes() for p in SOURCES] + [compiler.encode(), _cpu_name().encode()]
+    key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+    target = cache_dir() / f"kernels-{platform.machine()}-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     for flags in FLAG_SETS:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-kernels-", suffix=".so")
         os.close(fd)
-        cmd = [compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", tmp]
+        cmd = [compiler, *flags, "-shared", "-fPIC", *map(str, SOURCES), "-o", tmp, "-lm"]
         try:
             done = subprocess.run(cmd, capture_output=True, timeout=120)
             if done.returncode == 0:
@@ -105,15 +119,20 @@ def _library() -> ctypes.CDLL | None:
             path = None
     if path is None:
         warnings.warn(
-            "bertforge: could not build its C kernels (no working C compiler); dropout uses "
-            "the slower torch form. Install gcc or clang, or set BERTFORGE_KERNELS=0 to silence.",
+            "bertforge: could not build its C kernels (no working C compiler); dropout and the "
+            "MLM loss use slower torch forms. Install gcc or clang, or set BERTFORGE_KERNELS=0.",
             stacklevel=3,
         )
         return None
     lib = ctypes.CDLL(str(path))  # after torch: its OpenMP runtime (libgomp.so.1) is reused
-    for symbol in _SYMBOLS.values():
-        getattr(lib, symbol).argtypes = _ARGTYPES
+    for symbol, argtypes in _SIGNATURES.items():
+        getattr(lib, symbol).argtypes = argtypes
     return lib
+
+
+def _function(name: str, dtype: torch.dtype) -> Callable | None:
+    lib = _library() if dtype in _SUFFIX else None
+    return None if lib is None else getattr(lib, f"bertforge_{name}_{_SUFFIX[dtype]}")
 
 
 def dropout_kernel(dtype: torch.dtype) -> Callable[[Tensor, Tensor, int, float], None] | None:
@@ -121,24 +140,55 @@ def dropout_kernel(dtype: torch.dtype) -> Callable[[Tensor, Tensor, int, float],
     dtype; may be ``x`` itself), or None when no kernel serves ``dtype`` here. Element i is kept
     when the i-th 16-bit uniform of ``seed``'s stream is >= round(p * 2^16), and scaled by
     1 / (1 - p); the same seed gives the same mask at any thread count."""
-    lib = _library() if dtype in _SYMBOLS else None
-    if lib is None:
+    fn = _function("dropout", dtype)
+    if fn is None:
         return None
-    fn = getattr(lib, _SYMBOLS[dtype])
 
     def run(x: Tensor, out: Tensor, seed: int, p: float) -> None:
         threshold = round(p * 2**16)
-        fn(
-            x.data_ptr(),
-            out.data_ptr(),
-            x.numel(),
-            seed,
-            threshold,
-            1.0 / (1.0 - p),
-            torch.get_num_threads(),
-        )
+        scale = 1.0 / (1.0 - p)
+        fn(x.data_ptr(), out.data_ptr(), x.numel(), seed, threshold, scale, _threads())
 
     return run
 
 
-__all__ = ["cache_dir", "dropout_kernel"]
+def cross_entropy_kernels(
+    dtype: torch.dtype,
+) -> tuple[Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], Callable[..., Tensor]] | None:
+    """``(forward, backward)`` for contiguous CPU (n, V) logits of ``dtype`` and (n,) int64
+    targets, or None when no kernel serves ``dtype`` here.
+
+    ``forward(logits, target)`` -> ``(lse, row_loss)``, both (n,) fp32: each row's log-sum-exp
+    and ``lse - logits[i, target[i]]``. ``backward(logits, target, lse, scale)`` -> the (n, V)
+    gradient ``(softmax - onehot(target)) * scale`` in the logits' dtype.
+    """
+    fwd, bwd = _function("ce_forward", dtype), _function("ce_backward", dtype)
+    if fwd is None or bwd is None:
+        return None
+
+    def forward(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+        n, V = logits.shape
+        lse = torch.empty(n, dtype=torch.float32)
+        row_loss = torch.empty(n, dtype=torch.float32)
+        args = [logits.data_ptr(), target.data_ptr(), lse.data_ptr(), row_loss.data_ptr()]
+        if dtype == torch.bfloat16:  # one fp32 row per thread to widen bf16 rows into
+            work = torch.empty(_threads(), V, dtype=torch.float32)
+            args.append(work.data_ptr())
+        fwd(*args, n, V, _threads())
+        return lse, row_loss
+
+    def backward(logits: Tensor, target: Tensor, lse: Tensor, scale: float) -> Tensor:
+        n, V = logits.shape
+        grad = torch.empty_like(logits)
+        ptrs = (logits.data_ptr(), target.data_ptr(), lse.data_ptr(), grad.data_ptr())
+        bwd(*ptrs, n, V, scale, _threads())
+        return grad
+
+    return forward, backward
+
+
+def _threads() -> int:
+    return torch.get_num_threads()
+
+
+__all__ = ["cache_dir", "cross_entropy_kernels", "dropout_kernel"]

@@ -30,11 +30,11 @@ from torch import Tensor, nn
 
 from bertforge.config import BertConfig
 from bertforge.ops import (
-    CrossEntropy,
     DecoderLinear,
     Dropout,
     activation,
     autograd_free,
+    cross_entropy,
     dropout,
     repad,
     unpad,
@@ -413,7 +413,7 @@ def masked_lm(
     sparse = labels is not None
     out = model.bert(input_ids, attention_mask, token_type_ids, output_attentions, sparse, rows)
     logits = model.cls.predictions(out.last_hidden_state)
-    loss = None if rows is None else CrossEntropy.apply(logits, labels.flatten()[rows])
+    loss = None if rows is None else cross_entropy(logits, labels.flatten()[rows])
     return out, logits, loss
 
 

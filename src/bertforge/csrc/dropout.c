@@ -12,7 +12,6 @@
  * when no compiler is available.
  */
 #include <stdint.h>
-#include <string.h>
 
 #define GOLDEN 0x9e3779b97f4a7c15ULL
 #define BLOCK 256
@@ -35,15 +34,13 @@ static inline void block_uniforms(uint64_t seed, int64_t block, uint32_t *u) {
 
 /* bf16 <-> fp32: bf16 is the upper half of an fp32; rounding to nearest even, NaN kept NaN. */
 static inline float bf16_to_float(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    return v.f;
 }
 
 static inline uint16_t float_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
+    union { float f; uint32_t u; } v = {f};
+    uint32_t u = v.u;
     uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
     uint32_t nan = (u >> 16) | 0x40u;
     return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
