@@ -1,0 +1,115 @@
+"""Same-process A/B: this checkout's bertforge against the package at another git revision.
+
+The package at ``--base`` is exported with ``git archive`` into a temporary directory under the
+name ``bertforge_base`` (its imports rewritten), both models get the same weights and batch, and
+their steps alternate (order swapped every repetition). Prints both medians and the median of the
+per-repetition ratios, which is robust to the machine drifting during the run.
+
+    python benchmarks/ab_step.py --base HEAD~1 --case pretrain --precision bf16 --reps 9
+    python benchmarks/ab_step.py --base c260361 --case encode
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import io
+import re
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from _common import log, minilm_dir
+from bench_infer import encode_fn, wikitext_windows
+from bench_train import make_step, pretraining_batch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def export_base(revision: str, into: Path) -> str:
+    """Write src/bertforge at ``revision`` to ``into/bertforge_base``; return the package name."""
+    tar = subprocess.run(
+        ["git", "archive", "--format=tar", revision, "src/bertforge"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+        archive.extractall(into, filter="data")
+    package = into / "bertforge_base"
+    (into / "src" / "bertforge").rename(package)
+    for path in package.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        text = re.sub(r"\bbertforge\.", "bertforge_base.", text)
+        text = re.sub(r"\b(from|import) bertforge\b", r"\1 bertforge_base", text)
+        path.write_text(text, encoding="utf-8")
+    sys.path.insert(0, str(into))
+    return "bertforge_base"
+
+
+def pretrain_cases(packages: dict[str, str], size: str, precision: str) -> dict[str, Callable]:
+    torch.manual_seed(0)
+    batch = pretraining_batch(32, 128, 30522)
+    cases, state = {}, None
+    for side, name in packages.items():
+        config = importlib.import_module(f"{name}.config").BertConfig.preset(size, vocab_size=30522)
+        model = importlib.import_module(f"{name}.model").BertForPreTraining(config).train()
+        if state is None:
+            state = model.state_dict()
+        model.load_state_dict(state)
+        optimizer = importlib.import_module(f"{name}.optim").build_optimizer(model, 1e-4)
+        cases[side] = make_step(model, optimizer, batch, precision)
+    return cases
+
+
+def encode_cases(packages: dict[str, str]) -> dict[str, Callable]:
+    ids = wikitext_windows()
+    cases = {}
+    for side, name in packages.items():
+        model_cls = importlib.import_module(f"{name}.model").BertModel
+        cases[side] = encode_fn(model_cls.from_pretrained(minilm_dir()).eval(), ids)
+    return cases
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base", required=True, help="git revision to compare against")
+    p.add_argument("--case", choices=["pretrain", "encode"], default="pretrain")
+    p.add_argument("--size", default="mini")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--reps", type=int, default=9)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        packages = {"base": export_base(args.base, Path(tmp)), "this checkout": "bertforge"}
+        if args.case == "pretrain":
+            cases = pretrain_cases(packages, args.size, args.precision)
+        else:
+            cases = encode_cases(packages)
+        names = list(cases)
+        for name in names * 2:  # warm-up (and the first build of each side's C kernels)
+            cases[name]()
+        log(f"{args.case}: {names} x {args.reps}, alternating")
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for rep in range(args.reps):
+            for name in names if rep % 2 == 0 else names[::-1]:
+                t0 = time.perf_counter()
+                cases[name]()
+                times[name].append(time.perf_counter() - t0)
+    base, new = times["base"], times["this checkout"]
+    what = f"{args.case} {args.size} {args.precision}" if args.case == "pretrain" else "encode"
+    print(
+        f"{what}: base {statistics.median(base) * 1e3:.1f} ms, "
+        f"this checkout {statistics.median(new) * 1e3:.1f} ms, "
+        f"speedup (median of per-repetition ratios) "
+        f"{statistics.median(b / n for b, n in zip(base, new, strict=True)):.3f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()
