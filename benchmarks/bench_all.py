@@ -1,4 +1,4 @@
-"""`make bench`: every bertforge-vs-transformers measurement in one process, as one markdown report.
+"""`make bench`: every bertforge-vs-transformers measurement, as one markdown report.
 
     python benchmarks/bench_all.py                # everything (~4 minutes on 2 cores)
     python benchmarks/bench_all.py --quick        # fewer repetitions, mini only
@@ -7,11 +7,18 @@
 Runs the pretraining step (mini and small, fp32 and bf16, with MFU), the fine-tuning step on AG
 News lengths, inference, and the data-pipeline benchmark (benchmarks/bench_data.py) when present.
 Ratios are the numbers to read: absolute speed depends on what else the machine is doing.
+
+Each section runs in a fresh Python process (both sides still alternate within it): a process
+that has just trained four models holds a large heap, which changes how fast the next section's
+fresh tensors come (page faults), so in one process a section's ratio depended on what ran before
+it (full-window encoding: 0.97-1.05x after the training section, 1.06-1.22x on its own).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import multiprocessing
 import subprocess
 import sys
 import time
@@ -22,8 +29,6 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import bench_finetune  # noqa: E402
-import bench_infer  # noqa: E402
 import bench_train  # noqa: E402
 from _common import CEILING_HEADER, log, machine_markdown, markdown_table  # noqa: E402
 
@@ -38,6 +43,23 @@ def data_section() -> str | None:
     if done.returncode != 0:
         return f"### Data pipeline\n\nbench_data.py failed (exit {done.returncode}):\n\n```\n{done.stderr[-2000:]}\n```"
     return "### Data pipeline (benchmarks/bench_data.py)\n\n" + done.stdout.strip()
+
+
+def _run_section(module: str, argv: list[str], threads: int | None) -> tuple[str, dict, list]:
+    """One section's ``main`` (in a child process): its markdown, target checks, ceiling rows."""
+    if threads:
+        torch.set_num_threads(threads)
+    checks: dict[str, tuple[float, float]] = {}
+    ceiling: list[list[str]] = []
+    section = importlib.import_module(module)
+    if module == "bench_finetune":
+        return section.main(argv, checks), checks, ceiling
+    return section.main(argv, checks, ceiling), checks, ceiling
+
+
+def in_fresh_process(module: str, argv: list[str], threads: int | None) -> tuple[str, dict, list]:
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_run_section, (module, argv, threads))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,10 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     sizes = ["mini"] if args.quick else ["mini", "small"]
     checks: dict[str, tuple[float, float]] = {}
     ceiling: list[list[str]] = []
-    train_args = ["--sizes", *sizes, "--reps", str(reps)]
-    sections.append(bench_train.main(train_args, checks, ceiling) + "\n")
-    sections.append(bench_finetune.main(["--reps", str(reps)], checks) + "\n")
-    sections.append(bench_infer.main(["--reps", str(reps + 2)], checks, ceiling) + "\n")
+    for module, section_args in [
+        ("bench_train", ["--sizes", *sizes, "--reps", str(reps)]),
+        ("bench_finetune", ["--reps", str(reps)]),
+        ("bench_infer", ["--reps", str(reps + 2)]),
+    ]:
+        text, section_checks, section_ceiling = in_fresh_process(module, section_args, args.threads)
+        sections.append(text + "\n")
+        checks.update(section_checks)
+        ceiling.extend(section_ceiling)
     rows = [
         [
             name,
