@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SOURCES = sorted(Path(__file__).with_name("csrc").glob("*.c"))
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = sorted(CSRC.glob("*.c"))
 #: flag sets tried in order: the first that compiles wins (clang on macOS lacks -fopenmp)
 FLAG_SETS = (
     ["-O3", "-march=native", "-fopenmp"],
@@ -83,7 +84,8 @@ def _cpu_name() -> str:
 
 def _build(compiler: str) -> Path | None:
     """Compile ``SOURCES`` into the cache (once per sources, compiler and CPU); None on failure."""
-    parts = [p.read_bytes() for p in SOURCES] + [compiler.encode(), _cpu_name().encode()]
+    files = sorted(CSRC.glob("*.[ch]"))  # the sources and the header they share
+    parts = [p.read_bytes() for p in files] + [compiler.encode(), _cpu_name().encode()]
     key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     target = cache_dir() / f"kernels-{platform.machine()}-{key}.so"
     if target.exists():

@@ -11,20 +11,20 @@
  * Built by bertforge/kernels.py with the system C compiler; bertforge falls back to torch ops
  * when no compiler is available.
  */
-#include <stdint.h>
+#include "common.h"
 
 #define GOLDEN 0x9e3779b97f4a7c15ULL
 #define BLOCK 256
 #define WORDS 64 /* BLOCK / 4 */
 
-static inline uint64_t mix(uint64_t z) {
+INLINE uint64_t mix(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
 }
 
 /* The 16-bit uniforms of one block: u[j] for j < BLOCK. */
-static inline void block_uniforms(uint64_t seed, int64_t block, uint32_t *u) {
+INLINE void block_uniforms(uint64_t seed, int64_t block, uint32_t *u) {
     uint64_t r[WORDS];
     uint64_t base = seed + (uint64_t)block * WORDS * GOLDEN;
     for (int w = 0; w < WORDS; w++) r[w] = mix(base + (uint64_t)w * GOLDEN);
@@ -32,48 +32,28 @@ static inline void block_uniforms(uint64_t seed, int64_t block, uint32_t *u) {
         for (int w = 0; w < WORDS; w++) u[k * WORDS + w] = (uint32_t)(r[w] >> (16 * k)) & 0xffffu;
 }
 
-/* bf16 <-> fp32: bf16 is the upper half of an fp32; rounding to nearest even, NaN kept NaN. */
-static inline float bf16_to_float(uint16_t h) {
-    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
-    return v.f;
-}
-
-static inline uint16_t float_to_bf16(float f) {
-    union { float f; uint32_t u; } v = {f};
-    uint32_t u = v.u;
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    uint32_t nan = (u >> 16) | 0x40u;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-}
-
 /* out[i] = x[i] * scale where kept, 0 elsewhere; x and out may be the same buffer. */
-void bertforge_dropout_f32(const float *x, float *out, int64_t n, uint64_t seed,
-                           uint32_t threshold, float scale, int threads) {
+INLINE void dropout(const void *x, void *out, int64_t n, uint64_t seed, uint32_t threshold,
+                    float scale, int threads, int bf16) {
     int64_t blocks = (n + BLOCK - 1) / BLOCK;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
         uint32_t u[BLOCK];
         block_uniforms(seed, b, u);
         int64_t start = b * BLOCK, len = n - start < BLOCK ? n - start : BLOCK;
-        const float *xb = x + start;
-        float *ob = out + start;
-        for (int64_t j = 0; j < len; j++) ob[j] = u[j] >= threshold ? xb[j] * scale : 0.0f;
+        for (int64_t j = 0; j < len; j++) {
+            float v = u[j] >= threshold ? get1(x, bf16, start + j) * scale : 0.0f;
+            put1(out, bf16, start + j, v);
+        }
     }
+}
+
+void bertforge_dropout_f32(const float *x, float *out, int64_t n, uint64_t seed,
+                           uint32_t threshold, float scale, int threads) {
+    dropout(x, out, n, seed, threshold, scale, threads, 0);
 }
 
 void bertforge_dropout_bf16(const uint16_t *x, uint16_t *out, int64_t n, uint64_t seed,
                             uint32_t threshold, float scale, int threads) {
-    int64_t blocks = (n + BLOCK - 1) / BLOCK;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t b = 0; b < blocks; b++) {
-        uint32_t u[BLOCK];
-        block_uniforms(seed, b, u);
-        int64_t start = b * BLOCK, len = n - start < BLOCK ? n - start : BLOCK;
-        const uint16_t *xb = x + start;
-        uint16_t *ob = out + start;
-        for (int64_t j = 0; j < len; j++) {
-            float v = u[j] >= threshold ? bf16_to_float(xb[j]) * scale : 0.0f;
-            ob[j] = float_to_bf16(v);
-        }
-    }
+    dropout(x, out, n, seed, threshold, scale, threads, 1);
 }
