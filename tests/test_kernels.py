@@ -86,9 +86,9 @@ def test_bf16_kernel_rounds_like_torch_and_keeps_nan():
 
 
 def test_built_into_the_cache_once_and_switched_off_by_env(tmp_path):
-    """A fresh process builds the library into $BERTFORGE_CACHE; BERTFORGE_KERNELS=0 and a
-    missing compiler both give the torch fallback (the latter with a warning), and dropout still
-    works."""
+    """A fresh process builds the library into $BERTFORGE_CACHE; a damaged cached library is
+    built again; BERTFORGE_KERNELS=0 and a missing compiler both give the torch fallback (the
+    latter with a warning), and dropout still works."""
     if not HAVE_COMPILER:
         pytest.skip("no C compiler on this machine")
     script = textwrap.dedent(
@@ -118,6 +118,9 @@ def test_built_into_the_cache_once_and_switched_off_by_env(tmp_path):
     assert child() == "True 0 True"  # loaded, not rebuilt
     assert built[0].stat().st_mtime_ns == stamp
     assert child(BERTFORGE_KERNELS="0") == "False 0 True"
+    built[0].write_bytes(b"\x7fELF damaged by a crash")  # a damaged cache entry: rebuilt, once
+    assert child() == "True 0 True"
+    assert built[0].read_bytes()[:4] == b"\x7fELF" and built[0].stat().st_size > 1000
     missing = str(tmp_path / "no-such-compiler")
     shutil.rmtree(tmp_path / "cache")
     assert child(CC=missing) == "False 1 True"

@@ -108,27 +108,38 @@ def _build(compiler: str) -> Path | None:
     return None
 
 
+def _load(path: Path) -> ctypes.CDLL | None:
+    """The library at ``path`` with its signatures set, or None if it is not a loadable one."""
+    try:
+        lib = ctypes.CDLL(str(path))  # after torch: its OpenMP runtime (libgomp.so.1) is reused
+        for symbol, argtypes in _SIGNATURES.items():
+            getattr(lib, symbol).argtypes = argtypes
+    except (OSError, AttributeError):
+        return None
+    return lib
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     if os.environ.get("BERTFORGE_KERNELS", "1") == "0":
         return None
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    path = None
-    if compiler:
+    lib = None
+    for _attempt in range(2):  # a damaged file in the cache is removed and built again, once
         try:
-            path = _build(compiler)
+            path = _build(compiler) if compiler else None
         except OSError:
             path = None
-    if path is None:
+        lib = _load(path) if path is not None else None
+        if lib is not None or path is None:
+            break
+        path.unlink(missing_ok=True)
+    if lib is None:
         warnings.warn(
             "bertforge: could not build its C kernels (no working C compiler); dropout and the "
             "MLM loss use slower torch forms. Install gcc or clang, or set BERTFORGE_KERNELS=0.",
             stacklevel=3,
         )
-        return None
-    lib = ctypes.CDLL(str(path))  # after torch: its OpenMP runtime (libgomp.so.1) is reused
-    for symbol, argtypes in _SIGNATURES.items():
-        getattr(lib, symbol).argtypes = argtypes
     return lib
 
 
