@@ -234,6 +234,9 @@ def test_cpu_dropout_keeps_the_right_fraction_and_rescales(form):
         torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / (1 - p)))
     assert dropout(x, 0.1, training=False) is x
     assert dropout(x, 0.0, training=True) is x
+    assert not dropout(x[:10], 1.0, training=True).any()  # as F.dropout
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        dropout(x, 1.5, training=True)
     # gradient flows through kept elements only, with the same scale
     w = torch.randn(1000, 37, requires_grad=True)
     y = drop(w, 0.3)

@@ -26,8 +26,12 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     probability 0.100006); kept values are scaled by 1 / (1 - p) as in torch. With the C kernel
     of :mod:`bertforge.kernels` (float32, bfloat16) mask and scaling take one pass and the
     backward recomputes the mask; otherwise :func:`torch_dropout` computes the same in torch."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0:
         return x
+    if p == 1.0:
+        return x * 0.0  # as F.dropout: everything dropped
     if x.device.type != "cpu":
         return F.dropout(x, p, True)
     kernel = dropout_kernel(x.dtype)
