@@ -1,7 +1,10 @@
 """Tensor operations the model uses for speed, each the same function as its plain form.
 
-* :func:`dropout` / :class:`Dropout`: dropout with a cheaper random mask on CPU;
-* :class:`CrossEntropy`: mean cross-entropy with fewer passes over 30k-wide logits;
+* :func:`dropout` / :class:`Dropout`: dropout with a cheaper random mask on CPU (a C kernel of
+  :mod:`bertforge.kernels` when one is built, else :func:`torch_dropout`);
+* :func:`cross_entropy`: mean cross-entropy with fewer passes over 30k-wide logits (the C kernel,
+  else :class:`CrossEntropy`);
+* :class:`DecoderLinear`: the tied decoder, its weight gradient contiguous;
 * :func:`unpad` / :func:`repad`: move between a padded (B, T) batch and its N real tokens;
 * :func:`activation` and :func:`autograd_free`: in inference, activations overwrite their input.
 
