@@ -208,6 +208,14 @@ def test_fused_cross_entropy_equals_torch(dtype, form):
             torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-9, rtol=3e-5)
         else:  # rounded to bf16 (8 significant bits)
             torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-9, rtol=8e-3)
+    # the kernel indexes rows by target: an empty batch and a target outside the vocabulary
+    # behave as in the torch form (nan loss and an empty gradient; an index error)
+    empty = torch.randn(0, 50).to(dtype).requires_grad_()
+    loss = cross_entropy(empty, torch.zeros(0, dtype=torch.long))
+    loss.backward()
+    assert loss.isnan() and empty.grad.shape == (0, 50)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        cross_entropy(torch.randn(3, 50).to(dtype), torch.tensor([1, 2, 50]))
     # a non-contiguous view takes the torch form, same values
     wide = (3 * torch.randn(8, 2000, generator=g)).to(dtype)[:, ::2]
     t = torch.randint(0, 1000, (8,), generator=g)

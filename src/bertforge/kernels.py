@@ -148,6 +148,7 @@ def _function(name: str, dtype: torch.dtype) -> Callable | None:
     return None if lib is None else getattr(lib, f"bertforge_{name}_{_SUFFIX[dtype]}")
 
 
+@functools.cache
 def dropout_kernel(dtype: torch.dtype) -> Callable[[Tensor, Tensor, int, float], None] | None:
     """``f(x, out, seed, p)`` writing dropout of contiguous CPU ``x`` into ``out`` (same shape and
     dtype; may be ``x`` itself), or None when no kernel serves ``dtype`` here. Element i is kept
@@ -165,6 +166,7 @@ def dropout_kernel(dtype: torch.dtype) -> Callable[[Tensor, Tensor, int, float],
     return run
 
 
+@functools.cache
 def cross_entropy_kernels(
     dtype: torch.dtype,
 ) -> tuple[Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], Callable[..., Tensor]] | None:

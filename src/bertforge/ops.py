@@ -86,12 +86,21 @@ def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
     fp32: ``F.cross_entropy(logits.float(), target)`` in value and gradient, through the C
     kernel of :mod:`bertforge.kernels` for contiguous CPU fp32/bf16 logits, else
     :class:`CrossEntropy`."""
-    kernels = None
-    if logits.device.type == "cpu" and logits.is_contiguous() and not torch.compiler.is_compiling():
-        kernels = cross_entropy_kernels(logits.dtype)
+    kernels = cross_entropy_kernels(logits.dtype) if _kernel_takes(logits, target) else None
     if kernels is None:
         return CrossEntropy.apply(logits, target)
     return KernelCrossEntropy.apply(logits, target.contiguous(), kernels)
+
+
+def _kernel_takes(logits: Tensor, target: Tensor) -> bool:
+    """Whether the C loss kernel may run: contiguous CPU logits, at least one row, and int64
+    targets inside [0, V). The kernel indexes rows by target unchecked; the torch form handles
+    the rest (an empty batch's nan loss, an out-of-range target's error) as it always did."""
+    if logits.device.type != "cpu" or not logits.is_contiguous() or logits.shape[0] == 0:
+        return False
+    if target.dtype != torch.int64 or torch.compiler.is_compiling():
+        return False
+    return bool(((target >= 0) & (target < logits.shape[1])).all())
 
 
 class KernelCrossEntropy(torch.autograd.Function):
