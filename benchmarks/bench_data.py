@@ -31,12 +31,12 @@ import numpy as np
 import torch
 from _common import SHARED_DATA, alternate, fmt, log, machine_markdown, markdown_table
 
-from bertforge.config import BertConfig
 from bertforge.data.loader import PretrainingCollator
 from bertforge.data.shards import PretrainingDataset
-from bertforge.model import BertForPreTraining
-from bertforge.optim import build_optimizer
-from bertforge.tokenizer import Tokenizer
+from bertforge.modeling.config import BertConfig
+from bertforge.modeling.model import BertForPreTraining
+from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.optim import build_optimizer
 
 
 def bert_vocab_dir() -> Path:

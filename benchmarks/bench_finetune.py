@@ -17,8 +17,8 @@ from collections.abc import Callable
 import torch
 from _common import SHARED_DATA, alternate, fmt, hf_adamw, hf_twin, log, markdown_table, minilm_dir
 
-from bertforge.model import BertForSequenceClassification
-from bertforge.optim import build_optimizer
+from bertforge.modeling.model import BertForSequenceClassification
+from bertforge.training.optim import build_optimizer
 
 MAX_LEN = 128
 

@@ -26,7 +26,7 @@ from _common import (
     minilm_dir,
 )
 
-from bertforge.model import BertForMaskedLM, BertModel
+from bertforge.modeling.model import BertForMaskedLM, BertModel
 
 SENTENCE = "The capital of France is [MASK]."
 

@@ -30,9 +30,9 @@ from _common import (
     matmul_rate,
 )
 
-from bertforge.config import BertConfig
-from bertforge.model import BertForPreTraining
-from bertforge.optim import build_optimizer
+from bertforge.modeling.config import BertConfig
+from bertforge.modeling.model import BertForPreTraining
+from bertforge.training.optim import build_optimizer
 
 CLS, SEP, MASK, FIRST_WORD = 101, 102, 103, 1000  # BERT-base uncased layout (V = 30522)
 

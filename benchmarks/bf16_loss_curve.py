@@ -17,10 +17,10 @@ import time
 import torch
 from _common import SHARED_DATA, log, markdown_table, minilm_dir
 
-from bertforge.config import BertConfig
 from bertforge.data.masking import mask_tokens
-from bertforge.model import BertForMaskedLM
-from bertforge.optim import build_optimizer, lr_at, set_lr
+from bertforge.modeling.config import BertConfig
+from bertforge.modeling.model import BertForMaskedLM
+from bertforge.training.optim import build_optimizer, lr_at, set_lr
 
 
 def wikitext_sequences(T: int) -> torch.Tensor:

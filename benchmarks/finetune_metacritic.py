@@ -26,7 +26,7 @@ from _common import SHARED_DATA, log, markdown_table, minilm_dir
 
 from bertforge import cli
 from bertforge.data import tasks
-from bertforge.metrics import regression_metrics
+from bertforge.evaluation.metrics import regression_metrics
 
 
 def write_csv(path: Path, names: list[str], rows: list[dict]) -> None:

@@ -28,13 +28,14 @@ import torch
 from _common import SHARED_DATA, log, machine_markdown, markdown_table, minilm_dir
 
 from bertforge.data import tasks
-from bertforge.evaluate import evaluate_sequence_model
-from bertforge.finetune import FinetuneConfig, finetune
-from bertforge.metrics import classification_metrics
-from bertforge.model import BertForSequenceClassification
-from bertforge.optim import lr_at
-from bertforge.runtime import autocast, read_metrics, seed_everything
-from bertforge.tokenizer import Tokenizer
+from bertforge.evaluation.metrics import classification_metrics
+from bertforge.evaluation.tasks import evaluate_sequence_model
+from bertforge.modeling.model import BertForSequenceClassification
+from bertforge.progress import read_metrics
+from bertforge.runtime import autocast, seed_everything
+from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.finetune import FinetuneConfig, finetune
+from bertforge.training.optim import lr_at
 
 COLUMNS = {"text_column": "title", "text_pair_column": "description", "label_column": "label"}
 
@@ -75,7 +76,9 @@ def reference_run(
 
     device = torch.device("cpu")
     hf_tok = transformers.BertTokenizerFast.from_pretrained(cfg.model)
-    seed_everything(cfg.seed)  # exactly as bertforge.finetune does before building the model...
+    seed_everything(
+        cfg.seed
+    )  # exactly as bertforge.training.finetune does before building the model...
     ours = BertForSequenceClassification.from_pretrained(
         cfg.model, num_labels=len(id2label), id2label=id2label
     )

@@ -11,9 +11,9 @@ from _common import hf_adamw, hf_twin
 from bench_train import make_step, pretraining_batch
 from torch.profiler import ProfilerActivity, profile
 
-from bertforge.config import BertConfig
-from bertforge.model import BertForPreTraining
-from bertforge.optim import build_optimizer
+from bertforge.modeling.config import BertConfig
+from bertforge.modeling.model import BertForPreTraining
+from bertforge.training.optim import build_optimizer
 
 
 def main() -> None:

@@ -43,9 +43,9 @@ from pathlib import Path
 import numpy as np
 
 from bertforge.data.shards import PretrainingDataset
-from bertforge.model import BertForMaskedLM
-from bertforge.predict import fill_mask
-from bertforge.tokenizer import Tokenizer
+from bertforge.modeling.model import BertForMaskedLM
+from bertforge.inference.predict import fill_mask
+from bertforge.tokenizer.wordpiece import Tokenizer
 
 run = Path(sys.argv[1])
 model = BertForMaskedLM.from_pretrained(run / "model")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertforge.config import BertConfig
+from bertforge.modeling.config import BertConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("BERTFORGE_SHARED_DATA", ROOT.parent / "shared" / "data"))

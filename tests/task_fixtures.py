@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 from bertforge import cli
-from bertforge.config import BertConfig
-from bertforge.model import BertForMaskedLM, BertForPreTraining
-from bertforge.tokenizer import Tokenizer
+from bertforge.modeling.config import BertConfig
+from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
+from bertforge.tokenizer.wordpiece import Tokenizer
 
 FILLER = [
     "the",

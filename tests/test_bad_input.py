@@ -22,9 +22,9 @@ from task_fixtures import tiny_start_model, write_sentiment
 
 from bertforge import cli
 from bertforge.data.shards import prepare
-from bertforge.model import BertForSequenceClassification
-from bertforge.runtime import latest_checkpoint
-from bertforge.tokenizer import Tokenizer
+from bertforge.modeling.model import BertForSequenceClassification
+from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.checkpoints import latest_checkpoint
 
 TINY_PRETRAIN = [
     *("--model.preset", "tiny", "--model.hidden_size", "32", "--model.num_attention_heads", "4"),

@@ -20,7 +20,7 @@ from bertforge import (
     BertForSequenceClassification,
     BertModel,
 )
-from bertforge.checkpoint import atomic_directory, atomic_file, atomic_write_text
+from bertforge.io import atomic_directory, atomic_file, atomic_write_text
 
 
 def batch(vocab: int):
@@ -203,12 +203,12 @@ def test_kill_9_during_save_keeps_the_previous_checkpoint(tiny_config, tmp_path)
     before = load_file(tmp_path / "model.safetensors")
     script = (
         "import os, signal, safetensors.torch as st\n"
-        "from bertforge.checkpoint import atomic_write_text\n"
+        "from bertforge.io import atomic_write_text\n"
         "orig = st.save_file\n"
         "def dying(*a, **k):\n"
         "    open(a[1], 'wb').write(b'half a file')\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
-        "import bertforge.checkpoint as c; c.save_file = dying\n"
+        "import bertforge.modeling.checkpoint as c; c.save_file = dying\n"
         f"from bertforge import BertModel, BertConfig\n"
         f"BertModel(BertConfig.load({str(tmp_path)!r})).save_pretrained({str(tmp_path)!r})\n"
     )

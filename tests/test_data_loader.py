@@ -16,7 +16,7 @@ from bertforge.data.loader import (
 )
 from bertforge.data.shards import PretrainingDataset, prepare
 from bertforge.errors import BertforgeError
-from bertforge.tokenizer import Tokenizer
+from bertforge.tokenizer.wordpiece import Tokenizer
 
 
 @pytest.fixture(scope="module")

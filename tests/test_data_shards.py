@@ -12,7 +12,7 @@ from bertforge.cli import main as cli_main
 from bertforge.data.corpus import iter_documents
 from bertforge.data.shards import PretrainingDataset, prepare
 from bertforge.errors import BertforgeError
-from bertforge.tokenizer import Tokenizer
+from bertforge.tokenizer.wordpiece import Tokenizer
 
 
 def prepare_quietly(path: Path, tokenizer: Tokenizer, out: Path, **options) -> dict:

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bertforge.model import BertForMaskedLM
-from bertforge.tokenizer import Tokenizer
+from bertforge.modeling.model import BertForMaskedLM
+from bertforge.tokenizer.wordpiece import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,9 +7,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from bertforge.evaluate import comparison_table, evaluate_mlm, random_init_like
-from bertforge.model import BertForMaskedLM, BertForPreTraining
-from bertforge.plots import plot_training_curves
+from bertforge.evaluation.mlm import comparison_table, evaluate_mlm, random_init_like
+from bertforge.evaluation.plots import plot_training_curves
+from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
 from bertforge.progress import MetricsLogger
 
 

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from bertforge import BertForPreTraining, BertForSequenceClassification, BertModel
-from bertforge.kernels import cross_entropy_kernels, dropout_kernel
-from bertforge.ops import CrossEntropy, cross_entropy, dropout, torch_dropout
+from bertforge.modeling.kernels import cross_entropy_kernels, dropout_kernel
+from bertforge.modeling.ops import CrossEntropy, cross_entropy, dropout, torch_dropout
 
 
 @pytest.fixture(autouse=True)

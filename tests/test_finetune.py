@@ -14,12 +14,14 @@ import pytest
 import torch
 from task_fixtures import evaluate_cli, tiny_start_model, write_rows, write_scores, write_sentiment
 
-from bertforge import cli, training
-from bertforge.config import BertConfig
+from bertforge import cli
 from bertforge.data import tasks
-from bertforge.model import BertForSequenceClassification
-from bertforge.runtime import checkpoint_name, list_checkpoints, read_metrics
-from bertforge.tokenizer import Tokenizer
+from bertforge.modeling.config import BertConfig
+from bertforge.modeling.model import BertForSequenceClassification
+from bertforge.progress import read_metrics
+from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training import steps as training
+from bertforge.training.checkpoints import checkpoint_name, list_checkpoints
 
 FAST = [
     "--max-length",

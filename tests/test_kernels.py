@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import torch
 
-from bertforge.kernels import dropout_kernel
+from bertforge.modeling.kernels import dropout_kernel
 
 HAVE_COMPILER = bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
 
@@ -94,8 +94,8 @@ def test_built_into_the_cache_once_and_switched_off_by_env(tmp_path):
     script = textwrap.dedent(
         """
         import warnings, torch
-        from bertforge.kernels import dropout_kernel
-        from bertforge.ops import dropout
+        from bertforge.modeling.kernels import dropout_kernel
+        from bertforge.modeling.ops import dropout
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             kernel = dropout_kernel(torch.float32)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from bertforge import metrics as M
+from bertforge.evaluation import metrics as M
 
 # three classes, hand-counted: cm = [[1, 1, 0], [0, 2, 0], [1, 0, 1]]
 T3 = [0, 0, 1, 1, 2, 2]

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from bertforge.errors import BertforgeError
-from bertforge.optim import build_optimizer, lr_at, lr_at_progress, param_groups
+from bertforge.training.optim import build_optimizer, lr_at, lr_at_progress, param_groups
 
 
 def test_linear_warmup_then_linear_decay_to_floor():

@@ -14,8 +14,8 @@ from task_fixtures import evaluate_cli, tiny_start_model
 import bertforge
 from bertforge import cli
 from bertforge.errors import BertforgeError
-from bertforge.model import BertForMaskedLM, BertForSequenceClassification, BertModel
-from bertforge.tokenizer import Tokenizer
+from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
+from bertforge.tokenizer.wordpiece import Tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -18,13 +18,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bertforge.commands.pretrain import main
+from bertforge.cli.pretrain import main
 from bertforge.data.shards import prepare
 from bertforge.errors import BertforgeError
-from bertforge.pretrain import CONFIG_FILE, pretrain
-from bertforge.pretrain_config import ModelSection, PretrainConfig, TrainConfig
-from bertforge.runtime import list_checkpoints, read_metrics
-from bertforge.tokenizer import Tokenizer
+from bertforge.progress import read_metrics
+from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.checkpoints import list_checkpoints
+from bertforge.training.config import ModelSection, PretrainConfig, TrainConfig
+from bertforge.training.pretrain import CONFIG_FILE, pretrain
 
 TINY_MODEL = ModelSection(
     preset="tiny",
@@ -130,7 +131,7 @@ def test_loss_goes_down_and_the_model_loads_in_transformers(corpus, tmp_path):
     }
 
     transformers = pytest.importorskip("transformers")
-    from bertforge.model import BertForPreTraining
+    from bertforge.modeling.model import BertForPreTraining
 
     theirs = transformers.BertForPreTraining.from_pretrained(model_dir).eval()
     ours = BertForPreTraining.from_pretrained(model_dir).eval()

@@ -13,22 +13,24 @@ import torch
 from torch import nn
 
 from bertforge.errors import BertforgeError
-from bertforge.optim import build_optimizer
 from bertforge.progress import MetricsLogger, parse_duration, read_metrics
 from bertforge.runtime import (
-    GracefulStop,
     autocast,
-    checkpoint_name,
     cpu_has_fast_bf16,
+    pick_device,
+    pick_precision,
+    seed_everything,
+)
+from bertforge.training.checkpoints import (
+    GracefulStop,
+    checkpoint_name,
     latest_checkpoint,
     list_checkpoints,
     load_train_state,
-    pick_device,
-    pick_precision,
     rotate_checkpoints,
     save_train_state,
-    seed_everything,
 )
+from bertforge.training.optim import build_optimizer
 
 
 def test_parse_duration():

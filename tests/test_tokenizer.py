@@ -14,7 +14,8 @@ from transformers import BertTokenizerFast
 
 from bertforge.cli import main as cli_main
 from bertforge.errors import BertforgeError
-from bertforge.tokenizer import SPECIAL_TOKENS, Tokenizer
+from bertforge.tokenizer.files import SPECIAL_TOKENS
+from bertforge.tokenizer.wordpiece import Tokenizer
 
 MAX_LENGTH = 64
 

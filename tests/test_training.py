@@ -13,17 +13,15 @@ import torch
 from bertforge.data.corpus import read_documents
 from bertforge.data.tables import read_table
 from bertforge.errors import BertforgeError
-from bertforge.model import BertModel
-from bertforge.optim import build_optimizer, lr_at, lr_at_progress
-from bertforge.runtime import list_checkpoints, load_train_state
-from bertforge.training import (
-    NonFiniteGuard,
-    RunningMeans,
-    budget_spent,
+from bertforge.modeling.model import BertModel
+from bertforge.training.checkpoints import (
     check_same_run,
-    scheduled_lr,
+    list_checkpoints,
+    load_train_state,
     write_checkpoint,
 )
+from bertforge.training.optim import build_optimizer, lr_at, lr_at_progress
+from bertforge.training.steps import NonFiniteGuard, RunningMeans, budget_spent, scheduled_lr
 
 SCHEDULE = SimpleNamespace(lr=1e-3, warmup_ratio=0.1, schedule="linear")
 

@@ -2,18 +2,29 @@
 
 >>> from bertforge import BertConfig, BertForMaskedLM
 >>> model = BertForMaskedLM(BertConfig.preset("mini"))
+
+The packages, in the order of a model's life: ``tokenizer`` (WordPiece), ``data`` (corpora ->
+token shards, masking, labelled tables), ``modeling`` (config, the model, kernels, checkpoints),
+``training`` (the pretraining and fine-tuning loops), ``evaluation`` (MLM and task metrics,
+plots), ``inference`` (fill-mask, classify, embed) and ``cli`` (the ``bertforge`` command, the
+only place that parses arguments). Shared rooms: ``io`` (atomic writes, JSON files), ``runtime``
+(device, precision, seeds), ``progress`` (progress bars, metrics log), ``distributed`` (torchrun),
+``errors``.
 """
 
-from bertforge.config import BertConfig
 from bertforge.errors import BertforgeError
-from bertforge.model import (
+from bertforge.inference.predict import classify, embed, fill_mask
+from bertforge.modeling.config import BertConfig
+from bertforge.modeling.model import (
     BertForMaskedLM,
     BertForPreTraining,
     BertForSequenceClassification,
     BertModel,
 )
-from bertforge.predict import classify, embed, fill_mask
-from bertforge.tokenizer import Tokenizer
+from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.config import FinetuneConfig, PretrainConfig
+from bertforge.training.finetune import finetune
+from bertforge.training.pretrain import pretrain
 
 __version__ = "0.1.0"
 
@@ -24,9 +35,13 @@ __all__ = [
     "BertForSequenceClassification",
     "BertModel",
     "BertforgeError",
+    "FinetuneConfig",
+    "PretrainConfig",
     "Tokenizer",
     "__version__",
     "classify",
     "embed",
     "fill_mask",
+    "finetune",
+    "pretrain",
 ]

@@ -20,3 +20,9 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise BertforgeError(f"{self.prog}: {message}; see {self.prog} --help")
+
+
+__all__ = [
+    "ArgumentParser",
+    "BertforgeError",
+]

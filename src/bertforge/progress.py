@@ -73,13 +73,13 @@ class MetricsLogger:
         self._tb = None
         if not enabled:
             return
-        from bertforge.checkpoint import make_directory
+        from bertforge.io import make_directory
 
         make_directory(self.path.parent)
         if resume_step is None:
             self.path.write_text("")
         elif self.path.exists():
-            from bertforge.checkpoint import atomic_write_text
+            from bertforge.io import atomic_write_text
 
             kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
@@ -192,3 +192,13 @@ class ProgressBar:
 
     def close(self) -> None:
         self._bar.close()
+
+
+__all__ = [
+    "METRICS_FILE",
+    "MetricsLogger",
+    "ProgressBar",
+    "format_duration",
+    "parse_duration",
+    "read_metrics",
+]

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from bertforge.checkpoint import read_json_object
 from bertforge.data.instances import Instance
 from bertforge.errors import BertforgeError
+from bertforge.io import read_json_object
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"

@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bertforge.config import BertConfig
-from bertforge.ops import (
+from bertforge.modeling.config import BertConfig
+from bertforge.modeling.ops import (
     DecoderLinear,
     Dropout,
     activation,
@@ -283,13 +283,13 @@ class BertPreTrainedModel(nn.Module):
         Heads the checkpoint lacks (e.g. a classifier on a pretrained encoder) keep their fresh
         initialisation; ``config_overrides`` set fields such as ``num_labels`` or ``id2label``.
         """
-        from bertforge.checkpoint import load_pretrained
+        from bertforge.modeling.checkpoint import load_pretrained
 
         return load_pretrained(cls, directory, **config_overrides)
 
     def save_pretrained(self, directory: str | Path, tokenizer: Any = None) -> Path:
         """Write config.json + model.safetensors (+ tokenizer files) atomically into ``directory``."""
-        from bertforge.checkpoint import save_pretrained
+        from bertforge.modeling.checkpoint import save_pretrained
 
         return save_pretrained(self, directory, tokenizer=tokenizer)
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import MISSING, fields
 
-from bertforge.config import LoopOptions
 from bertforge.errors import ArgumentParser
-from bertforge.finetune import finetune
-from bertforge.finetune_config import FinetuneConfig, option
+from bertforge.training.config import FinetuneConfig, LoopOptions, option
+from bertforge.training.finetune import finetune
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bertforge.commands.common import (
+from bertforge.cli.common import (
     add_runtime_options,
     add_task_options,
     finetune_defaults,
@@ -56,8 +56,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _evaluate_task_model(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     from bertforge.data.tasks import encode_examples, load_labelled
-    from bertforge.evaluate import evaluate_sequence_model, task_report
-    from bertforge.model import BertForSequenceClassification
+    from bertforge.evaluation.tasks import evaluate_sequence_model, task_report
+    from bertforge.modeling.model import BertForSequenceClassification
 
     start = time.perf_counter()
     ft = finetune_defaults(args.model)
@@ -110,13 +110,13 @@ def _evaluate_task_model(args: argparse.Namespace, config: Any) -> dict[str, Any
 
 
 def _evaluate_mlm_model(args: argparse.Namespace, config: Any) -> dict[str, Any]:
-    from bertforge.evaluate import (
+    from bertforge.evaluation.mlm import (
         comparison_table,
         evaluate_mlm,
         mlm_text_batches,
         random_init_like,
     )
-    from bertforge.model import BertForMaskedLM, BertForPreTraining
+    from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
 
     start = time.perf_counter()
     cls = (
@@ -165,7 +165,7 @@ def _evaluate_mlm_model(args: argparse.Namespace, config: Any) -> dict[str, Any]
 
 def main(argv: list[str]) -> int:
     """``bertforge evaluate --model DIR --data FILE [...]``."""
-    from bertforge.config import BertConfig
+    from bertforge.modeling.config import BertConfig
 
     args = _parser().parse_args(argv)
     config = BertConfig.load(args.model)
@@ -174,7 +174,7 @@ def main(argv: list[str]) -> int:
     else:
         result = _evaluate_mlm_model(args, config)
     if args.output:
-        from bertforge.checkpoint import atomic_write_text
+        from bertforge.io import atomic_write_text
 
         atomic_write_text(args.output, json.dumps(result, indent=2) + "\n")
         print(f"results: {args.output}", file=sys.stderr)

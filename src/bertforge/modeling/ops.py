@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bertforge.kernels import cross_entropy_kernels, dropout_kernel
+from bertforge.modeling.kernels import cross_entropy_kernels, dropout_kernel
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:

@@ -9,18 +9,14 @@ follow the same pattern: a dataclass, a docstring under each field, validation i
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
+from bertforge.io import atomic_write_text, read_json_object
 
 CONFIG_NAME = "config.json"
-SCHEDULES: tuple[str, ...] = ("linear", "cosine", "constant")
-"""Learning-rate decays after warmup (``bertforge.optim.lr_at``)."""
-PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp32")
-"""Training precisions (``bertforge.runtime.pick_precision``)."""
 
 
 @dataclass
@@ -167,8 +163,6 @@ class BertConfig:
             raise BertforgeError(f"{source}: {err}") from err
 
     def save(self, directory: str | Path) -> Path:
-        from bertforge.checkpoint import atomic_write_text
-
         path = Path(directory) / CONFIG_NAME
         atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
         return path
@@ -181,8 +175,6 @@ class BertConfig:
             path = path / CONFIG_NAME
         if not path.is_file():
             raise BertforgeError(f"{path}: no such file; a model directory needs config.json")
-        from bertforge.checkpoint import read_json_object
-
         d = read_json_object(path, "restore or re-save the config")
         return cls.from_dict(d, source=str(path))
 
@@ -230,70 +222,8 @@ PRESETS: dict[str, tuple[int, int]] = {
 }
 
 
-# ---- what the training loops share (pretrain_config.TrainConfig, finetune_config.FinetuneConfig) ----
-
-
-def check_training_options(cfg: Any, option: Callable[[str], str]) -> None:
-    """The checks ``TrainConfig`` and ``FinetuneConfig`` share, on ``cfg``'s ``lr``,
-    ``warmup_ratio``, ``schedule``, ``precision``, ``dropout`` and counts; ``option(field)`` names
-    the command-line option in the message (``--train.warmup_ratio``, ``--warmup-ratio``)."""
-    if not cfg.lr > 0:
-        raise BertforgeError(f"{option('lr')} {cfg.lr} must be positive, e.g. 1e-4")
-    if not 0.0 <= cfg.warmup_ratio < 1.0:
-        raise BertforgeError(f"{option('warmup_ratio')} {cfg.warmup_ratio} must lie in [0, 1)")
-    if cfg.schedule not in SCHEDULES:
-        raise BertforgeError(
-            f"{option('schedule')} {cfg.schedule!r}: choose linear, cosine or constant"
-        )
-    if cfg.precision not in PRECISIONS:
-        raise BertforgeError(f"{option('precision')} {cfg.precision!r}: choose auto, bf16 or fp32")
-    if cfg.dropout is not None and not 0.0 <= cfg.dropout < 1.0:
-        raise BertforgeError(f"{option('dropout')} {cfg.dropout} must lie in [0, 1)")
-    check_at_least(cfg, option, log_every=1, max_nonfinite=1, num_threads=1, max_grad_norm=0)
-
-
-def check_at_least(cfg: Any, option: Callable[[str], str], **minimums: float) -> None:
-    """Raise naming the option when a numeric field of ``cfg`` is below its minimum (None, an
-    unset optional value, passes)."""
-    for name, low in minimums.items():
-        value = getattr(cfg, name)
-        if value is not None and value < low:
-            raise BertforgeError(f"{option(name)} {value} must be at least {low}")
-
-
-@dataclass(kw_only=True)
-class LoopOptions:
-    """Options of a training loop with the same meaning and default everywhere: pretraining's
-    ``train`` section (``TrainConfig``) and ``bertforge finetune`` (``FinetuneConfig``) add theirs
-    to these."""
-
-    weight_decay: float = 0.01
-    """Decoupled weight decay (not on biases and LayerNorm)."""
-    schedule: str = "linear"
-    """Decay after warmup: linear, cosine or constant."""
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm to this (0 = no clipping)."""
-    precision: str = "auto"
-    """auto (bf16 where the hardware is fast at it), bf16 or fp32."""
-    device: str = "auto"
-    """auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps."""
-    log_every: int = 10
-    """Write the mean training loss to metrics.jsonl every N steps."""
-    max_nonfinite: int = 20
-    """Stop after this many non-finite losses in a row (each such step is skipped)."""
-    num_threads: int | None = None
-    """torch CPU threads per process (None = torch's default)."""
-    progress: bool = True
-    """Show a progress bar."""
-
-
 __all__ = [
     "CONFIG_NAME",
-    "PRECISIONS",
     "PRESETS",
-    "SCHEDULES",
     "BertConfig",
-    "LoopOptions",
-    "check_at_least",
-    "check_training_options",
 ]

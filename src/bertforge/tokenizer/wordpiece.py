@@ -24,7 +24,7 @@ from tokenizers import Tokenizer as _Backend
 from tokenizers import processors, trainers
 
 from bertforge.errors import BertforgeError
-from bertforge.tokenizer_files import (
+from bertforge.tokenizer.files import (
     CLS,
     PAD,
     SEP,

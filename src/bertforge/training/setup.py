@@ -11,14 +11,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bertforge.config import BertConfig
 from bertforge.data.loader import PretrainingCollator, PretrainingSampler
 from bertforge.data.shards import TOKENIZER_DIR, PretrainingDataset, read_meta
 from bertforge.errors import BertforgeError
-from bertforge.model import BertForMaskedLM, BertForPreTraining
-from bertforge.pretrain_config import PretrainConfig
-from bertforge.runtime import TRAIN_STATE_JSON, latest_checkpoint
-from bertforge.tokenizer import Tokenizer
+from bertforge.modeling.config import BertConfig
+from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
+from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.checkpoints import TRAIN_STATE_JSON, latest_checkpoint
+from bertforge.training.config import PretrainConfig
 
 
 @dataclass

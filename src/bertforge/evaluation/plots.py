@@ -92,7 +92,7 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
 
 def _save(fig, output: str | Path) -> Path:
     plt = _pyplot()
-    from bertforge.checkpoint import atomic_file
+    from bertforge.io import atomic_file
 
     try:
         with atomic_file(output) as tmp:  # a reader never sees a half-written PNG

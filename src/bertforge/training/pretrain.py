@@ -24,28 +24,32 @@ import torch
 import yaml
 
 from bertforge import distributed as D
-from bertforge import training
-from bertforge.checkpoint import atomic_directory, atomic_write_text
 from bertforge.data.loader import validation_batches
 from bertforge.errors import BertforgeError
-from bertforge.evaluate import comparison_table, evaluate_mlm
-from bertforge.model import IGNORE_INDEX
-from bertforge.optim import build_optimizer, set_lr
-from bertforge.plots import plot_training_curves
-from bertforge.pretrain_config import PretrainConfig
-from bertforge.pretrain_setup import build_model, find_resume, open_data, run_identity
+from bertforge.evaluation.mlm import comparison_table, evaluate_mlm
+from bertforge.evaluation.plots import plot_training_curves
+from bertforge.io import atomic_directory, atomic_write_text
+from bertforge.modeling.model import IGNORE_INDEX
 from bertforge.progress import MetricsLogger, format_duration, parse_duration
 from bertforge.runtime import (
-    GracefulStop,
     autocast,
-    checkpoint_name,
-    load_train_state,
     pick_device,
     pick_precision,
     rng_state,
     seed_everything,
     set_rng_state,
 )
+from bertforge.training import steps
+from bertforge.training.checkpoints import (
+    GracefulStop,
+    check_same_run,
+    checkpoint_name,
+    load_train_state,
+    write_checkpoint,
+)
+from bertforge.training.config import PretrainConfig
+from bertforge.training.optim import build_optimizer, set_lr
+from bertforge.training.setup import build_model, find_resume, open_data, run_identity
 
 CONFIG_FILE = "pretrain_config.yaml"
 FINAL_DIR = "model"
@@ -82,7 +86,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
 
     # ---- optimizer, state --------------------------------------------------------------------
     if tc.dropout is not None:
-        training.set_dropout(model, tc.dropout)
+        steps.set_dropout(model, tc.dropout)
     raw = model.to(device)  # the plain module: what is saved and evaluated
     optimizer = build_optimizer(raw, tc.lr, tc.weight_decay, tuple(tc.betas), tc.eps)
     torch.manual_seed(tc.seed + 1 + 7919 * info.rank)  # each rank its own dropout stream
@@ -100,7 +104,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
         state, blob = load_train_state(
             resume_dir, optimizer=optimizer, restore_rng=False, keys=state
         )
-        training.check_same_run(resume_dir, state["run"], identity)
+        check_same_run(resume_dir, state["run"], identity)
         per_rank_rng = blob.get("rng_per_rank", [])  # blob["rng"] is rank 0's
         set_rng_state(per_rank_rng[info.rank] if info.rank < len(per_rank_rng) else blob["rng"])
         sampler.load_state_dict(state["data"])
@@ -114,9 +118,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
         out, enabled=main_proc, resume_step=state["step"] if resume_dir is not None else None
     )
     if main_proc:
-        resolved = training.config_dict(cfg) | {
-            "resume": None
-        }  # rerunning this config auto-resumes
+        resolved = steps.config_dict(cfg) | {"resume": None}  # rerunning this config auto-resumes
         atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False))
 
     eval_bs = tc.eval_batch_size or micro
@@ -151,7 +153,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
     def save_checkpoint() -> None:
         ranks_rng = D.gather_object(rng_state())
         if main_proc:
-            training.write_checkpoint(
+            write_checkpoint(
                 out,
                 raw,
                 tokenizer,
@@ -163,7 +165,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
         D.barrier()
 
     def done() -> bool:
-        return training.budget_spent(
+        return steps.budget_spent(
             state["step"], state["elapsed"], total_steps=tc.max_steps, budget=budget
         )
 
@@ -183,10 +185,10 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
         log_eval(0, state["initial_eval"])
 
     # ---- the loop -------------------------------------------------------------------------------
-    bar = training.progress_bar(state, tc.max_steps, budget, enabled=main_proc and tc.progress)
+    bar = steps.progress_bar(state, tc.max_steps, budget, enabled=main_proc and tc.progress)
     batches = iter(sampler)
-    window = training.RunningMeans()
-    guard = training.NonFiniteGuard(
+    window = steps.RunningMeans()
+    guard = steps.NonFiniteGuard(
         tc.max_nonfinite,
         "lower --train.lr, raise --train.warmup_ratio or use --train.precision fp32",
     )
@@ -194,13 +196,13 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
     with GracefulStop() as stop:
         while not done():
             t0 = time.perf_counter()
-            lr = training.scheduled_lr(
+            lr = steps.scheduled_lr(
                 state["step"], state["elapsed"], tc, total_steps=tc.max_steps, budget=budget
             )
             set_lr(optimizer, lr)
             indices = next(batches)
             epoch = sampler.epoch  # the epoch of the batch just drawn
-            parts = [rows for rows, _ in training.micro_batches(indices, micro)]
+            parts = [rows for rows, _ in steps.micro_batches(indices, micro)]
             micro_batches = [collator([train_ds[i] for i in c], c, epoch) for c in parts]
             # per micro-batch: masked tokens, NSP labels, real tokens (counted once, on the CPU)
             local = torch.tensor(
@@ -243,7 +245,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
                         sums[1] += output.nsp_loss.detach().double().cpu() * n_local_nsp
                     loss.backward()
                 sums[2] += n_tokens
-            grad_norm = training.clip_gradients(raw.parameters(), tc.max_grad_norm)
+            grad_norm = steps.clip_gradients(raw.parameters(), tc.max_grad_norm)
             sums[3] = float(stop.requested)
             totals = D.all_reduce_sum(sums)
             mlm_loss = float(totals[0]) / n_masked

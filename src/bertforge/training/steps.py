@@ -14,17 +14,14 @@ import dataclasses
 import json
 import math
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from bertforge.checkpoint import atomic_directory
 from bertforge.errors import BertforgeError
-from bertforge.optim import lr_at, lr_at_progress
 from bertforge.progress import ProgressBar
-from bertforge.runtime import checkpoint_name, rotate_checkpoints, save_train_state
+from bertforge.training.optim import lr_at, lr_at_progress
 
 
 def set_dropout(model: nn.Module, p: float) -> None:
@@ -165,49 +162,14 @@ def progress_bar(
     )
 
 
-def check_same_run(
-    resume_dir: Path, saved: dict[str, Any], now: dict[str, Any], option: Any = str
-) -> None:
-    """Refuse to resume when a setting the data order depends on changed; ``option(key)`` is
-    how the message names the setting (e.g. ``--batch-size``)."""
-    for key, value in now.items():
-        if saved.get(key) != value:
-            raise BertforgeError(
-                f"{resume_dir}: {option(key)} was {saved.get(key)!r}, now {value!r}; "
-                "resume with the same settings or start a new --output"
-            )
-
-
-def write_checkpoint(
-    out: Path,
-    model: nn.Module,
-    tokenizer: Any,
-    *,
-    state: dict[str, Any],
-    optimizer: torch.optim.Optimizer,
-    keep: int,
-    extra_tensors: dict[str, Any] | None = None,
-) -> Path:
-    """Write ``out/checkpoint-<step>`` (model, tokenizer, train state) whole or not at all, then
-    delete all but the newest ``keep`` checkpoints."""
-    path = out / checkpoint_name(state["step"])
-    with atomic_directory(path) as tmp:
-        model.save_pretrained(tmp, tokenizer=tokenizer)
-        save_train_state(tmp, state=state, optimizer=optimizer, extra_tensors=extra_tensors)
-    rotate_checkpoints(out, keep)
-    return path
-
-
 __all__ = [
     "NonFiniteGuard",
     "RunningMeans",
     "ScheduleOptions",
     "budget_spent",
-    "check_same_run",
     "clip_gradients",
     "micro_batches",
     "progress_bar",
     "scheduled_lr",
     "set_dropout",
-    "write_checkpoint",
 ]

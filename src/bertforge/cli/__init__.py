@@ -1,7 +1,7 @@
 """The ``bertforge`` command: one subcommand per module, each owning its own parser.
 
 Every subcommand is a function ``f(argv: list[str]) -> int`` in its module under
-``bertforge.commands`` (``prepare``: ``bertforge.data.shards``); this file only routes to it
+``bertforge.cli``; this file only routes to it
 (imported lazily so ``bertforge --help`` stays fast) and turns
 :class:`~bertforge.errors.BertforgeError` into a one-line message.
 """
@@ -16,33 +16,33 @@ from bertforge.errors import BertforgeError
 # subcommand -> (module, function ``f(argv: list[str]) -> int`` in it, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "tokenizer": (
-        "bertforge.commands.tokenizer",
+        "bertforge.cli.tokenizer",
         "main",
         "train a WordPiece vocabulary (tokenizer train ...)",
     ),
-    "prepare": ("bertforge.data.shards", "main", "turn text into token shards for pretraining"),
+    "prepare": ("bertforge.cli.prepare", "main", "turn text into token shards for pretraining"),
     "pretrain": (
-        "bertforge.commands.pretrain",
+        "bertforge.cli.pretrain",
         "main",
         "pretrain a BERT encoder (MLM, optionally NSP)",
     ),
     "finetune": (
-        "bertforge.commands.finetune",
+        "bertforge.cli.finetune",
         "main",
         "fine-tune for classification or regression",
     ),
-    "evaluate": ("bertforge.commands.evaluate", "main", "evaluate an MLM or a fine-tuned model"),
+    "evaluate": ("bertforge.cli.evaluate", "main", "evaluate an MLM or a fine-tuned model"),
     "fill-mask": (
-        "bertforge.commands.predict",
+        "bertforge.cli.predict",
         "fill_mask_main",
         "predict the [MASK] tokens of a text",
     ),
     "classify": (
-        "bertforge.commands.predict",
+        "bertforge.cli.predict",
         "classify_main",
         "classify texts with a fine-tuned model",
     ),
-    "embed": ("bertforge.commands.predict", "embed_main", "embed texts into a .npy matrix"),
+    "embed": ("bertforge.cli.predict", "embed_main", "embed texts into a .npy matrix"),
 }
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from bertforge import distributed as D
 from bertforge.errors import BertforgeError
-from bertforge.pretrain import pretrain
-from bertforge.pretrain_config import PretrainConfig
+from bertforge.training.config import PretrainConfig
+from bertforge.training.pretrain import pretrain
 
 
 def build_parser() -> Any:

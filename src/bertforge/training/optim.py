@@ -12,8 +12,10 @@ from typing import Literal
 import torch
 from torch import nn
 
-from bertforge.config import SCHEDULES
 from bertforge.errors import BertforgeError
+
+SCHEDULES: tuple[str, ...] = ("linear", "cosine", "constant")
+"""Learning-rate decays after warmup (:func:`lr_at`)."""
 
 Schedule = Literal["linear", "cosine", "constant"]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from bertforge.commands.common import (
+from bertforge.cli.common import (
     add_runtime_options,
     add_task_options,
     finetune_defaults,
@@ -20,7 +20,7 @@ from bertforge.commands.common import (
 )
 from bertforge.data.tables import read_texts
 from bertforge.errors import ArgumentParser, BertforgeError
-from bertforge.predict import classify, embed, fill_mask
+from bertforge.inference.predict import classify, embed, fill_mask
 
 MLM_HEAD = (
     "cls.predictions.transform",
@@ -37,7 +37,7 @@ CLASSIFIER = (
 def _write_lines(records: list[dict[str, Any]], output: str | None) -> None:
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     if output:
-        from bertforge.checkpoint import atomic_write_text
+        from bertforge.io import atomic_write_text
 
         atomic_write_text(output, text)
     else:
@@ -80,7 +80,7 @@ def fill_mask_main(argv: list[str]) -> int:
     _common(parser)
     args = parser.parse_args(argv)
     texts, _ = _inputs(args, parser)
-    from bertforge.model import BertForMaskedLM
+    from bertforge.modeling.model import BertForMaskedLM
 
     model, tokenizer, options = load_model(BertForMaskedLM, args, require=MLM_HEAD)
     results = fill_mask(model, tokenizer, texts, args.top_k, **options)
@@ -105,7 +105,7 @@ def classify_main(argv: list[str]) -> int:
     if args.input and args.text_pair_column is None:
         args.text_pair_column = defaults.get("text_pair_column")
     texts, pairs = _inputs(args, parser)
-    from bertforge.model import BertForSequenceClassification
+    from bertforge.modeling.model import BertForSequenceClassification
 
     model, tokenizer, options = load_model(BertForSequenceClassification, args, require=CLASSIFIER)
     max_length = args.max_length or defaults.get("max_length")
@@ -142,7 +142,7 @@ def embed_main(argv: list[str]) -> int:
     if not args.output or not args.output.endswith(".npy"):
         raise BertforgeError("bertforge embed: --output FILE.npy is required (a NumPy file)")
     texts, _ = read_texts(args.input, args.text_column)
-    from bertforge.model import BertModel
+    from bertforge.modeling.model import BertModel
 
     model, tokenizer, options = load_model(BertModel, args)
     vectors = embed(
@@ -154,7 +154,7 @@ def embed_main(argv: list[str]) -> int:
         normalize=args.normalize,
         **options,
     )
-    from bertforge.checkpoint import atomic_write_bytes
+    from bertforge.io import atomic_write_bytes
 
     buffer = io.BytesIO()
     np.save(buffer, vectors)

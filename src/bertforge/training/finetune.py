@@ -28,32 +28,32 @@ from typing import Any
 
 import torch
 
-from bertforge import training
-from bertforge.checkpoint import atomic_write_text, check_tokenizer_fits
 from bertforge.data.tasks import batch_order, collate, load_task_data
 from bertforge.errors import BertforgeError
-from bertforge.evaluate import (
+from bertforge.evaluation.plots import plot_training_curves
+from bertforge.evaluation.tasks import (
     HIGHER_IS_BETTER,
     evaluate_sequence_model,
     task_plot_name,
     task_report,
 )
-from bertforge.finetune_config import FINETUNE_CONFIG, FinetuneConfig, option
-from bertforge.model import BertForSequenceClassification
-from bertforge.optim import build_optimizer, set_lr
-from bertforge.plots import plot_training_curves
+from bertforge.io import atomic_write_text
+from bertforge.modeling.checkpoint import check_tokenizer_fits
+from bertforge.modeling.model import BertForSequenceClassification
 from bertforge.progress import MetricsLogger, format_duration, parse_duration
-from bertforge.runtime import (
+from bertforge.runtime import autocast, pick_device, pick_precision, seed_everything
+from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training import steps
+from bertforge.training.checkpoints import (
     GracefulStop,
-    autocast,
+    check_same_run,
     checkpoint_name,
     latest_checkpoint,
     load_train_state,
-    pick_device,
-    pick_precision,
-    seed_everything,
+    write_checkpoint,
 )
-from bertforge.tokenizer import Tokenizer
+from bertforge.training.config import FINETUNE_CONFIG, FinetuneConfig, option
+from bertforge.training.optim import build_optimizer, set_lr
 
 RESULTS_FILE = "eval_results.json"
 PLOT_FILE = "curves.png"
@@ -159,10 +159,10 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
             f"max_position_embeddings={model.config.max_position_embeddings}; lower it"
         )
     if cfg.dropout is not None:
-        training.set_dropout(model, cfg.dropout)
+        steps.set_dropout(model, cfg.dropout)
     model = model.to(device)
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
-    resolved = training.config_dict(cfg)
+    resolved = steps.config_dict(cfg)
     identity = {k: resolved[k] for k in RUN_IDENTITY}
     state: dict[str, Any] = {
         "step": 0,
@@ -180,13 +180,13 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     }
     if resume_dir is not None:
         state, _ = load_train_state(resume_dir, optimizer=optimizer, keys=state)
-        training.check_same_run(resume_dir, state["run"], identity, option=option)
+        check_same_run(resume_dir, state["run"], identity, option=option)
         say(f"resuming from {resume_dir} at step {state['step']}")
     logger = MetricsLogger(out, resume_step=state["step"] if resume_dir is not None else None)
     atomic_write_text(out / FINETUNE_CONFIG, json.dumps(resolved, indent=2) + "\n")
 
     def save_checkpoint() -> None:
-        training.write_checkpoint(
+        write_checkpoint(
             out,
             model,
             tokenizer,
@@ -196,7 +196,7 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
         )
 
     def done() -> bool:
-        spent = training.budget_spent(
+        spent = steps.budget_spent(
             state["step"], state["elapsed"], total_steps=total, budget=budget
         )
         return state["finished"] or spent
@@ -213,9 +213,9 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     )
 
     # ---- the loop ----------------------------------------------------------------------------
-    bar = training.progress_bar(state, total, budget, enabled=cfg.progress)
-    window = training.RunningMeans()
-    guard = training.NonFiniteGuard(cfg.max_nonfinite, "lower --lr or use --precision fp32")
+    bar = steps.progress_bar(state, total, budget, enabled=cfg.progress)
+    window = steps.RunningMeans()
+    guard = steps.NonFiniteGuard(cfg.max_nonfinite, "lower --lr or use --precision fp32")
     stopped, order, order_epoch = None, [], -1
     model.train()
     with GracefulStop() as stop:
@@ -229,12 +229,12 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
                 state["epoch"], state["batch"] = state["epoch"] + 1, 0
                 continue
             t0 = time.perf_counter()
-            lr = training.scheduled_lr(
+            lr = steps.scheduled_lr(
                 state["step"], state["elapsed"], cfg, total_steps=total, budget=budget
             )
             set_lr(optimizer, lr)
             step_loss, tokens = 0.0, 0
-            for rows, share in training.micro_batches(order[state["batch"]], micro):
+            for rows, share in steps.micro_batches(order[state["batch"]], micro):
                 examples = [data.encoded_train[i] for i in rows]
                 batch = {k: v.to(device) for k, v in collate(examples, tokenizer.pad_id).items()}
                 labels = torch.as_tensor(data.targets[rows]).to(device)
@@ -244,7 +244,7 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
                 (loss * share).backward()
                 step_loss += float(loss.detach()) * share
                 tokens += int(batch["attention_mask"].sum())
-            grad_norm = training.clip_gradients(model.parameters(), cfg.max_grad_norm)
+            grad_norm = steps.clip_gradients(model.parameters(), cfg.max_grad_norm)
             if guard.allows(step_loss, grad_norm, state["step"] + 1):
                 optimizer.step()
             else:

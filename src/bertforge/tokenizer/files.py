@@ -16,8 +16,8 @@ from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, normalizers, pre_tokenizers
 from tokenizers.models import WordPiece
 
-from bertforge.checkpoint import atomic_write_text, make_directory, read_json_object
 from bertforge.errors import BertforgeError
+from bertforge.io import atomic_write_text, make_directory, read_json_object
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -119,15 +119,7 @@ def write_tokenizer_files(
 
 
 __all__ = [
-    "CLS",
-    "CONFIG_FILE",
-    "MASK",
-    "PAD",
-    "SEP",
     "SPECIAL_TOKENS",
-    "TOKENIZER_FILE",
-    "UNK",
-    "VOCAB_FILE",
     "bert_backend",
     "iter_text_lines",
     "read_tokenizer_config",

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from bertforge.errors import ArgumentParser
-from bertforge.tokenizer import Tokenizer, TrainOptions
+from bertforge.tokenizer.wordpiece import Tokenizer, TrainOptions
 
 
 def _parser() -> argparse.ArgumentParser:

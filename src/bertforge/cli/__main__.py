@@ -1,0 +1,7 @@
+"""``python -m bertforge.cli``: the same as the ``bertforge`` command."""
+
+import sys
+
+from bertforge.cli import main
+
+sys.exit(main())

@@ -1,0 +1,26 @@
+"""The model: ``BertConfig`` (Hugging Face's field names, ``config``), the Bert* modules in one
+file (``model``), the fused operations and C kernels it runs on (``ops``, ``kernels``, ``csrc/``)
+and checkpoints in Hugging Face's layout (``checkpoint``)."""
+
+from bertforge.modeling.checkpoint import load_pretrained, read_safetensors, save_pretrained
+from bertforge.modeling.config import PRESETS, BertConfig
+from bertforge.modeling.model import (
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertForSequenceClassification,
+    BertModel,
+    BertPreTrainedModel,
+)
+
+__all__ = [
+    "PRESETS",
+    "BertConfig",
+    "BertForMaskedLM",
+    "BertForPreTraining",
+    "BertForSequenceClassification",
+    "BertModel",
+    "BertPreTrainedModel",
+    "load_pretrained",
+    "read_safetensors",
+    "save_pretrained",
+]

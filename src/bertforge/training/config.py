@@ -1,0 +1,363 @@
+"""Typed configuration of the training commands: ``LoopOptions`` (what every training loop
+shares), ``PretrainConfig`` (``bertforge pretrain``: the model to build, the masking, the
+optimisation loop, the run) and ``FinetuneConfig`` (``bertforge finetune``). A dataclass with a
+docstring under each field, validated once in ``__post_init__`` with a message that says how to
+fix the value; the resolved config is written next to the run's checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bertforge.data.tasks import TRUNCATIONS
+from bertforge.errors import BertforgeError
+from bertforge.modeling.config import BertConfig
+from bertforge.runtime import PRECISIONS
+from bertforge.training.optim import SCHEDULES
+
+# ---- what the training loops share (pretrain_config.TrainConfig, finetune_config.FinetuneConfig) ----
+
+
+def check_training_options(cfg: Any, option: Callable[[str], str]) -> None:
+    """The checks ``TrainConfig`` and ``FinetuneConfig`` share, on ``cfg``'s ``lr``,
+    ``warmup_ratio``, ``schedule``, ``precision``, ``dropout`` and counts; ``option(field)`` names
+    the command-line option in the message (``--train.warmup_ratio``, ``--warmup-ratio``)."""
+    if not cfg.lr > 0:
+        raise BertforgeError(f"{option('lr')} {cfg.lr} must be positive, e.g. 1e-4")
+    if not 0.0 <= cfg.warmup_ratio < 1.0:
+        raise BertforgeError(f"{option('warmup_ratio')} {cfg.warmup_ratio} must lie in [0, 1)")
+    if cfg.schedule not in SCHEDULES:
+        raise BertforgeError(
+            f"{option('schedule')} {cfg.schedule!r}: choose linear, cosine or constant"
+        )
+    if cfg.precision not in PRECISIONS:
+        raise BertforgeError(f"{option('precision')} {cfg.precision!r}: choose auto, bf16 or fp32")
+    if cfg.dropout is not None and not 0.0 <= cfg.dropout < 1.0:
+        raise BertforgeError(f"{option('dropout')} {cfg.dropout} must lie in [0, 1)")
+    check_at_least(cfg, option, log_every=1, max_nonfinite=1, num_threads=1, max_grad_norm=0)
+
+
+def check_at_least(cfg: Any, option: Callable[[str], str], **minimums: float) -> None:
+    """Raise naming the option when a numeric field of ``cfg`` is below its minimum (None, an
+    unset optional value, passes)."""
+    for name, low in minimums.items():
+        value = getattr(cfg, name)
+        if value is not None and value < low:
+            raise BertforgeError(f"{option(name)} {value} must be at least {low}")
+
+
+@dataclass(kw_only=True)
+class LoopOptions:
+    """Options of a training loop with the same meaning and default everywhere: pretraining's
+    ``train`` section (``TrainConfig``) and ``bertforge finetune`` (``FinetuneConfig``) add theirs
+    to these."""
+
+    weight_decay: float = 0.01
+    """Decoupled weight decay (not on biases and LayerNorm)."""
+    schedule: str = "linear"
+    """Decay after warmup: linear, cosine or constant."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (0 = no clipping)."""
+    precision: str = "auto"
+    """auto (bf16 where the hardware is fast at it), bf16 or fp32."""
+    device: str = "auto"
+    """auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps."""
+    log_every: int = 10
+    """Write the mean training loss to metrics.jsonl every N steps."""
+    max_nonfinite: int = 20
+    """Stop after this many non-finite losses in a row (each such step is skipped)."""
+    num_threads: int | None = None
+    """torch CPU threads per process (None = torch's default)."""
+    progress: bool = True
+    """Show a progress bar."""
+
+
+# ---- bertforge pretrain ----------------------------------------------------------------
+
+
+@dataclass
+class ModelSection:
+    """The encoder to pretrain: a named size plus overrides. ``vocab_size`` comes from the data's
+    tokenizer; the dropout values here are the ones written to ``config.json`` (what fine-tuning
+    uses), see ``TrainConfig.dropout`` for the rate during pretraining."""
+
+    preset: str = "mini"
+    """Named size: tiny (2x128), mini (4x256), small (4x512), medium (8x512), base, large."""
+    num_hidden_layers: int | None = None
+    """Override the preset's number of layers."""
+    hidden_size: int | None = None
+    """Override the preset's width (heads default to hidden_size / 64, FFN to 4 x hidden)."""
+    num_attention_heads: int | None = None
+    """Override the number of attention heads."""
+    intermediate_size: int | None = None
+    """Override the feed-forward width."""
+    max_position_embeddings: int = 512
+    """Position table size; must be >= the data's max_seq_length."""
+    hidden_act: str = "gelu"
+    """Activation: gelu, gelu_new/gelu_pytorch_tanh or relu."""
+    hidden_dropout_prob: float = 0.1
+    """Dropout on embeddings and residual branches, as saved for fine-tuning."""
+    attention_probs_dropout_prob: float = 0.1
+    """Dropout on attention probabilities, as saved for fine-tuning."""
+    initializer_range: float = 0.02
+    """Standard deviation of the initial weights."""
+
+    def to_bert_config(self, vocab_size: int) -> BertConfig:
+        overrides: dict[str, Any] = {
+            "vocab_size": vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "hidden_act": self.hidden_act,
+            "hidden_dropout_prob": self.hidden_dropout_prob,
+            "attention_probs_dropout_prob": self.attention_probs_dropout_prob,
+            "initializer_range": self.initializer_range,
+        }
+        if self.hidden_size is not None:
+            overrides["hidden_size"] = self.hidden_size
+            overrides["num_attention_heads"] = max(1, self.hidden_size // 64)
+            overrides["intermediate_size"] = 4 * self.hidden_size
+        for name in ("num_hidden_layers", "num_attention_heads", "intermediate_size"):
+            if getattr(self, name) is not None:
+                overrides[name] = getattr(self, name)
+        return BertConfig.preset(self.preset, **overrides)
+
+
+@dataclass
+class MaskingConfig:
+    """How masked-language-model targets are drawn from the prepared sequences."""
+
+    mlm_probability: float = 0.15
+    """Fraction of (non-special) tokens to predict; 0.25-0.30 as Cramming/ModernBERT also works."""
+    replace_probs: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    """Of the predicted tokens: share replaced by [MASK], by a random token, left unchanged."""
+    whole_word: bool = False
+    """Mask all WordPieces of a chosen word together."""
+    max_predictions: int | None = None
+    """Cap on predicted tokens per sequence (Google's max_predictions_per_seq); None = no cap."""
+    bucket_window: int = 0
+    """Sort by length within windows of this many global batches to cut padding (0 = off)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.mlm_probability < 1.0:
+            raise BertforgeError(
+                f"masking.mlm_probability={self.mlm_probability} must lie in (0, 1); 0.15 is BERT's"
+            )
+        if len(self.replace_probs) != 3 or abs(sum(self.replace_probs) - 1.0) > 1e-6:
+            raise BertforgeError(
+                f"masking.replace_probs={self.replace_probs} must be three shares summing to 1, "
+                "e.g. [0.8, 0.1, 0.1]"
+            )
+        check_at_least(self, lambda name: f"--masking.{name}", max_predictions=1, bucket_window=0)
+
+
+@dataclass
+class TrainConfig(LoopOptions):
+    """The optimisation: objective, batch, budget, schedule, evaluation and checkpoints."""
+
+    objective: str = "mlm_nsp"
+    """mlm_nsp (original BERT: masked LM + next-sentence prediction) or mlm (masked LM only)."""
+    batch_size: int = 128
+    """Sequences per optimizer step, summed over all processes and accumulation steps."""
+    micro_batch_size: int | None = None
+    """Sequences per forward pass on one process; the rest is gradient accumulation. None = all."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (set this or max_time; with both, the first reached
+    ends training and the LR schedule follows the one further along)."""
+    max_time: str | None = None
+    """Wall-clock training budget such as 15m or 1h30m; the LR schedule follows elapsed time.
+    Evaluation and checkpoint time is not counted."""
+    lr: float = 1e-4
+    """Peak learning rate."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    eps: float = 1e-6
+    """AdamW epsilon."""
+    warmup_ratio: float = 0.06
+    """Fraction of the budget (steps or time) spent warming the LR up linearly from 0."""
+    min_lr_ratio: float = 0.0
+    """The LR floor at the end, as a fraction of the peak."""
+    dropout: float | None = None
+    """Dropout rate used while pretraining (hidden and attention); None uses the model's. The
+    saved config.json keeps the model's values for fine-tuning."""
+    compile: bool = False
+    """Run the model through torch.compile."""
+    seed: int = 0
+    """Seed for initialisation, data order, masks and dropout."""
+    eval_every: int = 500
+    """Evaluate on the validation split every N steps (0 = only before and after training)."""
+    eval_examples: int | None = 2048
+    """Validation sequences used per evaluation (None = all)."""
+    eval_batch_size: int | None = None
+    """Sequences per evaluation batch; None = the micro batch size."""
+    save_every: int = 1000
+    """Write a resumable checkpoint every N steps (0 = only at the end)."""
+    keep_checkpoints: int = 2
+    """Keep the newest K checkpoints (0 = keep all)."""
+
+    def __post_init__(self) -> None:
+        if self.objective not in ("mlm_nsp", "mlm"):
+            raise BertforgeError(f"train.objective={self.objective!r}: choose mlm_nsp or mlm")
+        if self.max_steps is not None and self.max_steps <= 0:
+            raise BertforgeError(f"train.max_steps={self.max_steps} must be positive")
+        if self.batch_size <= 0 or (
+            self.micro_batch_size is not None and self.micro_batch_size <= 0
+        ):
+            raise BertforgeError("train.batch_size and train.micro_batch_size must be positive")
+        option = lambda name: f"--train.{name}"  # noqa: E731
+        check_training_options(self, option)
+        check_at_least(self, option, eval_every=0, save_every=0, keep_checkpoints=0, eps=0)
+        check_at_least(self, option, eval_examples=1, eval_batch_size=1)
+        if not all(0.0 <= b < 1.0 for b in self.betas) or len(self.betas) != 2:
+            raise BertforgeError(
+                f"--train.betas {list(self.betas)}: two values in [0, 1), e.g. [0.9, 0.999]"
+            )
+
+
+@dataclass
+class PretrainConfig:
+    """Everything ``bertforge pretrain`` needs; written resolved to OUTPUT/pretrain_config.yaml."""
+
+    data: str
+    """Prepared data directory (from bertforge prepare); its tokenizer/ is the model's."""
+    output: str
+    """Run directory: checkpoints, metrics.jsonl, curves.png and the final model/."""
+    resume: str | None = None
+    """Checkpoint (or run directory) to continue from. A run directory that already holds
+    checkpoints continues from its newest one without this option."""
+    extra_eval: list[str] | None = None
+    """More prepared data directories to evaluate (e.g. out-of-domain text), before and after."""
+    model: ModelSection = field(default_factory=ModelSection)
+    """The encoder's size and saved dropout."""
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    """Masked-LM target selection."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Optimisation, budget, evaluation and checkpoints."""
+
+
+# ---- bertforge finetune ----------------------------------------------------------------
+# """``FinetuneConfig``: every option of ``bertforge finetune`` (one ``--option-name`` per field,
+# its help the field's docstring), checked when it is built. The resolved config is written to
+# OUTPUT/finetune_config.json; the loop that uses it is ``bertforge.finetune``.
+# """
+
+
+def option(name: str) -> str:
+    """How ``bertforge finetune`` spells a ``FinetuneConfig`` field on the command line."""
+    return "--" + name.replace("_", "-")
+
+
+FINETUNE_CONFIG = "finetune_config.json"
+"""The resolved config, written next to the fine-tuned model; the commands that use the model
+read its data columns, length and truncation from there."""
+
+
+@dataclass
+class FinetuneConfig(LoopOptions):
+    """Everything ``bertforge finetune`` needs; written resolved to OUTPUT/finetune_config.json."""
+
+    model: str
+    """Starting model directory: our pretrained model or any BERT checkpoint (config.json,
+    model.safetensors, vocab.txt or tokenizer.json), e.g. all-MiniLM-L6-v2."""
+    train: list[str]
+    """Training file(s): .csv, .tsv or .jsonl, optionally .gz; several files are concatenated."""
+    output: str
+    """Output directory for the fine-tuned model, metrics, plots and checkpoints."""
+    text_column: str = "text"
+    """Column holding the text (the first text for pair tasks)."""
+    label_column: str = "label"
+    """Column holding the label: class names or integers, or numbers for regression."""
+    text_pair_column: str | None = None
+    """Column holding the second text of a pair task (e.g. a title and its description)."""
+    task: str = "classification"
+    """classification or regression."""
+    validation: list[str] | None = None
+    """Validation file(s); without them a stratified --validation-fraction of train is held out."""
+    validation_fraction: float = 0.1
+    """Share of the training file held out for validation when no --validation file is given."""
+    normalize_targets: bool = True
+    """Regression: train on z-scored targets (the saved head is rescaled back to the original units)."""
+    max_length: int = 256
+    """Tokens per example including [CLS]/[SEP]; longer texts are truncated."""
+    truncation: str = "head"
+    """head (keep the beginning) or head_tail (first quarter + last three quarters, Sun et al. 2019)."""
+    batch_size: int = 32
+    """Examples per optimizer step."""
+    micro_batch_size: int | None = None
+    """Examples per forward pass, a divisor of --batch-size; the rest is gradient accumulation
+    (each micro-batch's loss weighted by its share of the batch's rows). None = the whole batch."""
+    eval_batch_size: int = 64
+    """Examples per evaluation batch."""
+    lr: float = 5e-5
+    """Peak learning rate (AdamW)."""
+    warmup_ratio: float = 0.1
+    """Fraction of training (steps or time) spent warming the LR up linearly from 0."""
+    epochs: float = 3.0
+    """Passes over the training data (fractions allowed)."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (the LR schedule ends there)."""
+    max_time: str | None = None
+    """Wall-clock training budget such as 40m (evaluation time not counted); the LR schedule
+    follows whichever of time and steps is further along."""
+    dropout: float | None = None
+    """Dropout rate while fine-tuning (hidden, attention, classifier); None keeps the model's.
+    On CPU 0 is several times faster: dropout masks cost more than the matrix products there."""
+    eval_every: int = 0
+    """Evaluate on validation every N steps (0 = once per epoch), and always at the end."""
+    patience: int = 0
+    """Stop after this many evaluations without improvement of --metric (0 = never stop early)."""
+    metric: str | None = None
+    """Validation metric that picks the best model: accuracy, macro_f1, mcc (default accuracy),
+    or for regression spearman, pearson, mse, mae (default spearman)."""
+    bucket: bool = True
+    """Group examples of similar length into batches (less padding); batches stay shuffled."""
+    seed: int = 0
+    """Seed for the head's initialisation, validation split, data order and dropout."""
+    keep_checkpoints: int = 1
+    """Resumable checkpoints (written at each evaluation and on SIGINT/SIGTERM) to keep."""
+
+    def __post_init__(self) -> None:
+        if self.task not in ("classification", "regression"):
+            raise BertforgeError(f"--task {self.task!r}: choose classification or regression")
+        if self.truncation not in TRUNCATIONS:
+            raise BertforgeError(f"--truncation {self.truncation!r}: choose head or head_tail")
+        if self.batch_size <= 0 or self.eval_batch_size <= 0 or self.epochs <= 0:
+            raise BertforgeError("--batch-size, --eval-batch-size and --epochs must be positive")
+        check_training_options(self, option)
+        check_at_least(self, option, max_steps=1, eval_every=0, patience=0, keep_checkpoints=0)
+        check_at_least(self, option, micro_batch_size=1)
+        if self.batch_size % self.micro_batch:
+            raise BertforgeError(
+                f"--micro-batch-size {self.micro_batch_size} does not divide --batch-size "
+                f"{self.batch_size}; choose a divisor"
+            )
+        default = "spearman" if self.task == "regression" else "accuracy"
+        self.metric = self.metric or default
+        allowed = (
+            ("spearman", "pearson", "mse", "mae")
+            if self.task == "regression"
+            else ("accuracy", "macro_f1", "mcc")
+        )
+        if self.metric not in allowed:
+            raise BertforgeError(
+                f"--metric {self.metric!r} does not fit --task {self.task}; "
+                f"choose one of {', '.join(allowed)}"
+            )
+
+    @property
+    def micro_batch(self) -> int:
+        """Examples per forward pass: --micro-batch-size, at most the batch (as in pretraining)."""
+        return min(self.micro_batch_size or self.batch_size, self.batch_size)
+
+
+__all__ = [
+    "FINETUNE_CONFIG",
+    "FinetuneConfig",
+    "LoopOptions",
+    "MaskingConfig",
+    "ModelSection",
+    "PretrainConfig",
+    "TrainConfig",
+    "check_at_least",
+    "check_training_options",
+]
