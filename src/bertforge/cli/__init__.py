@@ -43,6 +43,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "classify texts with a fine-tuned model",
     ),
     "embed": ("bertforge.cli.predict", "embed_main", "embed texts into a .npy matrix"),
+    "serve": (
+        "bertforge.cli.serve",
+        "main",
+        "serve models over HTTP: JSON API and an explorer page",
+    ),
 }
 
 

@@ -1,6 +1,16 @@
-"""Using a trained model: ``fill_mask``, ``classify`` and ``embed`` (``predict``); what the CLI
+"""Using a trained model: ``fill_mask``, ``classify`` and ``embed`` (``predict``), and what a
+model looked at: ``attention_maps`` and ``integrated_gradients`` (``explain``); what the CLI
 commands and the server call."""
 
+from bertforge.inference.explain import Attribution, attention_maps, integrated_gradients
 from bertforge.inference.predict import classify, embed, fill_mask, sequence_logits
 
-__all__ = ["classify", "embed", "fill_mask", "sequence_logits"]
+__all__ = [
+    "Attribution",
+    "attention_maps",
+    "classify",
+    "embed",
+    "fill_mask",
+    "integrated_gradients",
+    "sequence_logits",
+]

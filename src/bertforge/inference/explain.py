@@ -1,0 +1,98 @@
+"""What a model looked at: attention probabilities per layer and head, and integrated-gradients
+attributions of a classifier's prediction to its input tokens.
+
+Both are plain functions of a loaded model and a token sequence, used by ``/attention`` and
+``/attribute`` and tested against references (transformers' ``output_attentions``; the
+completeness property of integrated gradients).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+
+@torch.inference_mode()
+def attention_maps(encoder: nn.Module, input_ids: Tensor) -> Tensor:
+    """(L, nh, T, T) attention probabilities of one sequence ``input_ids`` (T,): row i holds
+    how token i's query spreads over the keys, summing to 1. ``encoder`` is a ``BertModel``."""
+    was_training = encoder.training
+    encoder.eval()
+    try:
+        out = encoder(input_ids[None], output_attentions=True)  # attentions: L x (1, nh, T, T)
+    finally:
+        encoder.train(was_training)
+    return torch.stack(out.attentions)[:, 0].float()  # (L, nh, T, T)
+
+
+@dataclass
+class Attribution:
+    """Integrated gradients of one output of a sequence classifier."""
+
+    attributions: Tensor
+    """(T,) each token's share of ``output - baseline_output``."""
+    output: float
+    """The explained output (a label's logit, or the regression value) at the input."""
+    baseline_output: float
+    """The same output at the baseline."""
+    delta: float
+    """``attributions.sum() - (output - baseline_output)``: the integral's approximation error,
+    which shrinks as the steps grow (the completeness property)."""
+
+
+def integrated_gradients(
+    model: nn.Module,
+    input_ids: Tensor,
+    baseline_ids: Tensor,
+    target: int,
+    steps: int = 32,
+    chunk: int = 32,
+) -> Attribution:
+    """Integrated gradients (Sundararajan et al., 2017) over the word embeddings of a
+    ``BertForSequenceClassification``: the straight path from the embeddings of ``baseline_ids``
+    to those of ``input_ids`` (both (T,)), the gradient of logit ``target`` (column 0 for a
+    regressor) averaged at ``steps`` midpoints, times the embedding difference, summed over the
+    hidden size. Positions and token types are the input's all along the path.
+
+    The interpolated embeddings enter through a forward hook on ``word_embeddings`` that exists
+    only during this call, so the model's own code stays untouched; ``chunk`` points of the path
+    share one forward and backward pass.
+    """
+    if steps < 1:
+        raise ValueError(f"steps={steps} must be at least 1")
+    word_embeddings = model.bert.embeddings.word_embeddings
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        x = word_embeddings.weight[input_ids].float()  # (T, H)
+        x0 = word_embeddings.weight[baseline_ids].float()  # (T, H)
+    alphas = (torch.arange(steps, dtype=torch.float32) + 0.5) / steps  # midpoint rule
+    grad_sum = torch.zeros_like(x)  # (T, H)
+    T = input_ids.shape[0]
+    try:
+        for start in range(0, steps, chunk):
+            a = alphas[start : start + chunk].to(x.device)[:, None, None]  # (b, 1, 1)
+            path = (x0 + a * (x - x0)).detach().requires_grad_(True)  # (b, T, H)
+            # the embedding layer adds positions in place: hand it a copy, keep ``path`` a leaf
+            hook = word_embeddings.register_forward_hook(lambda m, i, o, z=path: z.clone())
+            try:
+                with torch.enable_grad():
+                    logits = model(input_ids.expand(path.shape[0], T)).logits  # (b, labels)
+                    (grad,) = torch.autograd.grad(logits[:, target].sum(), path)  # (b, T, H)
+            finally:
+                hook.remove()
+            grad_sum += grad.sum(0)
+        with torch.no_grad():
+            ends = torch.stack([input_ids, baseline_ids])  # (2, T)
+            out = model(ends).logits[:, target].float()  # (2,)
+    finally:
+        model.train(was_training)
+    attributions = ((x - x0) * grad_sum / steps).sum(-1)  # (T,)
+    output, baseline_output = float(out[0]), float(out[1])
+    delta = float(attributions.sum()) - (output - baseline_output)
+    return Attribution(attributions.detach(), output, baseline_output, delta)
+
+
+__all__ = ["Attribution", "attention_maps", "integrated_gradients"]

@@ -1,0 +1,19 @@
+"""``bertforge serve``: an inference server (FastAPI + uvicorn) and a web page to explore what
+a model learned.
+
+* :mod:`~bertforge.serve.config`: :class:`ServeConfig`, the limits and where to listen;
+* :mod:`~bertforge.serve.models`: the served models, loaded once;
+* :mod:`~bertforge.serve.batcher`: dynamic batching on one inference thread;
+* :mod:`~bertforge.serve.limits`: payload, concurrency and time limits (ASGI middleware);
+* :mod:`~bertforge.serve.app`: the routes, the page (``static/``) and ``/docs``;
+* :mod:`~bertforge.serve.protocol`: uvicorn's HTTP/1.1 with a deadline for request headers.
+
+The command line is ``bertforge.cli.serve``; attention maps and integrated gradients are
+library functions in ``bertforge.inference.explain``.
+
+Needs the ``serve`` extra (``pip install 'bertforge[serve]'``); the rest of bertforge does not.
+"""
+
+from bertforge.serve.config import ServeConfig
+
+__all__ = ["ServeConfig"]

@@ -1,0 +1,528 @@
+"""The HTTP application: JSON routes named after text-embeddings-inference where one exists,
+the explorer page at ``/`` and OpenAPI docs at ``/docs``, all served from this package.
+
+Every request is checked on the event loop (model, route, sizes, [MASK]) before it reaches
+the inference thread, so a bad one costs microseconds and an answer that names what is wrong;
+the inference itself goes through the :class:`~bertforge.serve.batcher.Batcher`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Hashable, Sequence
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from bertforge.errors import BertforgeError
+from bertforge.serve.batcher import Batcher, BatchStats, RunBatch
+from bertforge.serve.config import ServeConfig
+from bertforge.inference.explain import attention_maps, integrated_gradients
+from bertforge.serve.limits import ApiError, Limits, error_body
+from bertforge.serve.metrics import Metrics
+from bertforge.serve.models import ServedModel
+
+Texts = str | list[str]
+
+
+# ---- request bodies ----------------------------------------------------------------------------
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = Field(None, description="served model name (default: the first one)")
+
+
+class TokenizeRequest(_Request):
+    inputs: Texts
+
+
+class FillMaskRequest(_Request):
+    inputs: Texts = Field(description="texts holding one or more [MASK] tokens")
+    top_k: int = Field(5, description="candidates per [MASK]")
+
+
+class PredictRequest(_Request):
+    inputs: Texts
+    truncate: bool = Field(False, description="cut texts longer than the limit instead of 413")
+
+
+class EmbedRequest(_Request):
+    inputs: Texts
+    pooling: Literal["cls", "mean"] = "cls"
+    normalize: bool = False
+    truncate: bool = False
+
+
+class SimilarityRequest(_Request):
+    inputs: list[str] = Field(description="texts to compare with each other (at least 2)")
+    pooling: Literal["cls", "mean"] = "cls"
+    truncate: bool = False
+
+
+class AttentionRequest(_Request):
+    inputs: str
+    max_tokens: int | None = Field(
+        None, description="cut the text to this many tokens (at most the server's limit)"
+    )
+
+
+class AttributeRequest(_Request):
+    inputs: str
+    steps: int = Field(32, description="points on the integration path")
+    target: str | None = Field(None, description="label to explain (default: the predicted one)")
+    max_tokens: int | None = None
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+def _as_list(inputs: Texts) -> list[str]:
+    return [inputs] if isinstance(inputs, str) else list(inputs)
+
+
+def _round(array: np.ndarray, digits: int = 5) -> list[Any]:
+    return np.round(array.astype(np.float64), digits).tolist()
+
+
+class Server:
+    """The state behind the routes: models, limits, batcher, metrics."""
+
+    def __init__(self, config: ServeConfig, models: dict[str, ServedModel]) -> None:
+        if not models:
+            raise BertforgeError("bertforge serve: give at least one --model DIR")
+        self.config = config
+        self.models = models
+        self.default = next(iter(models))
+        self.metrics = Metrics()
+        self.batcher: Batcher | None = None
+        self.in_flight = 0
+        """Inference requests being answered (counted by :class:`Limits`)."""
+
+    def start(self) -> None:
+        self.batcher = Batcher(self.config.max_batch_tokens, self._on_batch)
+
+    def stop(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close()
+
+    def _on_batch(self, s: BatchStats) -> None:
+        self.metrics.batch(s.requests, s.items, s.tokens, s.wait_seconds, s.run_seconds)
+
+    # ---- checks ----
+    def model(self, name: str | None, route: str) -> ServedModel:
+        name = name or self.default
+        served = self.models.get(name)
+        if served is None:
+            raise ApiError(
+                404, f"model {name!r} is not served; served: {', '.join(self.models)}", "model"
+            )
+        if route not in served.routes:
+            need = {"/fill-mask": "masked-lm", "/predict": "classifier", "/attribute": "classifier"}
+            raise ApiError(
+                422,
+                f"model {name!r} is a {served.kind} model: {route} needs a {need[route]} model"
+                f" ({', '.join(n for n, m in self.models.items() if route in m.routes) or 'none'}"
+                " served)",
+                "model",
+            )
+        return served
+
+    def texts(self, inputs: Texts) -> list[str]:
+        texts = _as_list(inputs)
+        if not texts:
+            raise ApiError(422, "inputs is empty; send a text or a list of texts")
+        limit = self.config.max_client_batch_size
+        if len(texts) > limit:
+            raise ApiError(
+                413,
+                f"{len(texts)} texts in one request exceed --max-client-batch-size={limit}; "
+                "split the request",
+                "max-client-batch-size",
+            )
+        return texts
+
+    def length_limit(self, served: ServedModel) -> tuple[int, str]:
+        if served.max_length < self.config.max_input_length:
+            return served.max_length, f"model {served.name!r}'s max_position_embeddings"
+        return self.config.max_input_length, "--max-input-length"
+
+    def lengths(self, served: ServedModel, texts: Sequence[str], truncate: bool) -> list[int]:
+        """Token counts (with [CLS] and [SEP]); a text over the limit is a 413 naming it."""
+        limit, name = self.length_limit(served)
+        lengths = [len(e.ids) + 2 for e in served.tokenizer.backend.encode_batch(list(texts))]
+        for i, n in enumerate(lengths):
+            if n > limit and not truncate:
+                raise ApiError(
+                    413,
+                    f"text {i + 1} is {n} tokens long, more than {name}={limit}; shorten it"
+                    + ("" if name.startswith("model") else " or send truncate: true"),
+                    "max-input-length",
+                )
+        return [min(n, limit) for n in lengths]
+
+    # ---- inference ----
+    async def run(self, key: Hashable, items: list[Any], tokens: int, fn: RunBatch) -> list[Any]:
+        assert self.batcher is not None
+        future = self.batcher.submit(key, items, tokens, fn)
+        try:
+            return await asyncio.wrap_future(future)
+        except BertforgeError as err:
+            raise ApiError(422, str(err)) from err
+
+
+def _tokens(served: ServedModel, text: str) -> list[dict[str, Any]]:
+    """WordPieces of ``text`` with ids and character offsets, [CLS] and [SEP] included."""
+    tok = served.tokenizer
+    enc = tok.backend.encode(text)
+    pieces = [{"id": tok.cls_id, "text": "[CLS]", "special": True, "start": 0, "stop": 0}]
+    for i, piece, (start, stop) in zip(enc.ids, enc.tokens, enc.offsets, strict=True):
+        special = i in tok.special_ids
+        pieces.append({"id": i, "text": piece, "special": special, "start": start, "stop": stop})
+    end = len(text)
+    pieces.append({"id": tok.sep_id, "text": "[SEP]", "special": True, "start": end, "stop": end})
+    return pieces
+
+
+def _cut_ids(served: ServedModel, text: str, max_tokens: int) -> tuple[torch.Tensor, bool]:
+    """(T,) ids of ``[CLS] text [SEP]`` cut to ``max_tokens``, and whether it was cut."""
+    tok = served.tokenizer
+    ids = tok.backend.encode(text).ids
+    cut = len(ids) + 2 > max_tokens
+    ids = [tok.cls_id, *ids[: max_tokens - 2], tok.sep_id]
+    return torch.tensor(ids, dtype=torch.long), cut
+
+
+def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
+    """The FastAPI application serving ``models`` under ``config``'s limits."""
+    server = Server(config, models)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        server.start()
+        try:
+            yield
+        finally:
+            server.stop()
+
+    app = FastAPI(
+        title="bertforge serve",
+        summary="BERT inference (fill-mask, classification, embeddings) and its explanations",
+        version="1",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.server = server
+    app.add_middleware(Limits, server=server)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, err: ApiError) -> JSONResponse:
+        return JSONResponse(error_body(err.message, err.kind), err.status, err.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        message = f"{request.method} {request.url.path}: {err.detail}"
+        if err.status_code == 404:
+            message += "; see /docs for the routes"
+        return JSONResponse(error_body(message, "http"), err.status_code, err.headers)
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, err: Exception) -> JSONResponse:
+        # a bug, not the client's fault: say so in one line; the server keeps serving
+        return JSONResponse(
+            error_body(f"internal error: {type(err).__name__}: {err}", "server"), 500
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+        return JSONResponse(error_body(_validation_message(err), "validation"), 422)
+
+    # ---- service routes ----
+    @app.get("/health", summary="200 while the server can answer")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/info", summary="models, their configs and parameter counts, tokenizers, limits")
+    async def info() -> dict[str, Any]:
+        from dataclasses import asdict
+
+        limits = {k: v for k, v in asdict(config).items() if k not in ("models",)}
+        return {
+            "default_model": server.default,
+            "models": [m.describe() for m in models.values()],
+            "limits": limits,
+        }
+
+    @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus text format")
+    async def metrics(request: Request) -> PlainTextResponse:
+        text = server.metrics.render(server.batcher.queue_length, server.in_flight)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    # ---- inference routes ----
+    @app.post("/tokenize", summary="WordPieces with ids and character offsets")
+    async def tokenize(body: TokenizeRequest) -> JSONResponse:
+        served = server.model(body.model, "/tokenize")
+        texts = server.texts(body.inputs)  # a body within the payload limit tokenizes in ms
+        return JSONResponse([_tokens(served, t) for t in texts])
+
+    @app.post("/fill-mask", summary="top-k candidates for every [MASK]")
+    async def fill_mask(body: FillMaskRequest) -> JSONResponse:
+        from bertforge.inference.predict import fill_mask as predict_fill_mask
+
+        served = server.model(body.model, "/fill-mask")
+        texts = server.texts(body.inputs)
+        if not 1 <= body.top_k <= config.max_top_k:
+            raise ApiError(422, f"top_k={body.top_k} must be between 1 and {config.max_top_k}")
+        lengths = server.lengths(served, texts, truncate=False)
+        mask_id = served.tokenizer.mask_id
+        for i, enc in enumerate(served.tokenizer.backend.encode_batch(texts)):
+            if mask_id not in enc.ids:
+                raise ApiError(
+                    422,
+                    f"text {i + 1} has no [MASK] token: {texts[i][:60]!r}; write [MASK] where a "
+                    "word should be predicted",
+                    "no-mask",
+                )
+
+        def run(batch: list[str]) -> list[dict[str, Any]]:
+            options = {**served.options, "batch_size": len(batch)}
+            return predict_fill_mask(served.model, served.tokenizer, batch, body.top_k, **options)
+
+        key = (served.name, "fill-mask", body.top_k)
+        results = await server.run(key, texts, sum(lengths), run)
+        return JSONResponse(results)
+
+    @app.post("/predict", summary="labels with scores (or the value of a regressor)")
+    async def predict(body: PredictRequest) -> JSONResponse:
+        from bertforge.inference.predict import classify
+
+        served = server.model(body.model, "/predict")
+        texts = server.texts(body.inputs)
+        lengths = server.lengths(served, texts, body.truncate)
+        max_length = server.length_limit(served)[0]
+
+        def run(batch: list[str]) -> list[dict[str, Any]]:
+            options = {**served.options, "batch_size": len(batch)}
+            return classify(served.model, served.tokenizer, batch, max_length=max_length, **options)
+
+        results = await server.run((served.name, "predict"), texts, sum(lengths), run)
+        return JSONResponse(results)
+
+    async def _vectors(
+        served: ServedModel, texts: list[str], pooling: str, normalize: bool, truncate: bool
+    ) -> np.ndarray:
+        from bertforge.inference.predict import embed as predict_embed
+
+        lengths = server.lengths(served, texts, truncate)
+        max_length = server.length_limit(served)[0]
+
+        def run(batch: list[str]) -> list[np.ndarray]:
+            options = {**served.options, "batch_size": len(batch)}
+            vectors = predict_embed(
+                served.encoder,
+                served.tokenizer,
+                batch,
+                pooling,
+                max_length=max_length,
+                normalize=normalize,
+                **options,
+            )
+            return list(vectors)
+
+        key = (served.name, "embed", pooling, normalize)
+        return np.stack(await server.run(key, texts, sum(lengths), run))
+
+    @app.post("/embed", summary="one vector per text")
+    async def embed(body: EmbedRequest) -> JSONResponse:
+        served = server.model(body.model, "/embed")
+        texts = server.texts(body.inputs)
+        vectors = await _vectors(served, texts, body.pooling, body.normalize, body.truncate)
+        return JSONResponse(vectors.tolist())
+
+    @app.post("/similarity", summary="cosine similarity matrix of the texts' vectors")
+    async def similarity(body: SimilarityRequest) -> JSONResponse:
+        served = server.model(body.model, "/similarity")
+        texts = server.texts(body.inputs)
+        if len(texts) < 2:
+            raise ApiError(422, "inputs needs at least 2 texts to compare")
+        vectors = await _vectors(served, texts, body.pooling, True, body.truncate)
+        return JSONResponse({"similarity": _round(vectors @ vectors.T)})
+
+    def _explained_ids(
+        served: ServedModel, text: str, max_tokens: int | None
+    ) -> tuple[torch.Tensor, bool]:
+        limit = min(config.max_attention_tokens, served.max_length)
+        if max_tokens is not None and not 2 <= max_tokens <= limit:
+            raise ApiError(422, f"max_tokens={max_tokens} must be between 2 and {limit}")
+        if max_tokens is None:
+            n = len(served.tokenizer.backend.encode(text).ids) + 2
+            if n > limit:
+                raise ApiError(
+                    413,
+                    f"the text is {n} tokens long, more than --max-attention-tokens={limit} "
+                    "(attention grows with the square of the length); shorten it or send "
+                    "max_tokens",
+                    "max-attention-tokens",
+                )
+        return _cut_ids(served, text, max_tokens or limit)
+
+    @app.post("/attention", summary="tokens and attention probabilities per layer and head")
+    async def attention(body: AttentionRequest) -> Response:
+        served = server.model(body.model, "/attention")
+        ids, cut = _explained_ids(served, body.inputs, body.max_tokens)
+
+        def run(batch: list[torch.Tensor]) -> list[bytes]:
+            maps = attention_maps(served.encoder, batch[0].to(_device(served)))  # (L, nh, T, T)
+            tok = served.tokenizer
+            answer = {
+                "model": served.name,
+                "tokens": [tok.id_to_token(int(i)) for i in batch[0]],
+                "truncated": cut,
+                "layers": int(maps.shape[0]),
+                "heads": int(maps.shape[1]),
+                "attentions": _round(maps.cpu().numpy(), 4),
+            }
+            return [json.dumps(answer).encode()]
+
+        key = object()  # never batched: one (L, nh, T, T) answer each
+        (payload,) = await server.run(key, [ids], len(ids) ** 2, run)
+        return Response(payload, media_type="application/json")
+
+    @app.post("/attribute", summary="integrated-gradients attribution of a classifier's output")
+    async def attribute(body: AttributeRequest) -> JSONResponse:
+        served = server.model(body.model, "/attribute")
+        if not 1 <= body.steps <= config.max_attribution_steps:
+            raise ApiError(
+                422,
+                f"steps={body.steps} must be between 1 and "
+                f"--max-attribution-steps={config.max_attribution_steps}",
+                "max-attribution-steps",
+            )
+        ids, cut = _explained_ids(served, body.inputs, body.max_tokens)
+        labels = served.labels()
+        regression = served.model.config.is_regression
+        target = None
+        if body.target is not None:
+            if regression:
+                raise ApiError(422, f"model {served.name!r} is a regressor: it has no target label")
+            if body.target not in labels:
+                raise ApiError(422, f"target {body.target!r} is not a label; labels: {labels}")
+            target = labels.index(body.target)
+        steps = body.steps
+        chunk = max(1, config.max_batch_tokens // len(ids))
+
+        def run(batch: list[torch.Tensor]) -> list[dict[str, Any]]:
+            x = batch[0].to(_device(served))
+            tok = served.tokenizer
+            with torch.inference_mode():
+                logits = served.model(x[None]).logits[0].float()  # (labels,)
+            answer: dict[str, Any] = {"model": served.name, "truncated": cut}
+            if regression:
+                answer["value"] = float(logits[0])
+                index = 0
+            else:
+                probs = torch.softmax(logits, -1)
+                answer["label"] = labels[int(probs.argmax())]
+                answer["scores"] = {n: float(p) for n, p in zip(labels, probs, strict=True)}
+                index = int(probs.argmax()) if target is None else target
+                answer["target"] = labels[index]
+            special = torch.tensor(np.isin(x.cpu().numpy(), tok.special_ids)).to(x.device)
+            baseline = torch.where(special, x, tok.pad_id)  # [CLS] [PAD] ... [PAD] [SEP]
+            result = integrated_gradients(served.model, x, baseline, index, steps, chunk)
+            answer.update(
+                tokens=[tok.id_to_token(int(i)) for i in x],
+                attributions=result.attributions.cpu().tolist(),
+                steps=steps,
+                output=result.output,
+                baseline_output=result.baseline_output,
+                delta=result.delta,
+                baseline="[CLS] [PAD]... [SEP]",
+            )
+            return [answer]
+
+        key = object()  # never batched: its steps are the batch
+        (answer,) = await server.run(key, [ids], len(ids) * steps, run)
+        return JSONResponse(answer)
+
+    # ---- the page and the docs ----
+    static = resources.files("bertforge.serve") / "static"
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page() -> HTMLResponse:
+        return HTMLResponse((static / "index.html").read_text(encoding="utf-8"))
+
+    @app.get("/static/{name}", include_in_schema=False)
+    async def asset(name: str) -> Response:
+        types = {"app.js": "text/javascript", "style.css": "text/css"}
+        if name not in types:
+            raise ApiError(404, f"no static file {name!r}", "not-found")
+        return Response((static / name).read_text(encoding="utf-8"), media_type=types[name])
+
+    _add_docs(app)
+    return app
+
+
+def _device(served: ServedModel) -> torch.device:
+    return next(served.model.parameters()).device
+
+
+def _validation_message(err: RequestValidationError) -> str:
+    """One line from pydantic's error list: where, what, and for JSON what was received."""
+    parts = []
+    for e in err.errors()[:3]:
+        where = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
+        if e.get("type") == "json_invalid":
+            ctx = e.get("ctx") or {}
+            parts.append(f"malformed JSON at character {e['loc'][-1]}: {ctx.get('error', '')}")
+        elif e.get("type") == "missing":
+            parts.append(f"{where}: required field missing")
+        elif e.get("type") == "extra_forbidden":
+            parts.append(f"{where}: unknown field")
+        else:
+            parts.append(f"{where}: {e.get('msg', 'invalid')}")
+    more = len(err.errors()) - 3
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def _add_docs(app: FastAPI) -> None:
+    """``/docs``: Swagger UI from the ``swagger-ui-bundle`` package (no CDN); without it, a
+    plain list of the routes linking to ``/openapi.json``."""
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.staticfiles import StaticFiles
+
+    try:
+        from swagger_ui_bundle import swagger_ui_path
+    except ImportError:
+        swagger_ui_path = None
+
+    if swagger_ui_path is not None:
+        app.mount("/docs-assets", StaticFiles(directory=swagger_ui_path), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        if swagger_ui_path is None:
+            rows = "".join(
+                f"<li><code>{', '.join(sorted(r.methods))} {r.path}</code> {r.summary or ''}</li>"
+                for r in app.routes
+                if getattr(r, "include_in_schema", False) and hasattr(r, "methods")
+            )
+            return HTMLResponse(
+                f"<h1>bertforge serve</h1><p><a href='/openapi.json'>openapi.json</a></p>"
+                f"<ul>{rows}</ul>"
+            )
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="bertforge serve: API",
+            swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+            swagger_css_url="/docs-assets/swagger-ui.css",
+            swagger_favicon_url="/docs-assets/favicon-32x32.png",
+        )
+
+
+__all__ = ["create_app", "Server"]

@@ -1,0 +1,153 @@
+"""Dynamic batching: requests that arrive while the model is busy wait in one queue, and the
+next forward pass takes every waiting request for the same model and route whose tokens fit
+in the budget (``--max-batch-tokens``). Inference runs on one worker thread, never on the
+event loop, so the server keeps accepting, validating and refusing requests meanwhile.
+
+One worker is deliberate: on a CPU torch already spreads one forward pass over the cores, and
+two passes at once would only fight over them; larger batches are where the throughput is.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+RunBatch = Callable[[list[Any]], Sequence[Any]]
+"""Runs one forward pass over a batch's items (every job's items, in order) and returns one
+result per item."""
+
+
+@dataclass
+class Job:
+    key: Hashable
+    """Jobs with equal keys (same model, route and options) may share a forward pass."""
+    items: list[Any]
+    tokens: int
+    """Tokens of all items, counted against the batch budget."""
+    run: RunBatch
+    future: Future = field(default_factory=Future)
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class BatchStats:
+    """What the worker reports after each forward pass (for /metrics)."""
+
+    requests: int
+    items: int
+    tokens: int
+    wait_seconds: float
+    """How long the batch's oldest request waited in the queue."""
+    run_seconds: float
+
+
+def take_batch(queue: collections.deque[Job], max_tokens: int) -> list[Job]:
+    """Remove and return the next batch: the oldest job, then every later job with its key
+    while the tokens fit in ``max_tokens`` (the oldest job alone may exceed it)."""
+    first = queue.popleft()
+    batch, total = [first], first.tokens
+    kept: list[Job] = []
+    while queue:
+        job = queue.popleft()
+        if job.key == first.key and total + job.tokens <= max_tokens:
+            batch.append(job)
+            total += job.tokens
+        else:
+            kept.append(job)
+    queue.extend(kept)
+    return batch
+
+
+class Batcher:
+    """One inference thread fed by a queue of :class:`Job`."""
+
+    def __init__(
+        self, max_batch_tokens: int, on_batch: Callable[[BatchStats], None] | None = None
+    ) -> None:
+        self.max_batch_tokens = max_batch_tokens
+        self._on_batch = on_batch
+        self._queue: collections.deque[Job] = collections.deque()
+        self._ready = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="bertforge-inference", daemon=True)
+        self._thread.start()
+
+    @property
+    def queue_length(self) -> int:
+        return len(self._queue)
+
+    def submit(self, key: Hashable, items: list[Any], tokens: int, run: RunBatch) -> Future:
+        """Queue ``items``; the future resolves to their results (a list, in order)."""
+        job = Job(key, items, tokens, run)
+        with self._ready:
+            if self._closed:
+                raise RuntimeError("the batcher is closed")
+            self._queue.append(job)
+            self._ready.notify()
+        return job.future
+
+    def close(self) -> None:
+        """Stop the worker after the batch in progress; queued jobs are cancelled."""
+        with self._ready:
+            self._closed = True
+            for job in self._queue:
+                job.future.cancel()
+            self._queue.clear()
+            self._ready.notify()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while True:
+            with self._ready:
+                while not self._queue and not self._closed:
+                    self._ready.wait()
+                if self._closed:
+                    return
+                batch = take_batch(self._queue, self.max_batch_tokens)
+            # a request whose client gave up (timeout) was cancelled: skip its work
+            batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
+            if batch:
+                self._run(batch)
+
+    def _run(self, batch: list[Job]) -> None:
+        start = time.perf_counter()
+        items = [item for job in batch for item in job.items]
+        try:
+            results = list(batch[0].run(items))
+            if len(results) != len(items):
+                raise RuntimeError(f"a batch of {len(items)} items gave {len(results)} results")
+        except BaseException as err:  # noqa: BLE001 - delivered to the waiting requests
+            if len(batch) == 1:
+                batch[0].future.set_exception(err)
+            else:  # one bad request must not fail its neighbours: run each alone
+                for job in batch:
+                    self._run_alone(job)
+            return
+        offset = 0
+        for job in batch:
+            job.future.set_result(results[offset : offset + len(job.items)])
+            offset += len(job.items)
+        if self._on_batch is not None:
+            self._on_batch(
+                BatchStats(
+                    requests=len(batch),
+                    items=len(items),
+                    tokens=sum(job.tokens for job in batch),
+                    wait_seconds=start - batch[0].enqueued,
+                    run_seconds=time.perf_counter() - start,
+                )
+            )
+
+    def _run_alone(self, job: Job) -> None:
+        try:
+            job.future.set_result(list(job.run(job.items)))
+        except BaseException as err:  # noqa: BLE001
+            job.future.set_exception(err)
+
+
+__all__ = ["BatchStats", "Batcher", "Job", "take_batch"]

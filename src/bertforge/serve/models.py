@@ -1,0 +1,109 @@
+"""The models a server holds: each loaded once with its tokenizer, as the richest of our model
+classes its weights allow (a classifier, a masked LM, or the bare encoder)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from bertforge.errors import BertforgeError
+
+
+@dataclass
+class ServedModel:
+    """One loaded model and what it can answer."""
+
+    name: str
+    """The name clients use (``"model": NAME``)."""
+    directory: str
+    model: nn.Module
+    tokenizer: Any
+    kind: str
+    """``classifier``, ``masked-lm`` or ``encoder``: which head the weights carry."""
+    options: dict[str, Any]
+    """``batch_size`` and ``precision`` for the inference functions."""
+
+    @property
+    def encoder(self) -> nn.Module:
+        """The ``BertModel`` inside (the model itself for a bare encoder)."""
+        return getattr(self.model, "bert", self.model)
+
+    @property
+    def max_length(self) -> int:
+        return int(self.model.config.max_position_embeddings)
+
+    @property
+    def routes(self) -> list[str]:
+        """The model-specific routes this model answers."""
+        common = ["/tokenize", "/embed", "/similarity", "/attention"]
+        if self.kind == "masked-lm":
+            return ["/fill-mask", *common]
+        if self.kind == "classifier":
+            return ["/predict", "/attribute", *common]
+        return common
+
+    def describe(self) -> dict[str, Any]:
+        """What ``/info`` says about the model."""
+        config = self.model.config
+        info: dict[str, Any] = {
+            "name": self.name,
+            "directory": self.directory,
+            "kind": self.kind,
+            "routes": self.routes,
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "precision": self.options["precision"],
+            "device": str(next(self.model.parameters()).device),
+            "config": config.to_dict(),
+            "tokenizer": {
+                "vocab_size": self.tokenizer.vocab_size,
+                "lowercase": self.tokenizer.lowercase,
+                "mask_token": "[MASK]",
+            },
+        }
+        if self.kind == "classifier":
+            info["task"] = "regression" if config.is_regression else "classification"
+            info["labels"] = None if config.is_regression else self.labels()
+        return info
+
+    def labels(self) -> list[str]:
+        config = self.model.config
+        id2label = config.id2label or {i: f"LABEL_{i}" for i in range(config.num_labels)}
+        return [id2label[i] for i in range(config.num_labels)]
+
+
+def weights_kind(directory: str | Path) -> str:
+    """Which head a model directory's weights carry: classifier, masked-lm or encoder."""
+    from bertforge.modeling.checkpoint import read_safetensors
+
+    keys = read_safetensors(Path(directory)).keys()
+    if any(k.startswith("classifier.") for k in keys):
+        return "classifier"
+    if any(k.startswith("cls.predictions.transform") for k in keys):
+        return "masked-lm"
+    return "encoder"
+
+
+def load_served_model(name: str, directory: str, device: str, precision: str) -> ServedModel:
+    """Load ``directory`` for serving under ``name`` (through the commands' own loader)."""
+    from bertforge.cli.common import load_model
+    from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
+
+    if not Path(directory).is_dir():
+        raise BertforgeError(f"--model {name}={directory}: no such model directory")
+    kind = weights_kind(directory)
+    cls = {
+        "classifier": BertForSequenceClassification,
+        "masked-lm": BertForMaskedLM,
+        "encoder": BertModel,
+    }[kind]
+    args = argparse.Namespace(model=directory, device=device, precision=precision, batch_size=32)
+    model, tokenizer, options = load_model(cls, args)
+    model.eval()
+    return ServedModel(name, str(directory), model, tokenizer, kind, options)
+
+
+__all__ = ["ServedModel", "load_served_model", "weights_kind"]
