@@ -20,9 +20,9 @@ pytest.importorskip("uvicorn")
 from serve_helpers import Client, request, serve, tiny_models  # noqa: E402
 
 import bertforge  # noqa: E402
+from bertforge.inference.explain import attention_maps, integrated_gradients  # noqa: E402
 from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel  # noqa: E402
 from bertforge.serve.batcher import Job, take_batch  # noqa: E402
-from bertforge.inference.explain import attention_maps, integrated_gradients  # noqa: E402
 from bertforge.tokenizer import Tokenizer  # noqa: E402
 
 TEXTS = ["the [MASK] was a film .", "a [MASK] story about [MASK] town .", "good [MASK]"]
@@ -373,3 +373,26 @@ def test_slow_clients_time_out_and_concurrency_limit_answers_429(strict_server):
     assert _read_all(sock) == b""
     assert time.monotonic() - t0 < 4
     sock.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--model", "m=/nonexistent/model"], "no such model directory"),
+        (["--model", "bad name=/tmp"], "letters, digits"),
+        (["--model", "/tmp/a", "--max-input-length", "0"], "--max-input-length"),
+        (["--port", "80"], "--model"),
+    ],
+)
+def test_serve_command_errors_are_one_line(argv, says):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "bertforge.cli", "serve", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr

@@ -24,9 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bertforge.errors import BertforgeError
+from bertforge.inference.explain import attention_maps, integrated_gradients
 from bertforge.serve.batcher import Batcher, BatchStats, RunBatch
 from bertforge.serve.config import ServeConfig
-from bertforge.inference.explain import attention_maps, integrated_gradients
 from bertforge.serve.limits import ApiError, Limits, error_body
 from bertforge.serve.metrics import Metrics
 from bertforge.serve.models import ServedModel

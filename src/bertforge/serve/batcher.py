@@ -128,11 +128,7 @@ class Batcher:
                 for job in batch:
                     self._run_alone(job)
             return
-        offset = 0
-        for job in batch:
-            job.future.set_result(results[offset : offset + len(job.items)])
-            offset += len(job.items)
-        if self._on_batch is not None:
+        if self._on_batch is not None:  # before the answers: a client then sees its batch
             self._on_batch(
                 BatchStats(
                     requests=len(batch),
@@ -142,6 +138,10 @@ class Batcher:
                     run_seconds=time.perf_counter() - start,
                 )
             )
+        offset = 0
+        for job in batch:
+            job.future.set_result(results[offset : offset + len(job.items)])
+            offset += len(job.items)
 
     def _run_alone(self, job: Job) -> None:
         try:
