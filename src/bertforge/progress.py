@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
+from bertforge.io import atomic_write_text, make_directory
 
 # ---- durations ------------------------------------------------------------------------------
 
@@ -73,14 +74,11 @@ class MetricsLogger:
         self._tb = None
         if not enabled:
             return
-        from bertforge.io import make_directory
 
         make_directory(self.path.parent)
         if resume_step is None:
             self.path.write_text("")
         elif self.path.exists():
-            from bertforge.io import atomic_write_text
-
             kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file = self.path.open("a", encoding="utf-8")

@@ -1,7 +1,7 @@
-"""What every training loop needs around the math: device and precision, seeds and RNG state,
-graceful stop on signals, checkpoint rotation and the train-state file. Shared by ``pretrain`` and
-``finetune`` so both behave the same. The progress bar, metrics log and durations live in
-``bertforge.progress``; the step-level helpers both loops share in ``bertforge.training``.
+"""Where and how tensors run, for training and inference alike: the device, the precision
+(autocast), seeds and the RNG state a bit-exact resume restores. Checkpoint rotation and the
+train-state file are in ``bertforge.training.checkpoints``; the progress bar, metrics log and
+durations in ``bertforge.progress``.
 """
 
 from __future__ import annotations

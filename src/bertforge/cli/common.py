@@ -10,7 +10,11 @@ from typing import Any
 
 from torch import nn
 
+from bertforge.errors import BertforgeError
 from bertforge.io import read_json_object
+from bertforge.modeling.checkpoint import check_tokenizer_fits
+from bertforge.runtime import pick_device, pick_precision
+from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.config import FINETUNE_CONFIG
 
 
@@ -71,10 +75,6 @@ def load_model(
     options every inference function takes (``batch_size``, ``precision`` as ``args.precision``
     resolves on that device). ``require = (prefix, message)`` names a head the command needs: a
     checkpoint without weights of that prefix (e.g. ``classifier.``) is an error saying message."""
-    from bertforge.errors import BertforgeError
-    from bertforge.modeling.checkpoint import check_tokenizer_fits
-    from bertforge.runtime import pick_device, pick_precision
-    from bertforge.tokenizer.wordpiece import Tokenizer
 
     device = pick_device(args.device)
     model = cls.from_pretrained(args.model).to(device)

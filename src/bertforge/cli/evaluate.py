@@ -17,7 +17,22 @@ from bertforge.cli.common import (
     finetune_defaults,
     load_model,
 )
+from bertforge.data.tasks import encode_examples, load_labelled
 from bertforge.errors import ArgumentParser, BertforgeError
+from bertforge.evaluation.mlm import (
+    comparison_table,
+    evaluate_mlm,
+    mlm_text_batches,
+    random_init_like,
+)
+from bertforge.evaluation.tasks import evaluate_sequence_model, task_report
+from bertforge.io import atomic_write_text
+from bertforge.modeling.config import BertConfig
+from bertforge.modeling.model import (
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertForSequenceClassification,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,9 +70,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _evaluate_task_model(args: argparse.Namespace, config: Any) -> dict[str, Any]:
-    from bertforge.data.tasks import encode_examples, load_labelled
-    from bertforge.evaluation.tasks import evaluate_sequence_model, task_report
-    from bertforge.modeling.model import BertForSequenceClassification
 
     start = time.perf_counter()
     ft = finetune_defaults(args.model)
@@ -110,13 +122,6 @@ def _evaluate_task_model(args: argparse.Namespace, config: Any) -> dict[str, Any
 
 
 def _evaluate_mlm_model(args: argparse.Namespace, config: Any) -> dict[str, Any]:
-    from bertforge.evaluation.mlm import (
-        comparison_table,
-        evaluate_mlm,
-        mlm_text_batches,
-        random_init_like,
-    )
-    from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
 
     start = time.perf_counter()
     cls = (
@@ -165,7 +170,6 @@ def _evaluate_mlm_model(args: argparse.Namespace, config: Any) -> dict[str, Any]
 
 def main(argv: list[str]) -> int:
     """``bertforge evaluate --model DIR --data FILE [...]``."""
-    from bertforge.modeling.config import BertConfig
 
     args = _parser().parse_args(argv)
     config = BertConfig.load(args.model)
@@ -174,8 +178,6 @@ def main(argv: list[str]) -> int:
     else:
         result = _evaluate_mlm_model(args, config)
     if args.output:
-        from bertforge.io import atomic_write_text
-
         atomic_write_text(args.output, json.dumps(result, indent=2) + "\n")
         print(f"results: {args.output}", file=sys.stderr)
     return 0

@@ -1,5 +1,5 @@
 """``bertforge finetune``: one ``--option-name`` per ``FinetuneConfig`` field (its help the
-field's docstring), then ``bertforge.finetune.finetune``."""
+field's docstring), then ``bertforge.training.finetune.finetune``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``bertforge fill-mask``, ``classify`` and ``embed``: texts from the command line or a file
-through the inference functions of ``bertforge.predict``; one JSON object per text (or a .npy
+through the inference functions of ``bertforge.inference.predict``; one JSON object per text (or a .npy
 matrix for ``embed``)."""
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from bertforge.cli.common import (
 from bertforge.data.tables import read_texts
 from bertforge.errors import ArgumentParser, BertforgeError
 from bertforge.inference.predict import classify, embed, fill_mask
+from bertforge.io import atomic_write_bytes, atomic_write_text
+from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
 
 MLM_HEAD = (
     "cls.predictions.transform",
@@ -37,8 +39,6 @@ CLASSIFIER = (
 def _write_lines(records: list[dict[str, Any]], output: str | None) -> None:
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     if output:
-        from bertforge.io import atomic_write_text
-
         atomic_write_text(output, text)
     else:
         sys.stdout.write(text)
@@ -80,7 +80,6 @@ def fill_mask_main(argv: list[str]) -> int:
     _common(parser)
     args = parser.parse_args(argv)
     texts, _ = _inputs(args, parser)
-    from bertforge.modeling.model import BertForMaskedLM
 
     model, tokenizer, options = load_model(BertForMaskedLM, args, require=MLM_HEAD)
     results = fill_mask(model, tokenizer, texts, args.top_k, **options)
@@ -105,7 +104,6 @@ def classify_main(argv: list[str]) -> int:
     if args.input and args.text_pair_column is None:
         args.text_pair_column = defaults.get("text_pair_column")
     texts, pairs = _inputs(args, parser)
-    from bertforge.modeling.model import BertForSequenceClassification
 
     model, tokenizer, options = load_model(BertForSequenceClassification, args, require=CLASSIFIER)
     max_length = args.max_length or defaults.get("max_length")
@@ -142,7 +140,6 @@ def embed_main(argv: list[str]) -> int:
     if not args.output or not args.output.endswith(".npy"):
         raise BertforgeError("bertforge embed: --output FILE.npy is required (a NumPy file)")
     texts, _ = read_texts(args.input, args.text_column)
-    from bertforge.modeling.model import BertModel
 
     model, tokenizer, options = load_model(BertModel, args)
     vectors = embed(
@@ -154,7 +151,6 @@ def embed_main(argv: list[str]) -> int:
         normalize=args.normalize,
         **options,
     )
-    from bertforge.io import atomic_write_bytes
 
     buffer = io.BytesIO()
     np.save(buffer, vectors)

@@ -1,5 +1,5 @@
 """``bertforge pretrain``: the pretraining config from ``--config`` YAML files and dotted
-overrides (``--train.lr 1e-4``), parsed by jsonargparse, then ``bertforge.pretrain.pretrain``."""
+overrides (``--train.lr 1e-4``), parsed by jsonargparse, then ``bertforge.training.pretrain.pretrain``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Evaluation. The top of this file holds the masked-language-model metrics the pretraining loop
-uses (``evaluate_mlm``, the random-init baseline and the "random init vs trained" table); the
-fine-tuned-task metrics, report and plot follow, then MLM batches from a text file. The
-``bertforge evaluate`` command is ``bertforge.commands.evaluate``.
+"""Masked-language-model evaluation: the metrics the pretraining loop uses (``evaluate_mlm``), the
+random-init baseline and the "random init vs trained" table, and MLM batches from a text file.
+The fine-tuned-task metrics are in ``bertforge.evaluation.tasks``; the ``bertforge evaluate``
+command is ``bertforge.cli.evaluate``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from bertforge.data.corpus import read_documents
+from bertforge.data.instances import InstanceBuilder
+from bertforge.data.loader import VALIDATION_EPOCH, PretrainingCollator
+from bertforge.distributed import all_reduce_sum
 from bertforge.errors import BertforgeError
 from bertforge.modeling.model import IGNORE_INDEX
 from bertforge.runtime import autocast
@@ -91,8 +95,6 @@ def evaluate_mlm(
     finally:
         model.train(was_training)
     if reduce_across_ranks:
-        from bertforge.distributed import all_reduce_sum
-
         sums = all_reduce_sum(
             torch.cat([sums, torch.tensor([float(sequences)], dtype=torch.float64)])
         )
@@ -172,9 +174,6 @@ def mlm_text_batches(
     sequences -> masking collator with the validation epoch), so the numbers compare with
     pretraining's.
     """
-    from bertforge.data.corpus import read_documents
-    from bertforge.data.instances import InstanceBuilder
-    from bertforge.data.loader import VALIDATION_EPOCH, PretrainingCollator
 
     if max_seq_length < 8:  # the shortest sequences bertforge prepare makes
         raise BertforgeError(

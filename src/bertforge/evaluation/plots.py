@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bertforge.io import atomic_file
 from bertforge.progress import read_metrics
 
 
@@ -92,7 +93,6 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
 
 def _save(fig, output: str | Path) -> Path:
     plt = _pyplot()
-    from bertforge.io import atomic_file
 
     try:
         with atomic_file(output) as tmp:  # a reader never sees a half-written PNG

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertforge.evaluation import metrics as M
+from bertforge.evaluation.plots import plot_confusion_matrix, plot_regression_scatter
+from bertforge.inference.predict import sequence_logits
 
 HIGHER_IS_BETTER = {
     "accuracy": True,
@@ -45,7 +47,6 @@ def evaluate_sequence_model(
     z-scores (as while training on normalised targets), ``loss`` is their MSE and predictions are
     mapped back to ``z * std + mean``.
     """
-    from bertforge.inference.predict import sequence_logits
 
     logits = sequence_logits(model, encoded, pad_id, batch_size=batch_size, precision=precision)
     if model.config.is_regression:
@@ -124,7 +125,6 @@ def save_task_plot(
     title: str | None = None,
 ) -> Path:
     """A confusion matrix (classification) or predicted-vs-true scatter (regression) PNG."""
-    from bertforge.evaluation.plots import plot_confusion_matrix, plot_regression_scatter
 
     if config.is_regression:
         return plot_regression_scatter(y_true, y_pred, output, title)

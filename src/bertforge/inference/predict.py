@@ -1,5 +1,5 @@
 """Inference with a loaded model: ``fill_mask``, ``classify`` and ``embed``. Their commands
-(``bertforge fill-mask``, ``classify``, ``embed``) are in ``bertforge.commands.predict``.
+(``bertforge fill-mask``, ``classify``, ``embed``) are in ``bertforge.cli.predict``.
 
 The functions take a model already in memory (a server loads it once), run in batches under
 ``torch.inference_mode``, sort each call's texts by length so a batch pads little, and return

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bertforge.modeling.checkpoint import load_pretrained, save_pretrained
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.ops import (
     DecoderLinear,
@@ -283,14 +284,10 @@ class BertPreTrainedModel(nn.Module):
         Heads the checkpoint lacks (e.g. a classifier on a pretrained encoder) keep their fresh
         initialisation; ``config_overrides`` set fields such as ``num_labels`` or ``id2label``.
         """
-        from bertforge.modeling.checkpoint import load_pretrained
-
         return load_pretrained(cls, directory, **config_overrides)
 
     def save_pretrained(self, directory: str | Path, tokenizer: Any = None) -> Path:
         """Write config.json + model.safetensors (+ tokenizer files) atomically into ``directory``."""
-        from bertforge.modeling.checkpoint import save_pretrained
-
         return save_pretrained(self, directory, tokenizer=tokenizer)
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_directory
+from bertforge.io import atomic_directory, atomic_write_bytes, atomic_write_text
 from bertforge.runtime import rng_state, set_rng_state
 
 # ---- graceful stop --------------------------------------------------------------------------
@@ -115,7 +115,6 @@ def save_train_state(
     Both are written atomically; call this inside ``atomic_directory`` so a checkpoint is whole or
     absent.
     """
-    from bertforge.io import atomic_write_bytes, atomic_write_text
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

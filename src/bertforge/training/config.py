@@ -17,7 +17,7 @@ from bertforge.modeling.config import BertConfig
 from bertforge.runtime import PRECISIONS
 from bertforge.training.optim import SCHEDULES
 
-# ---- what the training loops share (pretrain_config.TrainConfig, finetune_config.FinetuneConfig) ----
+# ---- what the training loops share (TrainConfig, FinetuneConfig) ----
 
 
 def check_training_options(cfg: Any, option: Callable[[str], str]) -> None:
@@ -238,7 +238,7 @@ class PretrainConfig:
 # ---- bertforge finetune ----------------------------------------------------------------
 # """``FinetuneConfig``: every option of ``bertforge finetune`` (one ``--option-name`` per field,
 # its help the field's docstring), checked when it is built. The resolved config is written to
-# OUTPUT/finetune_config.json; the loop that uses it is ``bertforge.finetune``.
+# OUTPUT/finetune_config.json; the loop that uses it is ``bertforge.training.finetune``.
 # """
 
 

@@ -6,7 +6,7 @@ budget) -> take the next batch and accumulate its dynamically padded micro-batch
 backward under autocast, each loss weighted by its share of the batch's rows) -> clip ->
 step unless the loss is non-finite -> log -> maybe evaluate (keep the best model, stop early) /
 checkpoint / stop on a signal. The progress bar, metrics log, checkpoints, resume and signal
-handling are the pretraining loop's (``bertforge.runtime``, ``progress`` and ``training``).
+handling are the pretraining loop's (``bertforge.runtime``, ``bertforge.progress`` and ``bertforge.training.steps``).
 
 OUTPUT holds the best model by the validation metric (a ``BertForSequenceClassification`` with
 ``id2label``/``label2id`` in config.json, loadable by transformers too, plus the tokenizer),

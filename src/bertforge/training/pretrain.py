@@ -1,5 +1,5 @@
 """Pretraining: the loop, one flat function (the ``bertforge pretrain`` command that parses its
-config is ``bertforge.commands.pretrain``).
+config is ``bertforge.cli.pretrain``).
 
 Per optimizer step: set the LR (a pure function of the step, or of elapsed time for a wall-clock
 budget) -> draw this rank's share of the global batch -> accumulate micro-batches (loss

@@ -1,0 +1,136 @@
+"""The package's import graph, read statically from the source (``ast``, nothing imported):
+
+- no module-level import cycle among ``bertforge`` modules (a utility two rooms need lives in a
+  room of its own, e.g. ``bertforge.io``);
+- no ``bertforge`` import inside a function (such imports exist only to dodge a cycle or to hide
+  a dependency; the CLI's lazy loading goes through ``importlib`` in ``bertforge.cli``).
+
+Run alone: ``pytest tests/test_imports.py``; on failure the message prints the cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = "bertforge"
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package is its ``__init__``)."""
+    found = {}
+    for path in sorted((SRC / PACKAGE).rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _targets(node: ast.Import | ast.ImportFrom, module: str, modules: dict) -> list[str]:
+    """The ``bertforge`` modules an import statement in ``module`` loads."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name in modules]
+    base = node.module or ""
+    if node.level:  # relative: resolve against the importing module's package
+        package = module if modules[module].name == "__init__.py" else module.rpartition(".")[0]
+        for _ in range(node.level - 1):
+            package = package.rpartition(".")[0]
+        base = f"{package}.{base}" if base else package
+    out = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules]
+    if len(out) < len(node.names) and base in modules:  # names taken from the module itself
+        out.append(base)
+    return out
+
+
+def _module_level(tree: ast.Module):
+    """Import statements that run when the module is imported (``if``/``try`` bodies included,
+    ``if TYPE_CHECKING:`` blocks and function/class bodies not)."""
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and not _is_type_checking(node):
+            stack += node.body + node.orelse
+        elif isinstance(node, ast.Try):
+            stack += node.body + node.orelse + node.finalbody
+            stack += [n for h in node.handlers for n in h.body]
+        elif isinstance(node, ast.With):
+            stack += node.body
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the ``bertforge`` modules its module-level imports load."""
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        graph[name] = {t for n in _module_level(tree) for t in _targets(n, name, modules)}
+        graph[name].discard(name)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a list of nodes (first == last), or None (depth-first search)."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def test_find_cycle_finds_a_cycle_and_accepts_a_tree():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_graph_sees_the_real_imports():
+    graph = import_graph()
+    assert "bertforge.io" in graph["bertforge.modeling.checkpoint"]
+    assert "bertforge.training.pretrain" in graph["bertforge"]
+    assert len(graph) > 40
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_bertforge_import_inside_a_function():
+    inside = []
+    for name, path in _modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for func in ast.walk(tree):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(func):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
+                    inside.append(f"{name}:{node.lineno} ({func.name}) from {node.module}")
+                elif isinstance(node, ast.Import) and any(
+                    a.name.startswith(PACKAGE) for a in node.names
+                ):
+                    inside.append(f"{name}:{node.lineno} ({func.name})")
+    assert not inside, "move these imports to the top of their module:\n" + "\n".join(inside)
