@@ -31,6 +31,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "fine-tune for classification or regression",
     ),
+    "downstream": (
+        "bertforge.cli.downstream",
+        "main",
+        "fine-tune a pretrained encoder and its random twin, test both",
+    ),
     "evaluate": ("bertforge.cli.evaluate", "main", "evaluate an MLM or a fine-tuned model"),
     "fill-mask": (
         "bertforge.cli.predict",

@@ -1,0 +1,243 @@
+"""``bertforge downstream``: what a pretrained encoder is worth on a labelled task.
+
+The encoder and its *random twin* (the same config and tokenizer, the weights of a fresh
+initialisation from a fixed seed, saved in the same layout) are fine-tuned with identical
+settings (``FinetuneConfig``: the same seed, so the same head initialisation, validation split and
+batch order) and scored on a test file; an optional baseline model (e.g. all-MiniLM-L6-v2) gets
+the same treatment. The difference between the first two columns is what pretraining bought.
+
+OUTPUT holds one fine-tuning run per column (``pretrained/``, ``random_init/``, ``baseline/``,
+each a ``bertforge finetune`` output), the twin itself (``random_init_model/``) and
+``downstream.json``: ``{"pretrained": {...}, "random_init": {...}, ["baseline": {...}], ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bertforge.data.tasks import LabelledData, encode_examples, load_labelled
+from bertforge.errors import BertforgeError
+from bertforge.evaluation.mlm import random_init_like
+from bertforge.evaluation.tasks import evaluate_sequence_model
+from bertforge.io import atomic_write_text
+from bertforge.modeling.config import CONFIG_NAME, BertConfig
+from bertforge.modeling.model import (
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertForSequenceClassification,
+    BertModel,
+)
+from bertforge.runtime import pick_device, pick_precision
+from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.config import FinetuneConfig
+from bertforge.training.finetune import finetune
+
+RESULTS_FILE = "downstream.json"
+TWIN_DIR = "random_init_model"
+COLUMNS = {"pretrained": "pretrained", "random_init": "random init", "baseline": "baseline"}
+
+# The network a model directory holds, by its config's ``architectures``; anything else (a
+# fine-tuned classifier, a sentence-embedding encoder) is twinned as its encoder.
+_TWIN_CLASSES: dict[str, type[torch.nn.Module]] = {
+    "BertForPreTraining": BertForPreTraining,
+    "BertForMaskedLM": BertForMaskedLM,
+}
+
+
+def load_encoder_dir(directory: str | Path) -> tuple[torch.nn.Module, Tokenizer]:
+    """The network and tokenizer of a BERT model directory (``BertForPreTraining``,
+    ``BertForMaskedLM`` or else the encoder), with a one-line error for anything that is not one."""
+    path = Path(directory)
+    if not path.is_dir():
+        raise BertforgeError(f"--model {directory}: no such directory; pass a BERT model directory")
+    if not (path / CONFIG_NAME).is_file():
+        raise BertforgeError(
+            f"--model {directory}: no {CONFIG_NAME}, so not a BERT model directory "
+            "(a pretraining run keeps its model in RUN/model)"
+        )
+    config = BertConfig.load(path)
+    cls = next(
+        (_TWIN_CLASSES[a] for a in config.architectures or [] if a in _TWIN_CLASSES), BertModel
+    )
+    return cls.from_pretrained(path), Tokenizer.from_file(path)
+
+
+def make_random_twin(model_dir: str | Path, output: str | Path, seed: int = 0) -> Path:
+    """Write the random twin of ``model_dir`` to ``output``: the same class, config and tokenizer,
+    the weights of ``torch.manual_seed(seed); cls(config)`` (BERT's initialisation)."""
+    model, tokenizer = load_encoder_dir(model_dir)
+    return random_init_like(model, seed=seed).save_pretrained(output, tokenizer=tokenizer)
+
+
+def score_on_file(
+    model_dir: str | Path, test: Sequence[str], cfg: FinetuneConfig
+) -> dict[str, Any]:
+    """Test metrics of a fine-tuned model on labelled file(s), read with the fine-tuning columns
+    and the model's own label ids, encoded the way fine-tuning encoded its training text
+    (``cfg.max_length``, ``cfg.truncation``)."""
+    device = pick_device(cfg.device)
+    model = BertForSequenceClassification.from_pretrained(model_dir).to(device)
+    tokenizer = Tokenizer.from_file(model_dir)
+    data, _ = load_labelled(
+        list(test),
+        text_column=cfg.text_column,
+        label_column=cfg.label_column,
+        text_pair_column=cfg.text_pair_column,
+        task=cfg.task,
+        label2id=None if model.config.is_regression else model.config.label2id,
+    )
+    encoded = encode_examples(
+        tokenizer, data.texts, data.pairs, max_length=cfg.max_length, truncation=cfg.truncation
+    )
+    metrics, _ = evaluate_sequence_model(
+        model,
+        encoded,
+        data.labels,
+        tokenizer.pad_id,
+        batch_size=cfg.eval_batch_size,
+        precision=pick_precision(cfg.precision, device),
+    )
+    return metrics
+
+
+def read_test(cfg: FinetuneConfig, test: Sequence[str]) -> LabelledData:
+    """The test file(s), read with the fine-tuning columns; fails before any training if a column
+    is missing or a label is empty."""
+    data, _ = load_labelled(
+        list(test),
+        text_column=cfg.text_column,
+        label_column=cfg.label_column,
+        text_pair_column=cfg.text_pair_column,
+        task=cfg.task,
+    )
+    if not len(data):
+        raise BertforgeError(f"--test {', '.join(test)}: no rows; pass a labelled test file")
+    return data
+
+
+def downstream(
+    cfg: FinetuneConfig,
+    test: Sequence[str],
+    *,
+    baseline: str | None = None,
+    init_seed: int = 0,
+) -> dict[str, Any]:
+    """Fine-tune ``cfg.model``, its random twin and optionally ``baseline`` with the settings of
+    ``cfg`` (each into ``cfg.output/<column>``) and score all on ``test``; write and return the
+    side-by-side results (see the module docstring)."""
+    out = Path(cfg.output)
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    read_test(cfg, test)  # bad input fails here, before minutes of training
+    load_encoder_dir(cfg.model)
+    if baseline is not None:
+        load_encoder_dir(baseline)
+    twin = out / TWIN_DIR
+    make_random_twin(cfg.model, twin, seed=init_seed)
+    say(f"random twin of {cfg.model} (initialisation seed {init_seed}) -> {twin}")
+
+    sources = {"pretrained": cfg.model, "random_init": str(twin)}
+    if baseline is not None:
+        sources["baseline"] = baseline
+    columns: dict[str, dict[str, Any]] = {}
+    for name, model_dir in sources.items():
+        say(f"== {COLUMNS[name]}: fine-tuning {model_dir}")
+        run = finetune(replace(cfg, model=model_dir, output=str(out / name)))
+        if run.get("stopped"):
+            raise BertforgeError(
+                f"fine-tuning {name} was interrupted at step {run['step']}; run the same "
+                "command again to resume"
+            )
+        metrics = score_on_file(out / name, test, cfg)
+        columns[name] = {
+            "model": model_dir,
+            **metrics,
+            "validation": {k: run["validation"][k] for k in _metric_keys(cfg)},
+            "steps": run["steps"],
+            "best_step": run["best_step"],
+            "train_seconds": run["train_seconds"],
+        }
+    result = {
+        "task": cfg.task,
+        "test": list(test),
+        "init_seed": init_seed,
+        **columns,
+        "difference": {
+            k: columns["pretrained"][k] - columns["random_init"][k] for k in _metric_keys(cfg)
+        },
+        "finetune": {k: v for k, v in asdict(cfg).items() if k not in ("model", "output")},
+    }
+    atomic_write_text(out / RESULTS_FILE, json.dumps(result, indent=2) + "\n")
+    print(downstream_table(result))
+    say(f"results: {out / RESULTS_FILE}")
+    return result
+
+
+def _metric_keys(cfg: FinetuneConfig) -> tuple[str, ...]:
+    if cfg.task == "regression":
+        return ("spearman", "pearson", "mse", "mae")
+    return ("accuracy", "macro_f1", "mcc")
+
+
+_ROWS = {
+    "accuracy": "accuracy",
+    "macro_f1": "macro-F1",
+    "mcc": "MCC",
+    "spearman": "Spearman",
+    "pearson": "Pearson",
+    "mse": "MSE",
+    "mae": "MAE",
+}
+
+
+def downstream_table(result: dict[str, Any]) -> str:
+    """The side-by-side table of a ``downstream`` result (test metrics, then the run facts)."""
+    names = [n for n in COLUMNS if n in result]
+    keys = [k for k in _ROWS if k in result["pretrained"]]
+    examples = result["pretrained"]["examples"]
+    width = max(13, *(len(COLUMNS[n]) for n in names))
+    lines = [
+        f"test: {', '.join(result['test'])} ({examples:,} examples)",
+        f"{'':<22}" + "".join(f"{COLUMNS[n]:>{width + 2}}" for n in names),
+    ]
+    for key in keys:
+        cells = "".join(f"{result[n][key]:>{width + 2}.4f}" for n in names)
+        lines.append(f"{_ROWS[key]:<22}{cells}")
+    for label, key, fmt in (
+        ("fine-tuning steps", "steps", "{:,}"),
+        ("best step", "best_step", "{}"),
+        ("training time (s)", "train_seconds", "{:,.0f}"),
+    ):
+        cells = "".join(f"{fmt.format(result[n][key]):>{width + 2}}" for n in names)
+        lines.append(f"{label:<22}{cells}")
+    first = keys[0]
+    diff = result["difference"][first]
+    scale, unit = (100, " points") if first == "accuracy" else (1, "")
+    if math.isfinite(diff):
+        lines.append(
+            f"pretraining vs random init: {_ROWS[first]} {diff * scale:+.2f}{unit}"
+            + (" (lower is better)" if first in ("mse", "mae") else "")
+        )
+    return "\n".join(lines)
+
+
+__all__ = [
+    "RESULTS_FILE",
+    "TWIN_DIR",
+    "downstream",
+    "downstream_table",
+    "load_encoder_dir",
+    "make_random_twin",
+    "read_test",
+    "score_on_file",
+]
