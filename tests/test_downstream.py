@@ -16,7 +16,7 @@ from bertforge import cli
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForPreTraining
 from bertforge.tokenizer.wordpiece import Tokenizer
-from bertforge.training.downstream import RESULTS_FILE, TWIN_DIR
+from bertforge.training.downstream import RESULTS_FILE, TWIN_DIR, downstream_table
 
 FAST = [
     "--max-length",
@@ -118,8 +118,6 @@ def test_both_columns_and_the_baseline_are_scored_on_the_test_file(result, work,
 
 def test_the_table_prints_every_column(work, capsys):
     out = work["root"] / "ds"
-    from bertforge.training.downstream import downstream_table
-
     table = downstream_table(json.loads((out / RESULTS_FILE).read_text()))
     header = table.splitlines()[1]
     assert header.split() == ["pretrained", "random", "init", "baseline"]
