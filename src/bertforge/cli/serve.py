@@ -9,6 +9,7 @@ from typing import Any
 
 from bertforge.errors import ArgumentParser, BertforgeError
 from bertforge.serve.config import ServeConfig, parse_model_spec
+from bertforge.serve.models import load_served_model
 
 
 def _number(kind: type, minimum: float) -> Any:
@@ -87,13 +88,12 @@ def main(argv: list[str]) -> int:
         import uvicorn
 
         from bertforge.serve.app import create_app
+        from bertforge.serve.protocol import timed_protocol
     except ImportError as err:
         raise BertforgeError(
             f"bertforge serve needs the serve extra ({err.name} is missing): "
             "pip install 'bertforge[serve]'"
         ) from err
-    from bertforge.serve.models import load_served_model
-    from bertforge.serve.protocol import timed_protocol
 
     models = {}
     for name, directory in config.models.items():

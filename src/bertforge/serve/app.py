@@ -25,6 +25,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bertforge.errors import BertforgeError
 from bertforge.inference.explain import attention_maps, integrated_gradients
+from bertforge.inference.predict import classify as predict_classify
+from bertforge.inference.predict import embed as predict_embed
+from bertforge.inference.predict import fill_mask as predict_fill_mask
 from bertforge.serve.batcher import Batcher, BatchStats, RunBatch
 from bertforge.serve.config import ServeConfig
 from bertforge.serve.limits import ApiError, Limits, error_body
@@ -273,8 +276,6 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
 
     @app.post("/fill-mask", summary="top-k candidates for every [MASK]")
     async def fill_mask(body: FillMaskRequest) -> JSONResponse:
-        from bertforge.inference.predict import fill_mask as predict_fill_mask
-
         served = server.model(body.model, "/fill-mask")
         texts = server.texts(body.inputs)
         if not 1 <= body.top_k <= config.max_top_k:
@@ -300,8 +301,6 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
 
     @app.post("/predict", summary="labels with scores (or the value of a regressor)")
     async def predict(body: PredictRequest) -> JSONResponse:
-        from bertforge.inference.predict import classify
-
         served = server.model(body.model, "/predict")
         texts = server.texts(body.inputs)
         lengths = server.lengths(served, texts, body.truncate)
@@ -309,7 +308,9 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
 
         def run(batch: list[str]) -> list[dict[str, Any]]:
             options = {**served.options, "batch_size": len(batch)}
-            return classify(served.model, served.tokenizer, batch, max_length=max_length, **options)
+            return predict_classify(
+                served.model, served.tokenizer, batch, max_length=max_length, **options
+            )
 
         results = await server.run((served.name, "predict"), texts, sum(lengths), run)
         return JSONResponse(results)
@@ -317,8 +318,6 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
     async def _vectors(
         served: ServedModel, texts: list[str], pooling: str, normalize: bool, truncate: bool
     ) -> np.ndarray:
-        from bertforge.inference.predict import embed as predict_embed
-
         lengths = server.lengths(served, texts, truncate)
         max_length = server.length_limit(served)[0]
 

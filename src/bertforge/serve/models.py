@@ -10,7 +10,10 @@ from typing import Any
 
 from torch import nn
 
+from bertforge.cli.common import load_model
 from bertforge.errors import BertforgeError
+from bertforge.modeling.checkpoint import read_safetensors
+from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
 
 
 @dataclass
@@ -77,7 +80,6 @@ class ServedModel:
 
 def weights_kind(directory: str | Path) -> str:
     """Which head a model directory's weights carry: classifier, masked-lm or encoder."""
-    from bertforge.modeling.checkpoint import read_safetensors
 
     keys = read_safetensors(Path(directory)).keys()
     if any(k.startswith("classifier.") for k in keys):
@@ -89,8 +91,6 @@ def weights_kind(directory: str | Path) -> str:
 
 def load_served_model(name: str, directory: str, device: str, precision: str) -> ServedModel:
     """Load ``directory`` for serving under ``name`` (through the commands' own loader)."""
-    from bertforge.cli.common import load_model
-    from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
 
     if not Path(directory).is_dir():
         raise BertforgeError(f"--model {name}={directory}: no such model directory")
