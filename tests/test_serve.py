@@ -116,6 +116,13 @@ def test_health_info_docs_and_page(server, models):
     assert status == 200 and "/docs-assets/swagger-ui-bundle.js" in page
     assert "https://" not in page and "cdn" not in page  # no CDN: the docs work offline
     assert request(server, "GET", "/docs-assets/swagger-ui-bundle.js")[0] == 200
+    status, html = request(server, "GET", "/")
+    assert status == 200 and "[MASK]" in html and "/static/app.js" in html
+    assert "https://" not in html  # nothing from a CDN
+    for asset in ("/static/app.js", "/static/style.css"):
+        status, text = request(server, "GET", asset)
+        assert status == 200 and "https://" not in text
+    assert request(server, "GET", "/static/secret.py")[0] == 404
     status, spec = request(server, "GET", "/openapi.json")
     assert {"/fill-mask", "/embed", "/attention", "/attribute", "/similarity"} <= set(spec["paths"])
 

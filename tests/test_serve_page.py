@@ -1,0 +1,175 @@
+"""The explorer page at ``/`` in a real browser: Debian's chromium driven by Playwright
+(headless, never ``playwright install``) against a real ``bertforge serve`` process. Types a
+sentence with [MASK], sees the predictions the API gives, masks a token by clicking it and by
+the keyboard, switches attention layer, head and view, compares two models, shows an API
+error in place, and saves the view as HTML and PNG. Screenshots go to tests/artifacts/serve/
+(ignored by git; ``BERTFORGE_ARTIFACTS`` moves them)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+sync_api = pytest.importorskip("playwright.sync_api")
+
+from serve_helpers import ROOT, request, serve, tiny_models  # noqa: E402
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(os.environ.get("BERTFORGE_ARTIFACTS", ROOT / "tests" / "artifacts")) / "serve"
+
+
+@pytest.fixture(scope="module")
+def port(tmp_path_factory):
+    if not CHROMIUM.exists():
+        pytest.skip(
+            "Debian's chromium is not installed (apt-get install -y chromium; .ci/run does)"
+        )
+    root = tmp_path_factory.mktemp("page")
+    models = tiny_models(root)
+    # a second masked LM from another seed: "random init A vs B" side by side
+    import torch
+
+    from bertforge.modeling.model import BertForMaskedLM
+    from bertforge.tokenizer import Tokenizer
+
+    torch.manual_seed(7)
+    other = BertForMaskedLM.from_pretrained(models["mlm"])
+    other.init_weights()
+    other.save_pretrained(root / "mlm-b", tokenizer=Tokenizer.from_file(models["mlm"]))
+    served = {"mlm": models["mlm"], "mlm-b": root / "mlm-b", "clf": models["clf"]}
+    with serve(served, "--max-input-length", "40", log=root / "server.log") as (port, _):
+        yield port
+
+
+@pytest.fixture(scope="module")
+def page(port):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=str(CHROMIUM), args=["--no-sandbox"], headless=True
+        )
+        context = browser.new_context(
+            viewport={"width": 1280, "height": 1000}, accept_downloads=True
+        )
+        page = context.new_page()
+        page.errors = []  # type: ignore[attr-defined]  # uncaught JavaScript exceptions
+        page.on("pageerror", lambda e: page.errors.append(str(e)))
+        page.goto(f"http://127.0.0.1:{port}/")
+        wait_done(page)
+        yield page
+        browser.close()
+
+
+def wait_done(page) -> None:
+    page.wait_for_function(
+        "document.getElementById('status').textContent === 'done'", timeout=30_000
+    )
+
+
+def shot(page, name: str) -> Path:
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def predictions(page, model: str) -> list[str]:
+    return page.locator(
+        f'.panel[data-model="{model}"] .mask-block .bar-row .name'
+    ).all_inner_texts()
+
+
+def run_text(page, text: str) -> None:
+    page.fill("#text", text)
+    page.press("#text", "Control+Enter")
+    page.wait_for_selector(".panel")
+    page.wait_for_function("!document.getElementById('run').disabled", timeout=30_000)
+
+
+def test_fill_mask_click_to_mask_attention_and_two_models(page, port):
+    page.select_option("#model-a", "mlm")
+    page.select_option("#model-b", "mlm-b")
+    page.fill("#top-k", "4")
+    text = "the movie was a [MASK] film about people in town ."
+    run_text(page, text)
+    assert page.locator(".panel").count() == 2  # side by side
+    for model in ("mlm", "mlm-b"):
+        _, (answer,) = request(
+            port, "POST", "/fill-mask", {"inputs": text, "model": model, "top_k": 4}
+        )
+        assert predictions(page, model) == [c["token"] for c in answer["masks"][0]]
+    assert predictions(page, "mlm") != predictions(page, "mlm-b")  # two different models
+    shot(page, "1-fill-mask-two-models")
+
+    # click the WordPiece "people": its word becomes [MASK] and both models answer again
+    page.locator('.panel[data-model="mlm"] button.tok', has_text="people").first.click()
+    page.wait_for_function("!document.getElementById('run').disabled", timeout=30_000)
+    assert page.input_value("#text") == "the movie was a [MASK] film about [MASK] in town ."
+    assert page.locator('.panel[data-model="mlm"] .mask-block').count() == 2
+    assert page.locator('.panel[data-model="mlm-b"] .mask-block').count() == 2
+    shot(page, "2-clicked-token")
+
+    # the keyboard alone: Tab to a token, Enter masks it
+    page.locator('.panel[data-model="mlm"] button.tok', has_text="town").first.focus()
+    page.keyboard.press("Enter")
+    page.wait_for_function("!document.getElementById('run').disabled", timeout=30_000)
+    assert page.input_value("#text").endswith("[MASK] in [MASK] .")
+
+    # attention: head view of layer 2, head 3, then the model view's grid
+    page.select_option("#layer", index=1)
+    page.select_option("#head", index=3)  # after "average"
+    label = page.locator('.panel[data-model="mlm"] .headview svg').get_attribute("aria-label")
+    assert label == "attention of mlm, layer 2, head 3"
+    assert page.locator('.panel[data-model="mlm"] .headview line').count() > 0
+    shot(page, "3-head-view-layer2-head3")
+    page.select_option("#view", "model")
+    assert page.locator('.panel[data-model="mlm"] .modelview canvas').count() == 2 * 4
+    shot(page, "4-model-view")
+    page.locator('.panel[data-model="mlm-b"] .modelview .cell').nth(5).click()  # layer 2, head 2
+    assert page.input_value("#view") == "head" and page.input_value("#layer") == "1"
+    assert page.input_value("#head") == "1"
+    assert not page.errors, page.errors
+
+
+def test_classifier_attribution_errors_in_place_and_saving(page, port):
+    page.select_option("#model-a", "clf")
+    page.select_option("#model-b", "mlm")
+    text = "a good film about people"
+    run_text(page, text)
+    _, (prediction,) = request(port, "POST", "/predict", {"inputs": text, "model": "clf"})
+    panel = page.locator('.panel[data-model="clf"]')
+    assert panel.locator(".prediction strong").inner_text() == prediction["label"]
+    colours = [
+        b.evaluate("e => getComputedStyle(e).backgroundColor")
+        for b in panel.locator("button.tok").all()
+    ]
+    assert len(set(colours)) > 1  # tokens coloured by their attribution
+    # the masked LM cannot answer a text without [MASK]: said in its panel, not an alert box
+    assert "No [MASK]" in page.locator('.panel[data-model="mlm"]').inner_text()
+    shot(page, "5-classifier-attribution")
+
+    run_text(page, "the movie " * 30 + "[MASK]")  # 63 tokens: over --max-input-length 40
+    error = page.locator('.panel[data-model="mlm"] .error')
+    assert "--max-input-length=40" in error.inner_text()
+    assert page.locator("#cap").inner_text() == "64"
+    shot(page, "6-error-in-place")
+
+    run_text(page, "the [MASK] was a film .")
+    with page.expect_download() as download:
+        page.click("#save-html")
+    html_path = ARTIFACTS / "saved-view.html"
+    download.value.save_as(html_path)
+    html = html_path.read_text()
+    assert "<script" not in html and "bertforge explorer" in html and "[MASK]" in html
+    with page.expect_download() as download:
+        page.click("#save-png")
+    png_path = ARTIFACTS / "saved-view.png"
+    download.value.save_as(png_path)
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png_path.stat().st_size > 10_000
+    # the saved HTML stands alone: it renders from the file, with no server
+    page.goto(html_path.as_uri())
+    assert page.locator(".panel").count() == 2
+    shot(page, "7-saved-html-reopened")
+    assert not page.errors, page.errors
