@@ -20,7 +20,7 @@ from bertforge.cli.common import (
 )
 from bertforge.data.tables import read_texts
 from bertforge.errors import ArgumentParser, BertforgeError
-from bertforge.inference.predict import classify, embed, fill_mask
+from bertforge.inference.predict import classify, embed, fill_mask, fill_mask_side_by_side
 from bertforge.io import atomic_write_bytes, atomic_write_text
 from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
 
@@ -65,9 +65,15 @@ def _inputs(
 
 
 def fill_mask_main(argv: list[str]) -> int:
-    """``bertforge fill-mask --model DIR "the man went to the [MASK] ." --top-k 5``."""
+    """``bertforge fill-mask --model DIR "the man went to the [MASK] ." --top-k 5``; with
+    ``--compare DIR2`` both models' guesses side by side (a table; JSON lines with --output)."""
     parser = ArgumentParser(
         prog="bertforge fill-mask", description="Predict every [MASK] of each text."
+    )
+    parser.add_argument(
+        "--compare",
+        metavar="DIR2",
+        help="a second MLM model (e.g. the run's starting point): print both top-k side by side",
     )
     parser.add_argument("texts", nargs="*", metavar="TEXT", help="texts with [MASK] tokens")
     parser.add_argument(
@@ -83,7 +89,23 @@ def fill_mask_main(argv: list[str]) -> int:
 
     model, tokenizer, options = load_model(BertForMaskedLM, args, require=MLM_HEAD)
     results = fill_mask(model, tokenizer, texts, args.top_k, **options)
-    _write_lines(results, args.output)
+    if not args.compare:
+        _write_lines(results, args.output)
+        return 0
+    del model
+    other = argparse.Namespace(**{**vars(args), "model": args.compare})
+    model, tokenizer, options = load_model(BertForMaskedLM, other, require=MLM_HEAD)
+    compared = fill_mask(model, tokenizer, texts, args.top_k, **options)
+    if args.output:
+        _write_lines(
+            [
+                {"text": a["text"], "models": {args.model: a, args.compare: b}}
+                for a, b in zip(results, compared, strict=True)
+            ],
+            args.output,
+        )
+    else:
+        sys.stdout.write(fill_mask_side_by_side({args.model: results, args.compare: compared}))
     return 0
 
 

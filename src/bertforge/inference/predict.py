@@ -185,6 +185,41 @@ def fill_mask(
     return results
 
 
+def fill_mask_side_by_side(columns: dict[str, list[dict[str, Any]]], width: int = 26) -> str:
+    """A plain-text table of several models' :func:`fill_mask` results for the same texts: per
+    text and per ``[MASK]``, one row per rank with each model's token and probability side by
+    side (``columns`` maps a model's name to its results, in the same text order)."""
+    names = list(columns)
+    results = list(columns.values())
+    if len({len(r) for r in results}) > 1:
+        raise BertforgeError("fill_mask_side_by_side: every model needs results for the same texts")
+    lines: list[str] = []
+    header = "".join(f"{_clip(n, width):<{width + 2}}" for n in names)
+    for t, first in enumerate(results[0]):
+        lines.append(first["text"])
+        for m, top in enumerate(first["masks"]):
+            label = f"[MASK] {m + 1}" if len(first["masks"]) > 1 else "[MASK]"
+            lines.append(f"  {label:<9}{header.rstrip()}")
+            for rank in range(len(top)):
+                cells = []
+                for r in results:
+                    guesses = r[t]["masks"][m]
+                    if rank < len(guesses):
+                        g = guesses[rank]
+                        cell = f"{_clip(g['token'], width - 8)} {g['score']:6.1%}"
+                    else:
+                        cell = ""
+                    cells.append(f"{cell:<{width + 2}}")
+                lines.append(f"  {rank + 1:<9}" + "".join(cells).rstrip())
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _clip(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters (its end kept: model paths differ at the end)."""
+    return text if len(text) <= width else "..." + text[-(width - 3) :]
+
+
 @torch.inference_mode()
 def embed(
     model: nn.Module,
@@ -231,5 +266,6 @@ __all__ = [
     "classify",
     "embed",
     "fill_mask",
+    "fill_mask_side_by_side",
     "sequence_logits",
 ]

@@ -151,6 +151,27 @@ class MaskingConfig:
         check_at_least(self, lambda name: f"--masking.{name}", max_predictions=1, bucket_window=0)
 
 
+def parse_freeze(text: str | None) -> tuple[bool, int]:
+    """``--train.freeze``: ``embeddings``, ``layers:N`` or both, comma-separated -> (freeze the
+    embeddings, number of lowest encoder layers to freeze)."""
+    embeddings, layers = False, 0
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if part == "embeddings":
+            embeddings = True
+            continue
+        name, _, count = part.partition(":")
+        if name == "layers" and count.isdigit():
+            layers = int(count)
+            continue
+        raise BertforgeError(
+            f"--train.freeze {text!r}: write embeddings, layers:N or both (embeddings,layers:2)"
+        )
+    return embeddings, layers
+
+
 @dataclass
 class TrainConfig(LoopOptions):
     """The optimisation: objective, batch, budget, schedule, evaluation and checkpoints."""
@@ -194,8 +215,13 @@ class TrainConfig(LoopOptions):
     """Write a resumable checkpoint every N steps (0 = only at the end)."""
     keep_checkpoints: int = 2
     """Keep the newest K checkpoints (0 = keep all)."""
+    freeze: str | None = None
+    """Parameters that do not train: ``embeddings``, ``layers:N`` (the lowest N encoder layers) or
+    both (``embeddings,layers:2``); cheaper adaptation of a published model. Frozen word
+    embeddings also freeze the tied output decoder."""
 
     def __post_init__(self) -> None:
+        parse_freeze(self.freeze)
         if self.objective not in ("mlm_nsp", "mlm"):
             raise BertforgeError(f"train.objective={self.objective!r}: choose mlm_nsp or mlm")
         if self.max_steps is not None and self.max_steps <= 0:
@@ -225,6 +251,10 @@ class PretrainConfig:
     resume: str | None = None
     """Checkpoint (or run directory) to continue from. A run directory that already holds
     checkpoints continues from its newest one without this option."""
+    init_from: str | None = None
+    """Start from this model directory instead of a random network: ours or any Hugging Face BERT
+    (any task layout, e.g. all-MiniLM-L6-v2, which has no MLM head). Its own config.json and
+    tokenizer are used (prepare the data with --tokenizer DIR); heads it lacks start fresh."""
     extra_eval: list[str] | None = None
     """More prepared data directories to evaluate (e.g. out-of-domain text), before and after."""
     model: ModelSection = field(default_factory=ModelSection)
@@ -360,4 +390,5 @@ __all__ = [
     "TrainConfig",
     "check_at_least",
     "check_training_options",
+    "parse_freeze",
 ]

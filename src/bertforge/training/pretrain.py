@@ -49,7 +49,14 @@ from bertforge.training.checkpoints import (
 )
 from bertforge.training.config import PretrainConfig
 from bertforge.training.optim import build_optimizer, set_lr
-from bertforge.training.setup import build_model, find_resume, open_data, run_identity
+from bertforge.training.setup import (
+    build_model,
+    find_resume,
+    open_data,
+    random_twin,
+    run_identity,
+    start_report,
+)
 
 CONFIG_FILE = "pretrain_config.yaml"
 FINAL_DIR = "model"
@@ -83,6 +90,8 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
     seed_everything(tc.seed)
     resume_dir = find_resume(cfg)
     model = build_model(cfg, data, resume_dir)
+    if cfg.init_from and resume_dir is None:
+        say(start_report(cfg, model))
 
     # ---- optimizer, state --------------------------------------------------------------------
     if tc.dropout is not None:
@@ -123,14 +132,16 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
 
     eval_bs = tc.eval_batch_size or micro
 
-    def evaluate_all(with_extra: bool = True) -> dict[str, dict[str, Any]]:
+    def evaluate_all(
+        with_extra: bool = True, model: torch.nn.Module | None = None
+    ) -> dict[str, dict[str, Any]]:
         """The validation split (+ the extra sets: before and after training only)."""
         sets = {"val": data.val}
         if with_extra:
             sets |= {f"val:{name}": ds for name, ds in data.extra.items()}
         return {
             name: evaluate_mlm(
-                raw,
+                raw if model is None else model,
                 validation_batches(
                     ds,
                     collator,
@@ -183,6 +194,8 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
     if state["initial_eval"] is None:  # the untrained network: the baseline of the final table
         state["initial_eval"] = evaluate_all()
         log_eval(0, state["initial_eval"])
+        if cfg.init_from:  # the same network freshly initialised: the table's third column
+            state["random_eval"] = evaluate_all(model=random_twin(cfg, data).to(device))
 
     # ---- the loop -------------------------------------------------------------------------------
     bar = steps.progress_bar(state, tc.max_steps, budget, enabled=main_proc and tc.progress)
@@ -320,6 +333,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
         "tokens": state["tokens"],
         "skipped": state["skipped"],
         "initial": state["initial_eval"],
+        "random_init": state.get("random_eval"),
         "final": final,
         "model_dir": str(out / FINAL_DIR),
         "plot": str(out / PLOT_FILE),
@@ -331,16 +345,18 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
         atomic_write_text(out / "results.json", json.dumps(result, indent=2) + "\n")
         for name in final:
             title = f"{name} ({'validation split' if name == 'val' else 'extra evaluation set'})"
-            say(
-                "\n"
-                + comparison_table(
-                    {
-                        "random init": state["initial_eval"][name],
-                        f"trained ({state['step']} steps)": final[name],
-                    },
-                    title,
-                )
-            )
+            if cfg.init_from:  # start vs adapted, beside the same network from random init
+                columns = {
+                    "random init": (state.get("random_eval") or {}).get(name, {}),
+                    "start": state["initial_eval"][name],
+                    f"adapted ({state['step']} steps)": final[name],
+                }
+            else:
+                columns = {
+                    "random init": state["initial_eval"][name],
+                    f"trained ({state['step']} steps)": final[name],
+                }
+            say("\n" + comparison_table(columns, title))
         say(
             f"\nmodel: {out / FINAL_DIR}\nplot:  {out / PLOT_FILE}\nmetrics: {out / 'metrics.jsonl'}"
         )

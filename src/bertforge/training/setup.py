@@ -1,24 +1,29 @@
 """Everything ``pretrain`` sets up before its first step, checked against each other: the prepared
 data (datasets, this process's sampler, the masking collator and the micro-batch split of the
-global batch), the model (fresh, or continued from a checkpoint), which checkpoint to resume from
-and the settings a resumed run must keep.
+global batch), the model (fresh, started from a published or our own model with ``--init_from``,
+or continued from a checkpoint), which layers stay frozen, which checkpoint to resume from and
+the settings a resumed run must keep.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bertforge.data.loader import PretrainingCollator, PretrainingSampler
 from bertforge.data.shards import TOKENIZER_DIR, PretrainingDataset, read_meta
 from bertforge.errors import BertforgeError
-from bertforge.modeling.config import BertConfig
+from bertforge.modeling.checkpoint import check_tokenizer_fits
+from bertforge.modeling.config import CONFIG_NAME, BertConfig
 from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import TRAIN_STATE_JSON, latest_checkpoint
-from bertforge.training.config import PretrainConfig
+from bertforge.training.config import ModelSection, PretrainConfig, parse_freeze
 
 
 @dataclass
@@ -65,7 +70,12 @@ def open_data(cfg: PretrainConfig, *, rank: int = 0, world_size: int = 1) -> Pre
             f"{cfg.data} was prepared in {train_ds.mode!r} mode, without NSP "
             "labels; use --train.objective mlm or prepare with --mode nsp"
         )
-    model_config = cfg.model.to_bert_config(tokenizer.vocab_size)
+    if cfg.init_from:
+        model_config = start_config(cfg.init_from, cfg.model)
+        check_start_tokenizer(cfg.init_from, meta, cfg.data)
+        check_tokenizer_fits(tokenizer, model_config, cfg.init_from)
+    else:
+        model_config = cfg.model.to_bert_config(tokenizer.vocab_size)
     if meta["max_seq_length"] > model_config.max_position_embeddings:
         raise BertforgeError(
             f"data max_seq_length={meta['max_seq_length']} exceeds "
@@ -114,15 +124,118 @@ def open_data(cfg: PretrainConfig, *, rank: int = 0, world_size: int = 1) -> Pre
     )
 
 
+# ---- starting from a published (or our own) model: --init_from -------------------------------
+
+
+def start_config(directory: str | Path, section: ModelSection) -> BertConfig:
+    """The config of the model in ``directory`` (its own sizes, vocabulary and dropout), after
+    refusing any ``--model.*`` value that was changed from its default and contradicts it."""
+    path = Path(directory)
+    if not (path / CONFIG_NAME).is_file():
+        raise BertforgeError(
+            f"--init_from {path}: no {CONFIG_NAME} there; give a model directory "
+            "(config.json + model.safetensors + vocab.txt or tokenizer.json)"
+        )
+    config = dataclasses.replace(BertConfig.load(path / CONFIG_NAME), architectures=None)
+    clash = model_contradictions(section, config)
+    if clash:
+        field, ours, theirs = clash[0]
+        raise BertforgeError(
+            f"--model.{field} {ours} contradicts --init_from {path}/{CONFIG_NAME} ({theirs}); "
+            "the starting model's own config is used: drop the --model.* option"
+        )
+    return config
+
+
+def model_contradictions(section: ModelSection, config: BertConfig) -> list[tuple[str, Any, Any]]:
+    """``(field, our value, the checkpoint's)`` for every ``--model.*`` option that differs from
+    its default and from ``config`` (a value left at its default defers to the checkpoint)."""
+    defaults = ModelSection()
+    out: list[tuple[str, Any, Any]] = []
+    for f in dataclasses.fields(ModelSection):
+        value = getattr(section, f.name)
+        if value is None or value == getattr(defaults, f.name):
+            continue
+        if f.name == "preset":
+            sized = BertConfig.preset(value)
+            keys = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
+            ours = {k: getattr(sized, k) for k in keys}
+            theirs = {k: getattr(config, k) for k in keys}
+            if ours != theirs:
+                shape = ", ".join(f"{k} {v}" for k, v in theirs.items())
+                out.append((f.name, value, shape))
+        elif value != getattr(config, f.name):
+            out.append((f.name, value, f"{f.name} {getattr(config, f.name)}"))
+    return out
+
+
+def check_start_tokenizer(directory: str | Path, meta: dict[str, Any], data_dir: str) -> None:
+    """The data must have been prepared with the starting model's own tokenizer."""
+    own = Tokenizer.from_file(directory)
+    if own.fingerprint != meta["tokenizer_fingerprint"]:
+        raise BertforgeError(
+            f"{data_dir} was prepared with tokenizer {meta['tokenizer_fingerprint']} but "
+            f"--init_from {directory} has its own ({own.fingerprint}); prepare the text with "
+            f"bertforge prepare --tokenizer {directory}"
+        )
+
+
+def fresh_modules(missing: list[str]) -> list[str]:
+    """The modules (or lone parameters) behind the parameter names a checkpoint lacked, e.g.
+    ``cls.predictions.transform.dense.weight`` -> ``cls.predictions.transform.dense``."""
+    names: list[str] = []
+    for key in missing:
+        module, _, leaf = key.rpartition(".")
+        name = key if module in ("cls.predictions", "") else module
+        if leaf not in ("weight", "bias"):
+            name = key
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def random_twin(cfg: PretrainConfig, data: PretrainingData) -> BertForPreTraining | BertForMaskedLM:
+    """The same network freshly initialised with the run's seed (the global RNG is left as it
+    was): the third column of the start vs adapted table."""
+    model_cls = BertForPreTraining if cfg.train.objective == "mlm_nsp" else BertForMaskedLM
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.train.seed)
+        return model_cls(data.model_config)
+
+
+def freeze_parameters(model: torch.nn.Module, freeze: str | None) -> list[str]:
+    """Stop gradients into the embeddings and/or the lowest N encoder layers (``--train.freeze``);
+    returns the frozen modules' names. Frozen word embeddings also freeze the tied output
+    decoder (the head's transform and bias still train)."""
+    embeddings, layers = parse_freeze(freeze)
+    base = getattr(model, "bert", model)
+    total = len(base.encoder.layer)
+    if layers > total:
+        raise BertforgeError(
+            f"--train.freeze {freeze}: the model has {total} layers; freeze at most {total}"
+        )
+    frozen = (["embeddings"] if embeddings else []) + [f"encoder.layer.{i}" for i in range(layers)]
+    for name in frozen:
+        base.get_submodule(name).requires_grad_(False)
+    return frozen
+
+
 def build_model(
     cfg: PretrainConfig, data: PretrainingData, resume_dir: Path | None
 ) -> BertForPreTraining | BertForMaskedLM:
     """A fresh ``BertForPreTraining`` (objective mlm_nsp) or ``BertForMaskedLM`` (mlm) sized by
-    ``cfg.model``, or the one in ``resume_dir``, which must have the same config."""
+    ``cfg.model``, the model in ``--init_from`` (heads it lacks freshly initialised: see
+    ``model.loading_info["missing"]``), or the one in ``resume_dir``, which must have the same
+    config. ``--train.freeze`` is applied to each."""
     model_config = data.model_config
     model_cls = BertForPreTraining if cfg.train.objective == "mlm_nsp" else BertForMaskedLM
     if resume_dir is None:
-        return model_cls(model_config)
+        if cfg.init_from:
+            model = model_cls.from_pretrained(cfg.init_from)
+        else:
+            model = model_cls(model_config)
+        freeze_parameters(model, cfg.train.freeze)
+        return model
     model = model_cls.from_pretrained(resume_dir)
     if model.config.to_dict() | {"architectures": None} != model_config.to_dict() | {
         "architectures": None
@@ -131,7 +244,27 @@ def build_model(
             f"{resume_dir}: its model config differs from --model.*; resume "
             "with the original settings or start a new --output"
         )
+    freeze_parameters(model, cfg.train.freeze)
     return model
+
+
+def start_report(cfg: PretrainConfig, model: torch.nn.Module) -> str:
+    """What a run starting from ``--init_from`` says first: where from, which heads are new and
+    what is frozen."""
+    missing = getattr(model, "loading_info", {}).get("missing", [])
+    fresh = fresh_modules(missing)
+    lines = [
+        f"starting from {cfg.init_from}"
+        + (
+            f"; freshly initialised (not in the checkpoint): {', '.join(fresh)}"
+            if fresh
+            else "; every weight comes from the checkpoint"
+        )
+    ]
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    if cfg.train.freeze:
+        lines.append(f"frozen ({cfg.train.freeze}): {len(frozen)} parameter tensors")
+    return "\n".join(lines)
 
 
 def find_resume(cfg: PretrainConfig) -> Path | None:
@@ -170,7 +303,14 @@ def run_identity(cfg: PretrainConfig, meta: dict, n_train: int) -> dict[str, Any
 __all__ = [
     "PretrainingData",
     "build_model",
+    "check_start_tokenizer",
     "find_resume",
+    "freeze_parameters",
+    "fresh_modules",
+    "model_contradictions",
     "open_data",
+    "random_twin",
     "run_identity",
+    "start_config",
+    "start_report",
 ]

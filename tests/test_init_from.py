@@ -1,0 +1,324 @@
+"""``bertforge pretrain --init_from DIR``: continuing masked-LM training from a published model (a
+Hugging Face directory without an MLM head) or from one of ours, the settings it refuses,
+``--train.freeze``, and ``bertforge fill-mask --compare``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertforge.cli import main as cli_main
+from bertforge.data.shards import prepare
+from bertforge.errors import BertforgeError
+from bertforge.inference.predict import fill_mask_side_by_side
+from bertforge.modeling.config import BertConfig
+from bertforge.progress import read_metrics
+from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.config import ModelSection, PretrainConfig, TrainConfig, parse_freeze
+from bertforge.training.pretrain import pretrain
+from bertforge.training.setup import fresh_modules, model_contradictions
+
+TRAIN = dict(
+    objective="mlm",
+    batch_size=16,
+    lr=3e-3,
+    precision="fp32",
+    device="cpu",
+    eval_examples=64,
+    eval_every=0,
+    save_every=0,
+    log_every=1,
+    progress=False,
+    warmup_ratio=0.1,
+    num_threads=1,
+)
+TINY = ModelSection(
+    preset="tiny",
+    num_hidden_layers=2,
+    hidden_size=32,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+)
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def hf_model(shakespeare_file: Path, tmp_path_factory) -> dict[str, Path]:
+    """A tiny ``transformers.BertModel`` saved in Hugging Face's layout (no MLM head, a pooler)
+    with a real WordPiece tokenizer beside it, and Shakespeare prepared with that tokenizer."""
+    transformers = pytest.importorskip("transformers")
+    root = tmp_path_factory.mktemp("init_from")
+    text = root / "shakespeare.txt"
+    text.write_text(shakespeare_file.read_text(encoding="utf-8")[:200_000], encoding="utf-8")
+    tokenizer = Tokenizer.train(text, vocab_size=400)
+    hf_dir = root / "hf-encoder"
+    config = transformers.BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(hf_dir)
+    tokenizer.save(hf_dir)
+    data = root / "data"
+    prepare(
+        [str(text)],
+        Tokenizer.from_file(hf_dir),
+        data,
+        max_seq_length=32,
+        mode="packed",
+        validation_fraction=0.05,
+        progress=False,
+    )
+    other = root / "data-other-tokenizer"
+    prepare(
+        [str(text)],
+        Tokenizer.train(text, vocab_size=300),
+        other,
+        max_seq_length=32,
+        mode="packed",
+        validation_fraction=0.05,
+        progress=False,
+    )
+    return {"dir": hf_dir, "data": data, "text": text, "other": other}
+
+
+def cfg(data: Path, output: Path, init_from: Path | None = None, **train) -> PretrainConfig:
+    return PretrainConfig(
+        data=str(data),
+        output=str(output),
+        init_from=str(init_from) if init_from else None,
+        model=ModelSection() if init_from else TINY,
+        train=TrainConfig(**(TRAIN | train)),
+    )
+
+
+def val_records(run: Path) -> list[dict]:
+    return [r for r in read_metrics(run) if r["split"] == "val"]
+
+
+def test_a_hugging_face_encoder_without_mlm_head_gets_fresh_heads_and_loads_in_transformers(
+    hf_model, tmp_path, capsys
+):
+    transformers = pytest.importorskip("transformers")
+    result = pretrain(cfg(hf_model["data"], tmp_path / "run", hf_model["dir"], max_steps=12))
+    err = capsys.readouterr().err
+    start = next(line for line in err.splitlines() if line.startswith("starting from"))
+    for head in ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm"):
+        assert head in start, start
+    assert "cls.predictions.bias" in start and "bert.embeddings" not in start
+    # the table: the same network from random init, the starting model, the adapted one
+    assert "random init" in err and "start" in err and "adapted (12 steps)" in err
+    assert result["random_init"]["val"]["loss"] != result["initial"]["val"]["loss"]
+    assert result["final"]["val"]["loss"] < result["initial"]["val"]["loss"]
+
+    # the starting encoder's weights were loaded (not a fresh init): compare before training
+    from bertforge.modeling.model import BertForMaskedLM
+
+    start_model = BertForMaskedLM.from_pretrained(hf_model["dir"])
+    hf = transformers.BertModel.from_pretrained(hf_model["dir"])
+    torch.testing.assert_close(
+        start_model.bert.encoder.layer[1].output.dense.weight,
+        hf.encoder.layer[1].output.dense.weight,
+    )
+
+    model_dir = Path(result["model_dir"])
+    theirs = transformers.BertForMaskedLM.from_pretrained(model_dir).eval()
+    ours = BertForMaskedLM.from_pretrained(model_dir).eval()
+    assert ours.loading_info["missing"] == []
+    tokenizer = Tokenizer.from_file(model_dir)
+    batch = tokenizer.encode_batch(["to be or not to [MASK]", "my lord"], return_tensors="pt")
+    with torch.no_grad():
+        torch.testing.assert_close(
+            ours(**batch).logits, theirs(**batch).logits, atol=1e-4, rtol=1e-4
+        )
+
+
+def test_from_our_own_model_it_continues_at_the_loss_it_ended_at(hf_model, tmp_path, capsys):
+    first = pretrain(cfg(hf_model["data"], tmp_path / "a", max_steps=100))
+    capsys.readouterr()
+    second = pretrain(
+        cfg(hf_model["data"], tmp_path / "b", Path(first["model_dir"]), max_steps=6, lr=3e-4)
+    )
+    err = capsys.readouterr().err
+    assert "every weight comes from the checkpoint" in err
+    # the same validation sequences and masks: the start of b is exactly the end of a
+    assert second["initial"]["val"]["loss"] == pytest.approx(
+        first["final"]["val"]["loss"], abs=1e-5
+    )
+    a = [r["loss"] for r in read_metrics(tmp_path / "a") if r["split"] == "train"]
+    b = [r["loss"] for r in read_metrics(tmp_path / "b") if r["split"] == "train"]
+    began, ended, continued = sum(a[:5]) / 5, sum(a[-10:]) / 10, sum(b) / len(b)
+    assert began - ended > 0.3, a  # run a learned something in its 100 steps
+    # b's training loss continues at a's end (batch-to-batch noise is ~0.2 nats here), far from
+    # where a's random network began
+    assert abs(continued - ended) < 0.25 < abs(continued - began), (a[:5], a[-10:], b)
+    assert second["random_init"]["val"]["loss"] > second["initial"]["val"]["loss"] + 0.3
+
+
+def test_resume_of_an_init_from_run_is_exact(hf_model, tmp_path):
+    config = cfg(
+        hf_model["data"],
+        tmp_path / "full",
+        hf_model["dir"],
+        max_steps=6,
+        save_every=3,
+        keep_checkpoints=0,
+        dropout=0.1,
+    )
+    full = pretrain(config)
+    resumed = pretrain(
+        replace(
+            config,
+            output=str(tmp_path / "resumed"),
+            resume=str(tmp_path / "full" / "checkpoint-00000003"),
+        )
+    )
+    wa = load_file(str(tmp_path / "full" / "model" / "model.safetensors"))
+    wb = load_file(str(tmp_path / "resumed" / "model" / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert resumed["final"] == full["final"]
+    assert resumed["initial"] == full["initial"] and resumed["random_init"] == full["random_init"]
+
+
+def test_a_contradicting_model_option_is_refused_in_one_line(hf_model, tmp_path, capsys):
+    argv = ["pretrain", "--data", str(hf_model["data"]), "--output", str(tmp_path / "run")]
+    argv += [
+        "--init_from",
+        str(hf_model["dir"]),
+        "--train.max_steps",
+        "2",
+        "--train.objective",
+        "mlm",
+    ]
+    assert cli_main(argv + ["--model.hidden_size", "64"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "--model.hidden_size 64 contradicts --init_from" in err and "hidden_size 32" in err
+    assert cli_main(argv + ["--model.preset", "base"]) == 2
+    assert "--model.preset base contradicts" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "model").exists()
+
+
+def test_data_prepared_with_another_tokenizer_is_refused(hf_model, tmp_path):
+    with pytest.raises(
+        BertforgeError, match=r"prepare the text with bertforge prepare --tokenizer"
+    ):
+        pretrain(cfg(hf_model["other"], tmp_path / "run", hf_model["dir"], max_steps=2))
+
+
+def test_model_contradictions_only_counts_values_changed_from_their_default():
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=384,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        intermediate_size=1536,
+    )
+    assert model_contradictions(ModelSection(), config) == []
+    assert model_contradictions(ModelSection(hidden_size=384, num_hidden_layers=6), config) == []
+    assert model_contradictions(ModelSection(hidden_size=256), config) == [
+        ("hidden_size", 256, "hidden_size 384")
+    ]
+    assert [
+        c[0] for c in model_contradictions(ModelSection(preset="small", hidden_act="relu"), config)
+    ] == [
+        "preset",
+        "hidden_act",
+    ]
+
+
+def test_fresh_modules_names_modules_not_parameters():
+    missing = [
+        "cls.predictions.bias",
+        "cls.predictions.transform.dense.weight",
+        "cls.predictions.transform.dense.bias",
+        "cls.predictions.transform.LayerNorm.weight",
+        "cls.predictions.transform.LayerNorm.bias",
+        "cls.seq_relationship.weight",
+    ]
+    assert fresh_modules(missing) == [
+        "cls.predictions.bias",
+        "cls.predictions.transform.dense",
+        "cls.predictions.transform.LayerNorm",
+        "cls.seq_relationship",
+    ]
+
+
+def test_freeze_keeps_the_embeddings_and_lower_layers_fixed(hf_model, tmp_path, capsys):
+    assert parse_freeze("embeddings,layers:1") == (True, 1)
+    assert parse_freeze(None) == (False, 0)
+    with pytest.raises(BertforgeError, match="--train.freeze"):
+        TrainConfig(freeze="bottom")
+    result = pretrain(
+        cfg(
+            hf_model["data"],
+            tmp_path / "run",
+            hf_model["dir"],
+            max_steps=4,
+            freeze="embeddings,layers:1",
+        )
+    )
+    assert "frozen (embeddings,layers:1)" in capsys.readouterr().err
+    start = load_file(str(hf_model["dir"] / "model.safetensors"))
+    end = load_file(str(Path(result["model_dir"]) / "model.safetensors"))
+    for key in ("embeddings.word_embeddings.weight", "encoder.layer.0.attention.self.query.weight"):
+        assert torch.equal(start[key], end["bert." + key]), key
+    key = "encoder.layer.1.attention.self.query.weight"
+    assert not torch.equal(start[key], end["bert." + key])
+    with pytest.raises(BertforgeError, match="the model has 2 layers"):
+        pretrain(
+            cfg(
+                hf_model["data"], tmp_path / "run2", hf_model["dir"], max_steps=1, freeze="layers:3"
+            )
+        )
+
+
+def test_fill_mask_compare_prints_both_models_side_by_side(hf_model, tmp_path, capsys):
+    a = pretrain(cfg(hf_model["data"], tmp_path / "a", max_steps=30))["model_dir"]
+    b = pretrain(cfg(hf_model["data"], tmp_path / "b", Path(a), max_steps=3))["model_dir"]
+    capsys.readouterr()
+    text = "to be or not to [MASK] , my [MASK] ."
+    assert cli_main(["fill-mask", "--model", a, "--compare", b, "--top-k", "3", text]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == text and "[MASK] 1" in lines[1] and "[MASK] 2" in out
+    assert a[-20:] in lines[1] and b[-20:] in lines[1]
+    assert len([line for line in lines if line.strip().startswith(("1 ", "2 ", "3 "))]) == 6
+    assert (
+        cli_main(
+            ["fill-mask", "--model", a, "--compare", b, "--output", str(tmp_path / "o.jsonl"), text]
+        )
+        == 0
+    )
+    record = json.loads((tmp_path / "o.jsonl").read_text())
+    assert set(record["models"]) == {a, b} and record["text"] == text
+
+
+def test_fill_mask_side_by_side_table():
+    def result(tokens):
+        return [{"text": "a [MASK] b", "masks": [[{"token": t, "score": s} for t, s in tokens]]}]
+
+    table = fill_mask_side_by_side(
+        {"start": result([("good", 0.5), ("bad", 0.25)]), "adapted": result([("great", 0.75)])}
+    )
+    lines = table.splitlines()
+    assert lines[0] == "a [MASK] b"
+    assert lines[1].split() == ["[MASK]", "start", "adapted"]
+    assert lines[2].split() == ["1", "good", "50.0%", "great", "75.0%"]
+    assert lines[3].split() == ["2", "bad", "25.0%"]
