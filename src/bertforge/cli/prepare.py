@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from bertforge.cli.common import positive_int
 from bertforge.data.corpus import FORMATS
 from bertforge.data.shards import MODES, format_summary, prepare
 from bertforge.errors import ArgumentParser
@@ -55,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=FORMATS, default="auto")
     p.add_argument("--encoding-errors", choices=("strict", "replace"), default="strict")
     p.add_argument("--seed", type=int, default=12345)
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="tokenise in N processes (one per core); same output as 1 (default 1)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing data directory")
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -79,6 +86,7 @@ def main(argv: list[str]) -> int:
         encoding_errors=args.encoding_errors,
         overwrite=args.overwrite,
         progress=not args.no_progress,
+        workers=args.workers,
     )
     print(format_summary(summary))
     return 0

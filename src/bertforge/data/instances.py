@@ -169,6 +169,48 @@ def create_nsp_instances(
     return instances, dropped
 
 
+@dataclass
+class TokenizedChunk:
+    """A chunk's documents as token ids, in one flat array (cheap to send between processes)."""
+
+    ids: np.ndarray
+    """(n_tokens,) int64: every piece of every document, concatenated."""
+    piece_lengths: np.ndarray
+    """(n_pieces,) int64 tokens per piece (a sentence, or a part of a cut long one)."""
+    doc_pieces: np.ndarray
+    """(n_documents,) int64 pieces per document; 0 for a document with no tokens."""
+    n_cut: int
+    """Sentences cut because they were longer than a sequence holds."""
+
+    def documents(self) -> list[list[np.ndarray]]:
+        """Per document its pieces, each a 1-D int64 array (views into ``ids``)."""
+        pieces = np.split(self.ids, np.cumsum(self.piece_lengths)[:-1]) if len(self.ids) else []
+        out, start = [], 0
+        for n in self.doc_pieces.tolist():
+            out.append(pieces[start : start + n])
+            start += n
+        return out
+
+
+def tokenize_chunk(backend: Any, documents: list[list[str]], limit: int) -> TokenizedChunk:
+    """Encode every sentence of ``documents`` (no special tokens) with the ``tokenizers``
+    ``backend`` and cut sentences longer than ``limit`` tokens; empty sentences are dropped."""
+    sentences = [s for doc in documents for s in doc]
+    encodings = backend.encode_batch_fast(sentences, add_special_tokens=False)
+    ids = iter([np.array(e.ids, dtype=np.int64) for e in encodings])
+    flat: list[np.ndarray] = []
+    doc_pieces = np.zeros(len(documents), dtype=np.int64)
+    n_cut = 0
+    for d, doc in enumerate(documents):
+        pieces, cut = split_long([next(ids) for _ in doc], limit)
+        n_cut += cut
+        doc_pieces[d] = len(pieces)
+        flat += pieces
+    lengths = np.array([len(p) for p in flat], dtype=np.int64)
+    joined = np.concatenate(flat) if flat else np.zeros(0, dtype=np.int64)
+    return TokenizedChunk(joined, lengths, doc_pieces, n_cut)
+
+
 class Packer:
     """Packs sentences into sequences of at most ``max_seq_length - 2`` tokens (FULL-SENTENCES).
 
@@ -216,11 +258,15 @@ class Packer:
 class InstanceBuilder:
     """Buffers documents of sentences (strings), tokenises them in chunks, emits instances.
 
-    Each chunk of about ``chunk_chars`` characters is encoded in one parallel batch call of the
-    ``tokenizers`` library; sentences too long for a sequence are cut (:func:`split_long`);
-    documents left empty, or with fewer than two sentences in ``nsp`` mode, are skipped and
-    counted in ``stats["skipped"]``. Finished instances go to ``emit``; in ``nsp`` mode the
-    previous chunk's documents also provide NotNext segments, so memory holds two chunks at most.
+    Each chunk of about ``chunk_chars`` characters is encoded in one batch call of the
+    ``tokenizers`` library (:func:`tokenize_chunk`: in this process with the library's own
+    threads, or in a worker process of ``pool``, a :class:`~bertforge.data.workers.ChunkPool`);
+    sentences too long for a sequence are cut (:func:`split_long`); documents left empty, or with
+    fewer than two sentences in ``nsp`` mode, are skipped and counted in ``stats["skipped"]``.
+    Finished instances go to ``emit``; in ``nsp`` mode the previous chunk's documents also
+    provide NotNext segments, so memory holds two chunks at most (plus those a pool has in
+    flight). With a pool, :meth:`build` runs for the chunks in the order they were buffered, so
+    the instances are the same as without one.
     """
 
     def __init__(
@@ -233,9 +279,10 @@ class InstanceBuilder:
         rng: np.random.Generator,
         stats: dict[str, Any],
         chunk_chars: int = 1_000_000,
+        pool: Any = None,
     ) -> None:
         self.tokenizer, self.emit, self.mode = tokenizer, emit, mode
-        self.chunk_chars = chunk_chars
+        self.chunk_chars, self.pool = chunk_chars, pool
         self.max_seq_length, self.short_seq_prob, self.rng = max_seq_length, short_seq_prob, rng
         self.stats = stats
         for key in ("long_sentences_split", "text_tokens", "nsp_chunks_without_negative"):
@@ -255,18 +302,22 @@ class InstanceBuilder:
             self.flush()
 
     def flush(self) -> None:
-        """Tokenise and turn the buffered documents into instances."""
+        """Tokenise the buffered documents (here, or queued to the pool) and build instances."""
         if not self.buffer:
             return
-        sentences = [s for doc in self.buffer for s in doc]
-        encodings = self.tokenizer.backend.encode_batch_fast(sentences, add_special_tokens=False)
-        ids = iter([np.array(e.ids, dtype=np.int64) for e in encodings])
+        documents, self.buffer, self.chars = self.buffer, [], 0
         limit = self.max_seq_length - (3 if self.mode == "nsp" else 2)
+        if self.pool is None:
+            self.build(tokenize_chunk(self.tokenizer.backend, documents, limit))
+        else:
+            self.pool.submit(documents, limit, self.build)
+
+    def build(self, chunk: TokenizedChunk) -> None:
+        """Turn one tokenised chunk into instances and emit them."""
+        self.stats["long_sentences_split"] += chunk.n_cut
+        self.stats["text_tokens"] += len(chunk.ids)
         docs, skipped = [], self.stats["skipped"]
-        for doc in self.buffer:
-            pieces, n_cut = split_long([next(ids) for _ in doc], limit)
-            self.stats["long_sentences_split"] += n_cut
-            self.stats["text_tokens"] += sum(len(p) for p in pieces)
+        for pieces in chunk.documents():
             if not pieces:
                 skipped["empty document"] = skipped.get("empty document", 0) + 1
             elif self.mode == "nsp" and len(pieces) < 2:
@@ -274,7 +325,6 @@ class InstanceBuilder:
                 skipped[key] = skipped.get(key, 0) + 1
             else:
                 docs.append(pieces)
-        self.buffer, self.chars = [], 0
         self.documents += len(docs)
         if self.packer is not None:
             for doc in docs:
@@ -292,7 +342,10 @@ class InstanceBuilder:
         self.negatives = docs or self.negatives
 
     def finish(self) -> None:
-        """Process what is buffered and emit the last packed sequence."""
+        """Process what is buffered (and what the pool has in flight); emit the last packed
+        sequence."""
         self.flush()
+        if self.pool is not None:
+            self.pool.drain()
         if self.packer is not None:
             self.emit(self.packer.finish())

@@ -14,6 +14,7 @@ The reader lives in :mod:`bertforge.data.dataset` and is re-exported here:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -36,6 +37,7 @@ from bertforge.data.dataset import (
     read_meta,
 )
 from bertforge.data.instances import InstanceBuilder
+from bertforge.data.workers import ChunkPool
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_directory
 
@@ -142,6 +144,7 @@ def prepare(
     shard_tokens: int = 1 << 26,
     overwrite: bool = False,
     progress: bool = True,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Turn text files into a prepared data directory at ``output``; return a summary dict.
 
@@ -149,8 +152,11 @@ def prepare(
     document of those files is validation data and ``validation_fraction`` is ignored; otherwise
     that fraction of the documents (spread evenly) is held out. Documents whose text equals a
     document of ``exclude_inputs`` (read the same way, e.g. IMDB's test reviews) are skipped and
-    counted. See the module docstring.
+    counted. ``workers`` > 1 tokenises in that many processes (:mod:`bertforge.data.workers`);
+    the output is byte-identical to one worker's. See the module docstring.
     """
+    if workers < 1:
+        raise BertforgeError(f"--workers {workers}: must be at least 1")
     if mode not in MODES:
         raise BertforgeError(f"--mode {mode!r}: choose nsp or packed")
     if not 8 <= max_seq_length <= 1 << 16:
@@ -181,7 +187,11 @@ def prepare(
         else set()
     )
     start = time.perf_counter()
-    with atomic_directory(output) as tmp:
+    with contextlib.ExitStack() as stack:
+        pool = None
+        if workers > 1:
+            pool = stack.enter_context(ChunkPool(tokenizer.backend.to_str(), workers))
+        tmp = stack.enter_context(atomic_directory(output))
         writers = {split: ShardWriter(tmp, split, dtype, shard_tokens) for split in SPLITS}
         builders = {
             split: InstanceBuilder(
@@ -195,6 +205,7 @@ def prepare(
                 np.random.default_rng([seed, code]),
                 stats,
                 chunk_chars,
+                pool,
             )
             for code, split in enumerate(SPLITS)
         }
