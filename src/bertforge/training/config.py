@@ -241,6 +241,37 @@ class TrainConfig(LoopOptions):
 
 
 @dataclass
+class ProbeConfig:
+    """An optional downstream check during pretraining: a logistic-regression probe on frozen
+    mean-pooled features of a labelled train/test pair, run at step 0, at every evaluation and at
+    the end, logged as split ``probe`` in metrics.jsonl and drawn in curves.png."""
+
+    train: str | None = None
+    """Labelled file (.csv/.tsv/.jsonl, optionally .gz) the probe is fitted on; None = off."""
+    test: str | None = None
+    """Labelled file the probe is scored on (keep it out of any model selection)."""
+    text_column: str = "text"
+    """Column holding the text."""
+    label_column: str = "label"
+    """Column holding the class label."""
+    max_examples: int | None = 1000
+    """Rows drawn (fixed seed) from each of train and test; None = all. The probe's cost is two
+    forward passes over these rows per evaluation."""
+    max_length: int = 128
+    """Tokens per text (longer texts keep their beginning)."""
+    l2: float = 1e-3
+    """L2 penalty on the probe's weights (features are standardised first)."""
+
+    def __post_init__(self) -> None:
+        if (self.train is None) != (self.test is None):
+            raise BertforgeError(
+                "probe.train and probe.test go together: pass both (e.g. --probe.train "
+                "train.csv --probe.test test.csv) or neither"
+            )
+        check_at_least(self, lambda name: f"--probe.{name}", max_examples=2, max_length=8, l2=0)
+
+
+@dataclass
 class PretrainConfig:
     """Everything ``bertforge pretrain`` needs; written resolved to OUTPUT/pretrain_config.yaml."""
 
@@ -263,6 +294,8 @@ class PretrainConfig:
     """Masked-LM target selection."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """Optimisation, budget, evaluation and checkpoints."""
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    """Downstream probe at evaluation points (off unless probe.train and probe.test are set)."""
 
 
 # ---- bertforge finetune ----------------------------------------------------------------
@@ -387,6 +420,7 @@ __all__ = [
     "MaskingConfig",
     "ModelSection",
     "PretrainConfig",
+    "ProbeConfig",
     "TrainConfig",
     "check_at_least",
     "check_training_options",

@@ -28,6 +28,7 @@ from bertforge.data.loader import validation_batches
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.mlm import comparison_table, evaluate_mlm
 from bertforge.evaluation.plots import plot_training_curves
+from bertforge.evaluation.probe import LinearProbe
 from bertforge.io import atomic_directory, atomic_write_text
 from bertforge.modeling.model import IGNORE_INDEX
 from bertforge.progress import MetricsLogger, format_duration, parse_duration
@@ -87,6 +88,20 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
     data = open_data(cfg, rank=info.rank, world_size=info.world_size)
     tokenizer, train_ds, sampler, collator = data.tokenizer, data.train, data.sampler, data.collator
     use_nsp, micro, accum = tc.objective == "mlm_nsp", data.micro, data.accum
+    pc = cfg.probe
+    probe = None
+    if pc.train is not None and main_proc:  # read now: a bad file fails before training
+        probe = LinearProbe(
+            tokenizer,
+            [pc.train],
+            [pc.test or ""],
+            text_column=pc.text_column,
+            label_column=pc.label_column,
+            max_examples=pc.max_examples,
+            max_length=pc.max_length,
+            l2=pc.l2,
+        )
+    probes: list[dict[str, Any]] = []  # {"step", "accuracy", ...} per evaluation point
     seed_everything(tc.seed)
     resume_dir = find_resume(cfg)
     model = build_model(cfg, data, resume_dir)
@@ -160,6 +175,10 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
     def log_eval(step: int, results: dict[str, dict[str, Any]]) -> None:
         for name, metrics in results.items():
             logger.log(step, name, **{k: v for k, v in metrics.items() if v is not None})
+        if probe is not None:  # frozen features: no gradient, no random numbers drawn
+            scores = probe(raw)
+            logger.log(step, "probe", **scores)
+            probes.append({"step": step, **scores})
 
     def save_checkpoint() -> None:
         ranks_rng = D.gather_object(rng_state())
@@ -306,6 +325,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
                 bar.write(
                     f"step {state['step']}: val loss {results['val']['loss']:.3f} "
                     f"accuracy {results['val']['accuracy']:.2%}"
+                    + (f"; probe accuracy {probes[-1]['accuracy']:.2%}" if probe else "")
                 )
             if totals[3] > 0:
                 stopped = stop.signal_name or "signal"
@@ -335,6 +355,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
         "initial": state["initial_eval"],
         "random_init": state.get("random_eval"),
         "final": final,
+        "probe": probes,
         "model_dir": str(out / FINAL_DIR),
         "plot": str(out / PLOT_FILE),
     }
@@ -357,6 +378,12 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
                     f"trained ({state['step']} steps)": final[name],
                 }
             say("\n" + comparison_table(columns, title))
+        if probes:
+            say(
+                f"\ndownstream probe (logistic regression on frozen mean-pooled features, "
+                f"{probes[-1]['examples']:,} test rows of {pc.test}): accuracy "
+                + " -> ".join(f"{p['accuracy']:.2%} (step {p['step']})" for p in probes)
+            )
         say(
             f"\nmodel: {out / FINAL_DIR}\nplot:  {out / PLOT_FILE}\nmetrics: {out / 'metrics.jsonl'}"
         )
