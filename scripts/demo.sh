@@ -21,12 +21,12 @@ mkdir -p "$OUT"
 START=$SECONDS
 
 echo "== 1/4  train a WordPiece tokenizer on $CORPUS"
-bertforge tokenizer train --input "$CORPUS" --vocab-size 2048 --output "$OUT/tokenizer"
+bertforge tokenizer train --input "$CORPUS" --vocab_size 2048 --output "$OUT/tokenizer"
 
 echo
 echo "== 2/4  prepare 32-token training sequences (5% of the speeches held out for validation)"
 bertforge prepare --input "$CORPUS" --tokenizer "$OUT/tokenizer" --output "$OUT/data" \
-    --max-seq-length 32 --mode packed --validation-fraction 0.05 --no-progress
+    --max_seq_length 32 --mode packed --validation_fraction 0.05 --progress false
 
 echo
 echo "== 3/4  pretrain a BERT-Tiny-sized encoder for $STEPS steps, seed $SEED (configs/demo.yaml)"

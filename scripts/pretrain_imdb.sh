@@ -34,21 +34,21 @@ with open(target, "w", encoding="utf-8") as out:
         for row in csv.DictReader(gzip.open(path, "rt", encoding="utf-8", newline="")):
             out.write(br.sub(" ", row["text"]).replace("\n", " ") + "\n")
 PY
-    bertforge tokenizer train --input "$OUT/imdb_pretrain.txt" --vocab-size 30522 \
+    bertforge tokenizer train --input "$OUT/imdb_pretrain.txt" --vocab_size 30522 \
         --output "$OUT/tokenizer"
 fi
 
 if [ ! -f "$OUT/data/meta.json" ]; then
     echo "== prepare: packed 128-token sequences, test-review texts excluded"
-    bertforge prepare --input "$IMDB"/unsup-*.txt.gz "$IMDB"/train-*.csv.gz --text-column text \
+    bertforge prepare --input "$IMDB"/unsup-*.txt.gz "$IMDB"/train-*.csv.gz --text_column text \
         --exclude "$IMDB"/test-*.csv.gz --tokenizer "$OUT/tokenizer" --output "$OUT/data" \
-        --max-seq-length 128 --mode packed --validation-fraction 0.01 --no-progress
+        --max_seq_length 128 --mode packed --validation_fraction 0.01 --progress false
 fi
 if [ ! -f "$OUT/wikitext2/meta.json" ]; then
     echo "== prepare: WikiText-2 validation with the same tokenizer (out-of-domain evaluation)"
     bertforge prepare --input "$SHARED/wikitext2/wiki.valid.tokens" --tokenizer "$OUT/tokenizer" \
-        --output "$OUT/wikitext2" --max-seq-length 128 --mode packed --validation-fraction 0 \
-        --no-progress
+        --output "$OUT/wikitext2" --max_seq_length 128 --mode packed --validation_fraction 0 \
+        --progress false
 fi
 
 echo "== pretrain"

@@ -44,3 +44,108 @@ def test_user_errors_are_one_line_without_traceback(tmp_path):
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "missing" in lines[0]
+
+
+# ---- the one option system (bertforge.cli.options) --------------------------------------------
+# every command but the router's own: its --help, --print_config and --config
+OPTION_COMMANDS = [name for name in COMMANDS if name != "serve"]
+
+
+def _argv(name: str) -> list[str]:
+    return ["tokenizer", "train"] if name == "tokenizer" else [name]
+
+
+def test_every_command_help_shows_docstrings_defaults_and_choices(capsys):
+    import pytest
+
+    for name in OPTION_COMMANDS:
+        with pytest.raises(SystemExit) as exit_:
+            main([*_argv(name), "--help"])
+        assert exit_.value.code == 0
+        out = capsys.readouterr().out
+        assert "--config CONFIG" in out and "--print_config" in out, name
+        assert "default:" in out and "type:" in out, name
+        assert "-" not in "".join(a[2:] for a in out.split() if a.startswith("--")), name
+    with pytest.raises(SystemExit):
+        main(["finetune", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    # the field docstring, its default and the Literal's choices
+    assert "Peak learning rate (AdamW). (type: float, default: 5e-05)" in out
+    assert "--truncation {head,head_tail}" in out and "--precision {auto,bf16,fp32}" in out
+
+
+def test_config_file_and_print_config_round_trip(tmp_path, capsys):
+    import pytest
+
+    config = tmp_path / "ft.yaml"
+    config.write_text("lr: 3.0e-05\ntruncation: head_tail\ntrain: [a.csv, b.csv]\n")
+    argv = ["finetune", "--config", str(config), "--model", "m", "--output", "o", "--epochs", "2"]
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--print_config"])
+    assert exit_.value.code == 0
+    printed = capsys.readouterr().out
+    assert "lr: 3.0e-05" in printed and "epochs: 2.0" in printed and "- b.csv" in printed
+    assert "truncation: head_tail" in printed
+    again = tmp_path / "again.yaml"
+    again.write_text(printed)
+    with pytest.raises(SystemExit):
+        main(["finetune", "--config", str(again), "--print_config"])
+    assert capsys.readouterr().out == printed
+
+
+def test_lists_bare_flags_and_old_spellings(capsys):
+    from bertforge.cli.options import normalize_argv, option_kinds
+    from bertforge.cli.prepare import PrepareConfig
+
+    kinds = option_kinds(PrepareConfig)
+    argv = ["--input", "a.txt", "b.txt", "--overwrite", "--seed", "3"]
+    assert normalize_argv(argv, kinds, "p") == [
+        "--input",
+        '["a.txt", "b.txt"]',
+        "--overwrite",
+        "true",
+        "--seed",
+        "3",
+    ]
+    assert capsys.readouterr().err == ""
+    old = ["--max-seq-length", "64", "--no-progress", "--validation-fraction=0.1"]
+    assert normalize_argv(old, kinds, "bertforge prepare") == [
+        "--max_seq_length",
+        "64",
+        "--progress",
+        "false",
+        "--validation_fraction=0.1",
+    ]
+    note = capsys.readouterr().err.strip().splitlines()
+    assert len(note) == 1 and "--max-seq-length -> --max_seq_length" in note[0]
+    assert "--no-progress -> --progress false" in note[0] and "next release" in note[0]
+
+
+def test_old_finetune_spelling_still_runs_with_one_note(tmp_path, capsys):
+    """Finetune's 0.1 flags (``--batch-size``, ``--no-progress``) parse to the same config as the
+    new spelling, with a single deprecation note."""
+    from bertforge.cli.options import parse_config
+    from bertforge.training.config import FinetuneConfig
+
+    common = ["--model", "m", "--train", "a.csv", "b.csv", "--output", "o"]
+    old = [*common, "--batch-size", "16", "--warmup-ratio", "0.2", "--no-progress", "--no-bucket"]
+    new = [*common, "--batch_size", "16", "--warmup_ratio", "0.2", "--progress", "false"]
+    new += ["--bucket", "false"]
+    parse = lambda argv: parse_config(FinetuneConfig, argv, prog="ft", description="")  # noqa: E731
+    assert parse(old) == parse(new)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("note: ft:") and "--warmup-ratio" in err[0]
+    assert parse(old).train == ["a.csv", "b.csv"] and parse(old).progress is False
+
+
+def test_a_value_the_config_refuses_is_one_line_naming_the_option(capsys):
+    assert main(["finetune", "--model", "m", "--train", "a", "--output", "o", "--lr", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: bertforge finetune: --lr 0.0 must be positive, e.g. 1e-4; see " + (
+        "bertforge finetune --help"
+    )
+    assert (
+        main(["prepare", "--input", "x", "--tokenizer", "t", "--output", "o", "--mode", "z"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert "bertforge prepare:" in err and '"mode"' in err and "Got value: z" in err

@@ -145,7 +145,7 @@ def test_invalid_utf8_reports_file_and_byte_offset(tmp_path: Path) -> None:
     path = tmp_path / "bad.txt"
     path.write_bytes(b"Good line.\nBad \xff byte.\n")
     with pytest.raises(
-        BertforgeError, match=r"bad.txt: bytes at offset 15 .*--encoding-errors replace"
+        BertforgeError, match=r"bad.txt: bytes at offset 15 .*--encoding_errors replace"
     ):
         list(read_documents(path))
     assert list(read_documents(path, encoding_errors="replace")) == [

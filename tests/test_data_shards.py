@@ -168,7 +168,7 @@ def test_short_documents_skipped_and_long_lines_split(tokenizer: Tokenizer, tmp_
 
 
 def _cli(capsys, *args: str) -> tuple[int, str]:
-    rc = cli_main(["prepare", "--no-progress", *args])
+    rc = cli_main(["prepare", "--progress", "false", *args])
     return rc, capsys.readouterr().err
 
 
@@ -183,7 +183,7 @@ def test_cli_bad_inputs_give_one_line_errors(tok_dir: Path, tmp_path: Path, caps
     assert rc == 2 and "no text found; the input is empty" in err
     table = tmp_path / "t.csv"
     table.write_text("label,review\n1,Good film. Loved it.\n", encoding="utf-8")
-    rc, err = _cli(capsys, "--input", str(table), "--text-column", "text", *base)
+    rc, err = _cli(capsys, "--input", str(table), "--text_column", "text", *base)
     assert rc == 2 and "the columns are ['label', 'review']" in err
     bad = tmp_path / "bad.txt"
     bad.write_bytes(
@@ -195,11 +195,11 @@ def test_cli_bad_inputs_give_one_line_errors(tok_dir: Path, tmp_path: Path, caps
         capsys,
         "--input",
         str(bad),
-        "--encoding-errors",
+        "--encoding_errors",
         "replace",
-        "--validation-fraction",
+        "--validation_fraction",
         "0",
-        "--max-seq-length",
+        "--max_seq_length",
         "16",
         *base,
     )

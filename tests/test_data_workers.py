@@ -80,14 +80,14 @@ def test_two_workers_write_the_same_bytes_as_one(
 def test_cli_workers_option(corpus: Path, tokenizer: Tokenizer, tmp_path: Path, capsys) -> None:
     tokenizer.save(tmp_path / "tok")
     args = ["prepare", "--input", str(corpus), "--tokenizer", str(tmp_path / "tok")]
-    args += ["--max-seq-length", "64", "--no-progress"]
+    args += ["--max_seq_length", "64", "--progress", "false"]
     assert cli_main([*args, "--output", str(tmp_path / "a")]) == 0
     assert cli_main([*args, "--output", str(tmp_path / "b"), "--workers", "2"]) == 0
     assert (tmp_path / "a" / "train-00000.ids").read_bytes() == (
         tmp_path / "b" / "train-00000.ids"
     ).read_bytes()
     assert cli_main([*args, "--output", str(tmp_path / "c"), "--workers", "0"]) == 2
-    assert "--workers: '0' is not a positive integer" in capsys.readouterr().err
+    assert "--workers 0: must be at least 1" in capsys.readouterr().err
     with pytest.raises(BertforgeError, match="--workers 0: must be at least 1"):
         prepare([str(corpus)], tokenizer, tmp_path / "d", workers=0, progress=False)
 

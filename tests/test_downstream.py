@@ -19,21 +19,22 @@ from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.downstream import RESULTS_FILE, TWIN_DIR, downstream_table
 
 FAST = [
-    "--max-length",
+    "--max_length",
     "32",
-    "--batch-size",
+    "--batch_size",
     "16",
     "--lr",
     "3e-3",
     "--epochs",
     "3",
-    "--num-threads",
+    "--num_threads",
     "1",
     "--dropout",
     "0",
     "--precision",
     "fp32",
-    "--no-progress",
+    "--progress",
+    "false",
 ]
 
 
@@ -91,7 +92,7 @@ def result(work) -> dict:
         str(out),
         "--baseline",
         str(work["start"]),
-        "--init-seed",
+        "--init_seed",
         "7",
         *FAST,
     ]
@@ -159,7 +160,7 @@ def test_regression_reports_spearman(work, tmp_path, capsys):
     write_scores(scores, 200, seed=3)
     argv = ["downstream", "--model", str(work["pretrained"]), "--train", str(scores)]
     argv += ["--test", str(scores), "--output", str(tmp_path / "r"), "--task", "regression"]
-    argv += ["--text-column", "review", "--label-column", "score", *FAST]
+    argv += ["--text_column", "review", "--label_column", "score", *FAST]
     assert cli.main(argv) == 0
     table = capsys.readouterr().out
     assert "Spearman" in table and "accuracy" not in table

@@ -24,9 +24,9 @@ from bertforge.training import steps as training
 from bertforge.training.checkpoints import checkpoint_name, list_checkpoints
 
 FAST = [
-    "--max-length",
+    "--max_length",
     "32",
-    "--batch-size",
+    "--batch_size",
     "16",
     "--lr",
     "3e-3",
@@ -34,8 +34,9 @@ FAST = [
     "0",
     "--precision",
     "fp32",
-    "--no-progress",
-    "--warmup-ratio",
+    "--progress",
+    "false",
+    "--warmup_ratio",
     "0.1",
 ]
 
@@ -77,8 +78,8 @@ def finetune_argv(
 @pytest.fixture(scope="module")
 def trained(work) -> Path:
     out = work["root"] / "sentiment"
-    options = ["--text-column", "text", "--label-column", "label", "--task", "classification"]
-    assert cli.main(finetune_argv(work, out, *options, "--epochs", "4", "--eval-every", "27")) == 0
+    options = ["--text_column", "text", "--label_column", "label", "--task", "classification"]
+    assert cli.main(finetune_argv(work, out, *options, "--epochs", "4", "--eval_every", "27")) == 0
     return out
 
 
@@ -138,7 +139,7 @@ def test_evaluate_and_classify_commands_use_the_fine_tuned_model(trained, work, 
                 str(inputs),
                 "--output",
                 str(out),
-                "--batch-size",
+                "--batch_size",
                 "2",
                 "--precision",
                 "fp32",
@@ -171,8 +172,8 @@ def test_label_map_round_trip():
 
 def test_regression_learns_scores_in_their_own_units(work):
     out = work["root"] / "scores"
-    options = ["--text-column", "review", "--label-column", "score", "--task", "regression"]
-    argv = finetune_argv(work, out, *options, "--epochs", "5", "--eval-every", "40", train="scores")
+    options = ["--text_column", "review", "--label_column", "score", "--task", "regression"]
+    argv = finetune_argv(work, out, *options, "--epochs", "5", "--eval_every", "40", train="scores")
     assert cli.main(argv) == 0
     results = json.loads((out / "eval_results.json").read_text())
     assert results["metric"] == "spearman"
@@ -193,9 +194,9 @@ def test_regression_learns_scores_in_their_own_units(work):
 
 @pytest.mark.parametrize("micro", [None, "8"])
 def test_resume_from_a_checkpoint_continues_exactly(work, micro):
-    options = ["--max-steps", "20", "--eval-every", "10", "--keep-checkpoints", "0"]
+    options = ["--max_steps", "20", "--eval_every", "10", "--keep_checkpoints", "0"]
     if micro is not None:  # 2 micro-batches of 8 per optimizer step
-        options += ["--micro-batch-size", micro]
+        options += ["--micro_batch_size", micro]
     full, resumed = work["root"] / f"full-{micro}", work["root"] / f"resumed-{micro}"
     assert cli.main(finetune_argv(work, full, *options)) == 0
     first, last = list_checkpoints(full)
@@ -216,10 +217,10 @@ def test_resume_from_a_checkpoint_continues_exactly(work, micro):
 
 def test_resume_with_changed_settings_is_refused(work, capsys):
     out = work["root"] / "changed"
-    argv = finetune_argv(work, out, "--max-steps", "2")
+    argv = finetune_argv(work, out, "--max_steps", "2")
     assert cli.main(argv) == 0
-    assert cli.main([*argv, "--batch-size", "8"]) == 2
-    assert "--batch-size was 16, now 8" in capsys.readouterr().err
+    assert cli.main([*argv, "--batch_size", "8"]) == 2
+    assert "--batch_size was 16, now 8" in capsys.readouterr().err
 
 
 def test_micro_batches_split_rows_and_weight_by_share():
@@ -238,15 +239,15 @@ def test_gradient_accumulation_takes_the_same_steps_as_the_whole_batch(work, tmp
     assert labels == {"pos", "neg"}
     write_sentiment(val := tmp_path / "val.csv", 16, seed=6)
     options = [
-        *("--validation", str(val), "--max-steps", "2", "--eval-every", "1"),
-        *("--log-every", "1", "--keep-checkpoints", "0", "--schedule", "constant"),
+        *("--validation", str(val), "--max_steps", "2", "--eval_every", "1"),
+        *("--log_every", "1", "--keep_checkpoints", "0", "--schedule", "constant"),
     ]
     runs = {}
     for micro in (None, "4", "2"):
         out = tmp_path / f"micro-{micro}"
-        argv = finetune_argv(work, out, *options, *(["--micro-batch-size", micro] * bool(micro)))
+        argv = finetune_argv(work, out, *options, *(["--micro_batch_size", micro] * bool(micro)))
         argv[argv.index("--train") + 1] = str(train)
-        assert cli.main([*argv, "--batch-size", "8"]) == 0
+        assert cli.main([*argv, "--batch_size", "8"]) == 0
         accum = 8 // int(micro or 8)
         assert f"2 steps of batch 8 = {accum} x {int(micro or 8)}" in capsys.readouterr().err
         runs[micro] = out
@@ -275,12 +276,12 @@ def test_gradient_accumulation_takes_the_same_steps_as_the_whole_batch(work, tmp
 
 
 def test_micro_batch_size_must_divide_the_batch(work, tmp_path, capsys):
-    base = finetune_argv(work, tmp_path / "o", "--batch-size", "16")
-    assert "--micro-batch-size 3 does not divide --batch-size 16" in _error(
-        [*base, "--micro-batch-size", "3"], capsys
+    base = finetune_argv(work, tmp_path / "o", "--batch_size", "16")
+    assert "--micro_batch_size 3 does not divide --batch_size 16" in _error(
+        [*base, "--micro_batch_size", "3"], capsys
     )
-    assert "--micro-batch-size 0 must be at least 1" in _error(
-        [*base, "--micro-batch-size", "0"], capsys
+    assert "--micro_batch_size 0 must be at least 1" in _error(
+        [*base, "--micro_batch_size", "0"], capsys
     )
 
 
@@ -346,7 +347,7 @@ def _error(argv: list[str], capsys) -> str:
 
 def test_bad_inputs_get_clear_messages(work, trained, tmp_path, capsys):
     base = ["finetune", "--model", str(work["start"]), "--output", str(tmp_path / "o"), *FAST]
-    err = _error([*base, "--train", str(work["train"]), "--text-column", "review"], capsys)
+    err = _error([*base, "--train", str(work["train"]), "--text_column", "review"], capsys)
     assert "no column 'review'" in err and "'text', 'label'" in err
     empty = tmp_path / "empty.csv"
     empty.write_text("text,label\n")
@@ -367,5 +368,5 @@ def test_bad_inputs_get_clear_messages(work, trained, tmp_path, capsys):
     assert "row 2 has label 'meh'" in err and "'neg', 'pos'" in err
     assert "unknown file type" in _error([*base, "--train", str(tmp_path / "data.xlsx")], capsys)
     assert "max_position_embeddings" in _error(
-        [*base, "--train", str(work["train"]), "--max-length", "100"], capsys
+        [*base, "--train", str(work["train"]), "--max_length", "100"], capsys
     )

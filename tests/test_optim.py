@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from bertforge.errors import BertforgeError
+from bertforge.training.config import FinetuneConfig, TrainConfig
 from bertforge.training.optim import build_optimizer, lr_at, lr_at_progress, param_groups
 
 
@@ -48,10 +49,13 @@ def test_progress_schedule_matches_its_definition():
 
 
 def test_bad_schedule_arguments_raise_with_the_fix():
-    with pytest.raises(BertforgeError, match="schedule='step'"):
-        lr_at(0, max_lr=1.0, warmup=0, total=10, schedule="step")  # type: ignore[arg-type]
+    # the configs check the schedule's options once; lr_at runs every step unchecked
+    with pytest.raises(BertforgeError, match="--train.schedule 'step': choose one of linear"):
+        TrainConfig(schedule="step")  # type: ignore[arg-type]
+    with pytest.raises(BertforgeError, match="--schedule 'step': choose one of linear"):
+        FinetuneConfig(model="m", train=["t"], output="o", schedule="step")  # type: ignore[arg-type]
     with pytest.raises(BertforgeError, match="min_lr_ratio"):
-        lr_at_progress(0.5, max_lr=1.0, min_lr_ratio=1.5)
+        TrainConfig(min_lr_ratio=1.5)
     with pytest.raises(BertforgeError, match="total=0"):
         lr_at(0, max_lr=1.0, warmup=0, total=0)
 

@@ -128,7 +128,7 @@ def test_fill_mask_command(mlm_dir, tmp_path, capsys):
                 "--model",
                 str(mlm_dir),
                 "the [MASK] was good .",
-                "--top-k",
+                "--top_k",
                 "2",
                 "--precision",
                 "fp32",
@@ -167,7 +167,7 @@ def test_classify_command_table_input_and_errors(classifier_dir, mlm_dir, tmp_pa
                 str(classifier_dir),
                 "--input",
                 str(table),
-                "--text-column",
+                "--text_column",
                 "body",
             ]
         )
@@ -224,7 +224,7 @@ def test_evaluate_command_on_an_mlm_model_compares_with_random_init(mlm_dir, tmp
         "a story about people who see it on day one . music and a scene at night .\n"
     )
     out = tmp_path / "mlm.json"
-    assert evaluate_cli(mlm_dir, text, out, "--max-length", "16") == 0
+    assert evaluate_cli(mlm_dir, text, out, "--max_length", "16") == 0
     printed = capsys.readouterr().out
     assert "random init" in printed and "this model" in printed and "perplexity" in printed
     result = json.loads(out.read_text())

@@ -214,11 +214,11 @@ def test_cli_trains_saves_and_summarises(shakespeare_file, tmp_path, capsys):
             "train",
             "--input",
             str(corpus),
-            "--vocab-size",
+            "--vocab_size",
             "1000",
             "--output",
             str(out),
-            "--min-frequency",
+            "--min_frequency",
             "3",
         ]
     )
@@ -238,7 +238,7 @@ def test_cli_trains_saves_and_summarises(shakespeare_file, tmp_path, capsys):
             "train",
             "--input",
             str(tmp_path / "nope.txt"),
-            "--vocab-size",
+            "--vocab_size",
             "100",
             "--output",
             str(tmp_path / "x"),

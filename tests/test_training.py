@@ -75,7 +75,7 @@ def test_running_means_leave_out_non_finite_losses_but_count_their_time():
 def test_resume_refuses_changed_settings_by_their_option_name(tmp_path):
     saved = {"batch_size": 16, "seed": 0}
     check_same_run(tmp_path, saved, {"batch_size": 16, "seed": 0})
-    with pytest.raises(BertforgeError, match="--batch-size was 16, now 8"):
+    with pytest.raises(BertforgeError, match="--batch_size was 16, now 8"):
         check_same_run(
             tmp_path,
             saved,

@@ -1,4 +1,4 @@
-"""What a training run shows and records while it runs: wall-clock durations (``--max-time``
+"""What a training run shows and records while it runs: wall-clock durations (``--max_time``
 budgets, ETAs), the progress bar on stderr and the ``metrics.jsonl`` log that plots and resumed
 runs read. Shared by ``pretrain`` and ``finetune``.
 """

@@ -10,14 +10,15 @@ import contextlib
 import random
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
 
 from bertforge.errors import BertforgeError
 
-PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp32")
+Precision = Literal["auto", "bf16", "fp32"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 """Training precisions (:func:`pick_precision`)."""
 
 
@@ -130,6 +131,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 __all__ = [
     "PRECISIONS",
+    "Precision",
     "autocast",
     "cpu_has_fast_bf16",
     "pick_device",

@@ -1,9 +1,30 @@
-"""The ``bertforge`` command: one subcommand per module, each owning its own parser.
+"""The ``bertforge`` command: one subcommand per module, each a function ``f(argv) -> int``.
 
-Every subcommand is a function ``f(argv: list[str]) -> int`` in its module under
-``bertforge.cli``; this file only routes to it
-(imported lazily so ``bertforge --help`` stays fast) and turns
-:class:`~bertforge.errors.BertforgeError` into a one-line message.
+This file only routes to the subcommand (imported lazily, so ``bertforge --help`` stays fast) and
+turns :class:`~bertforge.errors.BertforgeError` into a one-line ``error: ...`` with exit status 2.
+
+Every command takes its options the same way (:mod:`bertforge.cli.options`): a typed dataclass
+is the command's whole interface; jsonargparse builds ``--field_name`` (``--section.field`` for
+nested dataclasses), ``--config FILE`` and ``--print_config`` from it, and ``--help`` shows each
+field's docstring, type, default and ``Literal`` choices.
+
+Adding a command ``bertforge NAME``:
+
+1. Write its config: a ``@dataclass`` with a type and a docstring under every field (one
+   spelling everywhere: ``--batch_size``, ``--device``, ``--precision``, ``--output``, ``--seed``,
+   ``--progress``; reuse :class:`~bertforge.cli.common.ModelOptions` / ``TaskOptions`` /
+   ``TextInputs`` or :class:`~bertforge.training.config.LoopOptions` by inheriting with
+   ``@dataclass(kw_only=True)``). Choices are ``Literal[...]`` types; values are checked in
+   ``__post_init__`` (once, raising ``BertforgeError`` that names the option and the fix). A
+   config Python users build too lives next to its library function (``training.config``);
+   one only the command uses lives in the command's module.
+2. Write ``bertforge/cli/NAME.py`` with ``def main(argv: list[str]) -> int`` that calls
+   ``cfg = parse_config(NameConfig, argv, prog="bertforge NAME", description="...")`` (add
+   ``positional=("texts", "help")`` for bare words), then the library function, and returns 0.
+   No argparse anywhere else: the library takes typed values, not argument lists.
+3. Register it in ``COMMANDS`` below; ``tests/test_cli.py`` then checks its ``--help``
+   (docstrings, defaults, no hyphenated option) and that it resolves; add its bad-input cases to
+   ``tests/test_bad_input.py``.
 """
 
 from __future__ import annotations

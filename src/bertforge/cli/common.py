@@ -1,63 +1,70 @@
 """What the model-using commands (``evaluate``, ``fill-mask``, ``classify``, ``embed``) share:
-their common options, the defaults a fine-tuned model directory records, and loading a model
-with its tokenizer."""
+their common options (dataclasses their configs extend), the defaults a fine-tuned model
+directory records, and loading a model with its tokenizer."""
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from bertforge.data.tasks import Truncation
 from bertforge.errors import BertforgeError
 from bertforge.io import read_json_object
 from bertforge.modeling.checkpoint import check_tokenizer_fits
-from bertforge.runtime import pick_device, pick_precision
+from bertforge.runtime import Precision, pick_device, pick_precision
 from bertforge.tokenizer.wordpiece import Tokenizer
-from bertforge.training.config import FINETUNE_CONFIG
+from bertforge.training.config import FINETUNE_CONFIG, check_at_least, check_choice
 
 
-def positive_int(text: str) -> int:
-    """An argparse ``type``: an integer >= 1 (a batch size, a count)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
+@dataclass(kw_only=True)
+class ModelOptions:
+    """Options of every command that runs a saved model (``evaluate``, ``fill-mask``,
+    ``classify``, ``embed``)."""
+
+    model: str
+    """Model directory: config.json, model.safetensors and the tokenizer files."""
+    batch_size: int = 32
+    """Texts per forward pass."""
+    device: str = "auto"
+    """auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps."""
+    precision: Precision = "auto"
+    """auto (bf16 where the hardware is fast at it), bf16 or fp32."""
+
+    def __post_init__(self) -> None:
+        check_choice(self.precision, Precision, "--precision")
+        check_at_least(self, lambda name: f"--{name}", batch_size=1)
 
 
-def add_runtime_options(parser: argparse.ArgumentParser, batch_size: int = 32) -> None:
-    """``--batch-size``, ``--device`` and ``--precision``."""
-    parser.add_argument("--batch-size", type=positive_int, default=batch_size, metavar="N")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, mps (default auto)")
-    parser.add_argument(
-        "--precision",
-        default="auto",
-        choices=("auto", "bf16", "fp32"),
-        help="bf16 autocast where the hardware runs it fast (default auto)",
-    )
+@dataclass(kw_only=True)
+class TaskOptions:
+    """The data options of a fine-tuned model; each unset one is what ``bertforge finetune``
+    recorded in the model's finetune_config.json (see :func:`finetune_defaults`)."""
+
+    text_column: str | None = None
+    """Column holding the text in a CSV/TSV/JSONL input (default: as in fine-tuning)."""
+    text_pair_column: str | None = None
+    """Column holding the second text of pair tasks (default: as in fine-tuning)."""
+    max_length: int | None = None
+    """Tokens per example; longer texts are truncated (default: as in fine-tuning)."""
+    truncation: Truncation | None = None
+    """head or head_tail (default: as in fine-tuning)."""
 
 
-def add_task_options(
-    parser: argparse.ArgumentParser, max_length_help: str = "default: as in fine-tuning"
-) -> None:
-    """The data options of a fine-tuned model (``--text-column`` ... ``--truncation``); each
-    defaults to what ``bertforge finetune`` recorded (see :func:`finetune_defaults`)."""
-    parser.add_argument(
-        "--text-column", metavar="C", help="text column (default: as in fine-tuning)"
-    )
-    parser.add_argument(
-        "--text-pair-column",
-        metavar="C2",
-        help="second-text column of pair tasks (default: as in fine-tuning)",
-    )
-    parser.add_argument("--max-length", type=int, metavar="N", help=max_length_help)
-    parser.add_argument(
-        "--truncation", choices=("head", "head_tail"), help="default: as in fine-tuning"
-    )
+@dataclass(kw_only=True)
+class TextInputs:
+    """Texts from the command line or from one file (one of them)."""
+
+    texts: list[str] = field(default_factory=list)
+    """Texts given as arguments."""
+    input: str | None = None
+    """File of texts: one per line, or a CSV/TSV/JSONL table (with --text_column)."""
+
+    def __post_init__(self) -> None:
+        if bool(self.texts) == bool(self.input):
+            raise BertforgeError("give texts as arguments or --input FILE (one of them)")
 
 
 def finetune_defaults(model_dir: str | Path) -> dict[str, Any]:
@@ -69,11 +76,11 @@ def finetune_defaults(model_dir: str | Path) -> dict[str, Any]:
 
 
 def load_model(
-    cls: type, args: argparse.Namespace, require: tuple[str, str] | None = None
+    cls: type, args: Any, require: tuple[str, str] | None = None
 ) -> tuple[nn.Module, Any, dict[str, Any]]:
     """``cls.from_pretrained(args.model)`` on ``args.device``, its tokenizer, and the keyword
     options every inference function takes (``batch_size``, ``precision`` as ``args.precision``
-    resolves on that device). ``require = (prefix, message)`` names a head the command needs: a
+    resolves on that device); ``args`` is a :class:`ModelOptions` or has its attributes. ``require = (prefix, message)`` names a head the command needs: a
     checkpoint without weights of that prefix (e.g. ``classifier.``) is an error saying message."""
 
     device = pick_device(args.device)
@@ -89,9 +96,9 @@ def load_model(
 
 __all__ = [
     "FINETUNE_CONFIG",
-    "add_runtime_options",
-    "add_task_options",
+    "ModelOptions",
+    "TaskOptions",
+    "TextInputs",
     "finetune_defaults",
     "load_model",
-    "positive_int",
 ]

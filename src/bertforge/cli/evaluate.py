@@ -4,21 +4,17 @@ labelled file (with the per-class report and a trivial baseline)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bertforge.cli.common import (
-    add_runtime_options,
-    add_task_options,
-    finetune_defaults,
-    load_model,
-)
+from bertforge.cli.common import ModelOptions, TaskOptions, finetune_defaults, load_model
+from bertforge.cli.options import parse_config
 from bertforge.data.tasks import encode_examples, load_labelled
-from bertforge.errors import ArgumentParser, BertforgeError
+from bertforge.errors import BertforgeError
 from bertforge.evaluation.mlm import (
     comparison_table,
     evaluate_mlm,
@@ -35,41 +31,35 @@ from bertforge.modeling.model import (
 )
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(
-        prog="bertforge evaluate",
-        description="Evaluate a model. A masked-language model (pretrained): MLM loss, perplexity "
-        "and masked-token accuracy on a text file, next to a random-initialised network "
-        "of the same shape. A fine-tuned classifier/regressor: its metrics on a labelled "
-        "file, with the per-class report.",
-    )
-    parser.add_argument("--model", required=True, metavar="DIR")
-    parser.add_argument(
-        "--data",
-        required=True,
-        nargs="+",
-        metavar="FILE",
-        help="text file (MLM) or labelled CSV/TSV/JSONL file(s) (fine-tuned model)",
-    )
-    parser.add_argument("--label-column", metavar="L", help="default: as in fine-tuning / label")
-    add_task_options(
-        parser, max_length_help="tokens per example (default: as in fine-tuning; MLM: 128)"
-    )
-    parser.add_argument(
-        "--max-sequences", type=int, metavar="N", help="MLM: evaluate at most N sequences"
-    )
-    parser.add_argument(
-        "--seed", type=int, default=0, help="MLM: seed of the masks and the random init"
-    )
-    add_runtime_options(parser, batch_size=64)
-    parser.add_argument("--output", metavar="JSON", help="also write the results here")
-    parser.add_argument(
-        "--plot", metavar="PNG", help="fine-tuned model: confusion matrix / scatter PNG"
-    )
-    return parser
+@dataclass(kw_only=True)
+class EvaluateConfig(ModelOptions, TaskOptions):
+    """Options of ``bertforge evaluate``."""
+
+    data: list[str]
+    """A text file (pretrained MLM) or labelled CSV/TSV/JSONL file(s) (fine-tuned model)."""
+    batch_size: int = 64
+    """Texts per forward pass."""
+    label_column: str | None = None
+    """Column holding the label (default: as in fine-tuning, else label)."""
+    max_sequences: int | None = None
+    """MLM: evaluate at most N sequences (None = all)."""
+    seed: int = 0
+    """MLM: seed of the masks and of the random-init baseline."""
+    output: str | None = None
+    """Also write the results to this JSON file."""
+    plot: str | None = None
+    """Fine-tuned model: write its confusion matrix / scatter plot to this PNG."""
 
 
-def _evaluate_task_model(args: argparse.Namespace, config: Any) -> dict[str, Any]:
+DESCRIPTION = (
+    "Evaluate a model. A masked-language model (pretrained): MLM loss, perplexity and "
+    "masked-token accuracy on a text file, next to a random-initialised network of the same "
+    "shape. A fine-tuned classifier/regressor: its metrics on a labelled file, with the "
+    "per-class report."
+)
+
+
+def _evaluate_task_model(args: EvaluateConfig, config: Any) -> dict[str, Any]:
 
     start = time.perf_counter()
     ft = finetune_defaults(args.model)
@@ -121,7 +111,7 @@ def _evaluate_task_model(args: argparse.Namespace, config: Any) -> dict[str, Any
     return result
 
 
-def _evaluate_mlm_model(args: argparse.Namespace, config: Any) -> dict[str, Any]:
+def _evaluate_mlm_model(args: EvaluateConfig, config: Any) -> dict[str, Any]:
 
     start = time.perf_counter()
     cls = (
@@ -171,7 +161,7 @@ def _evaluate_mlm_model(args: argparse.Namespace, config: Any) -> dict[str, Any]
 def main(argv: list[str]) -> int:
     """``bertforge evaluate --model DIR --data FILE [...]``."""
 
-    args = _parser().parse_args(argv)
+    args = parse_config(EvaluateConfig, argv, prog="bertforge evaluate", description=DESCRIPTION)
     config = BertConfig.load(args.model)
     if "BertForSequenceClassification" in (config.architectures or []):
         result = _evaluate_task_model(args, config)

@@ -1,25 +1,28 @@
 """``bertforge fill-mask``, ``classify`` and ``embed``: texts from the command line or a file
-through the inference functions of ``bertforge.inference.predict``; one JSON object per text (or a .npy
-matrix for ``embed``)."""
+through the inference functions of ``bertforge.inference.predict``; one JSON object per text (or
+a .npy matrix for ``embed``)."""
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import io
 import json
 import sys
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 
 from bertforge.cli.common import (
-    add_runtime_options,
-    add_task_options,
+    ModelOptions,
+    TaskOptions,
+    TextInputs,
     finetune_defaults,
     load_model,
 )
+from bertforge.cli.options import parse_config
 from bertforge.data.tables import read_texts
-from bertforge.errors import ArgumentParser, BertforgeError
+from bertforge.errors import BertforgeError
 from bertforge.inference.predict import classify, embed, fill_mask, fill_mask_side_by_side
 from bertforge.io import atomic_write_bytes, atomic_write_text
 from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
@@ -34,6 +37,60 @@ CLASSIFIER = (
     "the checkpoint has no classifier weights; fine-tune it first (bertforge finetune) or point "
     "--model at a fine-tuned model",
 )
+TEXTS = ("texts", "texts (or --input FILE)")  # the bare words of the command line
+
+
+@dataclass(kw_only=True)
+class FillMaskConfig(ModelOptions, TextInputs):
+    """Options of ``bertforge fill-mask``."""
+
+    text_column: str | None = None
+    """Column of a CSV/TSV/JSONL input (default text)."""
+    top_k: int = 5
+    """Candidates per [MASK]."""
+    compare: str | None = None
+    """A second MLM model (e.g. the run's starting point): print both top-k side by side."""
+    output: str | None = None
+    """Write the JSON lines here instead of standard output."""
+
+    def __post_init__(self) -> None:
+        ModelOptions.__post_init__(self)
+        TextInputs.__post_init__(self)
+
+
+@dataclass(kw_only=True)
+class ClassifyConfig(ModelOptions, TaskOptions, TextInputs):
+    """Options of ``bertforge classify``."""
+
+    output: str | None = None
+    """Write the JSON lines here instead of standard output."""
+
+    def __post_init__(self) -> None:
+        ModelOptions.__post_init__(self)
+        TextInputs.__post_init__(self)
+
+
+@dataclass(kw_only=True)
+class EmbedConfig(ModelOptions):
+    """Options of ``bertforge embed``."""
+
+    input: str
+    """File of texts: one per line, or a CSV/TSV/JSONL table (with --text_column)."""
+    output: str | None = None
+    """The .npy file to write: an (N, hidden) float32 matrix (required)."""
+    text_column: str | None = None
+    """Column of a table input (default text)."""
+    pooling: Literal["cls", "mean"] = "cls"
+    """cls: the [CLS] vector; mean: the mean over the real tokens."""
+    normalize: bool = False
+    """Scale vectors to unit length."""
+    max_length: int | None = None
+    """Truncate longer texts (default: the model's positions)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.output or not self.output.endswith(".npy"):
+            raise BertforgeError("--output FILE.npy is required (a NumPy file)")
 
 
 def _write_lines(records: list[dict[str, Any]], output: str | None) -> None:
@@ -44,141 +101,98 @@ def _write_lines(records: list[dict[str, Any]], output: str | None) -> None:
         sys.stdout.write(text)
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, metavar="DIR", help="model directory")
-    parser.add_argument("--output", metavar="FILE", help="write here instead of standard output")
-    add_runtime_options(parser)
-
-
-def _inputs(
-    args: argparse.Namespace, parser: argparse.ArgumentParser
-) -> tuple[list[str], list[str] | None]:
-    if bool(args.texts) == bool(args.input):
-        raise BertforgeError(
-            f"{parser.prog}: give texts as arguments or --input FILE (one of them)"
-        )
-    if args.input:
-        return read_texts(
-            args.input, getattr(args, "text_column", None), getattr(args, "text_pair_column", None)
-        )
-    return list(args.texts), None
+def _inputs(cfg: FillMaskConfig | ClassifyConfig) -> tuple[list[str], list[str] | None]:
+    if cfg.input:
+        return read_texts(cfg.input, cfg.text_column, getattr(cfg, "text_pair_column", None))
+    return list(cfg.texts), None
 
 
 def fill_mask_main(argv: list[str]) -> int:
-    """``bertforge fill-mask --model DIR "the man went to the [MASK] ." --top-k 5``; with
+    """``bertforge fill-mask --model DIR "the man went to the [MASK] ." --top_k 5``; with
     ``--compare DIR2`` both models' guesses side by side (a table; JSON lines with --output)."""
-    parser = ArgumentParser(
-        prog="bertforge fill-mask", description="Predict every [MASK] of each text."
+    cfg = parse_config(
+        FillMaskConfig,
+        argv,
+        prog="bertforge fill-mask",
+        description="Predict every [MASK] of each text.",
+        positional=TEXTS,
     )
-    parser.add_argument(
-        "--compare",
-        metavar="DIR2",
-        help="a second MLM model (e.g. the run's starting point): print both top-k side by side",
-    )
-    parser.add_argument("texts", nargs="*", metavar="TEXT", help="texts with [MASK] tokens")
-    parser.add_argument(
-        "--input", metavar="FILE", help="one text per line (or --text-column of a table)"
-    )
-    parser.add_argument(
-        "--text-column", metavar="C", help="column of a CSV/TSV/JSONL input (default text)"
-    )
-    parser.add_argument("--top-k", type=int, default=5, metavar="K")
-    _common(parser)
-    args = parser.parse_args(argv)
-    texts, _ = _inputs(args, parser)
-
-    model, tokenizer, options = load_model(BertForMaskedLM, args, require=MLM_HEAD)
-    results = fill_mask(model, tokenizer, texts, args.top_k, **options)
-    if not args.compare:
-        _write_lines(results, args.output)
+    texts, _ = _inputs(cfg)
+    model, tokenizer, options = load_model(BertForMaskedLM, cfg, require=MLM_HEAD)
+    results = fill_mask(model, tokenizer, texts, cfg.top_k, **options)
+    if not cfg.compare:
+        _write_lines(results, cfg.output)
         return 0
     del model
-    other = argparse.Namespace(**{**vars(args), "model": args.compare})
+    other = dataclasses.replace(cfg, model=cfg.compare)
     model, tokenizer, options = load_model(BertForMaskedLM, other, require=MLM_HEAD)
-    compared = fill_mask(model, tokenizer, texts, args.top_k, **options)
-    if args.output:
+    compared = fill_mask(model, tokenizer, texts, cfg.top_k, **options)
+    if cfg.output:
         _write_lines(
             [
-                {"text": a["text"], "models": {args.model: a, args.compare: b}}
+                {"text": a["text"], "models": {cfg.model: a, cfg.compare: b}}
                 for a, b in zip(results, compared, strict=True)
             ],
-            args.output,
+            cfg.output,
         )
     else:
-        sys.stdout.write(fill_mask_side_by_side({args.model: results, args.compare: compared}))
+        sys.stdout.write(fill_mask_side_by_side({cfg.model: results, cfg.compare: compared}))
     return 0
 
 
 def classify_main(argv: list[str]) -> int:
-    """``bertforge classify --model DIR TEXT...`` or ``--input FILE [--text-column C]``."""
-    parser = ArgumentParser(
-        prog="bertforge classify", description="Classify texts; one JSON object per text, in order."
+    """``bertforge classify --model DIR TEXT...`` or ``--input FILE [--text_column C]``."""
+    cfg = parse_config(
+        ClassifyConfig,
+        argv,
+        prog="bertforge classify",
+        description="Classify texts; one JSON object per text, in order.",
+        positional=TEXTS,
     )
-    parser.add_argument("texts", nargs="*", metavar="TEXT")
-    parser.add_argument(
-        "--input", metavar="FILE", help="one text per line, or a CSV/TSV/JSONL file"
-    )
-    add_task_options(parser)
-    _common(parser)
-    args = parser.parse_args(argv)
-    defaults = finetune_defaults(args.model)
-    args.text_column = args.text_column or defaults.get("text_column")
-    if args.input and args.text_pair_column is None:
-        args.text_pair_column = defaults.get("text_pair_column")
-    texts, pairs = _inputs(args, parser)
-
-    model, tokenizer, options = load_model(BertForSequenceClassification, args, require=CLASSIFIER)
-    max_length = args.max_length or defaults.get("max_length")
-    truncation = args.truncation or defaults.get("truncation", "head")
+    defaults = finetune_defaults(cfg.model)
+    cfg.text_column = cfg.text_column or defaults.get("text_column")
+    if cfg.input and cfg.text_pair_column is None:
+        cfg.text_pair_column = defaults.get("text_pair_column")
+    texts, pairs = _inputs(cfg)
+    model, tokenizer, options = load_model(BertForSequenceClassification, cfg, require=CLASSIFIER)
     results = classify(
-        model, tokenizer, texts, pairs, max_length=max_length, truncation=truncation, **options
+        model,
+        tokenizer,
+        texts,
+        pairs,
+        max_length=cfg.max_length or defaults.get("max_length"),
+        truncation=cfg.truncation or defaults.get("truncation", "head"),
+        **options,
     )
-    _write_lines(results, args.output)
+    _write_lines(results, cfg.output)
     return 0
 
 
 def embed_main(argv: list[str]) -> int:
     """``bertforge embed --model DIR --input FILE --output FILE.npy --pooling cls|mean``."""
-    parser = ArgumentParser(
-        prog="bertforge embed", description="Embed texts into an (N, hidden) float32 .npy matrix."
+    cfg = parse_config(
+        EmbedConfig,
+        argv,
+        prog="bertforge embed",
+        description="Embed texts into an (N, hidden) float32 .npy matrix.",
     )
-    parser.add_argument(
-        "--input",
-        required=True,
-        metavar="FILE",
-        help="one text per line, or a CSV/TSV/JSONL file with --text-column",
-    )
-    parser.add_argument("--text-column", metavar="C", help="column of a table input (default text)")
-    parser.add_argument("--pooling", choices=("cls", "mean"), default="cls")
-    parser.add_argument("--normalize", action="store_true", help="scale vectors to unit length")
-    parser.add_argument(
-        "--max-length",
-        type=int,
-        metavar="N",
-        help="truncate longer texts (default: model positions)",
-    )
-    _common(parser)
-    args = parser.parse_args(argv)
-    if not args.output or not args.output.endswith(".npy"):
-        raise BertforgeError("bertforge embed: --output FILE.npy is required (a NumPy file)")
-    texts, _ = read_texts(args.input, args.text_column)
-
-    model, tokenizer, options = load_model(BertModel, args)
+    texts, _ = read_texts(cfg.input, cfg.text_column)
+    model, tokenizer, options = load_model(BertModel, cfg)
     vectors = embed(
         model,
         tokenizer,
         texts,
-        args.pooling,
-        max_length=args.max_length,
-        normalize=args.normalize,
+        cfg.pooling,
+        max_length=cfg.max_length,
+        normalize=cfg.normalize,
         **options,
     )
-
     buffer = io.BytesIO()
     np.save(buffer, vectors)
-    atomic_write_bytes(args.output, buffer.getvalue())
+    assert cfg.output is not None  # EmbedConfig requires it
+    atomic_write_bytes(cfg.output, buffer.getvalue())
     print(
-        f"wrote {args.output}: {vectors.shape[0]} x {vectors.shape[1]} float32 ({args.pooling} pooling)",
+        f"wrote {cfg.output}: {vectors.shape[0]} x {vectors.shape[1]} float32 ({cfg.pooling} pooling)",
         file=sys.stderr,
     )
     return 0

@@ -1,92 +1,78 @@
-"""``bertforge prepare``: documents -> token shards (``bertforge.data.shards.prepare``)."""
+"""``bertforge prepare``: documents -> token shards (:func:`bertforge.data.shards.prepare`)."""
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 
-from bertforge.cli.common import positive_int
-from bertforge.data.corpus import FORMATS
-from bertforge.data.shards import MODES, format_summary, prepare
-from bertforge.errors import ArgumentParser
+from bertforge.cli.options import parse_config
+from bertforge.data.corpus import EncodingErrors, Format
+from bertforge.data.shards import Mode, format_summary, prepare
 from bertforge.tokenizer.wordpiece import Tokenizer
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(
-        prog="bertforge prepare",
-        description="Turn text into token shards for pretraining: NSP pairs or packed sequences.",
-    )
-    p.add_argument(
-        "--input",
-        nargs="+",
-        action="extend",
-        required=True,
-        help="text files, directories or globs (txt, WikiText, csv/tsv/jsonl, .gz)",
-    )
-    p.add_argument("--tokenizer", required=True, help="tokenizer directory or file")
-    p.add_argument("--output", required=True, help="data directory to create")
-    p.add_argument("--max-seq-length", type=int, default=128, help="tokens per sequence (128)")
-    p.add_argument(
-        "--mode",
-        choices=MODES,
-        default="nsp",
-        help="nsp: sentence pairs with NSP labels; packed: full sequences, MLM only",
-    )
-    p.add_argument(
-        "--short-seq-prob", type=float, default=0.1, help="share of shorter NSP targets (0.1)"
-    )
-    p.add_argument(
-        "--validation-fraction", type=float, default=0.01, help="documents held out (0.01)"
-    )
-    p.add_argument(
-        "--validation",
-        nargs="+",
-        action="extend",
-        default=None,
-        help="files holding the validation documents (instead of a fraction)",
-    )
-    p.add_argument(
-        "--exclude",
-        nargs="+",
-        action="extend",
-        default=None,
-        help="drop documents whose text equals one in these files (e.g. an evaluation set)",
-    )
-    p.add_argument("--text-column", default=None, help="column or key of csv/tsv/jsonl inputs")
-    p.add_argument("--format", choices=FORMATS, default="auto")
-    p.add_argument("--encoding-errors", choices=("strict", "replace"), default="strict")
-    p.add_argument("--seed", type=int, default=12345)
-    p.add_argument(
-        "--workers",
-        type=positive_int,
-        default=1,
-        help="tokenise in N processes (one per core); same output as 1 (default 1)",
-    )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing data directory")
-    p.add_argument("--no-progress", action="store_true")
-    return p
+@dataclass
+class PrepareConfig:
+    """Options of ``bertforge prepare`` (:func:`~bertforge.data.shards.prepare` checks them)."""
+
+    input: list[str]
+    """Text files, directories or globs (txt, WikiText, csv/tsv/jsonl, .gz)."""
+    tokenizer: str
+    """Tokenizer directory or file (from bertforge tokenizer train)."""
+    output: str
+    """Data directory to create."""
+    max_seq_length: int = 128
+    """Tokens per sequence, [CLS] and [SEP] included."""
+    mode: Mode = "nsp"
+    """nsp: sentence pairs with NSP labels; packed: full sequences, MLM only."""
+    short_seq_prob: float = 0.1
+    """Share of shorter NSP targets (BERT's 0.1)."""
+    validation_fraction: float = 0.01
+    """Share of the documents held out for validation (spread evenly)."""
+    validation: list[str] | None = None
+    """Files holding the validation documents (instead of a fraction)."""
+    exclude: list[str] | None = None
+    """Drop documents whose text equals one in these files (e.g. an evaluation set)."""
+    text_column: str | None = None
+    """Column or key of csv/tsv/jsonl inputs."""
+    format: Format = "auto"
+    """How to read the inputs; auto decides from each file's name."""
+    encoding_errors: EncodingErrors = "strict"
+    """strict: stop at bytes that are not UTF-8; replace: read them as U+FFFD."""
+    seed: int = 12345
+    """Seed of the validation split and NSP pairing."""
+    workers: int = 1
+    """Tokenise in N processes (one per core); the output is the same as with 1."""
+    overwrite: bool = False
+    """Replace an existing data directory."""
+    progress: bool = True
+    """Show a progress bar."""
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    tokenizer = Tokenizer.from_file(args.tokenizer)
+    """``bertforge prepare --input FILE... --tokenizer DIR --output DIR [options]``."""
+    cfg = parse_config(
+        PrepareConfig,
+        argv,
+        prog="bertforge prepare",
+        description="Turn text into token shards for pretraining: NSP pairs or packed sequences.",
+    )
     summary = prepare(
-        args.input,
-        tokenizer,
-        args.output,
-        max_seq_length=args.max_seq_length,
-        mode=args.mode,
-        short_seq_prob=args.short_seq_prob,
-        validation_fraction=args.validation_fraction,
-        validation_inputs=args.validation,
-        exclude_inputs=args.exclude,
-        text_column=args.text_column,
-        format=args.format,
-        seed=args.seed,
-        encoding_errors=args.encoding_errors,
-        overwrite=args.overwrite,
-        progress=not args.no_progress,
-        workers=args.workers,
+        cfg.input,
+        Tokenizer.from_file(cfg.tokenizer),
+        cfg.output,
+        max_seq_length=cfg.max_seq_length,
+        mode=cfg.mode,
+        short_seq_prob=cfg.short_seq_prob,
+        validation_fraction=cfg.validation_fraction,
+        validation_inputs=cfg.validation,
+        exclude_inputs=cfg.exclude,
+        text_column=cfg.text_column,
+        format=cfg.format,
+        seed=cfg.seed,
+        encoding_errors=cfg.encoding_errors,
+        overwrite=cfg.overwrite,
+        progress=cfg.progress,
+        workers=cfg.workers,
     )
     print(format_summary(summary))
     return 0

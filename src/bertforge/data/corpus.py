@@ -27,11 +27,16 @@ import gzip
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Literal, get_args
 
 from bertforge.data.tables import BR_TAG, jsonl_rows
 from bertforge.errors import BertforgeError
 
-FORMATS = ("auto", "text", "lines", "wikitext", "csv", "tsv", "jsonl")
+Format = Literal["auto", "text", "lines", "wikitext", "csv", "tsv", "jsonl"]
+"""How an input file is read (``auto``: from its name; see the module docstring)."""
+FORMATS: tuple[str, ...] = get_args(Format)
+EncodingErrors = Literal["strict", "replace"]
+"""What a byte that is not UTF-8 does: stop with an error, or become U+FFFD."""
 Document = list[str]
 CORPUS_SUFFIXES = (".txt", ".text", ".tokens", ".raw", ".csv", ".tsv", ".jsonl", ".ndjson")
 """Files a directory input expands to (a README.md beside the data is not text to train on)."""
@@ -149,7 +154,7 @@ def iter_lines(path: Path, encoding_errors: str = "strict") -> Iterator[str]:
                     raise BertforgeError(
                         f"{path}: bytes at offset {offset + err.start}{where} are not UTF-8 "
                         f"({raw[err.start : err.start + 4]!r}); fix the file or pass "
-                        "--encoding-errors replace"
+                        "--encoding_errors replace"
                     ) from None
                 offset += len(raw)
         except (OSError, EOFError) as err:  # truncated or corrupt gzip
@@ -228,7 +233,7 @@ def _table_documents(
                 keys = sorted(row) if isinstance(row, dict) else []
                 raise BertforgeError(
                     f"{path}:{number}: no text column {text_column!r}; the keys are {keys}; "
-                    "pass --text-column with one of them"
+                    "pass --text_column with one of them"
                 )
             yield _cell_document(row[text_column])
         return
@@ -240,9 +245,9 @@ def _table_documents(
     except csv.Error as err:
         raise BertforgeError(f"{path}: cannot parse the header as {fmt.upper()} ({err})") from None
     if text_column is None or text_column not in header:
-        what = f"no column {text_column!r}" if text_column else "a table needs --text-column"
+        what = f"no column {text_column!r}" if text_column else "a table needs --text_column"
         raise BertforgeError(
-            f"{path}: {what}; the columns are {header}; pass --text-column with one of them"
+            f"{path}: {what}; the columns are {header}; pass --text_column with one of them"
         )
     column = header.index(text_column)
     try:
@@ -267,7 +272,7 @@ def read_documents(
     if format not in FORMATS:
         raise BertforgeError(f"format {format!r} is unknown; choose one of {', '.join(FORMATS)}")
     if encoding_errors not in ("strict", "replace"):
-        raise BertforgeError(f"--encoding-errors {encoding_errors!r}: choose strict or replace")
+        raise BertforgeError(f"--encoding_errors {encoding_errors!r}: choose strict or replace")
     if not path.is_file():
         raise BertforgeError(f"{path}: no such file; check --input")
     fmt = detect_format(path) if format == "auto" else format

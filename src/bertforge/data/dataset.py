@@ -178,7 +178,7 @@ class PretrainingDataset:
         if not self.meta["splits"][split]["instances"]:
             raise BertforgeError(
                 f"{self.data_dir}: the {split} split is empty; prepare with a larger "
-                "--validation-fraction or with --validation FILE"
+                "--validation_fraction or with --validation FILE"
             )
         self.split = split
         dtype = np.dtype(self.meta["dtype"])

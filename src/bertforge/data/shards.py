@@ -21,7 +21,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 from tqdm import tqdm
@@ -43,7 +43,9 @@ from bertforge.io import atomic_directory
 
 __all__ = [
     "FORMAT_VERSION",
+    "MODES",
     "META_FILE",
+    "Mode",
     "TOKENIZER_DIR",
     "PretrainingDataset",
     "ShardWriter",
@@ -52,7 +54,9 @@ __all__ = [
     "read_meta",
 ]
 
-MODES = ("nsp", "packed")
+Mode = Literal["nsp", "packed"]
+"""nsp: sentence pairs with next-sentence labels; packed: full sequences, MLM only."""
+MODES: tuple[str, ...] = get_args(Mode)
 
 
 def _warnings(
@@ -64,7 +68,7 @@ def _warnings(
     if validating and writers["validation"].instances == 0:
         out.append(
             "no validation instances: the corpus has too few documents for "
-            "--validation-fraction; raise it or pass --validation FILE"
+            "--validation_fraction; raise it or pass --validation FILE"
         )
     for split, builder in builders.items():
         if builder.mode == "nsp" and builder.documents == 1:
@@ -160,10 +164,10 @@ def prepare(
     if mode not in MODES:
         raise BertforgeError(f"--mode {mode!r}: choose nsp or packed")
     if not 8 <= max_seq_length <= 1 << 16:
-        raise BertforgeError(f"--max-seq-length {max_seq_length}: must be between 8 and 65536")
+        raise BertforgeError(f"--max_seq_length {max_seq_length}: must be between 8 and 65536")
     if not 0 <= short_seq_prob <= 1 or not 0 <= validation_fraction < 1:
         raise BertforgeError(
-            "--short-seq-prob must be in [0, 1] and --validation-fraction in [0, 1)"
+            "--short_seq_prob must be in [0, 1] and --validation_fraction in [0, 1)"
         )
     fraction = 0.0 if validation_inputs else validation_fraction
     output = Path(output)

@@ -126,7 +126,7 @@ def read_texts(
         is_table = False
     if not is_table:
         if text_pair_column:
-            raise BertforgeError(f"{path}: --text-pair-column needs a .csv, .tsv or .jsonl file")
+            raise BertforgeError(f"{path}: --text_pair_column needs a .csv, .tsv or .jsonl file")
         if not path.is_file():
             raise BertforgeError(f"{path}: no such file")
         opener = gzip.open if path.name.endswith(".gz") else open

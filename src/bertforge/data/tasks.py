@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -21,7 +21,9 @@ import torch
 from bertforge.data.tables import clean_text, read_columns, read_table, table_format
 from bertforge.errors import BertforgeError
 
-TRUNCATIONS = ("head", "head_tail")
+Truncation = Literal["head", "head_tail"]
+"""How a text longer than ``max_length`` is cut: keep its head, or its head and tail."""
+TRUNCATIONS: tuple[str, ...] = get_args(Truncation)
 _INT = re.compile(r"[+-]?\d+")
 
 # ---- labels ------------------------------------------------------------------------------------
@@ -90,7 +92,7 @@ class LabelledData:
     texts: list[str]
     """First segment of every example."""
     pairs: list[str] | None
-    """Second segment (``--text-pair-column``), or None for single-text tasks."""
+    """Second segment (``--text_pair_column``), or None for single-text tasks."""
     labels: np.ndarray | None
     """int64 class ids, float32 regression targets, or None for unlabelled data."""
 
@@ -150,7 +152,7 @@ def stratified_split(
     """(train_index, validation_index), each sorted; every class (or, for regression, every
     decile of the target) gives the same share to validation."""
     if not 0.0 < fraction < 1.0:
-        raise BertforgeError(f"--validation-fraction {fraction} must lie strictly between 0 and 1")
+        raise BertforgeError(f"--validation_fraction {fraction} must lie strictly between 0 and 1")
     labels = np.asarray(labels)
     if regression:
         edges = np.quantile(labels, np.linspace(0, 1, 11)[1:-1])
@@ -165,7 +167,7 @@ def stratified_split(
     val_index = np.sort(np.concatenate(val))
     if val_index.size == 0 or val_index.size == labels.size:
         raise BertforgeError(
-            f"--validation-fraction {fraction} of {labels.size} examples leaves an empty split; "
+            f"--validation_fraction {fraction} of {labels.size} examples leaves an empty split; "
             "give more data, a --validation file, or another fraction"
         )
     return np.setdiff1d(np.arange(labels.size), val_index), val_index
@@ -280,7 +282,7 @@ def encode_examples(
         )
     specials = 3 if pairs is not None else 2
     if max_length <= specials:
-        raise BertforgeError(f"--max-length {max_length} leaves no room for text; use e.g. 128")
+        raise BertforgeError(f"--max_length {max_length} leaves no room for text; use e.g. 128")
     budget = max_length - specials
     backend = tokenizer.backend
     a_ids = [e.ids for e in backend.encode_batch(list(texts), add_special_tokens=False)]
@@ -381,6 +383,7 @@ def iterate_batches(
 __all__ = [
     "LabelledData",
     "TRUNCATIONS",
+    "Truncation",
     "TaskData",
     "batch_order",
     "build_label_map",

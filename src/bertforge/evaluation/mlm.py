@@ -177,10 +177,10 @@ def mlm_text_batches(
 
     if max_seq_length < 8:  # the shortest sequences bertforge prepare makes
         raise BertforgeError(
-            f"--max-length {max_seq_length}: use at least 8 for an MLM (default 128)"
+            f"--max_length {max_seq_length}: use at least 8 for an MLM (default 128)"
         )
     if max_sequences is not None and max_sequences < 1:
-        raise BertforgeError(f"--max-sequences {max_sequences} must be at least 1")
+        raise BertforgeError(f"--max_sequences {max_sequences} must be at least 1")
     instances: list[Any] = []
     builder = InstanceBuilder(  # packed mode: no NSP, so no randomness and no short sequences
         tokenizer,

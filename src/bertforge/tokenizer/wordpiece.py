@@ -157,7 +157,7 @@ class Tokenizer:
         if vocab_size <= len(SPECIAL_TOKENS):
             raise BertforgeError(
                 f"vocab_size={vocab_size} leaves no room beside the {len(SPECIAL_TOKENS)} special "
-                "tokens; use e.g. --vocab-size 8000 (BERT uses 30522)"
+                "tokens; use e.g. --vocab_size 8000 (BERT uses 30522)"
             )
         if model_max_length is not None and model_max_length < 2:
             raise BertforgeError(
@@ -199,9 +199,9 @@ class Tokenizer:
             )
         if backend.get_vocab_size() > vocab_size:  # the trainer never drops a character
             raise BertforgeError(
-                f"{source}: --vocab-size {vocab_size} cannot hold the special tokens and the "
+                f"{source}: --vocab_size {vocab_size} cannot hold the special tokens and the "
                 f"{backend.get_vocab_size() - len(SPECIAL_TOKENS)} characters (with ## forms) of "
-                f"the corpus; use at least {backend.get_vocab_size()} or a lower --limit-alphabet"
+                f"the corpus; use at least {backend.get_vocab_size()} or a lower --limit_alphabet"
             )
         return cls(backend, model_max_length, source)
 

@@ -197,7 +197,7 @@ def check_same_run(
     resume_dir: Path, saved: dict[str, Any], now: dict[str, Any], option: Any = str
 ) -> None:
     """Refuse to resume when a setting the data order depends on changed; ``option(key)`` is
-    how the message names the setting (e.g. ``--batch-size``)."""
+    how the message names the setting (e.g. ``--batch_size``)."""
     for key, value in now.items():
         if saved.get(key) != value:
             raise BertforgeError(

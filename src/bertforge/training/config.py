@@ -9,13 +9,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
-from bertforge.data.tasks import TRUNCATIONS
+from bertforge.data.tasks import Truncation
 from bertforge.errors import BertforgeError
 from bertforge.modeling.config import BertConfig
-from bertforge.runtime import PRECISIONS
-from bertforge.training.optim import SCHEDULES
+from bertforge.runtime import Precision
+from bertforge.training.optim import Schedule
+
+Objective = Literal["mlm_nsp", "mlm"]
+Preset = Literal["tiny", "mini", "small", "medium", "base", "large"]
+Task = Literal["classification", "regression"]
+Metric = Literal["accuracy", "macro_f1", "mcc", "spearman", "pearson", "mse", "mae"]
+CLASSIFICATION_METRICS: tuple[str, ...] = ("accuracy", "macro_f1", "mcc")
+REGRESSION_METRICS: tuple[str, ...] = ("spearman", "pearson", "mse", "mae")
+
+
+def check_choice(value: Any, choices: Any, option: str) -> None:
+    """Raise naming ``option`` unless ``value`` is one of the ``Literal`` type ``choices`` (the
+    command line checks this already; a config built in Python is checked here)."""
+    allowed = get_args(choices)
+    if value not in allowed:
+        raise BertforgeError(f"{option} {value!r}: choose one of {', '.join(allowed)}")
+
 
 # ---- what the training loops share (TrainConfig, FinetuneConfig) ----
 
@@ -23,17 +39,13 @@ from bertforge.training.optim import SCHEDULES
 def check_training_options(cfg: Any, option: Callable[[str], str]) -> None:
     """The checks ``TrainConfig`` and ``FinetuneConfig`` share, on ``cfg``'s ``lr``,
     ``warmup_ratio``, ``schedule``, ``precision``, ``dropout`` and counts; ``option(field)`` names
-    the command-line option in the message (``--train.warmup_ratio``, ``--warmup-ratio``)."""
+    the command-line option in the message (``--train.warmup_ratio``, ``--warmup_ratio``)."""
     if not cfg.lr > 0:
         raise BertforgeError(f"{option('lr')} {cfg.lr} must be positive, e.g. 1e-4")
     if not 0.0 <= cfg.warmup_ratio < 1.0:
         raise BertforgeError(f"{option('warmup_ratio')} {cfg.warmup_ratio} must lie in [0, 1)")
-    if cfg.schedule not in SCHEDULES:
-        raise BertforgeError(
-            f"{option('schedule')} {cfg.schedule!r}: choose linear, cosine or constant"
-        )
-    if cfg.precision not in PRECISIONS:
-        raise BertforgeError(f"{option('precision')} {cfg.precision!r}: choose auto, bf16 or fp32")
+    check_choice(cfg.schedule, Schedule, option("schedule"))
+    check_choice(cfg.precision, Precision, option("precision"))
     if cfg.dropout is not None and not 0.0 <= cfg.dropout < 1.0:
         raise BertforgeError(f"{option('dropout')} {cfg.dropout} must lie in [0, 1)")
     check_at_least(cfg, option, log_every=1, max_nonfinite=1, num_threads=1, max_grad_norm=0)
@@ -56,11 +68,11 @@ class LoopOptions:
 
     weight_decay: float = 0.01
     """Decoupled weight decay (not on biases and LayerNorm)."""
-    schedule: str = "linear"
+    schedule: Schedule = "linear"
     """Decay after warmup: linear, cosine or constant."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this (0 = no clipping)."""
-    precision: str = "auto"
+    precision: Precision = "auto"
     """auto (bf16 where the hardware is fast at it), bf16 or fp32."""
     device: str = "auto"
     """auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps."""
@@ -83,7 +95,7 @@ class ModelSection:
     tokenizer; the dropout values here are the ones written to ``config.json`` (what fine-tuning
     uses), see ``TrainConfig.dropout`` for the rate during pretraining."""
 
-    preset: str = "mini"
+    preset: Preset = "mini"
     """Named size: tiny (2x128), mini (4x256), small (4x512), medium (8x512), base, large."""
     num_hidden_layers: int | None = None
     """Override the preset's number of layers."""
@@ -176,7 +188,7 @@ def parse_freeze(text: str | None) -> tuple[bool, int]:
 class TrainConfig(LoopOptions):
     """The optimisation: objective, batch, budget, schedule, evaluation and checkpoints."""
 
-    objective: str = "mlm_nsp"
+    objective: Objective = "mlm_nsp"
     """mlm_nsp (original BERT: masked LM + next-sentence prediction) or mlm (masked LM only)."""
     batch_size: int = 128
     """Sequences per optimizer step, summed over all processes and accumulation steps."""
@@ -222,8 +234,7 @@ class TrainConfig(LoopOptions):
 
     def __post_init__(self) -> None:
         parse_freeze(self.freeze)
-        if self.objective not in ("mlm_nsp", "mlm"):
-            raise BertforgeError(f"train.objective={self.objective!r}: choose mlm_nsp or mlm")
+        check_choice(self.objective, Objective, "--train.objective")
         if self.max_steps is not None and self.max_steps <= 0:
             raise BertforgeError(f"train.max_steps={self.max_steps} must be positive")
         if self.batch_size <= 0 or (
@@ -234,6 +245,8 @@ class TrainConfig(LoopOptions):
         check_training_options(self, option)
         check_at_least(self, option, eval_every=0, save_every=0, keep_checkpoints=0, eps=0)
         check_at_least(self, option, eval_examples=1, eval_batch_size=1)
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise BertforgeError(f"--train.min_lr_ratio {self.min_lr_ratio} must lie in [0, 1]")
         if not all(0.0 <= b < 1.0 for b in self.betas) or len(self.betas) != 2:
             raise BertforgeError(
                 f"--train.betas {list(self.betas)}: two values in [0, 1), e.g. [0.9, 0.999]"
@@ -299,15 +312,11 @@ class PretrainConfig:
 
 
 # ---- bertforge finetune ----------------------------------------------------------------
-# """``FinetuneConfig``: every option of ``bertforge finetune`` (one ``--option-name`` per field,
-# its help the field's docstring), checked when it is built. The resolved config is written to
-# OUTPUT/finetune_config.json; the loop that uses it is ``bertforge.training.finetune``.
-# """
 
 
 def option(name: str) -> str:
     """How ``bertforge finetune`` spells a ``FinetuneConfig`` field on the command line."""
-    return "--" + name.replace("_", "-")
+    return "--" + name
 
 
 FINETUNE_CONFIG = "finetune_config.json"
@@ -332,22 +341,22 @@ class FinetuneConfig(LoopOptions):
     """Column holding the label: class names or integers, or numbers for regression."""
     text_pair_column: str | None = None
     """Column holding the second text of a pair task (e.g. a title and its description)."""
-    task: str = "classification"
+    task: Task = "classification"
     """classification or regression."""
     validation: list[str] | None = None
-    """Validation file(s); without them a stratified --validation-fraction of train is held out."""
+    """Validation file(s); without them a stratified --validation_fraction of train is held out."""
     validation_fraction: float = 0.1
     """Share of the training file held out for validation when no --validation file is given."""
     normalize_targets: bool = True
     """Regression: train on z-scored targets (the saved head is rescaled back to the original units)."""
     max_length: int = 256
     """Tokens per example including [CLS]/[SEP]; longer texts are truncated."""
-    truncation: str = "head"
+    truncation: Truncation = "head"
     """head (keep the beginning) or head_tail (first quarter + last three quarters, Sun et al. 2019)."""
     batch_size: int = 32
     """Examples per optimizer step."""
     micro_batch_size: int | None = None
-    """Examples per forward pass, a divisor of --batch-size; the rest is gradient accumulation
+    """Examples per forward pass, a divisor of --batch_size; the rest is gradient accumulation
     (each micro-batch's loss weighted by its share of the batch's rows). None = the whole batch."""
     eval_batch_size: int = 64
     """Examples per evaluation batch."""
@@ -369,7 +378,7 @@ class FinetuneConfig(LoopOptions):
     """Evaluate on validation every N steps (0 = once per epoch), and always at the end."""
     patience: int = 0
     """Stop after this many evaluations without improvement of --metric (0 = never stop early)."""
-    metric: str | None = None
+    metric: Metric | None = None
     """Validation metric that picks the best model: accuracy, macro_f1, mcc (default accuracy),
     or for regression spearman, pearson, mse, mae (default spearman)."""
     bucket: bool = True
@@ -380,27 +389,21 @@ class FinetuneConfig(LoopOptions):
     """Resumable checkpoints (written at each evaluation and on SIGINT/SIGTERM) to keep."""
 
     def __post_init__(self) -> None:
-        if self.task not in ("classification", "regression"):
-            raise BertforgeError(f"--task {self.task!r}: choose classification or regression")
-        if self.truncation not in TRUNCATIONS:
-            raise BertforgeError(f"--truncation {self.truncation!r}: choose head or head_tail")
+        check_choice(self.task, Task, "--task")
+        check_choice(self.truncation, Truncation, "--truncation")
         if self.batch_size <= 0 or self.eval_batch_size <= 0 or self.epochs <= 0:
-            raise BertforgeError("--batch-size, --eval-batch-size and --epochs must be positive")
+            raise BertforgeError("--batch_size, --eval_batch_size and --epochs must be positive")
         check_training_options(self, option)
         check_at_least(self, option, max_steps=1, eval_every=0, patience=0, keep_checkpoints=0)
         check_at_least(self, option, micro_batch_size=1)
         if self.batch_size % self.micro_batch:
             raise BertforgeError(
-                f"--micro-batch-size {self.micro_batch_size} does not divide --batch-size "
+                f"--micro_batch_size {self.micro_batch_size} does not divide --batch_size "
                 f"{self.batch_size}; choose a divisor"
             )
         default = "spearman" if self.task == "regression" else "accuracy"
         self.metric = self.metric or default
-        allowed = (
-            ("spearman", "pearson", "mse", "mae")
-            if self.task == "regression"
-            else ("accuracy", "macro_f1", "mcc")
-        )
+        allowed = REGRESSION_METRICS if self.task == "regression" else CLASSIFICATION_METRICS
         if self.metric not in allowed:
             raise BertforgeError(
                 f"--metric {self.metric!r} does not fit --task {self.task}; "
@@ -409,7 +412,7 @@ class FinetuneConfig(LoopOptions):
 
     @property
     def micro_batch(self) -> int:
-        """Examples per forward pass: --micro-batch-size, at most the batch (as in pretraining)."""
+        """Examples per forward pass: --micro_batch_size, at most the batch (as in pretraining)."""
         return min(self.micro_batch_size or self.batch_size, self.batch_size)
 
 

@@ -155,7 +155,7 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     check_tokenizer_fits(tokenizer, model.config, cfg.model)
     if model.config.max_position_embeddings < cfg.max_length:
         raise BertforgeError(
-            f"--max-length {cfg.max_length} exceeds the model's "
+            f"--max_length {cfg.max_length} exceeds the model's "
             f"max_position_embeddings={model.config.max_position_embeddings}; lower it"
         )
     if cfg.dropout is not None:

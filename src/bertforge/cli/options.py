@@ -1,0 +1,179 @@
+"""The one option system of every command: a typed dataclass turned into a jsonargparse parser.
+
+:func:`parse_config` builds the parser from the dataclass (one ``--field_name`` per field, dotted
+``--section.field`` for nested dataclasses, the field's docstring, type, default and choices in
+``--help``), adds ``--config FILE`` (YAML or JSON holding any of the options) and
+``--print_config``, parses, and returns the dataclass instance, so its ``__post_init__`` is the
+one place a value is checked. Usage errors become a one-line :class:`BertforgeError`.
+
+Before parsing, the command line is brought to that spelling:
+
+- ``--input a.txt b.txt`` (a list field followed by several values) is passed as one list, as
+  ``nargs="+"`` did; ``--input '[a.txt, b.txt]'`` and ``--input+ a.txt`` work as well;
+- a bare boolean flag (``--overwrite``) means ``--overwrite true``;
+- the spellings of the argparse commands before 0.2 (``--warmup-ratio``, ``--no-progress``) are
+  rewritten to ``--warmup_ratio`` and ``--progress false`` with one deprecation note on stderr;
+  they stop working in the next release.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any, TypeVar, Union
+
+from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
+
+from bertforge.errors import BertforgeError
+
+# field docstrings (the string under each dataclass field) become the --help of the option
+set_parsing_settings(docstring_parse_attribute_docstrings=True)
+
+T = TypeVar("T")
+_BOOL_WORDS = {"true", "false", "yes", "no", "1", "0", "on", "off"}
+
+
+def _unwrap_optional(hint: Any) -> Any:
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return hint
+
+
+def option_kinds(cls: type, prefix: str = "") -> dict[str, str]:
+    """``{"--name": "list" | "bool" | "value"}`` for every option of dataclass ``cls`` (nested
+    dataclass fields as ``--section.name``)."""
+    kinds: dict[str, str] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint = _unwrap_optional(hints[f.name])
+        name = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hint):
+            kinds.update(option_kinds(hint, f"{name}."))
+        elif typing.get_origin(hint) is list:
+            kinds[f"--{name}"] = "list"
+        elif hint is bool:
+            kinds[f"--{name}"] = "bool"
+        else:
+            kinds[f"--{name}"] = "value"
+    return kinds
+
+
+def normalize_argv(argv: Sequence[str], kinds: dict[str, str], prog: str) -> list[str]:
+    """``argv`` in the spelling the parser takes (see the module docstring); one note on stderr
+    names the old spellings it rewrote."""
+    out: list[str] = []
+    old: list[tuple[str, str]] = []
+    i = 0
+    while i < len(argv):
+        token = str(argv[i])
+        i += 1
+        flag, eq, value = token.partition("=")
+        if not flag.startswith("--") or flag in ("--config", "--print_config", "--help"):
+            out.append(token)
+            continue
+        new = "--" + flag[2:].replace("-", "_")
+        negated = new.startswith("--no_") and kinds.get("--" + new[5:]) == "bool"
+        if negated:
+            new = "--" + new[5:]
+        if new != flag and (new in kinds or new.rstrip("+") in kinds):
+            old.append((token if not eq else flag, f"{new} false" if negated else new))
+        elif new != flag:
+            out.append(token)  # unknown: the parser names it
+            continue
+        kind = kinds.get(new)
+        if negated:
+            out += [new, "false"]
+        elif eq:
+            out.append(f"{new}={value}")
+        elif kind == "bool" and (i >= len(argv) or str(argv[i]).lower() not in _BOOL_WORDS):
+            out += [new, "true"]
+        elif kind == "list" and i < len(argv) and not str(argv[i]).startswith(("[", "-")):
+            values = []
+            while i < len(argv) and not str(argv[i]).startswith("--"):
+                values.append(str(argv[i]))
+                i += 1
+            out += [new, json.dumps(values)]
+        else:
+            out.append(new)
+    if old:
+        spelled = ", ".join(f"{a} -> {b}" for a, b in old)
+        print(
+            f"note: {prog}: options are now spelled as in every bertforge command ({spelled}); "
+            "the old spelling stops working in the next release",
+            file=sys.stderr,
+        )
+    return out
+
+
+def build_parser(
+    cls: type,
+    prog: str,
+    description: str,
+    positional: tuple[str, str] | None = None,
+) -> ArgumentParser:
+    """The jsonargparse parser of dataclass ``cls``: ``--config``, ``--print_config`` and one
+    option per field; ``positional = (field, help)`` takes that list field from the bare words."""
+    parser = ArgumentParser(prog=prog, description=description, exit_on_error=False)
+    parser.add_argument(
+        "--config",
+        action=ActionConfigFile,
+        help="YAML or JSON file(s) of options (later ones and the command line override it)",
+    )
+    skip = set()
+    if positional is not None:
+        parser.add_argument(positional[0], nargs="*", default=[], help=positional[1])
+        skip.add(positional[0])
+    parser.add_class_arguments(cls, as_positional=False, skip=skip)
+    return parser
+
+
+def _one_line(err: BaseException, prog: str, argv: Sequence[str]) -> BertforgeError:
+    message = " ".join(str(err).split())
+    head = "the following arguments are required: "
+    if message.startswith(head):  # jsonargparse names the keys; users type the options
+        names = message[len(head) :].split(", ")
+        message = head + ", ".join(n if n.startswith("-") else f"--{n}" for n in names)
+    configs = [v for k, v in zip(argv, argv[1:], strict=False) if k == "--config"]
+    where = f" (options from {', '.join(configs)} and the command line)" if configs else ""
+    return BertforgeError(f"{prog}: {message}{where}; see {prog} --help")
+
+
+def parse_config(
+    cls: type[T],
+    argv: Sequence[str],
+    *,
+    prog: str,
+    description: str,
+    positional: tuple[str, str] | None = None,
+) -> T:
+    """Parse ``argv`` into an instance of dataclass ``cls`` (validated by its ``__post_init__``).
+
+    ``--help`` and ``--print_config`` print and exit (``SystemExit(0)``); a usage error raises
+    :class:`BertforgeError` with one line naming the option.
+    """
+    argv = normalize_argv(argv, option_kinds(cls), prog)
+    parser = build_parser(cls, prog, description, positional)
+    try:
+        parsed = parser.parse_args(argv)
+    except (argparse.ArgumentError, UnicodeDecodeError) as err:
+        raise _one_line(err, prog, argv) from None
+    try:
+        namespace = parser.instantiate(parsed)  # nested sections: their __post_init__
+        return cls(**{f.name: namespace[f.name] for f in dataclasses.fields(cls)})
+    except TypeError:  # a YAML section that is not a mapping (``model: 5``)
+        raise BertforgeError(
+            f"{prog}: a config section is not a mapping of options (write 'model:' then "
+            "indented 'preset: mini', not 'model: 5'); check the --config YAML"
+        ) from None
+    except BertforgeError as err:  # a value the config refuses, with the fix
+        raise BertforgeError(f"{prog}: {err}; see {prog} --help") from None
+
+
+__all__ = ["build_parser", "normalize_argv", "option_kinds", "parse_config"]
