@@ -87,7 +87,8 @@ def main() -> None:
         "0.06",
         "--precision",
         "bf16",
-        "--progress", "false",
+        "--progress",
+        "false",
         *extra,
     ]
     evaluate = [
