@@ -294,7 +294,7 @@ def test_fill_mask_compare_prints_both_models_side_by_side(hf_model, tmp_path, c
     b = pretrain(cfg(hf_model["data"], tmp_path / "b", Path(a), max_steps=3))["model_dir"]
     capsys.readouterr()
     text = "to be or not to [MASK] , my [MASK] ."
-    assert cli_main(["fill-mask", "--model", a, "--compare", b, "--top-k", "3", text]) == 0
+    assert cli_main(["fill-mask", "--model", a, "--compare", b, "--top_k", "3", text]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0] == text and "[MASK] 1" in lines[1] and "[MASK] 2" in out
