@@ -80,7 +80,7 @@ def test_resume_refuses_changed_settings_by_their_option_name(tmp_path):
             tmp_path,
             saved,
             {"batch_size": 8, "seed": 0},
-            option=lambda k: "--" + k.replace("_", "-"),
+            option=lambda k: "--" + k,
         )
 
 
