@@ -22,6 +22,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -53,17 +54,28 @@ def export_base(revision: str, into: Path) -> str:
     return "bertforge_base"
 
 
+def module(package: str, *names: str) -> Any:
+    """``package.<name>`` for the first of ``names`` that exists (the layout before 62b6752 had
+    flat modules: ``config``, ``model``, ``optim``)."""
+    for name in names:
+        try:
+            return importlib.import_module(f"{package}.{name}")
+        except ModuleNotFoundError:
+            continue
+    raise ModuleNotFoundError(f"none of {names} in {package}")
+
+
 def pretrain_cases(packages: dict[str, str], size: str, precision: str) -> dict[str, Callable]:
     torch.manual_seed(0)
     batch = pretraining_batch(32, 128, 30522)
     cases, state = {}, None
     for side, name in packages.items():
-        config = importlib.import_module(f"{name}.config").BertConfig.preset(size, vocab_size=30522)
-        model = importlib.import_module(f"{name}.model").BertForPreTraining(config).train()
+        config = module(name, "modeling.config", "config").BertConfig.preset(size, vocab_size=30522)
+        model = module(name, "modeling.model", "model").BertForPreTraining(config).train()
         if state is None:
             state = model.state_dict()
         model.load_state_dict(state)
-        optimizer = importlib.import_module(f"{name}.optim").build_optimizer(model, 1e-4)
+        optimizer = module(name, "training.optim", "optim").build_optimizer(model, 1e-4)
         cases[side] = make_step(model, optimizer, batch, precision)
     return cases
 
@@ -72,7 +84,7 @@ def encode_cases(packages: dict[str, str]) -> dict[str, Callable]:
     ids = wikitext_windows()
     cases = {}
     for side, name in packages.items():
-        model_cls = importlib.import_module(f"{name}.model").BertModel
+        model_cls = module(name, "modeling.model", "model").BertModel
         cases[side] = encode_fn(model_cls.from_pretrained(minilm_dir()).eval(), ids)
     return cases
 

@@ -60,6 +60,17 @@ _SIGNATURES = {
     # x, target, lse, grad, n, V, scale, threads
     "bertforge_ce_backward_f32": [_P, _P, _P, _P, _I64, _I64, _F, _INT],
     "bertforge_ce_backward_bf16": [_P, _P, _P, _P, _I64, _I64, _F, _INT],
+    # y (overwritten: h), residual, gamma, beta, out, mean, rstd, n, H, seed, threshold, scale,
+    # eps, threads
+    "bertforge_add_norm_forward_f32": [_P] * 7 + [_I64, _I64, _U64, _U32, _F, _F, _INT],
+    # grad_out, h, mean, rstd, gamma, grad_extra, grad_h, grad_y, grad_gamma, grad_beta, work,
+    # n, H, seed, threshold, scale, threads
+    "bertforge_add_norm_backward_f32": [_P] * 11 + [_I64, _I64, _U64, _U32, _F, _INT],
+    # scores (overwritten: probs), dropped, mask, rows, T, rows_per_batch, scale, seed,
+    # threshold, keep_scale, threads
+    "bertforge_softmax_dropout_forward_f32": [_P] * 3 + [_I64] * 3 + [_F, _U64, _U32, _F, _INT],
+    # grad (overwritten), probs, dropped, rows, T, scale, threads
+    "bertforge_softmax_dropout_backward_f32": [_P] * 3 + [_I64, _I64, _F, _INT],
 }
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
@@ -202,8 +213,129 @@ def cross_entropy_kernels(
     return forward, backward
 
 
+@functools.cache
+def add_norm_kernels() -> (
+    tuple[Callable[..., tuple[Tensor, Tensor, Tensor]], Callable[..., tuple]] | None
+):
+    """``(forward, backward)`` of LayerNorm(dropout(y) + residual) over contiguous fp32 (n, H)
+    CPU rows, or None when the kernels are not built here.
+
+    ``forward(y, residual, gamma, beta, eps, seed, p)`` -> ``(out, mean, rstd)``; ``y`` is
+    overwritten with the pre-norm sum h, ``residual`` may be None. ``backward(grad_out, h, mean,
+    rstd, gamma, seed, p, grad_extra=None)`` -> ``(grad_h, grad_y, grad_gamma, grad_beta)``,
+    ``grad_extra`` (a gradient of h from elsewhere) added into ``grad_h``; ``grad_y`` is
+    ``grad_h`` itself when ``p == 0``. The dropout mask is the row-wise one of ``csrc/common.h``.
+    """
+    fwd, bwd = (
+        _function("add_norm_forward", torch.float32),
+        _function("add_norm_backward", torch.float32),
+    )
+    if fwd is None or bwd is None:
+        return None
+
+    def forward(
+        y: Tensor,
+        residual: Tensor | None,
+        gamma: Tensor,
+        beta: Tensor,
+        eps: float,
+        seed: int,
+        p: float,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        n, H = y.shape
+        out = torch.empty_like(y)
+        mean, rstd = torch.empty(n), torch.empty(n)
+        res = None if residual is None else residual.data_ptr()
+        ptrs = (y.data_ptr(), res, gamma.data_ptr(), beta.data_ptr(), out.data_ptr())
+        fwd(*ptrs, mean.data_ptr(), rstd.data_ptr(), n, H, seed, *_drop(p), eps, _threads())
+        return out, mean, rstd
+
+    def backward(
+        grad_out: Tensor,
+        h: Tensor,
+        mean: Tensor,
+        rstd: Tensor,
+        gamma: Tensor,
+        seed: int,
+        p: float,
+        grad_extra: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        n, H = h.shape
+        grad_h = torch.empty_like(h)
+        grad_y = torch.empty_like(h) if p > 0 else grad_h
+        grad_gamma, grad_beta = torch.empty(H), torch.empty(H)
+        work = torch.empty(_threads(), 2, H)
+        args = [t.data_ptr() for t in (grad_out, h, mean, rstd, gamma)]
+        args += [None if grad_extra is None else grad_extra.data_ptr(), grad_h.data_ptr()]
+        args += [grad_y.data_ptr() if p > 0 else None]
+        args += [grad_gamma.data_ptr(), grad_beta.data_ptr(), work.data_ptr()]
+        bwd(*args, n, H, seed, *_drop(p), _threads())
+        return grad_h, grad_y, grad_gamma, grad_beta
+
+    return forward, backward
+
+
+@functools.cache
+def softmax_dropout_kernels() -> tuple[Callable[..., Tensor | None], Callable[..., None]] | None:
+    """``(forward, backward)`` of dropout(softmax(scores * scale)) over contiguous fp32 CPU
+    attention scores (B, nh, Tq, T), padded keys left out, or None when not built here.
+
+    ``forward(scores, mask, scale, seed, p)`` overwrites ``scores`` with the probabilities and
+    returns the dropped-out probabilities (None when ``p == 0``); ``mask`` is (B, T) uint8, 1 at
+    real keys, or None. ``backward(grad, probs, dropped, scale)`` overwrites ``grad`` (the
+    gradient of the dropped probabilities) with the gradient of the scores.
+    """
+    fwd, bwd = (
+        _function("softmax_dropout_forward", torch.float32),
+        _function("softmax_dropout_backward", torch.float32),
+    )
+    if fwd is None or bwd is None:
+        return None
+
+    def forward(
+        scores: Tensor, mask: Tensor | None, scale: float, seed: int, p: float
+    ) -> Tensor | None:
+        T = scores.shape[-1]
+        rows = scores.numel() // T
+        dropped = torch.empty_like(scores) if p > 0 else None
+        per_batch = rows // scores.shape[0]
+        ptrs = (
+            scores.data_ptr(),
+            None if dropped is None else dropped.data_ptr(),
+            None if mask is None else mask.data_ptr(),
+        )
+        fwd(*ptrs, rows, T, per_batch, scale, seed, *_drop(p), _threads())
+        return dropped
+
+    def backward(grad: Tensor, probs: Tensor, dropped: Tensor, scale: float) -> None:
+        T = grad.shape[-1]
+        bwd(
+            grad.data_ptr(),
+            probs.data_ptr(),
+            dropped.data_ptr(),
+            grad.numel() // T,
+            T,
+            scale,
+            _threads(),
+        )
+
+    return forward, backward
+
+
+def _drop(p: float) -> tuple[int, float]:
+    """(threshold, scale) of dropout with probability ``p`` in [0, 1): keep a 16-bit uniform
+    when it is >= threshold, and scale the kept values."""
+    return round(p * 2**16), 1.0 / (1.0 - p)
+
+
 def _threads() -> int:
     return torch.get_num_threads()
 
 
-__all__ = ["cache_dir", "cross_entropy_kernels", "dropout_kernel"]
+__all__ = [
+    "add_norm_kernels",
+    "cache_dir",
+    "cross_entropy_kernels",
+    "dropout_kernel",
+    "softmax_dropout_kernels",
+]

@@ -35,6 +35,8 @@ from bertforge.modeling.ops import (
     DecoderLinear,
     Dropout,
     activation,
+    add_dropout_norm,
+    attention,
     autograd_free,
     cross_entropy,
     dropout,
@@ -151,13 +153,15 @@ class BertSelfAttention(nn.Module):
         q, k, v = qkv.view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs)
         p = self.dropout_p if self.training else 0.0
         # SDPA has no fused CPU kernel with dropout: the explicit form with our cheaper dropout
-        if layout.output_attentions or (p > 0 and x.device.type == "cpu"):
+        if layout.output_attentions:
             scores = (q / math.sqrt(hs)) @ k.transpose(-2, -1)  # (B, nh, T, T)
             if mask is not None:
                 scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
             probs = scores.softmax(-1)
             y = dropout(probs, p, self.training) @ v  # (B, nh, T, hs)
-            probs = probs if layout.output_attentions else None
+        elif p > 0 and x.device.type == "cpu":
+            probs = None
+            y = attention(q, k, v, mask, p, self.training)  # (B, nh, T, hs)
         else:
             probs = None
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
@@ -183,8 +187,12 @@ class BertOutput(nn.Module):
             # bias and product accumulate into the residual: one GEMM, no new (.., H) tensor
             out = residual.add_(b).view(-1, w.shape[0]).addmm_(y.reshape(-1, w.shape[1]), w.t())
             return self.LayerNorm(out.view_as(residual))
-        h = self.dropout(self.dense(y))  # a new tensor autograd keeps nothing of: add in place
-        return self.LayerNorm(h.add_(residual) if h.dtype == residual.dtype else h + residual)
+        # the projection's (rows, H) output is a new tensor autograd keeps nothing of (and not a
+        # view of one): the sum goes there
+        h = F.linear(y.reshape(-1, y.shape[-1]), w, b)  # (rows, H)
+        res = residual.reshape(h.shape)  # (rows, H)
+        out = add_dropout_norm(h, res, self.LayerNorm, self.dropout.p, self.training)
+        return out.view_as(residual)
 
 
 class BertAttention(nn.Module):

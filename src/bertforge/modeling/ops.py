@@ -13,13 +13,19 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bertforge.modeling.kernels import cross_entropy_kernels, dropout_kernel
+from bertforge.modeling.kernels import (
+    add_norm_kernels,
+    cross_entropy_kernels,
+    dropout_kernel,
+    softmax_dropout_kernels,
+)
 
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
@@ -79,6 +85,152 @@ class Dropout(nn.Dropout):
 
     def forward(self, x: Tensor) -> Tensor:
         return dropout(x, self.p, self.training)
+
+
+def _seed() -> int:
+    """A kernel's dropout seed, drawn from torch's generator (``torch.manual_seed`` reproduces it)."""
+    return int(torch.randint(0, 2**62, (1,)).item())
+
+
+def _fp32_cpu(*tensors: Tensor) -> bool:
+    """Whether the fp32 CPU kernels may take these tensors (and no graph is being compiled)."""
+    if torch.compiler.is_compiling():
+        return False
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+
+
+# ---- dropout + residual add + LayerNorm -------------------------------------------------------
+def add_dropout_norm(
+    y: Tensor, residual: Tensor, norm: nn.LayerNorm, p: float, training: bool
+) -> Tensor:
+    """``norm(dropout(y, p, training) + residual)``, the end of BERT's post-LN blocks. ``y``'s
+    buffer is reused for the sum, so pass a tensor nobody else holds (a projection's output).
+
+    fp32 on the CPU: the C kernels of :func:`bertforge.modeling.kernels.add_norm_kernels`, one
+    pass forward and one backward (:class:`AddNorm`); else :func:`dropout`, an in-place add and
+    ``norm``. The two draw different dropout masks (same distribution). The kernel path writes
+    over a 2-D ``y`` that is not a view; otherwise it works on a copy."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability has to be in [0, 1) here, but got {p}")
+    p = p if training else 0.0
+    H = y.shape[-1]
+    kernels = add_norm_kernels() if _add_norm_takes(y, residual, norm) else None
+    if kernels is None:
+        h = dropout(y, p, True)
+        h = h.add_(residual) if h.dtype == residual.dtype else h + residual
+        return norm(h)
+    if y.dim() != 2 or y._base is not None or (y.is_leaf and y.requires_grad):
+        y = y.reshape(-1, H).clone()  # (n, H): autograd lets no view or leaf be overwritten
+    out, _ = AddNorm.apply(y, residual.reshape(-1, H), norm.weight, norm.bias, p, norm.eps, kernels)
+    return out.view(residual.shape)
+
+
+def _add_norm_takes(y: Tensor, residual: Tensor, norm: nn.LayerNorm) -> bool:
+    if norm.weight is None or norm.bias is None or norm.normalized_shape != (y.shape[-1],):
+        return False
+    if y.shape != residual.shape or not y.is_contiguous() or y.numel() == 0:
+        return False
+    return y.shape[-1] <= 16384 and _fp32_cpu(y, residual, norm.weight, norm.bias)
+
+
+class AddNorm(torch.autograd.Function):
+    """LayerNorm(dropout(y) + residual) through the C kernels on (n, H) rows. Returns ``(out,
+    h)``: the pre-norm sum h is written over ``y`` (marked dirty, so autograd refuses a graph
+    that still needed the old ``y``) and kept for the backward with one mean and 1/std per row;
+    the dropout mask is recomputed from its seed."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        y: Tensor,
+        residual: Tensor,
+        weight: Tensor,
+        bias: Tensor,
+        p: float,
+        eps: float,
+        kernels: Any,
+    ) -> tuple[Tensor, Tensor]:
+        seed = _seed() if p > 0 else 0
+        out, mean, rstd = kernels[0](y, residual.contiguous(), weight, bias, eps, seed, p)
+        ctx.mark_dirty(y)
+        ctx.save_for_backward(y, mean, rstd, weight)
+        ctx.seed, ctx.p, ctx.backward_kernel = seed, p, kernels[1]
+        ctx.set_materialize_grads(False)
+        return out, y
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor | None, grad_sum: Tensor | None) -> tuple:
+        h, mean, rstd, weight = ctx.saved_tensors
+        if grad_out is None:
+            grad_out = torch.zeros_like(h)
+        extra = None if grad_sum is None else grad_sum.contiguous()  # the sum was used too
+        grads = ctx.backward_kernel(
+            grad_out.contiguous(), h, mean, rstd, weight, ctx.seed, ctx.p, extra
+        )
+        grad_h, grad_y, grad_weight, grad_bias = grads
+        return grad_y, grad_h, grad_weight, grad_bias, None, None, None
+
+
+# ---- attention with dropout -------------------------------------------------------------------
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float, training: bool
+) -> Tensor:
+    """``dropout(softmax(q k^T / sqrt(hs), keys masked), p) @ v`` for (B, nh, T, hs) ``q``, ``k``,
+    ``v`` and a (B, 1, 1, T) boolean ``mask`` (True at real keys) or None: the explicit attention
+    of training, where torch's fused attention has no CPU kernel with dropout.
+
+    fp32 on the CPU: :class:`KernelAttention`, the scaling, masking, softmax and dropout of the
+    (B, nh, T, T) scores in one C pass forward and one backward around torch's batched products;
+    else the same in torch ops with :func:`dropout` (a different mask, the same distribution)."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability has to be in [0, 1) here, but got {p}")
+    p = p if training else 0.0
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    kernels = softmax_dropout_kernels() if _fp32_cpu(q, k, v) and q.numel() else None
+    if kernels is None:
+        scores = (q * scale) @ k.transpose(-2, -1)  # (B, nh, T, T)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        return dropout(scores.softmax(-1), p, True) @ v  # (B, nh, T, hs)
+    B, T = q.shape[0], k.shape[-2]
+    keys = None if mask is None else mask.reshape(B, T).to(torch.uint8).contiguous()  # (B, T)
+    return KernelAttention.apply(q, k, v, keys, p, scale, kernels)
+
+
+class KernelAttention(torch.autograd.Function):
+    """Attention with dropout through the C kernels of
+    :func:`bertforge.modeling.kernels.softmax_dropout_kernels`: the scores' buffer becomes the
+    probabilities, the dropped probabilities get a second one (both kept for the backward:
+    softmax's backward needs the probabilities, the value gradient the dropped ones), and the
+    backward overwrites the gradient of the dropped probabilities with that of the scores."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        keys: Tensor | None,
+        p: float,
+        scale: float,
+        kernels: Any,
+    ) -> Tensor:
+        probs = torch.matmul(q, k.transpose(-2, -1))  # (B, nh, T, T) scores, a new buffer
+        dropped = kernels[0](probs, keys, scale, _seed() if p > 0 else 0, p)
+        dropped = probs if dropped is None else dropped
+        ctx.save_for_backward(q, k, v, probs, dropped)
+        ctx.scale, ctx.backward_kernel = scale, kernels[1]
+        return torch.matmul(dropped, v)  # (B, nh, T, hs)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple:
+        q, k, v, probs, dropped = ctx.saved_tensors
+        grad_v = torch.matmul(dropped.transpose(-2, -1), grad)  # (B, nh, T, hs)
+        grad_scores = torch.matmul(grad, v.transpose(-2, -1))  # (B, nh, T, T), a new buffer
+        ctx.backward_kernel(grad_scores, probs, dropped, ctx.scale)  # scaled by 1/sqrt(hs) too
+        grad_q = torch.matmul(grad_scores, k)
+        grad_k = torch.matmul(grad_scores.transpose(-2, -1), q)
+        return grad_q, grad_k, grad_v, None, None, None, None
 
 
 def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:

@@ -96,4 +96,38 @@ INLINE void put_v(void *p, int bf16, int64_t k, f32v v) {
     memcpy((uint16_t *)p + k, &h, sizeof h);
 }
 
+/* ---- random keep-masks for dropout (csrc/dropout.c and the fused kernels) ------------------- */
+#define GOLDEN 0x9e3779b97f4a7c15ULL
+
+INLINE uint64_t mix(uint64_t z) { /* splitmix64's finaliser */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* The dropout factors of row `row` (of length n) of a row-wise kernel: keep[j] = scale when the
+ * 16-bit uniform of element j is >= threshold, else 0. With q = ceil(n / 4) words per row, word
+ * w = mix(seed + (row * q + w) * GOLDEN) gives the uniforms of elements w, w + q, w + 2q, w + 3q
+ * (its four 16-bit quarters): a pure function of (seed, row, j), so a backward pass recomputes
+ * the mask instead of storing it, and every loop below is a plain vector loop. */
+INLINE void row_keep(uint64_t seed, int64_t row, int64_t n, uint32_t threshold, float scale,
+                     float *keep) {
+    int64_t q = (n + 3) / 4;
+    uint64_t base = seed + (uint64_t)row * (uint64_t)q * GOLDEN;
+    for (int64_t w = 0; w < q; w++) {
+        uint64_t r = mix(base + (uint64_t)w * GOLDEN);
+        for (int k = 0; k < 4; k++) {
+            int64_t j = w + k * q;
+            if (j < n) keep[j] = ((uint32_t)(r >> (16 * k)) & 0xffffu) >= threshold ? scale : 0.0f;
+        }
+    }
+}
+
+/* Sum of a vector's lanes. */
+INLINE float hsum(f32v v) {
+    float s = 0.0f;
+    for (int k = 0; k < W; k++) s += v[k];
+    return s;
+}
+
 #endif

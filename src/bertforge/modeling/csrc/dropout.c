@@ -13,15 +13,8 @@
  */
 #include "common.h"
 
-#define GOLDEN 0x9e3779b97f4a7c15ULL
 #define BLOCK 256
 #define WORDS 64 /* BLOCK / 4 */
-
-INLINE uint64_t mix(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
 
 /* The 16-bit uniforms of one block: u[j] for j < BLOCK. */
 INLINE void block_uniforms(uint64_t seed, int64_t block, uint32_t *u) {

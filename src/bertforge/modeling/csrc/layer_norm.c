@@ -1,0 +1,141 @@
+/* Dropout + residual add + LayerNorm over the rows of an (n, H) fp32 matrix, forward and backward
+ * each in one pass over memory (BERT's post-LN block ending: LayerNorm(dropout(y) + residual)):
+ *
+ *   forward:  h = y * keep + residual, written over y (the caller's buffer, which nobody else
+ *             holds); out = (h - mean) * rstd * gamma + beta; mean and rstd kept per row;
+ *   backward: from grad_out, h, mean and rstd: grad_h (the residual's gradient), grad_y = grad_h *
+ *             keep (the same mask, recomputed from the seed), and the gamma / beta gradients
+ *             summed per thread, then across threads.
+ *
+ * torch runs dropout, the add, the normalisation and its backward as five kernels, each a pass
+ * over the matrix, plus the column sums of the gamma / beta gradients. Rows are short (H = 256
+ * for BERT-Mini): each is read from memory once and reused from L1. Built by kernels.py.
+ */
+#include "common.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define VEC_LOOP(j, n) for (j = 0; j + W <= (n); j += W)
+
+/* One row of the forward; keep = NULL means no dropout. */
+INLINE void norm_row(float *y, const float *res, const float *gamma, const float *beta, float *out,
+                     float *mean_out, float *rstd_out, const float *keep, int64_t H, float eps) {
+    f32v acc = {0};
+    float tail = 0.0f;
+    int64_t j;
+    VEC_LOOP(j, H) {
+        f32v v = get_v(y, 0, j);
+        if (keep) v *= get_v(keep, 0, j);
+        if (res) v += get_v(res, 0, j);
+        put_v(y, 0, j, v);
+        acc += v;
+    }
+    for (; j < H; j++) {
+        float v = y[j] * (keep ? keep[j] : 1.0f) + (res ? res[j] : 0.0f);
+        y[j] = v;
+        tail += v;
+    }
+    float mean = (hsum(acc) + tail) / (float)H;
+    acc = (f32v){0};
+    tail = 0.0f;
+    VEC_LOOP(j, H) {
+        f32v d = get_v(y, 0, j) - mean;
+        acc += d * d;
+    }
+    for (; j < H; j++) tail += (y[j] - mean) * (y[j] - mean);
+    float rstd = 1.0f / __builtin_sqrtf((hsum(acc) + tail) / (float)H + eps);
+    VEC_LOOP(j, H) {
+        f32v xhat = (get_v(y, 0, j) - mean) * rstd;
+        put_v(out, 0, j, xhat * get_v(gamma, 0, j) + get_v(beta, 0, j));
+    }
+    for (; j < H; j++) out[j] = (y[j] - mean) * rstd * gamma[j] + beta[j];
+    *mean_out = mean;
+    *rstd_out = rstd;
+}
+
+void bertforge_add_norm_forward_f32(float *y, const float *res, const float *gamma,
+                                    const float *beta, float *out, float *mean, float *rstd,
+                                    int64_t n, int64_t H, uint64_t seed, uint32_t threshold,
+                                    float scale, float eps, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float keep[threshold ? H : 1];
+        if (threshold) row_keep(seed, i, H, threshold, scale, keep);
+        norm_row(y + i * H, res ? res + i * H : 0, gamma, beta, out + i * H, mean + i, rstd + i,
+                 threshold ? keep : 0, H, eps);
+    }
+}
+
+/* grad_y may be NULL (no dropout: grad_y is grad_h); grad_extra (may be NULL) is a gradient of
+ * h from elsewhere, added to grad_h; work holds 2 * H floats per thread. */
+void bertforge_add_norm_backward_f32(const float *grad_out, const float *h, const float *mean,
+                                     const float *rstd, const float *gamma,
+                                     const float *grad_extra, float *grad_h,
+                                     float *grad_y, float *grad_gamma, float *grad_beta,
+                                     float *work, int64_t n, int64_t H, uint64_t seed,
+                                     uint32_t threshold, float scale, int threads) {
+    int used = 1;
+#pragma omp parallel num_threads(threads)
+    {
+        int t = 0;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+#pragma omp single
+        used = omp_get_num_threads();
+#endif
+        float *dg = work + (int64_t)t * 2 * H, *db = dg + H;
+        memset(dg, 0, 2 * H * sizeof(float));
+        float keep[threshold ? H : 1];
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            const float *go = grad_out + i * H, *x = h + i * H;
+            float m = mean[i], r = rstd[i];
+            /* sums over the row: g = grad_out * gamma, a = mean(g), b = mean(g * xhat) */
+            f32v va = {0}, vb = {0};
+            float sa = 0.0f, sb = 0.0f;
+            int64_t j;
+            VEC_LOOP(j, H) {
+                f32v gov = get_v(go, 0, j), xhat = (get_v(x, 0, j) - m) * r;
+                f32v g = gov * get_v(gamma, 0, j);
+                va += g;
+                vb += g * xhat;
+                put_v(dg, 0, j, get_v(dg, 0, j) + gov * xhat);
+                put_v(db, 0, j, get_v(db, 0, j) + gov);
+            }
+            for (; j < H; j++) {
+                float xhat = (x[j] - m) * r, g = go[j] * gamma[j];
+                sa += g;
+                sb += g * xhat;
+                dg[j] += go[j] * xhat;
+                db[j] += go[j];
+            }
+            float a = (hsum(va) + sa) / (float)H, b = (hsum(vb) + sb) / (float)H;
+            float *gh = grad_h + i * H, *gy = grad_y ? grad_y + i * H : 0;
+            const float *ge = grad_extra ? grad_extra + i * H : 0;
+            if (gy) row_keep(seed, i, H, threshold, scale, keep);
+            VEC_LOOP(j, H) {
+                f32v xhat = (get_v(x, 0, j) - m) * r;
+                f32v v = (get_v(go, 0, j) * get_v(gamma, 0, j) - a - xhat * b) * r;
+                if (ge) v += get_v(ge, 0, j);
+                put_v(gh, 0, j, v);
+                if (gy) put_v(gy, 0, j, v * get_v(keep, 0, j));
+            }
+            for (; j < H; j++) {
+                float xhat = (x[j] - m) * r;
+                float v = (go[j] * gamma[j] - a - xhat * b) * r + (ge ? ge[j] : 0.0f);
+                gh[j] = v;
+                if (gy) gy[j] = v * keep[j];
+            }
+        }
+    }
+    for (int64_t j = 0; j < H; j++) { /* threads' partial sums, in a fixed order */
+        float sg = 0.0f, sb = 0.0f;
+        for (int t = 0; t < used; t++) {
+            sg += work[(int64_t)t * 2 * H + j];
+            sb += work[(int64_t)t * 2 * H + H + j];
+        }
+        grad_gamma[j] = sg;
+        grad_beta[j] = sb;
+    }
+}
