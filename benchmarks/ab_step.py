@@ -22,8 +22,8 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import torch
 from _common import log, minilm_dir
