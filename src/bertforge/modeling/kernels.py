@@ -69,6 +69,10 @@ _SIGNATURES = {
     # scores (overwritten: probs), dropped, mask, rows, T, rows_per_batch, scale, seed,
     # threshold, keep_scale, threads
     "bertforge_softmax_dropout_forward_f32": [_P] * 3 + [_I64] * 3 + [_F, _U64, _U32, _F, _INT],
+    # x, bias, out, n, I, threads
+    "bertforge_bias_gelu_forward_f32": [_P] * 3 + [_I64, _I64, _INT],
+    # grad, x, bias, grad_x, grad_bias, work, n, I, threads
+    "bertforge_bias_gelu_backward_f32": [_P] * 6 + [_I64, _I64, _INT],
     # grad (overwritten), probs, dropped, rows, T, scale, threads
     "bertforge_softmax_dropout_backward_f32": [_P] * 3 + [_I64, _I64, _F, _INT],
 }
@@ -322,6 +326,34 @@ def softmax_dropout_kernels() -> tuple[Callable[..., Tensor | None], Callable[..
     return forward, backward
 
 
+@functools.cache
+def bias_gelu_kernels() -> tuple[Callable[[Tensor, Tensor], Tensor], Callable[..., tuple]] | None:
+    """``(forward, backward)`` of the exact GELU of ``x + bias`` over contiguous fp32 (n, I) CPU
+    rows, or None when not built here. ``forward(x, bias)`` -> ``out``; ``backward(grad, x,
+    bias, into=None)`` -> ``(grad_x, grad_bias)``, ``grad_x`` written into ``into`` when given
+    (which may be ``x`` itself)."""
+    fwd, bwd = (_function(f"bias_gelu_{part}", torch.float32) for part in ("forward", "backward"))
+    if fwd is None or bwd is None:
+        return None
+
+    def forward(x: Tensor, bias: Tensor) -> Tensor:
+        out = torch.empty_like(x)
+        fwd(x.data_ptr(), bias.data_ptr(), out.data_ptr(), *x.shape, _threads())
+        return out
+
+    def backward(
+        grad: Tensor, x: Tensor, bias: Tensor, into: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        grad_x = torch.empty_like(x) if into is None else into
+        grad_bias = torch.empty(x.shape[1])
+        work = torch.empty(_threads(), x.shape[1])
+        ptrs = (grad, x, bias, grad_x, grad_bias, work)
+        bwd(*(t.data_ptr() for t in ptrs), *x.shape, _threads())
+        return grad_x, grad_bias
+
+    return forward, backward
+
+
 def _drop(p: float) -> tuple[int, float]:
     """(threshold, scale) of dropout with probability ``p`` in [0, 1): keep a 16-bit uniform
     when it is >= threshold, and scale the kept values."""
@@ -334,6 +366,7 @@ def _threads() -> int:
 
 __all__ = [
     "add_norm_kernels",
+    "bias_gelu_kernels",
     "cache_dir",
     "cross_entropy_kernels",
     "dropout_kernel",

@@ -39,6 +39,7 @@ from bertforge.modeling.ops import (
     attention,
     autograd_free,
     cross_entropy,
+    dense_activation,
     dropout,
     repad,
     unpad,
@@ -211,8 +212,7 @@ class BertIntermediate(nn.Module):
         self.act = config.hidden_act
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.dense(x)  # (.., intermediate_size)
-        return activation(self.act, h, inplace=autograd_free(h))
+        return dense_activation(x, self.dense, self.act)  # (.., intermediate_size)
 
 
 class BertLayer(nn.Module):

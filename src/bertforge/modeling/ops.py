@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from bertforge.modeling.kernels import (
     add_norm_kernels,
+    bias_gelu_kernels,
     cross_entropy_kernels,
     dropout_kernel,
     softmax_dropout_kernels,
@@ -338,6 +339,40 @@ def activation(name: str, x: Tensor, inplace: bool = False) -> Tensor:
     return torch.relu_(x) if inplace else F.relu(x)
 
 
+def dense_activation(x: Tensor, dense: nn.Linear, name: str) -> Tensor:
+    """``activation(name, dense(x))``: the feed-forward's first half. When training in fp32 on
+    the CPU with BERT's exact GELU, the product runs without its bias and :class:`BiasGelu`
+    adds it inside one C pass forward and one backward (the bias gradient included); in
+    inference (no autograd) the activation overwrites the product."""
+    w, b = dense.weight, dense.bias
+    kernels = None
+    if name == "gelu" and b is not None and torch.is_grad_enabled() and _fp32_cpu(x, w, b):
+        kernels = bias_gelu_kernels()
+    if kernels is None or x.numel() == 0:
+        h = F.linear(x, w, b)
+        return activation(name, h, inplace=autograd_free(h))
+    h = F.linear(x.reshape(-1, x.shape[-1]), w)  # (rows, I), bias-free
+    return BiasGelu.apply(h, b, kernels).view(*x.shape[:-1], -1)
+
+
+class BiasGelu(torch.autograd.Function):
+    """``gelu(x + bias)`` (exact GELU) over (n, I) rows through the C kernels of
+    :func:`bertforge.modeling.kernels.bias_gelu_kernels`; keeps ``x`` (the sum is recomputed in
+    the backward's single pass, which also sums the bias gradient)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, bias: Tensor, kernels: Any) -> Tensor:
+        ctx.save_for_backward(x, bias)
+        ctx.backward_kernel = kernels[1]
+        return kernels[0](x, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        x, bias = ctx.saved_tensors
+        grad_x, grad_bias = ctx.backward_kernel(grad.contiguous(), x, bias)
+        return grad_x, grad_bias, None
+
+
 def autograd_free(*tensors: Tensor) -> bool:
     """True when no gradient is being recorded (inference) and ``tensors`` share one dtype (no
     autocast mixing): intermediate buffers may then be reused in place."""
@@ -345,14 +380,20 @@ def autograd_free(*tensors: Tensor) -> bool:
 
 
 __all__ = [
+    "AddNorm",
+    "BiasGelu",
     "CrossEntropy",
+    "KernelAttention",
     "KernelCrossEntropy",
     "Dropout",
     "DecoderLinear",
     "SeededDropout",
     "activation",
+    "add_dropout_norm",
+    "attention",
     "autograd_free",
     "cross_entropy",
+    "dense_activation",
     "dropout",
     "repad",
     "torch_dropout",
