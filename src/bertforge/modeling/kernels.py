@@ -228,7 +228,7 @@ def add_norm_kernels() -> (
     overwritten with the pre-norm sum h, ``residual`` may be None. ``backward(grad_out, h, mean,
     rstd, gamma, seed, p, grad_extra=None)`` -> ``(grad_h, grad_y, grad_gamma, grad_beta)``,
     ``grad_extra`` (a gradient of h from elsewhere) added into ``grad_h``; ``grad_y`` is
-    ``grad_h`` itself when ``p == 0``. The dropout mask is the row-wise one of ``csrc/common.h``.
+    ``grad_h`` itself when nothing is dropped (``p < 2^-17``). The dropout mask is the row-wise one of ``csrc/common.h``.
     """
     fwd, bwd = (
         _function("add_norm_forward", torch.float32),
@@ -266,12 +266,13 @@ def add_norm_kernels() -> (
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         n, H = h.shape
         grad_h = torch.empty_like(h)
-        grad_y = torch.empty_like(h) if p > 0 else grad_h
+        drops = _drop(p)[0] > 0
+        grad_y = torch.empty_like(h) if drops else grad_h
         grad_gamma, grad_beta = torch.empty(H), torch.empty(H)
         work = torch.empty(_threads(), 2, H)
         args = [t.data_ptr() for t in (grad_out, h, mean, rstd, gamma)]
         args += [None if grad_extra is None else grad_extra.data_ptr(), grad_h.data_ptr()]
-        args += [grad_y.data_ptr() if p > 0 else None]
+        args += [grad_y.data_ptr() if drops else None]
         args += [grad_gamma.data_ptr(), grad_beta.data_ptr(), work.data_ptr()]
         bwd(*args, n, H, seed, *_drop(p), _threads())
         return grad_h, grad_y, grad_gamma, grad_beta
@@ -285,7 +286,7 @@ def softmax_dropout_kernels() -> tuple[Callable[..., Tensor | None], Callable[..
     attention scores (B, nh, Tq, T), padded keys left out, or None when not built here.
 
     ``forward(scores, mask, scale, seed, p)`` overwrites ``scores`` with the probabilities and
-    returns the dropped-out probabilities (None when ``p == 0``); ``mask`` is (B, T) uint8, 1 at
+    returns the dropped-out probabilities (None when nothing is dropped, ``p < 2^-17``); ``mask`` is (B, T) uint8, 1 at
     real keys, or None. ``backward(grad, probs, dropped, scale)`` overwrites ``grad`` (the
     gradient of the dropped probabilities) with the gradient of the scores.
     """
@@ -301,7 +302,7 @@ def softmax_dropout_kernels() -> tuple[Callable[..., Tensor | None], Callable[..
     ) -> Tensor | None:
         T = scores.shape[-1]
         rows = scores.numel() // T
-        dropped = torch.empty_like(scores) if p > 0 else None
+        dropped = torch.empty_like(scores) if _drop(p)[0] > 0 else None
         per_batch = rows // scores.shape[0]
         ptrs = (
             scores.data_ptr(),

@@ -346,7 +346,15 @@ def dense_activation(x: Tensor, dense: nn.Linear, name: str) -> Tensor:
     inference (no autograd) the activation overwrites the product."""
     w, b = dense.weight, dense.bias
     kernels = None
-    if name == "gelu" and b is not None and torch.is_grad_enabled() and _fp32_cpu(x, w, b):
+    if (
+        name == "gelu"
+        and b is not None
+        and torch.is_grad_enabled()
+        and _fp32_cpu(x, w, b)
+        and (
+            not torch.is_autocast_enabled("cpu")  # else the product comes out in bf16
+        )
+    ):
         kernels = bias_gelu_kernels()
     if kernels is None or x.numel() == 0:
         h = F.linear(x, w, b)

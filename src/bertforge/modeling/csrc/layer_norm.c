@@ -67,7 +67,7 @@ void bertforge_add_norm_forward_f32(float *y, const float *res, const float *gam
     }
 }
 
-/* grad_y may be NULL (no dropout: grad_y is grad_h); grad_extra (may be NULL) is a gradient of
+/* grad_y is written only when threshold > 0 (no dropout: grad_y is grad_h; it may be NULL); grad_extra (may be NULL) is a gradient of
  * h from elsewhere, added to grad_h; work holds 2 * H floats per thread. */
 void bertforge_add_norm_backward_f32(const float *grad_out, const float *h, const float *mean,
                                      const float *rstd, const float *gamma,
@@ -111,7 +111,7 @@ void bertforge_add_norm_backward_f32(const float *grad_out, const float *h, cons
                 db[j] += go[j];
             }
             float a = (hsum(va) + sa) / (float)H, b = (hsum(vb) + sb) / (float)H;
-            float *gh = grad_h + i * H, *gy = grad_y ? grad_y + i * H : 0;
+            float *gh = grad_h + i * H, *gy = threshold && grad_y ? grad_y + i * H : 0;
             const float *ge = grad_extra ? grad_extra + i * H : 0;
             if (gy) row_keep(seed, i, H, threshold, scale, keep);
             VEC_LOOP(j, H) {

@@ -18,7 +18,7 @@
 #define VEC_LOOP(j, n) for (j = 0; j + W <= (n); j += W)
 
 /* mask: (batches, T) bytes, 1 at real keys, or NULL; row r belongs to batch r / rows_per_batch.
- * dropped may be NULL (no dropout: threshold 0). */
+ * dropped is written only when threshold > 0 (it may be NULL otherwise). */
 void bertforge_softmax_dropout_forward_f32(float *scores, float *dropped, const uint8_t *mask,
                                            int64_t rows, int64_t T, int64_t rows_per_batch,
                                            float scale, uint64_t seed, uint32_t threshold,
@@ -51,6 +51,7 @@ void bertforge_softmax_dropout_forward_f32(float *scores, float *dropped, const 
         if (m == -__builtin_inff()) { /* every key is padding: uniform, as torch gives */
             for (j = 0; j < T; j++) s[j] = 0.0f;
             m = 0.0f;
+            mk = 0;
         }
         f32v acc = {0};
         float tail = 0.0f;
@@ -73,7 +74,7 @@ void bertforge_softmax_dropout_forward_f32(float *scores, float *dropped, const 
         }
         float inv = 1.0f / (hsum(acc) + tail);
         if (threshold) row_keep(seed, r, T, threshold, keep_scale, keep);
-        float *d = dropped ? dropped + r * T : 0;
+        float *d = threshold && dropped ? dropped + r * T : 0;
         VEC_LOOP(j, T) {
             f32v p = get_v(s, 0, j) * inv;
             put_v(s, 0, j, p);

@@ -1,0 +1,290 @@
+"""The fused training kernels of bertforge.modeling (C, built for real with the system compiler)
+against float64 math: dropout + residual add + LayerNorm, attention's softmax + dropout, bias +
+exact GELU, each forward and backward, at odd sizes (row tails shorter than the kernels' 16-float
+vectors), on non-contiguous inputs, and with the torch forms they fall back to. The dropout masks
+of the kernels are recovered from the kernels themselves (a row of ones comes out as its mask),
+so that the float64 reference applies exactly the same mask.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bertforge import BertForPreTraining
+from bertforge.modeling import ops
+from bertforge.modeling.kernels import add_norm_kernels, bias_gelu_kernels, softmax_dropout_kernels
+
+HAVE_COMPILER = bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
+needs_kernels = pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler on this machine")
+
+
+@pytest.fixture(autouse=True)
+def _restore_global_rng():
+    state = torch.get_rng_state()
+    yield
+    torch.set_rng_state(state)
+
+
+def next_seed(seed: int) -> int:
+    """The dropout seed a kernel op draws first after ``torch.manual_seed(seed)``."""
+    torch.manual_seed(seed)
+    return int(torch.randint(0, 2**62, (1,)).item())
+
+
+def row_mask(n: int, H: int, seed: int, p: float) -> torch.Tensor:
+    """The row-wise dropout factors (0 or 1 / (1 - p)) of the kernels for an (n, H) matrix."""
+    forward = add_norm_kernels()[0]
+    keep = torch.ones(n, H)  # overwritten with h = 1 * keep
+    forward(keep, None, torch.ones(H), torch.zeros(H), 1e-5, seed, p)
+    return keep
+
+
+@needs_kernels
+def test_kernels_build_here():
+    """A compiler is present, so every fused kernel must build (no silent fallback)."""
+    assert add_norm_kernels() is not None
+    assert softmax_dropout_kernels() is not None
+    assert bias_gelu_kernels() is not None
+
+
+@needs_kernels
+def test_row_mask_has_the_right_rate_is_independent_and_thread_free():
+    p, n, H = 0.5, 4096, 256  # q = 64 words per row: elements j and j + 64 share one word
+    keep = row_mask(n, H, 11, p)
+    dropped = keep.flatten() == 0
+    assert set(keep.unique().tolist()) == {0.0, 2.0}
+    for lag in (1, 64, 128, 256):  # neighbours, word-mates, next row
+        both = (dropped[:-lag] & dropped[lag:]).float().mean().item()
+        assert abs(both - p * p) < 0.005, (lag, both)
+    for q in (0.1, 0.9):
+        rate = (row_mask(n, H, 12, q) == 0).float().mean().item()
+        assert abs(rate - q) < 0.004, (q, rate)
+    assert not torch.equal(keep, row_mask(n, H, 12, p))  # another seed, another mask
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(row_mask(n, H, 11, p), keep)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_kernels
+@pytest.mark.parametrize("H", [3, 37, 256])
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_add_dropout_norm_equals_float64(H, p):
+    g = torch.Generator().manual_seed(H)
+    n = 23
+    norm = torch.nn.LayerNorm(H, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(H, generator=g))
+        norm.bias.copy_(torch.randn(H, generator=g))
+    y0 = 3 * torch.randn(n, H, generator=g) + 1
+    res0 = torch.randn(H, n, generator=g).t()  # non-contiguous residual
+    grad_out = torch.randn(H, n, generator=g).t()  # non-contiguous incoming gradient
+
+    y = y0.clone().requires_grad_()  # a leaf: the op works on a copy of it
+    res = res0.clone().requires_grad_()
+    torch.manual_seed(4)
+    out = ops.add_dropout_norm(y, res, norm, p, training=True)
+    out.backward(grad_out)
+    assert torch.equal(y.detach(), y0)  # a leaf is not overwritten
+
+    keep = row_mask(n, H, next_seed(4), p) if p > 0 else torch.ones(n, H)
+    y64, r64 = y0.double().requires_grad_(), res0.double().requires_grad_()
+    w64 = norm.weight.detach().double().requires_grad_()
+    b64 = norm.bias.detach().double().requires_grad_()
+    exact = F.layer_norm(y64 * keep.double() + r64, (H,), w64, b64, 1e-5)
+    exact.backward(grad_out.double())
+
+    torch.testing.assert_close(out.double(), exact, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(y.grad.double(), y64.grad, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(res.grad.double(), r64.grad, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(norm.weight.grad.double(), w64.grad, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(norm.bias.grad.double(), b64.grad, atol=2e-5, rtol=1e-4)
+    if p > 0:
+        assert 0 < (keep == 0).float().mean() < 0.6
+
+
+@needs_kernels
+def test_add_dropout_norm_reuses_a_fresh_buffer_and_refuses_a_stale_graph():
+    """A 2-D non-view ``y`` (a projection's output) becomes the pre-norm sum, marked as modified:
+    a graph that still needs the old ``y`` fails loudly instead of computing garbage."""
+    norm = torch.nn.LayerNorm(8)
+    x = torch.randn(5, 8, requires_grad=True)
+    y = x * 2  # a fresh 2-D tensor, not a view
+    res = torch.randn(5, 8)
+    out = ops.add_dropout_norm(y, res, norm, 0.0, training=True)
+    torch.testing.assert_close(y, x.detach() * 2 + res)  # the buffer holds the sum now
+    torch.testing.assert_close(out, F.layer_norm(x.detach() * 2 + res, (8,)))
+    z = x.exp()  # exp keeps its output for its backward
+    z_out = ops.add_dropout_norm(z, res, norm, 0.0, training=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        z_out.sum().backward()
+
+
+@pytest.mark.parametrize("p", [0.0, 0.2])
+def test_add_dropout_norm_torch_form_equals_kernel_form_without_drops(monkeypatch, p):
+    """The fallback (no kernels: dropout, add, LayerNorm in torch) computes the same function;
+    with dropout, the same statistics of the mask."""
+    norm = torch.nn.LayerNorm(37)
+    y0, res = torch.randn(200, 37), torch.randn(200, 37)
+    a = ops.add_dropout_norm(y0.clone(), res, norm, p, training=True)
+    monkeypatch.setattr(ops, "add_norm_kernels", lambda: None)
+    b = ops.add_dropout_norm(y0.clone(), res, norm, p, training=True)
+    if p == 0:
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    else:
+        assert a.shape == b.shape and not torch.equal(a, b)
+    eval_mode = ops.add_dropout_norm(y0.clone(), res, norm, p, training=False)
+    torch.testing.assert_close(eval_mode, F.layer_norm(y0 + res, (37,), norm.weight, norm.bias))
+    with pytest.raises(ValueError, match="dropout probability"):
+        ops.add_dropout_norm(y0.clone(), res, norm, 1.0, training=True)
+
+
+def attention_inputs(B: int, nh: int, T: int, hs: int, seed: int):
+    """q, k, v as the model makes them: permuted views of one (B, T, 3, nh, hs) tensor."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(B, T, 3, nh, hs, generator=g).requires_grad_()
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = T
+    mask = (torch.arange(T)[None] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, T)
+    return qkv, mask
+
+
+@needs_kernels
+@pytest.mark.parametrize(("B", "nh", "T", "hs"), [(2, 3, 1, 4), (2, 3, 19, 8), (3, 2, 130, 16)])
+@pytest.mark.parametrize("p", [0.0, 0.25])
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_equals_float64(B, nh, T, hs, p, masked):
+    qkv, mask = attention_inputs(B, nh, T, hs, seed=T)
+    mask = mask if masked else None
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs), non-contiguous
+    torch.manual_seed(9)
+    y = ops.attention(q, k, v, mask, p, training=True)
+    grad = torch.randn_like(y)
+    y.backward(grad)
+
+    # the kernel's mask: probabilities of equal scores, dropped, divided by the undropped ones
+    forward = softmax_dropout_kernels()[0]
+    flat = torch.zeros(B, nh, T, T)
+    dropped = forward(flat, None, 1.0, next_seed(9), p)
+    keep = torch.ones(B, nh, T, T) if dropped is None else dropped / flat
+    exact_qkv = qkv.detach().double().requires_grad_()
+    q64, k64, v64 = exact_qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    scores = q64 @ k64.transpose(-2, -1) / math.sqrt(hs)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    exact = (scores.softmax(-1) * keep.double()) @ v64
+    exact.backward(grad.double())
+    torch.testing.assert_close(y.double(), exact, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(qkv.grad.double(), exact_qkv.grad, atol=1e-5, rtol=1e-4)
+
+
+@needs_kernels
+def test_attention_with_every_key_padded_is_uniform_as_in_torch():
+    """A sequence of padding only: torch's masked softmax over equal scores is uniform."""
+    qkv, _ = attention_inputs(2, 2, 6, 4, seed=1)
+    mask = torch.zeros(2, 1, 1, 6, dtype=torch.bool)
+    mask[0, ..., :3] = True
+    q, k, v = qkv.detach().permute(2, 0, 3, 1, 4).unbind(0)
+    y = ops.attention(q, k, v, mask, 0.0, training=True)
+    scores = (q @ k.transpose(-2, -1) / 2).masked_fill(~mask, torch.finfo(torch.float32).min)
+    torch.testing.assert_close(y, scores.softmax(-1) @ v, atol=1e-6, rtol=1e-5)
+
+
+def test_attention_torch_form_equals_kernel_form_without_drops(monkeypatch):
+    qkv, mask = attention_inputs(3, 2, 17, 8, seed=2)
+    q, k, v = qkv.detach().permute(2, 0, 3, 1, 4).unbind(0)
+    a = ops.attention(q, k, v, mask, 0.0, training=True)
+    monkeypatch.setattr(ops, "softmax_dropout_kernels", lambda: None)
+    b = ops.attention(q, k, v, mask, 0.0, training=True)
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(a, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+
+@needs_kernels
+@pytest.mark.parametrize(("n", "H", "inter"), [(1, 3, 1), (7, 5, 37), (64, 32, 128)])
+def test_bias_gelu_equals_float64(n, H, inter):
+    g = torch.Generator().manual_seed(inter)
+    dense = torch.nn.Linear(H, inter)
+    with torch.no_grad():
+        dense.bias.copy_(torch.randn(inter, generator=g))
+    x = (3 * torch.randn(2, H, n, generator=g)).transpose(1, 2).requires_grad_()  # (2, n, H)
+    out = ops.dense_activation(x, dense, "gelu")
+    assert out.shape == (2, n, inter)
+    grad = torch.randn(2, n, inter, generator=g)
+    out.backward(grad)
+    x64 = x.detach().double().requires_grad_()
+    w64 = dense.weight.detach().double().requires_grad_()
+    b64 = dense.bias.detach().double().requires_grad_()
+    exact = F.gelu(F.linear(x64, w64, b64))
+    exact.backward(grad.double())
+    torch.testing.assert_close(out.double(), exact, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(x.grad.double(), x64.grad, atol=2e-6, rtol=1e-4)
+    torch.testing.assert_close(dense.weight.grad.double(), w64.grad, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(dense.bias.grad.double(), b64.grad, atol=2e-5, rtol=1e-4)
+
+
+@needs_kernels
+def test_gelu_kernel_over_its_whole_range():
+    """Forward and derivative on a fine grid over [-12, 12] (tails: 0 and the identity), within
+    the accuracy of torch's own fp32 GELU."""
+    forward, backward = bias_gelu_kernels()
+    u = torch.linspace(-12, 12, 48_003).view(3, -1)  # rows of 16,001: vector tails
+    zero = torch.zeros(u.shape[1])
+    exact_u = u.double().requires_grad_()
+    exact = F.gelu(exact_u)
+    exact.backward(torch.ones_like(exact))
+    torch.testing.assert_close(forward(u, zero).double(), exact, atol=6e-7, rtol=1e-6)
+    grad_x, grad_bias = backward(torch.ones_like(u), u, zero)
+    torch.testing.assert_close(grad_x.double(), exact_u.grad, atol=6e-7, rtol=1e-6)
+    torch.testing.assert_close(grad_bias, grad_x.sum(0), atol=1e-5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("act", ["gelu_new", "relu"])
+def test_other_activations_take_the_torch_form(act):
+    dense = torch.nn.Linear(6, 10)
+    x = torch.randn(4, 6, requires_grad=True)
+    out = ops.dense_activation(x, dense, act)
+    assert out.grad_fn is not None and "BiasGelu" not in type(out.grad_fn).__name__
+    torch.testing.assert_close(out, ops.activation(act, dense(x)))
+
+
+@needs_kernels
+def test_pretraining_gradients_match_finite_differences_with_dropout(tiny_config):
+    """The whole model in training mode (every fused kernel on the path, dropout 0.1 in all of
+    them): the gradient along a random direction equals the central difference of the loss, with
+    the same dropout masks on both evaluations (the seeds follow torch's generator)."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(tiny_config).train()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, tiny_config.vocab_size, (3, 12), generator=g)
+    labels = torch.where(torch.rand(3, 12, generator=g) < 0.3, ids, -100)
+    labels[:, 2] = ids[:, 2]
+    batch = {"input_ids": ids, "labels": labels, "next_sentence_label": torch.tensor([0, 1, 0])}
+    params = [p for p in model.parameters() if p.requires_grad]
+    direction = [torch.randn(p.shape, generator=g) for p in params]
+
+    def loss_at(t: float) -> float:
+        with torch.no_grad():
+            for p, d in zip(params, direction, strict=True):
+                p.add_(d, alpha=t)
+        torch.manual_seed(42)
+        value = model(**batch).loss.double().item()  # with autograd: the same kernels
+        with torch.no_grad():
+            for p, d in zip(params, direction, strict=True):
+                p.sub_(d, alpha=t)
+        return value
+
+    torch.manual_seed(42)
+    model(**batch).loss.backward()
+    analytic = sum((p.grad * d).sum() for p, d in zip(params, direction, strict=True)).item()
+    eps = 1e-3
+    numeric = (loss_at(eps) - loss_at(-eps)) / (2 * eps)
+    assert abs(numeric - analytic) < 0.02 * abs(analytic) + 1e-3, (numeric, analytic)
