@@ -28,7 +28,7 @@ static float row_lse(const float *row, int64_t V) {
     }
     for (int64_t j = full; j < V; j++) m = row[j] > m ? row[j] : m;
     double total = 0.0;
-    for (int64_t b = 0; b < full; b += 16 * W) { /* blocks of 256: float lanes, then double */
+    for (int64_t b = 0; b < full; b += 16 * W) { /* 16 vectors: floats, then a double */
         f32v s = get_v(row, 0, 0) * 0.0f;
         int64_t end = b + 16 * W < full ? b + 16 * W : full;
         for (int64_t j = b; j < end; j += W) s += exp_v(get_v(row, 0, j) - m);
