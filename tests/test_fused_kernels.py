@@ -1,5 +1,5 @@
 """The fused training kernels of bertforge.modeling (C, built for real with the system compiler)
-against float64 math: dropout + residual add + LayerNorm, attention's softmax + dropout, bias +
+against float64 math: bias + dropout + residual add + LayerNorm, attention's softmax + dropout, bias +
 exact GELU, each forward and backward, at odd sizes (row tails shorter than the kernels' 16-float
 vectors), on non-contiguous inputs, and with the torch forms they fall back to. The dropout masks
 of the kernels are recovered from the kernels themselves (a row of ones comes out as its mask),
@@ -41,7 +41,7 @@ def row_mask(n: int, H: int, seed: int, p: float) -> torch.Tensor:
     """The row-wise dropout factors (0 or 1 / (1 - p)) of the kernels for an (n, H) matrix."""
     forward = add_norm_kernels()[0]
     keep = torch.ones(n, H)  # overwritten with h = 1 * keep
-    forward(keep, None, torch.ones(H), torch.zeros(H), 1e-5, seed, p)
+    forward(keep, None, None, torch.ones(H), torch.zeros(H), 1e-5, seed, p)
     return keep
 
 
@@ -77,74 +77,83 @@ def test_row_mask_has_the_right_rate_is_independent_and_thread_free():
 @needs_kernels
 @pytest.mark.parametrize("H", [3, 37, 256])
 @pytest.mark.parametrize("p", [0.0, 0.3])
-def test_add_dropout_norm_equals_float64(H, p):
+def test_dense_dropout_norm_equals_float64(H, p):
+    """Bias, dropout, residual add and LayerNorm after a product, every gradient included."""
     g = torch.Generator().manual_seed(H)
-    n = 23
-    norm = torch.nn.LayerNorm(H, eps=1e-5)
+    n, d_in = 23, 19
+    dense, norm = torch.nn.Linear(d_in, H), torch.nn.LayerNorm(H, eps=1e-5)
     with torch.no_grad():
-        norm.weight.copy_(torch.randn(H, generator=g))
-        norm.bias.copy_(torch.randn(H, generator=g))
-    y0 = 3 * torch.randn(n, H, generator=g) + 1
+        for t in (dense.bias, norm.weight, norm.bias):
+            t.copy_(torch.randn(H, generator=g))
+    x0 = (3 * torch.randn(d_in, n, generator=g)).t()  # non-contiguous input
     res0 = torch.randn(H, n, generator=g).t()  # non-contiguous residual
     grad_out = torch.randn(H, n, generator=g).t()  # non-contiguous incoming gradient
-
-    y = y0.clone().requires_grad_()  # a leaf: the op works on a copy of it
-    res = res0.clone().requires_grad_()
+    x, res = x0.clone().requires_grad_(), res0.clone().requires_grad_()
     torch.manual_seed(4)
-    out = ops.add_dropout_norm(y, res, norm, p, training=True)
+    out = ops.dense_dropout_norm(x, dense, res, norm, p, training=True)
     out.backward(grad_out)
-    assert torch.equal(y.detach(), y0)  # a leaf is not overwritten
+    assert torch.equal(x.detach(), x0) and torch.equal(res.detach(), res0)  # inputs untouched
 
     keep = row_mask(n, H, next_seed(4), p) if p > 0 else torch.ones(n, H)
-    y64, r64 = y0.double().requires_grad_(), res0.double().requires_grad_()
-    w64 = norm.weight.detach().double().requires_grad_()
-    b64 = norm.bias.detach().double().requires_grad_()
-    exact = F.layer_norm(y64 * keep.double() + r64, (H,), w64, b64, 1e-5)
+    exact_params = [t.detach().double().requires_grad_() for t in (dense.weight, dense.bias)]
+    exact_params += [t.detach().double().requires_grad_() for t in (norm.weight, norm.bias)]
+    x64, r64 = x0.double().requires_grad_(), res0.double().requires_grad_()
+    w64, b64, g64, beta64 = exact_params
+    exact = F.layer_norm(F.linear(x64, w64, b64) * keep.double() + r64, (H,), g64, beta64, 1e-5)
     exact.backward(grad_out.double())
 
     torch.testing.assert_close(out.double(), exact, atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(y.grad.double(), y64.grad, atol=2e-5, rtol=1e-4)
-    torch.testing.assert_close(res.grad.double(), r64.grad, atol=2e-5, rtol=1e-4)
-    torch.testing.assert_close(norm.weight.grad.double(), w64.grad, atol=2e-5, rtol=1e-4)
-    torch.testing.assert_close(norm.bias.grad.double(), b64.grad, atol=2e-5, rtol=1e-4)
+    for name, got, want in [
+        ("x", x.grad, x64.grad),
+        ("residual", res.grad, r64.grad),
+        ("dense.weight", dense.weight.grad, w64.grad),
+        ("dense.bias", dense.bias.grad, b64.grad),
+        ("norm.weight", norm.weight.grad, g64.grad),
+        ("norm.bias", norm.bias.grad, beta64.grad),
+    ]:
+        torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4, msg=name)
     if p > 0:
         assert 0 < (keep == 0).float().mean() < 0.6
 
 
 @needs_kernels
-def test_add_dropout_norm_reuses_a_fresh_buffer_and_refuses_a_stale_graph():
-    """A 2-D non-view ``y`` (a projection's output) becomes the pre-norm sum, marked as modified:
-    a graph that still needs the old ``y`` fails loudly instead of computing garbage."""
+def test_add_norm_writes_the_sum_over_y_and_refuses_a_stale_graph():
+    """The kernel form writes the pre-norm sum over ``y`` and marks it modified: a graph that
+    still needs the old ``y`` fails loudly instead of computing a wrong gradient."""
+    kernels = add_norm_kernels()
     norm = torch.nn.LayerNorm(8)
-    x = torch.randn(5, 8, requires_grad=True)
-    y = x * 2  # a fresh 2-D tensor, not a view
-    res = torch.randn(5, 8)
-    out = ops.add_dropout_norm(y, res, norm, 0.0, training=True)
-    torch.testing.assert_close(y, x.detach() * 2 + res)  # the buffer holds the sum now
+    x, res = torch.randn(5, 8, requires_grad=True), torch.randn(5, 8)
+    y = x * 2  # a new tensor (not a view) that nothing keeps
+    out, h = ops.AddNorm.apply(y, None, res, norm.weight, norm.bias, 0.0, 1e-5, kernels)
+    assert h is y
+    torch.testing.assert_close(y, x.detach() * 2 + res)
     torch.testing.assert_close(out, F.layer_norm(x.detach() * 2 + res, (8,)))
+    (out.sum() + h.sum()).backward()  # the sum's own gradient joins the norm's
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.0), atol=1e-5, rtol=0)
     z = x.exp()  # exp keeps its output for its backward
-    z_out = ops.add_dropout_norm(z, res, norm, 0.0, training=True)
+    z_out, _ = ops.AddNorm.apply(z, None, res, norm.weight, norm.bias, 0.0, 1e-5, kernels)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         z_out.sum().backward()
 
 
 @pytest.mark.parametrize("p", [0.0, 0.2])
-def test_add_dropout_norm_torch_form_equals_kernel_form_without_drops(monkeypatch, p):
-    """The fallback (no kernels: dropout, add, LayerNorm in torch) computes the same function;
-    with dropout, the same statistics of the mask."""
-    norm = torch.nn.LayerNorm(37)
-    y0, res = torch.randn(200, 37), torch.randn(200, 37)
-    a = ops.add_dropout_norm(y0.clone(), res, norm, p, training=True)
+def test_dense_dropout_norm_torch_form_equals_kernel_form(monkeypatch, p):
+    """The fallback (no kernels: linear, dropout, add, LayerNorm in torch) computes the same
+    function; with dropout, a mask of the same rate."""
+    dense, norm = torch.nn.Linear(11, 37), torch.nn.LayerNorm(37)
+    x, res = torch.randn(4, 50, 11), torch.randn(4, 50, 37)
+    torch.manual_seed(0)
+    a = ops.dense_dropout_norm(x, dense, res, norm, p, training=True)
     monkeypatch.setattr(ops, "add_norm_kernels", lambda: None)
-    b = ops.add_dropout_norm(y0.clone(), res, norm, p, training=True)
+    torch.manual_seed(0)
+    b = ops.dense_dropout_norm(x, dense, res, norm, p, training=True)
+    assert a.shape == b.shape == res.shape
     if p == 0:
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    else:
-        assert a.shape == b.shape and not torch.equal(a, b)
-    eval_mode = ops.add_dropout_norm(y0.clone(), res, norm, p, training=False)
-    torch.testing.assert_close(eval_mode, F.layer_norm(y0 + res, (37,), norm.weight, norm.bias))
+    eval_mode = ops.dense_dropout_norm(x, dense, res, norm, p, training=False)
+    torch.testing.assert_close(eval_mode, norm(dense(x) + res), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="dropout probability"):
-        ops.add_dropout_norm(y0.clone(), res, norm, 1.0, training=True)
+        ops.dense_dropout_norm(x, dense, res, norm, 1.0, training=True)
 
 
 def attention_inputs(B: int, nh: int, T: int, hs: int, seed: int):

@@ -60,12 +60,12 @@ _SIGNATURES = {
     # x, target, lse, grad, n, V, scale, threads
     "bertforge_ce_backward_f32": [_P, _P, _P, _P, _I64, _I64, _F, _INT],
     "bertforge_ce_backward_bf16": [_P, _P, _P, _P, _I64, _I64, _F, _INT],
-    # y (overwritten: h), residual, gamma, beta, out, mean, rstd, n, H, seed, threshold, scale,
-    # eps, threads
-    "bertforge_add_norm_forward_f32": [_P] * 7 + [_I64, _I64, _U64, _U32, _F, _F, _INT],
-    # grad_out, h, mean, rstd, gamma, grad_extra, grad_h, grad_y, grad_gamma, grad_beta, work,
-    # n, H, seed, threshold, scale, threads
-    "bertforge_add_norm_backward_f32": [_P] * 11 + [_I64, _I64, _U64, _U32, _F, _INT],
+    # y (overwritten: h), bias, residual, gamma, beta, out, mean, rstd, n, H, seed, threshold,
+    # scale, eps, threads
+    "bertforge_add_norm_forward_f32": [_P] * 8 + [_I64, _I64, _U64, _U32, _F, _F, _INT],
+    # grad_out, h, mean, rstd, gamma, grad_extra, grad_h, grad_y, grad_gamma, grad_beta,
+    # grad_bias, work, n, H, seed, threshold, scale, threads
+    "bertforge_add_norm_backward_f32": [_P] * 12 + [_I64, _I64, _U64, _U32, _F, _INT],
     # scores (overwritten: probs), dropped, mask, rows, T, rows_per_batch, scale, seed,
     # threshold, keep_scale, threads
     "bertforge_softmax_dropout_forward_f32": [_P] * 3 + [_I64] * 3 + [_F, _U64, _U32, _F, _INT],
@@ -218,27 +218,26 @@ def cross_entropy_kernels(
 
 
 @functools.cache
-def add_norm_kernels() -> (
-    tuple[Callable[..., tuple[Tensor, Tensor, Tensor]], Callable[..., tuple]] | None
-):
-    """``(forward, backward)`` of LayerNorm(dropout(y) + residual) over contiguous fp32 (n, H)
-    CPU rows, or None when the kernels are not built here.
+def add_norm_kernels() -> tuple[Callable[..., tuple], Callable[..., tuple]] | None:
+    """``(forward, backward)`` of LayerNorm(dropout(y + bias) + residual) over contiguous fp32
+    (n, H) CPU rows, or None when the kernels are not built here.
 
-    ``forward(y, residual, gamma, beta, eps, seed, p)`` -> ``(out, mean, rstd)``; ``y`` is
-    overwritten with the pre-norm sum h, ``residual`` may be None. ``backward(grad_out, h, mean,
-    rstd, gamma, seed, p, grad_extra=None)`` -> ``(grad_h, grad_y, grad_gamma, grad_beta)``,
-    ``grad_extra`` (a gradient of h from elsewhere) added into ``grad_h``; ``grad_y`` is
-    ``grad_h`` itself when nothing is dropped (``p < 2^-17``). The dropout mask is the row-wise one of ``csrc/common.h``.
+    ``forward(y, bias, residual, gamma, beta, eps, seed, p)`` -> ``(out, mean, rstd)``; ``y`` is
+    overwritten with the pre-norm sum h; ``bias`` and ``residual`` may be None.
+    ``backward(grad_out, h, mean, rstd, gamma, seed, p, grad_extra=None, with_bias=False)`` ->
+    ``(grad_h, grad_y, grad_gamma, grad_beta, grad_bias)``: ``grad_extra`` (a gradient of h from
+    elsewhere) is added into ``grad_h``, ``grad_y`` is ``grad_h`` itself when nothing is dropped
+    (``p < 2^-17``), ``grad_bias`` (the column sums of ``grad_y``) None unless ``with_bias``.
+    The dropout mask is the row-wise one of ``csrc/common.h``.
     """
-    fwd, bwd = (
-        _function("add_norm_forward", torch.float32),
-        _function("add_norm_backward", torch.float32),
-    )
+    fwd = _function("add_norm_forward", torch.float32)
+    bwd = _function("add_norm_backward", torch.float32)
     if fwd is None or bwd is None:
         return None
 
     def forward(
         y: Tensor,
+        bias: Tensor | None,
         residual: Tensor | None,
         gamma: Tensor,
         beta: Tensor,
@@ -249,9 +248,9 @@ def add_norm_kernels() -> (
         n, H = y.shape
         out = torch.empty_like(y)
         mean, rstd = torch.empty(n), torch.empty(n)
-        res = None if residual is None else residual.data_ptr()
-        ptrs = (y.data_ptr(), res, gamma.data_ptr(), beta.data_ptr(), out.data_ptr())
-        fwd(*ptrs, mean.data_ptr(), rstd.data_ptr(), n, H, seed, *_drop(p), eps, _threads())
+        ptrs = [y.data_ptr(), _ptr(bias), _ptr(residual), gamma.data_ptr(), beta.data_ptr()]
+        ptrs += [out.data_ptr(), mean.data_ptr(), rstd.data_ptr()]
+        fwd(*ptrs, n, H, seed, *_drop(p), eps, _threads())
         return out, mean, rstd
 
     def backward(
@@ -263,21 +262,27 @@ def add_norm_kernels() -> (
         seed: int,
         p: float,
         grad_extra: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        with_bias: bool = False,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
         n, H = h.shape
         grad_h = torch.empty_like(h)
         drops = _drop(p)[0] > 0
         grad_y = torch.empty_like(h) if drops else grad_h
         grad_gamma, grad_beta = torch.empty(H), torch.empty(H)
-        work = torch.empty(_threads(), 2, H)
-        args = [t.data_ptr() for t in (grad_out, h, mean, rstd, gamma)]
-        args += [None if grad_extra is None else grad_extra.data_ptr(), grad_h.data_ptr()]
-        args += [grad_y.data_ptr() if drops else None]
-        args += [grad_gamma.data_ptr(), grad_beta.data_ptr(), work.data_ptr()]
-        bwd(*args, n, H, seed, *_drop(p), _threads())
-        return grad_h, grad_y, grad_gamma, grad_beta
+        grad_bias = torch.empty(H) if with_bias else None
+        work = torch.empty(_threads(), 3, H)
+        ptrs = [t.data_ptr() for t in (grad_out, h, mean, rstd, gamma)]
+        ptrs += [_ptr(grad_extra), grad_h.data_ptr(), grad_y.data_ptr() if drops else None]
+        ptrs += [grad_gamma.data_ptr(), grad_beta.data_ptr(), _ptr(grad_bias), work.data_ptr()]
+        bwd(*ptrs, n, H, seed, *_drop(p), _threads())
+        return grad_h, grad_y, grad_gamma, grad_beta, grad_bias
 
     return forward, backward
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    """The address of ``t``'s data, or None (NULL) for no tensor."""
+    return None if t is None else t.data_ptr()
 
 
 @functools.cache
@@ -286,8 +291,8 @@ def softmax_dropout_kernels() -> tuple[Callable[..., Tensor | None], Callable[..
     attention scores (B, nh, Tq, T), padded keys left out, or None when not built here.
 
     ``forward(scores, mask, scale, seed, p)`` overwrites ``scores`` with the probabilities and
-    returns the dropped-out probabilities (None when nothing is dropped, ``p < 2^-17``); ``mask`` is (B, T) uint8, 1 at
-    real keys, or None. ``backward(grad, probs, dropped, scale)`` overwrites ``grad`` (the
+    returns the dropped-out probabilities (None when nothing is dropped, ``p < 2^-17``);
+    ``mask`` is (B, T) uint8, 1 at real keys, or None. ``backward(grad, probs, dropped, scale)`` overwrites ``grad`` (the
     gradient of the dropped probabilities) with the gradient of the scores.
     """
     fwd, bwd = (

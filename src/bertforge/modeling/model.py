@@ -35,11 +35,11 @@ from bertforge.modeling.ops import (
     DecoderLinear,
     Dropout,
     activation,
-    add_dropout_norm,
     attention,
     autograd_free,
     cross_entropy,
     dense_activation,
+    dense_dropout_norm,
     dropout,
     repad,
     unpad,
@@ -188,12 +188,9 @@ class BertOutput(nn.Module):
             # bias and product accumulate into the residual: one GEMM, no new (.., H) tensor
             out = residual.add_(b).view(-1, w.shape[0]).addmm_(y.reshape(-1, w.shape[1]), w.t())
             return self.LayerNorm(out.view_as(residual))
-        # the projection's (rows, H) output is a new tensor autograd keeps nothing of (and not a
-        # view of one): the sum goes there
-        h = F.linear(y.reshape(-1, y.shape[-1]), w, b)  # (rows, H)
-        res = residual.reshape(h.shape)  # (rows, H)
-        out = add_dropout_norm(h, res, self.LayerNorm, self.dropout.p, self.training)
-        return out.view_as(residual)
+        return dense_dropout_norm(
+            y, self.dense, residual, self.LayerNorm, self.dropout.p, self.training
+        )
 
 
 class BertAttention(nn.Module):

@@ -100,62 +100,73 @@ def _fp32_cpu(*tensors: Tensor) -> bool:
     return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
 
 
-# ---- dropout + residual add + LayerNorm -------------------------------------------------------
-def add_dropout_norm(
-    y: Tensor, residual: Tensor, norm: nn.LayerNorm, p: float, training: bool
+# ---- bias + dropout + residual add + LayerNorm ------------------------------------------------
+def dense_dropout_norm(
+    x: Tensor, dense: nn.Linear, residual: Tensor, norm: nn.LayerNorm, p: float, training: bool
 ) -> Tensor:
-    """``norm(dropout(y, p, training) + residual)``, the end of BERT's post-LN blocks. ``y``'s
-    buffer is reused for the sum, so pass a tensor nobody else holds (a projection's output).
+    """``norm(dropout(dense(x), p, training) + residual)``: the end of BERT's post-LN blocks,
+    ``x`` (.., in) and ``residual`` (.., H) with the same leading dimensions; the result has the
+    shape of ``residual``.
 
-    fp32 on the CPU: the C kernels of :func:`bertforge.modeling.kernels.add_norm_kernels`, one
-    pass forward and one backward (:class:`AddNorm`); else :func:`dropout`, an in-place add and
-    ``norm``. The two draw different dropout masks (same distribution). The kernel path writes
-    over a 2-D ``y`` that is not a view; otherwise it works on a copy."""
+    fp32 on the CPU: the product runs without its bias, and the C kernels of
+    :func:`bertforge.modeling.kernels.add_norm_kernels` add the bias, drop, add the residual and
+    normalise in one pass, and compute every gradient of those in one pass back (:class:`AddNorm`);
+    else ``dense``, :func:`dropout`, an in-place add and ``norm`` (a different dropout mask, the
+    same distribution)."""
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability has to be in [0, 1) here, but got {p}")
     p = p if training else 0.0
-    H = y.shape[-1]
-    kernels = add_norm_kernels() if _add_norm_takes(y, residual, norm) else None
+    w, b = dense.weight, dense.bias
+    kernels = add_norm_kernels() if _add_norm_takes(x, w, b, residual, norm) else None
     if kernels is None:
-        h = dropout(y, p, True)
+        h = dropout(dense(x), p, True)  # a new tensor autograd keeps nothing of: add in place
         h = h.add_(residual) if h.dtype == residual.dtype else h + residual
         return norm(h)
-    if y.dim() != 2 or y._base is not None or (y.is_leaf and y.requires_grad):
-        y = y.reshape(-1, H).clone()  # (n, H): autograd lets no view or leaf be overwritten
-    out, _ = AddNorm.apply(y, residual.reshape(-1, H), norm.weight, norm.bias, p, norm.eps, kernels)
+    y = F.linear(x.reshape(-1, x.shape[-1]), w)  # (rows, H): a new tensor, not a view
+    res = residual.reshape(y.shape)
+    out, _ = AddNorm.apply(y, b, res, norm.weight, norm.bias, p, norm.eps, kernels)
     return out.view(residual.shape)
 
 
-def _add_norm_takes(y: Tensor, residual: Tensor, norm: nn.LayerNorm) -> bool:
-    if norm.weight is None or norm.bias is None or norm.normalized_shape != (y.shape[-1],):
+def _add_norm_takes(
+    x: Tensor, w: Tensor, b: Tensor | None, residual: Tensor, norm: nn.LayerNorm
+) -> bool:
+    H = residual.shape[-1]
+    if norm.weight is None or norm.bias is None or norm.normalized_shape != (H,):
         return False
-    if y.shape != residual.shape or not y.is_contiguous() or y.numel() == 0:
+    if x.shape[:-1] != residual.shape[:-1] or w.shape[0] != H or residual.numel() == 0:
         return False
-    return y.shape[-1] <= 16384 and _fp32_cpu(y, residual, norm.weight, norm.bias)
+    if torch.is_autocast_enabled("cpu"):  # the product would come out in bf16
+        return False
+    tensors = [x, w, residual, norm.weight, norm.bias] + ([] if b is None else [b])
+    return H <= 16384 and _fp32_cpu(*tensors)
 
 
 class AddNorm(torch.autograd.Function):
-    """LayerNorm(dropout(y) + residual) through the C kernels on (n, H) rows. Returns ``(out,
-    h)``: the pre-norm sum h is written over ``y`` (marked dirty, so autograd refuses a graph
-    that still needed the old ``y``) and kept for the backward with one mean and 1/std per row;
-    the dropout mask is recomputed from its seed."""
+    """LayerNorm(dropout(y + bias) + residual) through the C kernels on (n, H) rows, ``bias``
+    optional. Returns ``(out, h)``: the pre-norm sum h is written over ``y`` (a non-view tensor,
+    marked dirty so that autograd refuses a graph that still needed the old ``y``) and kept for
+    the backward with one mean and 1/std per row; the dropout mask is recomputed from its
+    seed."""
 
     @staticmethod
     def forward(
         ctx: Any,
         y: Tensor,
+        bias: Tensor | None,
         residual: Tensor,
         weight: Tensor,
-        bias: Tensor,
+        norm_bias: Tensor,
         p: float,
         eps: float,
         kernels: Any,
     ) -> tuple[Tensor, Tensor]:
         seed = _seed() if p > 0 else 0
-        out, mean, rstd = kernels[0](y, residual.contiguous(), weight, bias, eps, seed, p)
+        res = residual.contiguous()
+        out, mean, rstd = kernels[0](y, bias, res, weight, norm_bias, eps, seed, p)
         ctx.mark_dirty(y)
         ctx.save_for_backward(y, mean, rstd, weight)
-        ctx.seed, ctx.p, ctx.backward_kernel = seed, p, kernels[1]
+        ctx.seed, ctx.p, ctx.with_bias, ctx.backward_kernel = seed, p, bias is not None, kernels[1]
         ctx.set_materialize_grads(False)
         return out, y
 
@@ -166,10 +177,10 @@ class AddNorm(torch.autograd.Function):
             grad_out = torch.zeros_like(h)
         extra = None if grad_sum is None else grad_sum.contiguous()  # the sum was used too
         grads = ctx.backward_kernel(
-            grad_out.contiguous(), h, mean, rstd, weight, ctx.seed, ctx.p, extra
+            grad_out.contiguous(), h, mean, rstd, weight, ctx.seed, ctx.p, extra, ctx.with_bias
         )
-        grad_h, grad_y, grad_weight, grad_bias = grads
-        return grad_y, grad_h, grad_weight, grad_bias, None, None, None
+        grad_h, grad_y, grad_weight, grad_norm_bias, grad_bias = grads
+        return grad_y, grad_bias, grad_h, grad_weight, grad_norm_bias, None, None, None
 
 
 # ---- attention with dropout -------------------------------------------------------------------
@@ -397,7 +408,7 @@ __all__ = [
     "DecoderLinear",
     "SeededDropout",
     "activation",
-    "add_dropout_norm",
+    "dense_dropout_norm",
     "attention",
     "autograd_free",
     "cross_entropy",

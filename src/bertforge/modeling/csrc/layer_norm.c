@@ -1,14 +1,16 @@
-/* Dropout + residual add + LayerNorm over the rows of an (n, H) fp32 matrix, forward and backward
- * each in one pass over memory (BERT's post-LN block ending: LayerNorm(dropout(y) + residual)):
+/* Bias + dropout + residual add + LayerNorm over the rows of an (n, H) fp32 matrix, forward and
+ * backward each in one pass over memory (the end of BERT's post-LN blocks:
+ * LayerNorm(dropout(y + bias) + residual), y a bias-free projection):
  *
- *   forward:  h = y * keep + residual, written over y (the caller's buffer, which nobody else
- *             holds); out = (h - mean) * rstd * gamma + beta; mean and rstd kept per row;
+ *   forward:  h = (y + bias) * keep + residual, written over y (the caller's buffer, which nobody
+ *             else holds); out = (h - mean) * rstd * gamma + beta; mean and rstd kept per row;
  *   backward: from grad_out, h, mean and rstd: grad_h (the residual's gradient), grad_y = grad_h *
- *             keep (the same mask, recomputed from the seed), and the gamma / beta gradients
- *             summed per thread, then across threads.
+ *             keep (the same mask, recomputed from the seed), and the gamma, beta and bias
+ *             gradients summed per thread, then across threads.
  *
- * torch runs dropout, the add, the normalisation and its backward as five kernels, each a pass
- * over the matrix, plus the column sums of the gamma / beta gradients. Rows are short (H = 256
+ * torch adds the bias in the product's GEMM (a pass to broadcast it first), runs dropout, the
+ * add, the normalisation and its backward as separate passes over the matrix, plus the column
+ * sums of the bias, gamma and beta gradients. Rows are short (H = 256
  * for BERT-Mini): each is read from memory once and reused from L1. Built by kernels.py.
  */
 #include "common.h"
@@ -18,21 +20,24 @@
 
 #define VEC_LOOP(j, n) for (j = 0; j + W <= (n); j += W)
 
-/* One row of the forward; keep = NULL means no dropout. */
-INLINE void norm_row(float *y, const float *res, const float *gamma, const float *beta, float *out,
-                     float *mean_out, float *rstd_out, const float *keep, int64_t H, float eps) {
+/* One row of the forward; bias, res or keep NULL: none. */
+INLINE void norm_row(float *y, const float *bias, const float *res, const float *gamma,
+                     const float *beta, float *out, float *mean_out, float *rstd_out,
+                     const float *keep, int64_t H, float eps) {
     f32v acc = {0};
     float tail = 0.0f;
     int64_t j;
     VEC_LOOP(j, H) {
         f32v v = get_v(y, 0, j);
+        if (bias) v += get_v(bias, 0, j);
         if (keep) v *= get_v(keep, 0, j);
         if (res) v += get_v(res, 0, j);
         put_v(y, 0, j, v);
         acc += v;
     }
     for (; j < H; j++) {
-        float v = y[j] * (keep ? keep[j] : 1.0f) + (res ? res[j] : 0.0f);
+        float v = y[j] + (bias ? bias[j] : 0.0f);
+        v = v * (keep ? keep[j] : 1.0f) + (res ? res[j] : 0.0f);
         y[j] = v;
         tail += v;
     }
@@ -54,25 +59,27 @@ INLINE void norm_row(float *y, const float *res, const float *gamma, const float
     *rstd_out = rstd;
 }
 
-void bertforge_add_norm_forward_f32(float *y, const float *res, const float *gamma,
-                                    const float *beta, float *out, float *mean, float *rstd,
+void bertforge_add_norm_forward_f32(float *y, const float *bias, const float *res,
+                                    const float *gamma, const float *beta, float *out, float *mean, float *rstd,
                                     int64_t n, int64_t H, uint64_t seed, uint32_t threshold,
                                     float scale, float eps, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         float keep[threshold ? H : 1];
         if (threshold) row_keep(seed, i, H, threshold, scale, keep);
-        norm_row(y + i * H, res ? res + i * H : 0, gamma, beta, out + i * H, mean + i, rstd + i,
-                 threshold ? keep : 0, H, eps);
+        norm_row(y + i * H, bias, res ? res + i * H : 0, gamma, beta, out + i * H, mean + i,
+                 rstd + i, threshold ? keep : 0, H, eps);
     }
 }
 
 /* grad_y is written only when threshold > 0 (no dropout: grad_y is grad_h; it may be NULL); grad_extra (may be NULL) is a gradient of
- * h from elsewhere, added to grad_h; work holds 2 * H floats per thread. */
+ * h from elsewhere, added to grad_h; grad_bias (may be NULL) receives the column sums of grad_y;
+ * work holds 3 * H floats per thread. */
 void bertforge_add_norm_backward_f32(const float *grad_out, const float *h, const float *mean,
                                      const float *rstd, const float *gamma,
                                      const float *grad_extra, float *grad_h,
                                      float *grad_y, float *grad_gamma, float *grad_beta,
+                                     float *grad_bias,
                                      float *work, int64_t n, int64_t H, uint64_t seed,
                                      uint32_t threshold, float scale, int threads) {
     int used = 1;
@@ -84,8 +91,8 @@ void bertforge_add_norm_backward_f32(const float *grad_out, const float *h, cons
 #pragma omp single
         used = omp_get_num_threads();
 #endif
-        float *dg = work + (int64_t)t * 2 * H, *db = dg + H;
-        memset(dg, 0, 2 * H * sizeof(float));
+        float *dg = work + (int64_t)t * 3 * H, *db = dg + H, *dy = db + H;
+        memset(dg, 0, 3 * H * sizeof(float));
         float keep[threshold ? H : 1];
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < n; i++) {
@@ -119,23 +126,29 @@ void bertforge_add_norm_backward_f32(const float *grad_out, const float *h, cons
                 f32v v = (get_v(go, 0, j) * get_v(gamma, 0, j) - a - xhat * b) * r;
                 if (ge) v += get_v(ge, 0, j);
                 put_v(gh, 0, j, v);
-                if (gy) put_v(gy, 0, j, v * get_v(keep, 0, j));
+                if (gy) v *= get_v(keep, 0, j);
+                if (gy) put_v(gy, 0, j, v);
+                if (grad_bias) put_v(dy, 0, j, get_v(dy, 0, j) + v);
             }
             for (; j < H; j++) {
                 float xhat = (x[j] - m) * r;
                 float v = (go[j] * gamma[j] - a - xhat * b) * r + (ge ? ge[j] : 0.0f);
                 gh[j] = v;
-                if (gy) gy[j] = v * keep[j];
+                if (gy) v *= keep[j];
+                if (gy) gy[j] = v;
+                if (grad_bias) dy[j] += v;
             }
         }
     }
     for (int64_t j = 0; j < H; j++) { /* threads' partial sums, in a fixed order */
-        float sg = 0.0f, sb = 0.0f;
+        float sg = 0.0f, sb = 0.0f, sy = 0.0f;
         for (int t = 0; t < used; t++) {
-            sg += work[(int64_t)t * 2 * H + j];
-            sb += work[(int64_t)t * 2 * H + H + j];
+            sg += work[(int64_t)t * 3 * H + j];
+            sb += work[(int64_t)t * 3 * H + H + j];
+            sy += work[(int64_t)t * 3 * H + 2 * H + j];
         }
         grad_gamma[j] = sg;
         grad_beta[j] = sb;
+        if (grad_bias) grad_bias[j] = sy;
     }
 }
