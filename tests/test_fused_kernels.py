@@ -297,3 +297,24 @@ def test_pretraining_gradients_match_finite_differences_with_dropout(tiny_config
     eps = 1e-3
     numeric = (loss_at(eps) - loss_at(-eps)) / (2 * eps)
     assert abs(numeric - analytic) < 0.02 * abs(analytic) + 1e-3, (numeric, analytic)
+
+
+def test_scratch_buffers_are_reused_only_when_nobody_holds_them():
+    first = ops.scratch("test.buffer", (10, 5), torch.float32)
+    address = first.data_ptr()
+    held = ops.scratch("test.buffer", (10, 5), torch.float32)
+    assert held.data_ptr() != address  # `first` still holds its memory
+    del first, held
+    again = ops.scratch("test.buffer", (9, 5), torch.float32)  # smaller: the same memory
+    view = again.t()
+    del again
+    assert ops.scratch("test.buffer", (9, 5), torch.float32).data_ptr() != view.data_ptr()
+    del view
+    mine = ops.scratch("test.buffer", (9, 5), torch.float32)
+    assert ops.scratch("test.buffer", (9, 5), torch.float32).data_ptr() != mine.data_ptr()
+    # the MLM logits returned to a caller who keeps them are never overwritten by the next step
+    x, w, b = torch.randn(4, 3), torch.randn(7, 3), torch.randn(7)
+    kept = ops.DecoderLinear.apply(x, w, b)
+    expected = kept.clone()
+    ops.DecoderLinear.apply(2 * x, w, b)
+    assert torch.equal(kept, expected)

@@ -189,8 +189,9 @@ def cross_entropy_kernels(
     targets, or None when no kernel serves ``dtype`` here.
 
     ``forward(logits, target)`` -> ``(lse, row_loss)``, both (n,) fp32: each row's log-sum-exp
-    and ``lse - logits[i, target[i]]``. ``backward(logits, target, lse, scale)`` -> the (n, V)
-    gradient ``(softmax - onehot(target)) * scale`` in the logits' dtype.
+    and ``lse - logits[i, target[i]]``. ``backward(logits, target, lse, scale, out=None)`` -> the
+    (n, V) gradient ``(softmax - onehot(target)) * scale`` in the logits' dtype, written into
+    ``out`` when given.
     """
     fwd, bwd = _function("ce_forward", dtype), _function("ce_backward", dtype)
     if fwd is None or bwd is None:
@@ -207,9 +208,11 @@ def cross_entropy_kernels(
         fwd(*args, n, V, _threads())
         return lse, row_loss
 
-    def backward(logits: Tensor, target: Tensor, lse: Tensor, scale: float) -> Tensor:
+    def backward(
+        logits: Tensor, target: Tensor, lse: Tensor, scale: float, out: Tensor | None = None
+    ) -> Tensor:
         n, V = logits.shape
-        grad = torch.empty_like(logits)
+        grad = torch.empty_like(logits) if out is None else out
         ptrs = (logits.data_ptr(), target.data_ptr(), lse.data_ptr(), grad.data_ptr())
         bwd(*ptrs, n, V, scale, _threads())
         return grad

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import torch
@@ -282,7 +283,8 @@ class KernelCrossEntropy(torch.autograd.Function):
     def backward(ctx: Any, grad_loss: Tensor) -> tuple[Tensor, None, None]:
         logits, target, lse = ctx.saved_tensors
         scale = float(grad_loss) / logits.shape[0]
-        return ctx.backward_kernel(logits, target, lse, scale), None, None
+        out = scratch("logits.grad", logits.shape, logits.dtype)
+        return ctx.backward_kernel(logits, target, lse, scale, out), None, None
 
 
 class CrossEntropy(torch.autograd.Function):
@@ -319,12 +321,43 @@ class DecoderLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         ctx.save_for_backward(x, weight)
-        return torch.addmm(bias, x, weight.t())  # (n, out)
+        out = scratch("logits", (x.shape[0], weight.shape[0]), x.dtype)
+        return torch.addmm(bias, x, weight.t(), out=out)  # (n, out)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         x, weight = ctx.saved_tensors
-        return grad.mm(weight), grad.t().mm(x), grad.sum(0)
+        grad_weight = torch.mm(grad.t(), x, out=scratch("decoder.grad", weight.shape, x.dtype))
+        return grad.mm(weight), grad_weight, grad.sum(0)
+
+
+# Large per-step buffers (the MLM logits, their gradient, the decoder's weight gradient, the
+# feed-forward's gradient: tens of MB each) are above glibc's mmap threshold: each step's fresh one comes from the kernel as
+# zeroed pages, whose first touch costs more than the kernel writing it (~50 ms of page faults
+# per 72 MB at 1 thread on a busy machine). Such a buffer is reused once nobody holds it.
+_SCRATCH: dict[tuple[str, torch.dtype], Tensor] = {}
+_SCRATCH_LOCK = threading.Lock()
+
+
+def scratch(name: str, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> Tensor:
+    """An uninitialised CPU tensor of ``shape`` for the per-step buffer ``name``: the memory of
+    the previous call's when no tensor holds it any more (checked by the storage's reference
+    count), else a new allocation (1/8 larger, for batches that vary) kept for the next call."""
+    numel = math.prod(shape)
+    with _SCRATCH_LOCK:
+        buf = _SCRATCH.get((name, dtype))
+        if buf is None or buf.numel() < numel or not _unshared(buf):
+            buf = torch.empty(numel + numel // 8, dtype=dtype)
+            _SCRATCH[(name, dtype)] = buf
+        return buf[:numel].view(shape)
+
+
+def _unshared(buf: Tensor) -> bool:
+    """Whether ``buf`` (held by the scratch table) is the only tensor on its storage."""
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    if use_count is None:  # a torch without it: never reuse
+        return False
+    return use_count(buf.untyped_storage()._cdata) <= 2  # buf + the temporary storage object
 
 
 # Unpadding: with padding in the batch, every token-wise op (projections, feed-forward, LayerNorm,
@@ -388,7 +421,8 @@ class BiasGelu(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
         x, bias = ctx.saved_tensors
-        grad_x, grad_bias = ctx.backward_kernel(grad.contiguous(), x, bias)
+        into = scratch("intermediate.grad", x.shape, x.dtype)  # the layers take turns with it
+        grad_x, grad_bias = ctx.backward_kernel(grad.contiguous(), x, bias, into)
         return grad_x, grad_bias, None
 
 
