@@ -304,8 +304,10 @@ def test_scratch_buffers_are_reused_only_when_nobody_holds_them():
     address = first.data_ptr()
     held = ops.scratch("test.buffer", (10, 5), torch.float32)
     assert held.data_ptr() != address  # `first` still holds its memory
+    address = held.data_ptr()
     del first, held
     again = ops.scratch("test.buffer", (9, 5), torch.float32)  # smaller: the same memory
+    assert again.data_ptr() == address
     view = again.t()
     del again
     assert ops.scratch("test.buffer", (9, 5), torch.float32).data_ptr() != view.data_ptr()
