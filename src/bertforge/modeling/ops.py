@@ -327,14 +327,16 @@ class DecoderLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         x, weight = ctx.saved_tensors
-        grad_weight = torch.mm(grad.t(), x, out=scratch("decoder.grad", weight.shape, x.dtype))
-        return grad.mm(weight), grad_weight, grad.sum(0)
+        # a new tensor (not scratch): the engine sums the word-embedding gradient into it in place
+        return grad.mm(weight), grad.t().mm(x), grad.sum(0)
 
 
-# Large per-step buffers (the MLM logits, their gradient, the decoder's weight gradient, the
-# feed-forward's gradient: tens of MB each) are above glibc's mmap threshold: each step's fresh one comes from the kernel as
+# Large per-step buffers (the MLM logits and their gradient, the feed-forward's gradient: tens of
+# MB each) are above glibc's mmap threshold: each step's fresh one comes from the kernel as
 # zeroed pages, whose first touch costs more than the kernel writing it (~50 ms of page faults
-# per 72 MB at 1 thread on a busy machine). Such a buffer is reused once nobody holds it.
+# per 72 MB at 1 thread on a busy machine). Such a buffer is reused once nobody holds it. Not for
+# a gradient that autograd sums with another (the tied decoder's): it adds in place only into a
+# tensor nobody else holds.
 _SCRATCH: dict[tuple[str, torch.dtype], Tensor] = {}
 _SCRATCH_LOCK = threading.Lock()
 
