@@ -1,6 +1,6 @@
 """Small C kernels for the CPU, built on first use with the system C compiler.
 
-Two places in a training step are bound by passes over memory that torch cannot merge on the CPU:
+Much of a CPU training step outside the GEMMs is passes over memory that torch cannot merge:
 
 * dropout: torch draws the mask through one Mersenne-Twister stream, then compares, casts and
   multiplies, each a pass. ``csrc/dropout.c`` draws it from a counter-based generator and scales
@@ -9,6 +9,11 @@ Two places in a training step are bound by passes over memory that torch cannot 
 * the MLM cross-entropy over n x 30,522 logits: torch writes the fp32 log-probabilities and
   rereads them in the backward (plus a cast for bf16 logits). ``csrc/cross_entropy.c`` keeps
   one log-sum-exp per row and writes the gradient in one pass.
+* the end of each post-LN block, LayerNorm(dropout(y + bias) + residual), and its backward with
+  every gradient (``csrc/layer_norm.c``); attention's scaling, key mask, softmax and dropout and
+  their backward (``csrc/softmax.c``); the feed-forward's bias + exact GELU and its backward with
+  the bias gradient (``csrc/gelu.c``): one pass each way instead of four to six. fp32 only (bf16
+  autocast keeps torch's ops there).
 
 The sources in ``csrc/`` are compiled once per source, compiler and CPU into ``$BERTFORGE_CACHE``
 (default ``~/.cache/bertforge``), atomically, and loaded with ``ctypes``: no torch headers, no
@@ -151,8 +156,8 @@ def _library() -> ctypes.CDLL | None:
         path.unlink(missing_ok=True)
     if lib is None:
         warnings.warn(
-            "bertforge: could not build its C kernels (no working C compiler); dropout and the "
-            "MLM loss use slower torch forms. Install gcc or clang, or set BERTFORGE_KERNELS=0.",
+            "bertforge: could not build its C kernels (no working C compiler); training uses "
+            "slower torch forms. Install gcc or clang, or set BERTFORGE_KERNELS=0.",
             stacklevel=3,
         )
     return lib

@@ -12,8 +12,10 @@ for speed only and never changes the function (``tests/test_fast_paths.py`` chec
   the loss is identical, the 30k-wide decoder does ~15% of the work;
 * task models skip the padding: projections, feed-forward, LayerNorm and dropout run on the real
   tokens only, attention alone on the (B, T) grid (``skip_padding``);
-* dropout and the MLM cross-entropy use the cheaper CPU forms of ``bertforge.ops`` (C kernels
-  when a compiler is at hand), and the tied decoder's weight gradient comes out contiguous;
+* dropout, the MLM cross-entropy, and in fp32 training the block ends (bias + dropout +
+  residual + LayerNorm), attention's softmax + dropout and the feed-forward's bias + GELU use
+  the fused CPU forms of ``bertforge.modeling.ops`` (C kernels when a compiler is at hand), and
+  the tied decoder's weight gradient comes out contiguous;
 * sums go into buffers nobody else holds, and in inference (no autograd) the residual stream and
   the activations are updated in place: fewer new tensors, whose first touch costs page faults.
 """

@@ -1,14 +1,20 @@
 """Tensor operations the model uses for speed, each the same function as its plain form.
 
 * :func:`dropout` / :class:`Dropout`: dropout with a cheaper random mask on CPU (a C kernel of
-  :mod:`bertforge.kernels` when one is built, else :func:`torch_dropout`);
+  :mod:`bertforge.modeling.kernels` when one is built, else :func:`torch_dropout`);
 * :func:`cross_entropy`: mean cross-entropy with fewer passes over 30k-wide logits (the C kernel,
   else :class:`CrossEntropy`);
+* :func:`dense_dropout_norm`, :func:`attention`, :func:`dense_activation`: the end of each
+  post-LN block, attention with dropout, and the feed-forward's bias + GELU, each one C pass
+  forward and one backward in fp32 training (:class:`AddNorm`, :class:`KernelAttention`,
+  :class:`BiasGelu`), else torch ops;
 * :class:`DecoderLinear`: the tied decoder, its weight gradient contiguous;
+* :func:`scratch`: large per-step buffers reused once nobody holds them (no page faults);
 * :func:`unpad` / :func:`repad`: move between a padded (B, T) batch and its N real tokens;
 * :func:`activation` and :func:`autograd_free`: in inference, activations overwrite their input.
 
-``tests/test_fast_paths.py`` checks each against the plain computation.
+``tests/test_fast_paths.py`` and ``tests/test_fused_kernels.py`` check each against the plain
+computation (float64 for the kernels).
 """
 
 from __future__ import annotations
@@ -451,6 +457,7 @@ __all__ = [
     "dense_activation",
     "dropout",
     "repad",
+    "scratch",
     "torch_dropout",
     "unpad",
 ]
