@@ -7,10 +7,13 @@ import contextlib
 import http.client
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -140,3 +143,155 @@ def serve(
             process.wait()
         if log:
             sink.close()
+
+
+# ---- a fuzzer: random garbage for every route -----------------------------------------------------
+ROUTES = [
+    "/tokenize",
+    "/fill-mask",
+    "/predict",
+    "/embed",
+    "/similarity",
+    "/attention",
+    "/attribute",
+]
+GETS = ["/health", "/info", "/metrics", "/", "/docs", "/openapi.json", "/static/app.js"]
+WEIRD = [
+    "",
+    "🙂",
+    "Ünïcødé",
+    "日本語のテキスト",
+    "مرحبا بالعالم",
+    "\x00",
+    "\u202e",
+    "[MASK]",
+    "[CLS]",
+    "##",
+]
+
+
+def random_text(rng: random.Random) -> str:
+    kind = rng.random()
+    if kind < 0.3:
+        return " ".join(
+            rng.choice(WEIRD + ["the", "movie", "good", "[MASK]"])
+            for _ in range(rng.randint(0, 30))
+        )
+    if kind < 0.6:
+        return "".join(chr(rng.randint(0, 0x2FFFF)) for _ in range(rng.randint(0, 200))).replace(
+            "\ud800", ""
+        )
+    if kind < 0.8:
+        return "word " * rng.randint(0, 400) + "[MASK]"
+    return rng.choice(WEIRD) * rng.randint(0, 100)
+
+
+def random_value(rng: random.Random, depth: int = 0):
+    kind = rng.randint(0, 9 if depth < 4 else 5)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.choice([True, False])
+    if kind == 2:
+        return rng.choice([0, -1, 1, 2**63, -(2**80), 10**30, 7])
+    if kind == 3:
+        return rng.choice([0.5, -1e308, 1e308, 3.0])
+    if kind in (4, 5):
+        return random_text(rng)
+    if kind in (6, 7):
+        return [random_value(rng, depth + 1) for _ in range(rng.randint(0, 5))]
+    keys = [
+        "inputs",
+        "model",
+        "top_k",
+        "pooling",
+        "normalize",
+        "truncate",
+        "steps",
+        "target",
+        "max_tokens",
+        "x",
+    ]
+    return {rng.choice(keys): random_value(rng, depth + 1) for _ in range(rng.randint(0, 6))}
+
+
+def random_body(rng: random.Random) -> bytes:
+    kind = rng.random()
+    if kind < 0.15:
+        return bytes(rng.randint(0, 255) for _ in range(rng.randint(0, 300)))
+    if kind < 0.2:  # deeply nested JSON
+        depth = rng.randint(50, 5000)
+        return b"[" * depth + b"]" * depth
+    if kind < 0.25:  # truncated JSON
+        text = json.dumps({"inputs": random_text(rng)})
+        return text[: rng.randint(0, len(text))].encode("utf-8", "surrogatepass")
+    if kind < 0.3:  # over the payload limit
+        return b'{"inputs": "' + b"a" * rng.randint(20_000, 60_000) + b'"}'
+    if kind < 0.65:  # plausible fields, hostile values
+        body = {
+            "inputs": rng.choice(
+                [random_text(rng), [random_text(rng) for _ in range(rng.randint(0, 12))]]
+            ),
+            "model": rng.choice(["mlm", "clf", "reg", "nope", "", 5, None]),
+        }
+        for key in ("top_k", "pooling", "normalize", "truncate", "steps", "target", "max_tokens"):
+            if rng.random() < 0.3:
+                body[key] = random_value(rng, 3)
+        if rng.random() < 0.1:
+            body.pop("model")
+        return json.dumps(body, ensure_ascii=rng.random() < 0.5).encode("utf-8", "surrogatepass")
+    return json.dumps(random_value(rng)).encode("utf-8", "surrogatepass")
+
+
+def raw_garbage(port: int, rng: random.Random) -> bytes:
+    """Non-HTTP bytes on a fresh connection; returns what the server said before closing."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(bytes(rng.randint(0, 255) for _ in range(rng.randint(1, 500))) + b"\r\n\r\n")
+        try:
+            return sock.recv(200)
+        except (ConnectionResetError, TimeoutError):
+            return b""
+
+
+def fuzz(port: int, count: int, seed: int, statuses: Counter, deadline: float) -> int:
+    """Send ``count`` garbage requests from 4 threads; returns how many were sent."""
+    sent = [0]
+    lock = threading.Lock()
+
+    def worker(k: int) -> None:
+        rng = random.Random(seed * 100 + k)
+        client = Client(port, timeout=30)
+        for _ in range(k, count, 4):
+            if time.monotonic() > deadline:
+                break
+            roll = rng.random()
+            if roll < 0.03:
+                reply = raw_garbage(port, rng)
+                status = int(reply[9:12]) if reply[:5] == b"HTTP/" else 0
+            else:
+                method = rng.choice(["POST"] * 6 + ["GET", "PUT", "DELETE", "PATCH", "OPTIONS"])
+                if roll < 0.08:
+                    path = "/" + "".join(
+                        rng.choice("abc/%.?&=~") for _ in range(rng.randint(0, 2000))
+                    )
+                elif method == "GET":
+                    path = rng.choice(GETS + ROUTES)
+                else:
+                    path = rng.choice(ROUTES)
+                headers = {}
+                if rng.random() < 0.2:
+                    headers["Content-Type"] = rng.choice(
+                        ["text/plain", "application/x-www-form-urlencoded", "garbage/\x7f", ""]
+                    )
+                status, _ = client.request(method, path, raw=random_body(rng), headers=headers)
+            with lock:
+                statuses[status] += 1
+                sent[0] += 1
+        client.close()
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sent[0]

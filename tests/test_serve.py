@@ -212,6 +212,8 @@ LONG = "the movie " * 40  # 82 tokens with [CLS]/[SEP]: over --max-input-length 
     [
         ("POST", "/fill-mask", b'{"inputs": "the [MASK]",', 422, "malformed JSON"),
         ("POST", "/fill-mask", b"\xff\xfe garbage", 422, "JSON"),
+        ("POST", "/fill-mask", b'{"inputs": "\\ud800 [MASK]"}', 422, "not valid Unicode"),
+        ("POST", "/attention", b'{"inputs": "a \\udfff"}', 422, "not valid Unicode"),
         ("POST", "/fill-mask", [1, 2], 422, "dictionary"),
         ("POST", "/fill-mask", {"inputs": "no mask here"}, 422, "no [MASK]"),
         ("POST", "/fill-mask", {"inputs": "the [MASK]", "model": "gpt"}, 404, "not served"),

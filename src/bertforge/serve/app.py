@@ -140,6 +140,15 @@ class Server:
         texts = _as_list(inputs)
         if not texts:
             raise ApiError(422, "inputs is empty; send a text or a list of texts")
+        for i, text in enumerate(texts):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as err:  # JSON may escape a lone surrogate: "\ud800"
+                raise ApiError(
+                    422,
+                    f"text {i + 1} is not valid Unicode ({err.reason} at character {err.start}); "
+                    "send UTF-8 text",
+                ) from err
         limit = self.config.max_client_batch_size
         if len(texts) > limit:
             raise ApiError(
@@ -356,6 +365,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
     def _explained_ids(
         served: ServedModel, text: str, max_tokens: int | None
     ) -> tuple[torch.Tensor, bool]:
+        server.texts(text)  # valid Unicode
         limit = min(config.max_attention_tokens, served.max_length)
         if max_tokens is not None and not 2 <= max_tokens <= limit:
             raise ApiError(422, f"max_tokens={max_tokens} must be between 2 and {limit}")
