@@ -274,14 +274,18 @@ function svg(tag, attrs) {
 
 function drawHeadView(r) {
   const tokens = r.attention.tokens;
-  const weights = headMatrix(r.attention, state.layer, state.head);
+  const layer = Math.min(state.layer, r.attention.layers - 1);
+  const head = state.head === "avg" ? "avg" : Math.min(+state.head, r.attention.heads - 1);
+  const weights = headMatrix(r.attention, layer, head);
   const top = Math.max(1e-6, ...weights.map((row) => Math.max(...row)));
   const rowH = 18, width = 420, left = 130, right = width - 130;
   const height = tokens.length * rowH + 10;
   const box = el("div", { class: "headview" });
-  const label = state.head === "avg" ? "average of heads" : `head ${+state.head + 1}`;
-  box.append(el("div", { class: "meta", text: `layer ${state.layer + 1}, ${label}: line opacity grows with the attention w from a token (left) to a token (right) as √w (largest here ${top.toFixed(2)}); hover or focus a token on the left to see its row alone` }));
-  const picture = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": `attention of ${r.name}, layer ${state.layer + 1}, ${label}` });
+  const label = head === "avg" ? "average of heads" : `head ${head + 1}`;
+  const clamped = layer !== state.layer || (head !== "avg" && head !== +state.head);
+  const note = clamped ? ` (this model has ${r.attention.layers} layers × ${r.attention.heads} heads)` : "";
+  box.append(el("div", { class: "meta", text: `layer ${layer + 1}, ${label}${note}: line opacity grows with the attention w from a token (left) to a token (right) as √w (largest here ${top.toFixed(2)}); hover or focus a token on the left to see its row alone` }));
+  const picture = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": `attention of ${r.name}, layer ${layer + 1}, ${label}` });
   const lines = svg("g", {});
   const drawLines = (only) => {
     lines.replaceChildren();
