@@ -34,16 +34,58 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# /proc/cpuinfo flag -> the name the tables print, in the order that decides fp32 vs bf16 speed
+CPU_FEATURES = {
+    "avx2": "AVX2",
+    "avx512f": "AVX-512",
+    "avx512_vnni": "AVX512-VNNI",
+    "avx512_bf16": "AVX512-BF16",
+    "amx_tile": "AMX",
+}
+
+
+def cpu_features(cpuinfo: str | None = None) -> dict[str, bool]:
+    """Which of :data:`CPU_FEATURES` the CPU has (all False where /proc/cpuinfo is missing)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    return {name: flag in flags for flag, name in CPU_FEATURES.items()}
+
+
+def cpu_kind() -> str:
+    """One line naming the CPU and its vector features, e.g. ``AMD EPYC 7B13 (AVX2; no AVX-512,
+    AVX512-VNNI, AVX512-BF16, AMX)``: the heading of a RESULTS.md table."""
+    features = cpu_features()
+    have = [name for name, ok in features.items() if ok] or ["none of the listed"]
+    lacks = [name for name, ok in features.items() if not ok]
+    return f"{cpu_model()} ({', '.join(have)}" + (f"; no {', '.join(lacks)})" if lacks else ")")
+
+
+def auto_precision() -> str:
+    """What ``--precision auto`` resolves to on this machine's CPU."""
+    from bertforge.runtime import pick_precision
+
+    return pick_precision("auto", torch.device("cpu"))
+
+
 def machine_description() -> dict[str, str]:
     import transformers
 
     from bertforge.runtime import cpu_has_fast_bf16
 
     return {
-        "cpu": cpu_model(),
+        "cpu": cpu_kind(),
         "cores": str(os.cpu_count()),
         "torch threads": str(torch.get_num_threads()),
         "native bf16 (AVX512-BF16/AMX)": "yes" if cpu_has_fast_bf16() else "no",
+        "precision `auto` picks": auto_precision(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),

@@ -136,4 +136,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from _common import machine_markdown
+
+    print(machine_markdown() + "\n")  # the CPU, its vector features, what `auto` picks
     main()

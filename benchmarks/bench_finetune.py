@@ -109,4 +109,7 @@ def main(argv: list[str] | None = None, checks: dict | None = None) -> str:
 
 
 if __name__ == "__main__":
+    from _common import machine_markdown
+
+    print(machine_markdown() + "\n")  # the CPU, its vector features, what `auto` picks
     print(main())

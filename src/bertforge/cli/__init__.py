@@ -74,6 +74,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "serve models over HTTP: JSON API and an explorer page",
     ),
+    "export": ("bertforge.cli.export", "main", "export a model to ONNX (optionally int8)"),
 }
 
 

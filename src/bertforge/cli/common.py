@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from torch import nn
 
 from bertforge.data.tasks import Truncation
 from bertforge.errors import BertforgeError
+from bertforge.inference.onnx import OnnxModel, load_onnx
 from bertforge.io import read_json_object
 from bertforge.modeling.checkpoint import check_tokenizer_fits
 from bertforge.runtime import Precision, pick_device, pick_precision
@@ -36,6 +37,21 @@ class ModelOptions:
     def __post_init__(self) -> None:
         check_choice(self.precision, Precision, "--precision")
         check_at_least(self, lambda name: f"--{name}", batch_size=1)
+
+
+Backend = Literal["torch", "onnx"]
+
+
+@dataclass(kw_only=True)
+class BackendOption:
+    """``--backend`` of the commands that can run an exported ONNX model (``classify``, ``embed``)."""
+
+    backend: Backend = "torch"
+    """torch: the PyTorch model in --model; onnx: ONNX Runtime on a directory written by
+    `bertforge export --format onnx` (pip install "bertforge[onnx]"), fp32 or int8 as exported."""
+
+    def __post_init__(self) -> None:
+        check_choice(self.backend, Backend, "--backend")
 
 
 @dataclass(kw_only=True)
@@ -94,11 +110,35 @@ def load_model(
     return model, tokenizer, options
 
 
+def load_onnx_model(args: Any, output: str) -> tuple[OnnxModel, Any, dict[str, Any]]:
+    """The ``--backend onnx`` form of :func:`load_model`: ``args.model`` is an export directory,
+    loaded into ONNX Runtime on the CPU. ``output`` names the graph output the command needs
+    (``logits``, ``last_hidden_state``): an export without it is an error."""
+    if args.device not in ("auto", "cpu"):
+        raise BertforgeError(f"--backend onnx runs on the CPU; drop --device {args.device}")
+    if args.precision == "bf16":
+        raise BertforgeError(
+            "--backend onnx runs the precision it was exported with; drop --precision bf16 "
+            "(for int8: bertforge export --quantize int8)"
+        )
+    model = load_onnx(args.model)
+    if output not in model.output_names:
+        raise BertforgeError(
+            f"{args.model}: the exported model has no {output!r} output (it has "
+            f"{', '.join(model.output_names)}); export a model with that head"
+        )
+    tokenizer = Tokenizer.from_file(args.model)
+    return model, tokenizer, {"batch_size": args.batch_size, "precision": "fp32"}
+
+
 __all__ = [
     "FINETUNE_CONFIG",
+    "Backend",
+    "BackendOption",
     "ModelOptions",
     "TaskOptions",
     "TextInputs",
     "finetune_defaults",
     "load_model",
+    "load_onnx_model",
 ]

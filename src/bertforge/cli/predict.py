@@ -14,11 +14,13 @@ from typing import Any, Literal
 import numpy as np
 
 from bertforge.cli.common import (
+    BackendOption,
     ModelOptions,
     TaskOptions,
     TextInputs,
     finetune_defaults,
     load_model,
+    load_onnx_model,
 )
 from bertforge.cli.options import parse_config
 from bertforge.data.tables import read_texts
@@ -59,7 +61,7 @@ class FillMaskConfig(ModelOptions, TextInputs):
 
 
 @dataclass(kw_only=True)
-class ClassifyConfig(ModelOptions, TaskOptions, TextInputs):
+class ClassifyConfig(ModelOptions, TaskOptions, TextInputs, BackendOption):
     """Options of ``bertforge classify``."""
 
     output: str | None = None
@@ -68,10 +70,11 @@ class ClassifyConfig(ModelOptions, TaskOptions, TextInputs):
     def __post_init__(self) -> None:
         ModelOptions.__post_init__(self)
         TextInputs.__post_init__(self)
+        BackendOption.__post_init__(self)
 
 
 @dataclass(kw_only=True)
-class EmbedConfig(ModelOptions):
+class EmbedConfig(ModelOptions, BackendOption):
     """Options of ``bertforge embed``."""
 
     input: str
@@ -88,7 +91,8 @@ class EmbedConfig(ModelOptions):
     """Truncate longer texts (default: the model's positions)."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        ModelOptions.__post_init__(self)
+        BackendOption.__post_init__(self)
         if not self.output or not self.output.endswith(".npy"):
             raise BertforgeError("--output FILE.npy is required (a NumPy file)")
 
@@ -154,7 +158,12 @@ def classify_main(argv: list[str]) -> int:
     if cfg.input and cfg.text_pair_column is None:
         cfg.text_pair_column = defaults.get("text_pair_column")
     texts, pairs = _inputs(cfg)
-    model, tokenizer, options = load_model(BertForSequenceClassification, cfg, require=CLASSIFIER)
+    if cfg.backend == "onnx":
+        model, tokenizer, options = load_onnx_model(cfg, output="logits")
+    else:
+        model, tokenizer, options = load_model(
+            BertForSequenceClassification, cfg, require=CLASSIFIER
+        )
     results = classify(
         model,
         tokenizer,
@@ -177,7 +186,10 @@ def embed_main(argv: list[str]) -> int:
         description="Embed texts into an (N, hidden) float32 .npy matrix.",
     )
     texts, _ = read_texts(cfg.input, cfg.text_column)
-    model, tokenizer, options = load_model(BertModel, cfg)
+    if cfg.backend == "onnx":
+        model, tokenizer, options = load_onnx_model(cfg, output="last_hidden_state")
+    else:
+        model, tokenizer, options = load_model(BertModel, cfg)
     vectors = embed(
         model,
         tokenizer,

@@ -3,7 +3,10 @@
 
 The functions take a model already in memory (a server loads it once), run in batches under
 ``torch.inference_mode``, sort each call's texts by length so a batch pads little, and return
-results in input order.
+results in input order. ``classify`` and ``embed`` also take an exported ONNX model
+(:class:`bertforge.inference.onnx.OnnxModel`, the ``--backend onnx`` of their commands) in place
+of the PyTorch one: same batching, ONNX Runtime runs the batches (anything that is not an
+``nn.Module`` is taken for such a model: its ``config``, ``sequence_logits`` and ``hidden_states``).
 """
 
 from __future__ import annotations
@@ -58,8 +61,13 @@ def sequence_logits(
     batch_size: int = 64,
     precision: str = "fp32",
 ) -> np.ndarray:
-    """(N, num_labels) float32 logits of a sequence-classification model, in input order."""
+    """(N, num_labels) float32 logits of a sequence-classification model (or of an exported
+    :class:`~bertforge.inference.onnx.OnnxModel`), in input order."""
     out = np.zeros((len(encoded), model.config.num_labels), dtype=np.float32)
+    if not isinstance(model, nn.Module):  # an OnnxModel: ONNX Runtime runs the batches
+        for index, batch in _batches(encoded, pad_id, batch_size, torch.device("cpu")):
+            out[index] = model.sequence_logits({k: v.numpy() for k, v in batch.items()})
+        return out
     with _evaluating(model) as device:
         for index, batch in _batches(encoded, pad_id, batch_size, device):
             with autocast(device, precision):
@@ -90,7 +98,8 @@ def classify(
     truncation: str = "head",
     precision: str = "fp32",
 ) -> list[dict[str, Any]]:
-    """Classify texts (or text pairs) with a ``BertForSequenceClassification``.
+    """Classify texts (or text pairs) with a ``BertForSequenceClassification`` (or its ONNX
+    export, an :class:`~bertforge.inference.onnx.OnnxModel`).
 
     Returns one dict per text, in order: ``{"label": top label, "scores": {label: probability}}``
     for classification, ``{"value": prediction}`` for a regression model. Texts longer than
@@ -232,7 +241,8 @@ def embed(
     normalize: bool = False,
     precision: str = "fp32",
 ) -> np.ndarray:
-    """(N, hidden) float32 sentence vectors from any of our BERT models' encoder.
+    """(N, hidden) float32 sentence vectors from any of our BERT models' encoder (or from an
+    exported :class:`~bertforge.inference.onnx.OnnxModel` with a ``last_hidden_state`` output).
 
     ``pooling="cls"`` takes the last hidden state of ``[CLS]``; ``"mean"`` averages the last
     hidden states of the real (non-padding) tokens, as sentence-transformers models such as
@@ -247,10 +257,15 @@ def embed(
     if not texts:
         return out
     encoded = encode_examples(tokenizer, texts, max_length=_max_length(encoder, max_length))
-    with _evaluating(encoder) as device:
+    onnx = not isinstance(model, nn.Module)  # an OnnxModel
+    with contextlib.nullcontext(torch.device("cpu")) if onnx else _evaluating(encoder) as device:
         for index, batch in _batches(encoded, tokenizer.pad_id, batch_size, device):
-            with autocast(device, precision):
-                hidden = encoder(**batch).last_hidden_state.float()  # (B, T, H)
+            if onnx:
+                numpy_batch = {k: v.numpy() for k, v in batch.items()}
+                hidden = torch.from_numpy(model.hidden_states(numpy_batch))  # (B, T, H)
+            else:
+                with autocast(device, precision):
+                    hidden = encoder(**batch).last_hidden_state.float()  # (B, T, H)
             if pooling == "cls":
                 vectors = hidden[:, 0]  # (B, H)
             else:

@@ -1,0 +1,46 @@
+"""``bertforge export``: a trained model -> an ONNX model directory (``bertforge.inference.onnx``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from bertforge.cli.options import parse_config
+from bertforge.inference.onnx import Quantization, export_onnx
+from bertforge.training.config import check_choice
+
+DESCRIPTION = (
+    "Export a model for ONNX Runtime: model.onnx (dynamic batch and length axes) with its config "
+    "and tokenizer beside it; run it with `bertforge classify|embed --backend onnx --model DIR2`."
+)
+
+
+@dataclass(kw_only=True)
+class ExportConfig:
+    """Options of ``bertforge export``."""
+
+    model: str
+    """Model directory (config.json, model.safetensors, tokenizer): a fine-tuned classifier
+    exports its logits, any other model its encoder's hidden states."""
+    format: Literal["onnx"]
+    """onnx (the only format so far)."""
+    output: str
+    """Directory to create: model.onnx, config.json, tokenizer files, finetune_config.json."""
+    quantize: Quantization | None = None
+    """int8: ONNX Runtime's dynamic quantization of the Linear layers' weights (default fp32)."""
+
+    def __post_init__(self) -> None:
+        check_choice(self.format, Literal["onnx"], "--format")
+        if self.quantize is not None:
+            check_choice(self.quantize, Quantization, "--quantize")
+
+
+def main(argv: list[str]) -> int:
+    """``bertforge export --model DIR --format onnx --output DIR2 [--quantize int8]``."""
+    cfg = parse_config(ExportConfig, argv, prog="bertforge export", description=DESCRIPTION)
+    summary = export_onnx(cfg.model, cfg.output, quantize=cfg.quantize)
+    print(
+        f"wrote {summary['output']} ({summary['quantize']}, {summary['megabytes']} MB; "
+        f"outputs: {', '.join(summary['outputs'])})"
+    )
+    return 0

@@ -1,0 +1,258 @@
+"""ONNX: export a model (``bertforge export --format onnx``) and run it with ONNX Runtime.
+
+:func:`export_onnx` writes ``model.onnx`` with dynamic batch and length axes beside the model's
+``config.json``, its tokenizer and (for a fine-tuned model) its fine-tuning config, so the
+directory is a complete inference model: ``bertforge classify --model DIR --backend onnx``.
+``quantize="int8"`` adds ONNX Runtime's dynamic quantization of the weights of every MatMul (the
+Linear layers: int8 weights, activations quantized per batch at run time); the embedding tables
+and LayerNorms stay float32.
+
+What is exported is the plain computation (:class:`PlainBert`): the model's own parameters
+through embeddings, attention with an additive padding mask, feed-forward and post-LN, without
+the speed paths of ``bertforge.modeling.model`` (in-place buffers, skipping the padding, C
+kernels), which serve eager PyTorch and would bake one batch's shapes into a traced graph.
+``tests/test_onnx.py`` checks that ONNX Runtime's outputs equal the eager model's.
+
+:class:`OnnxModel` is the inference-level interface: it loads such a directory into an
+``onnxruntime.InferenceSession`` and offers ``sequence_logits`` and ``hidden_states`` on padded
+numpy batches; :func:`bertforge.inference.predict.classify` and ``embed`` take it in place of a
+PyTorch model. ``onnx`` and ``onnxruntime`` are an optional extra: ``pip install "bertforge[onnx]"``.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bertforge.errors import BertforgeError
+from bertforge.io import atomic_directory
+from bertforge.modeling.checkpoint import check_tokenizer_fits, normalize_key, read_safetensors
+from bertforge.modeling.config import BertConfig
+from bertforge.modeling.model import BertForSequenceClassification, BertModel
+from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.config import FINETUNE_CONFIG
+
+ONNX_FILE = "model.onnx"
+"""File name of the exported graph inside an export directory."""
+Quantization = Literal["int8"]
+QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
+OPSET = 17
+"""ONNX opset of the export (LayerNormalization is an operator from 17 on)."""
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+_BY_TOKEN = (*INPUT_NAMES, "last_hidden_state")
+_ACTIVATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
+
+
+def _require(module: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise BertforgeError(
+            f"the ONNX backend needs the {module} package; install it with "
+            '`pip install "bertforge[onnx]"`'
+        ) from None
+
+
+# ---- the exported computation -----------------------------------------------------------------
+class PlainBert(nn.Module):
+    """The encoder (+ pooler and classifier of a sequence classifier) as one straight-line graph
+    over the parameters of a loaded bertforge model; ``forward`` returns the outputs named in
+    :attr:`output_names`."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.bert = getattr(model, "bert", model)
+        self.classifier = getattr(model, "classifier", None)
+        self.config: BertConfig = self.bert.config
+        if self.classifier is not None and self.bert.pooler is None:
+            raise BertforgeError("a classifier without a pooler cannot be exported")
+        self.output_names = ["last_hidden_state"]
+        if self.bert.pooler is not None:
+            self.output_names.append("pooler_output")
+        if self.classifier is not None:
+            self.output_names.insert(0, "logits")
+
+    def _activation(self, x: Tensor) -> Tensor:
+        name = self.config.hidden_act
+        return F.relu(x) if name == "relu" else F.gelu(x, approximate=_ACTIVATIONS[name])
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor
+    ) -> tuple[Tensor, ...]:
+        B, T = input_ids.shape
+        nh, hs = self.config.num_attention_heads, self.config.head_dim
+        emb = self.bert.embeddings
+        positions = torch.arange(T, device=input_ids.device)
+        x = (
+            emb.word_embeddings(input_ids)
+            + emb.position_embeddings(positions)
+            + emb.token_type_embeddings(token_type_ids)
+        )  # (B, T, H)
+        x = emb.LayerNorm(x)
+        # 0 at real tokens, a large negative number at padding: softmax gives padding ~0 weight
+        keep = attention_mask[:, None, None, :].to(x.dtype)  # (B, 1, 1, T)
+        bias = (1.0 - keep) * torch.finfo(x.dtype).min
+        for layer in self.bert.encoder.layer:
+            heads = layer.attention.self
+            q = heads.query(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+            k = heads.key(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+            v = heads.value(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+            scores = q @ k.transpose(-1, -2) / math.sqrt(hs) + bias  # (B, nh, T, T)
+            y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, H)
+            out = layer.attention.output
+            x = out.LayerNorm(out.dense(y) + x)
+            h = self._activation(layer.intermediate.dense(x))  # (B, T, intermediate)
+            x = layer.output.LayerNorm(layer.output.dense(h) + x)
+        outputs = [x]
+        if self.bert.pooler is not None:
+            pooled = torch.tanh(self.bert.pooler.dense(x[:, 0]))  # (B, H)
+            outputs.append(pooled)
+            if self.classifier is not None:
+                outputs.insert(0, self.classifier(pooled))  # (B, num_labels)
+        return tuple(outputs)
+
+
+# ---- export -----------------------------------------------------------------------------------
+def _load_for_export(model_dir: Path) -> nn.Module:
+    """The richest model the checkpoint holds: a sequence classifier when it has classifier
+    weights, else the encoder (with its pooler when the checkpoint has one)."""
+    keys = {normalize_key(k) for k in read_safetensors(model_dir)}
+    if any(k.startswith("classifier.") for k in keys):
+        return BertForSequenceClassification.from_pretrained(model_dir).eval()
+    model = BertModel.from_pretrained(model_dir)
+    if any(k.startswith("pooler.") for k in model.loading_info["missing"]):
+        model.pooler = None  # not in the checkpoint: export no (random) pooler output
+    return model.eval()
+
+
+def _sample_inputs(config: BertConfig) -> tuple[Tensor, Tensor, Tensor]:
+    """A (2, 8) batch with padding in its second row (any shapes: the axes are dynamic)."""
+    ids = torch.randint(5, config.vocab_size, (2, 8))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    return ids, mask, torch.zeros_like(ids)
+
+
+def export_onnx(
+    model_dir: str | Path, output: str | Path, *, quantize: str | None = None
+) -> dict[str, Any]:
+    """Export the model in ``model_dir`` to ``output/model.onnx`` (see the module docstring);
+    copies config, tokenizer and fine-tuning config beside it. Returns a summary dict."""
+    model_dir, output = Path(model_dir), Path(output)
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise BertforgeError(f"--quantize {quantize!r}: choose int8 (or leave it out for fp32)")
+    if not (model_dir / "config.json").is_file():
+        raise BertforgeError(f"{model_dir}: no config.json; point --model at a model directory")
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise BertforgeError(f"{output}: already exists and is not empty; choose another --output")
+    _require("onnx")
+    model = _load_for_export(model_dir)
+    tokenizer = Tokenizer.from_file(model_dir)
+    check_tokenizer_fits(tokenizer, model.config, model_dir)
+    plain = PlainBert(model).eval()
+    with atomic_directory(output) as tmp:
+        fp32 = tmp / (ONNX_FILE if quantize is None else "model-fp32.onnx")
+        with torch.no_grad():
+            torch.onnx.export(
+                plain,
+                _sample_inputs(plain.config),
+                str(fp32),
+                input_names=list(INPUT_NAMES),
+                output_names=plain.output_names,
+                dynamic_axes={
+                    name: {0: "batch", 1: "length"} if name in _BY_TOKEN else {0: "batch"}
+                    for name in (*INPUT_NAMES, *plain.output_names)
+                },
+                opset_version=OPSET,
+                dynamo=False,
+            )
+        if quantize == "int8":
+            quantization = _require("onnxruntime.quantization")
+            quantization.quantize_dynamic(
+                str(fp32),
+                str(tmp / ONNX_FILE),
+                op_types_to_quantize=["MatMul"],
+                weight_type=quantization.QuantType.QInt8,
+            )
+            fp32.unlink()
+        model.config.save(tmp)
+        tokenizer.save(tmp)
+        if (model_dir / FINETUNE_CONFIG).is_file():  # classify's defaults (columns, max_length)
+            shutil.copy2(model_dir / FINETUNE_CONFIG, tmp / FINETUNE_CONFIG)
+    size = (output / ONNX_FILE).stat().st_size
+    return {
+        "output": str(output / ONNX_FILE),
+        "outputs": plain.output_names,
+        "quantize": quantize or "none (fp32)",
+        "megabytes": round(size / 2**20, 1),
+    }
+
+
+# ---- running ----------------------------------------------------------------------------------
+class OnnxModel:
+    """An exported directory loaded into ONNX Runtime (CPU): what the ``onnx`` backend runs.
+
+    ``config`` is the model's :class:`BertConfig` (labels, positions, hidden size);
+    :meth:`sequence_logits` and :meth:`hidden_states` take padded int64 numpy batches.
+    """
+
+    def __init__(self, directory: str | Path, threads: int | None = None) -> None:
+        ort = _require("onnxruntime")
+        directory = Path(directory)
+        path = directory / ONNX_FILE
+        if not path.is_file():
+            raise BertforgeError(
+                f"{directory}: no {ONNX_FILE}; export the model first "
+                f"(bertforge export --model MODEL --format onnx --output {directory})"
+            )
+        self.directory = directory
+        self.config = BertConfig.load(directory / "config.json")
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if threads:
+            options.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def _run(self, name: str, batch: dict[str, np.ndarray]) -> np.ndarray:
+        if name not in self.output_names:
+            raise BertforgeError(
+                f"{self.directory / ONNX_FILE} has no {name!r} output (it has "
+                f"{', '.join(self.output_names)}); export a model that has one"
+            )
+        feed = {k: np.ascontiguousarray(batch[k], dtype=np.int64) for k in INPUT_NAMES}
+        return self.session.run([name], feed)[0]
+
+    def sequence_logits(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        """(B, num_labels) float32 logits of a padded batch of a sequence classifier."""
+        return self._run("logits", batch)
+
+    def hidden_states(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        """(B, T, H) float32 last hidden states of a padded batch."""
+        return self._run("last_hidden_state", batch)
+
+
+def load_onnx(directory: str | Path, threads: int | None = None) -> OnnxModel:
+    """:class:`OnnxModel` of an export directory (``model.onnx`` + config + tokenizer)."""
+    return OnnxModel(directory, threads)
+
+
+__all__ = [
+    "ONNX_FILE",
+    "OPSET",
+    "QUANTIZATIONS",
+    "Quantization",
+    "OnnxModel",
+    "PlainBert",
+    "export_onnx",
+    "load_onnx",
+]

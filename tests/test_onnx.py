@@ -1,0 +1,188 @@
+"""ONNX export: ONNX Runtime runs the exported graph with the eager model's outputs (fp32 within
+1e-4) at any batch size and length, int8 quantizes the Linear layers, and classify/embed run it
+through ``--backend onnx``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from task_fixtures import tiny_start_model
+
+import bertforge
+from bertforge import cli
+from bertforge.errors import BertforgeError
+from bertforge.modeling.model import BertForSequenceClassification, BertModel
+from bertforge.tokenizer.wordpiece import Tokenizer
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from bertforge.inference.onnx import export_onnx, load_onnx  # noqa: E402
+
+TEXTS = [
+    "good",
+    "the film was a long story about people who went to town and came back .",
+    "a fine night",
+    "bad bad bad film , the people went home .",
+    "town",
+]
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(tmp_path_factory) -> Path:
+    """A tiny 3-class classifier with weights far from their init (std 0.3), so every layer
+    shapes the output, and a fine-tuning config recording its max_length."""
+    root = tmp_path_factory.mktemp("onnx")
+    mlm = tiny_start_model(root, kind="mlm")
+    torch.manual_seed(1)
+    model = BertForSequenceClassification.from_pretrained(
+        mlm, num_labels=3, id2label={0: "neg", 1: "mid", 2: "pos"}
+    )
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" not in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    out = root / "classifier"
+    model.save_pretrained(out, tokenizer=Tokenizer.from_file(mlm))
+    (out / "finetune_config.json").write_text(json.dumps({"max_length": 32}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def exported(classifier_dir: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("export") / "onnx"
+    assert (
+        cli.main(
+            ["export", "--model", str(classifier_dir), "--format", "onnx", "--output", str(out)]
+        )
+        == 0
+    )
+    return out
+
+
+def _batch(tokenizer: Tokenizer, texts: list[str]) -> dict[str, np.ndarray]:
+    encoded = [tokenizer.backend.encode(t).ids for t in texts]
+    ids = np.zeros((len(texts), max(map(len, encoded))), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for i, e in enumerate(encoded):
+        ids[i, : len(e)], mask[i, : len(e)] = e, 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+
+
+def test_export_directory_holds_graph_config_tokenizer(exported: Path, classifier_dir: Path):
+    names = {p.name for p in exported.iterdir()}
+    assert {"model.onnx", "config.json", "vocab.txt", "tokenizer.json"} <= names
+    assert json.loads((exported / "finetune_config.json").read_text()) == {"max_length": 32}
+    graph = onnx.load(str(exported / "model.onnx")).graph
+    onnx.checker.check_model(str(exported / "model.onnx"))
+    for value in graph.input:  # batch and length are symbolic, not the sample's 2 x 8
+        dims = value.type.tensor_type.shape.dim
+        assert [d.dim_param for d in dims] == ["batch", "length"], value.name
+    assert [o.name for o in graph.output] == ["logits", "last_hidden_state", "pooler_output"]
+    assert (
+        Tokenizer.from_file(exported).fingerprint == Tokenizer.from_file(classifier_dir).fingerprint
+    )
+
+
+@pytest.mark.parametrize("texts", [TEXTS, TEXTS[1:2], TEXTS[:4] * 3])
+def test_onnx_runtime_equals_eager_fp32(exported: Path, classifier_dir: Path, texts):
+    model = BertForSequenceClassification.from_pretrained(classifier_dir).eval()
+    tokenizer = Tokenizer.from_file(classifier_dir)
+    batch = _batch(tokenizer, texts)
+    with torch.inference_mode():
+        ref = model(**{k: torch.from_numpy(v) for k, v in batch.items()})
+    session = load_onnx(exported)
+    logits = session.sequence_logits(batch)
+    assert logits.shape == (len(texts), 3)
+    np.testing.assert_allclose(logits, ref.logits.numpy(), atol=1e-4, rtol=0)
+    hidden = session.hidden_states(batch)
+    real = batch["attention_mask"].astype(bool)  # the eager model leaves padding rows zero
+    np.testing.assert_allclose(hidden[real], ref.hidden_states.numpy()[real], atol=1e-4, rtol=0)
+    assert np.abs(ref.logits.numpy()).max() > 0.5  # not a degenerate, near-constant model
+
+
+def test_encoder_export_and_embed_backend(classifier_dir: Path, tmp_path: Path, capsys):
+    encoder_dir = tmp_path / "encoder"
+    BertModel.from_pretrained(classifier_dir).save_pretrained(
+        encoder_dir, tokenizer=Tokenizer.from_file(classifier_dir)
+    )
+    export_onnx(encoder_dir, tmp_path / "onnx")
+    session = load_onnx(tmp_path / "onnx")
+    assert session.output_names == ["last_hidden_state", "pooler_output"]
+    model, tokenizer = BertModel.from_pretrained(encoder_dir), Tokenizer.from_file(encoder_dir)
+    for pooling in ("cls", "mean"):
+        ours = bertforge.embed(model, tokenizer, TEXTS, pooling, batch_size=2)
+        theirs = bertforge.embed(session, tokenizer, TEXTS, pooling, batch_size=2)
+        np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
+    inputs = tmp_path / "texts.txt"
+    inputs.write_text("\n".join(TEXTS) + "\n")
+    for backend, model_dir in (("torch", encoder_dir), ("onnx", tmp_path / "onnx")):
+        argv = ["embed", "--model", str(model_dir), "--input", str(inputs), "--pooling", "mean"]
+        assert (
+            cli.main([*argv, "--output", str(tmp_path / f"{backend}.npy"), "--backend", backend])
+            == 0
+        )
+    np.testing.assert_allclose(
+        np.load(tmp_path / "onnx.npy"), np.load(tmp_path / "torch.npy"), atol=1e-4, rtol=0
+    )
+    # an encoder has no classifier: classify says so
+    capsys.readouterr()
+    assert (
+        cli.main(["classify", "--model", str(tmp_path / "onnx"), "--backend", "onnx", "good"]) == 2
+    )
+    assert "has no 'logits' output" in capsys.readouterr().err
+
+
+def test_classify_backend_onnx_matches_torch(
+    exported: Path, classifier_dir: Path, tmp_path, capsys
+):
+    results = {}
+    for backend, model_dir in (("torch", classifier_dir), ("onnx", exported)):
+        out = tmp_path / f"{backend}.jsonl"
+        argv = ["classify", "--model", str(model_dir), "--backend", backend, "--batch-size", "2"]
+        assert cli.main([*argv, "--precision", "fp32", "--output", str(out), *TEXTS]) == 0
+        results[backend] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["label"] for r in results["onnx"]] == [r["label"] for r in results["torch"]]
+    for a, b in zip(results["onnx"], results["torch"], strict=True):
+        assert a["scores"] == pytest.approx(b["scores"], abs=1e-5)
+    argv = ["classify", "--model", str(exported), "--backend", "onnx", "--precision", "bf16", "x"]
+    assert cli.main(argv) == 2
+    assert "drop --precision bf16" in capsys.readouterr().err
+    argv = ["classify", "--model", str(classifier_dir), "--backend", "onnx", "x"]
+    assert cli.main(argv) == 2
+    assert "no model.onnx; export the model first" in capsys.readouterr().err
+
+
+def test_int8_quantizes_the_linear_layers(exported: Path, classifier_dir: Path, tmp_path: Path):
+    out = tmp_path / "int8"
+    summary = export_onnx(classifier_dir, out, quantize="int8")
+    assert summary["quantize"] == "int8"
+    ops = {node.op_type for node in onnx.load(str(out / "model.onnx")).graph.node}
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops  # int8 GEMMs
+    fp32_ops = {node.op_type for node in onnx.load(str(exported / "model.onnx")).graph.node}
+    assert "MatMulInteger" not in fp32_ops
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in exported.iterdir())
+    tokenizer = Tokenizer.from_file(classifier_dir)
+    batch = _batch(tokenizer, TEXTS)
+    ref = load_onnx(exported).sequence_logits(batch)
+    got = load_onnx(out).sequence_logits(batch)
+    # int8 rounds each weight to 1/255 of its column's range and each activation of a batch
+    # likewise: close to fp32, not equal (this tiny model's large random weights make the error
+    # larger than a trained model's, see benchmarks/bench_onnx.py for accuracy on IMDB)
+    assert not np.array_equal(got, ref)
+    assert np.corrcoef(got.ravel(), ref.ravel())[0, 1] > 0.95
+    assert np.abs(got - ref).max() < 0.25 * np.abs(ref).max()
+
+
+def test_export_refuses_bad_requests(classifier_dir: Path, exported: Path, tmp_path: Path):
+    with pytest.raises(BertforgeError, match="already exists and is not empty"):
+        export_onnx(classifier_dir, exported)
+    with pytest.raises(BertforgeError, match="no config.json"):
+        export_onnx(tmp_path, tmp_path / "x")
+    with pytest.raises(BertforgeError, match="choose int8"):
+        export_onnx(classifier_dir, tmp_path / "y", quantize="int4")
+    assert not (tmp_path / "y").exists()
