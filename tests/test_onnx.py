@@ -143,7 +143,7 @@ def test_classify_backend_onnx_matches_torch(
     results = {}
     for backend, model_dir in (("torch", classifier_dir), ("onnx", exported)):
         out = tmp_path / f"{backend}.jsonl"
-        argv = ["classify", "--model", str(model_dir), "--backend", backend, "--batch-size", "2"]
+        argv = ["classify", "--model", str(model_dir), "--backend", backend, "--batch_size", "2"]
         assert cli.main([*argv, "--precision", "fp32", "--output", str(out), *TEXTS]) == 0
         results[backend] = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["label"] for r in results["onnx"]] == [r["label"] for r in results["torch"]]
