@@ -186,3 +186,42 @@ def test_export_refuses_bad_requests(classifier_dir: Path, exported: Path, tmp_p
     with pytest.raises(BertforgeError, match="choose int8"):
         export_onnx(classifier_dir, tmp_path / "y", quantize="int4")
     assert not (tmp_path / "y").exists()
+
+
+def test_serve_runs_an_export_with_onnx_runtime(exported: Path, classifier_dir: Path, tmp_path):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    from serve_helpers import request, serve
+
+    encoder_dir = tmp_path / "encoder"
+    BertModel.from_pretrained(classifier_dir).save_pretrained(
+        encoder_dir, tokenizer=Tokenizer.from_file(classifier_dir)
+    )
+    export_onnx(encoder_dir, tmp_path / "encoder-onnx")
+    models = {"clf": classifier_dir, "clf_onnx": exported, "enc_onnx": tmp_path / "encoder-onnx"}
+    with serve(models) as (port, _):
+        _, info = request(port, "GET", "/info")
+        by_name = {m["name"]: m for m in info["models"]}
+        assert by_name["clf_onnx"]["backend"] == "onnx" and by_name["clf"]["backend"] == "torch"
+        assert by_name["clf_onnx"]["kind"] == "classifier"
+        assert by_name["enc_onnx"]["kind"] == "encoder"
+        assert by_name["clf_onnx"]["labels"] == ["neg", "mid", "pos"]
+        assert by_name["clf_onnx"]["parameters"] > by_name["clf"]["parameters"] * 0.9
+        answers = {}
+        for name in ("clf", "clf_onnx"):
+            status, answers[name] = request(
+                port, "POST", "/predict", {"inputs": TEXTS, "model": name}
+            )
+            assert status == 200, answers[name]
+        for a, b in zip(answers["clf_onnx"], answers["clf"], strict=True):
+            assert a["label"] == b["label"] and a["scores"] == pytest.approx(b["scores"], abs=1e-5)
+        body = {"inputs": TEXTS, "pooling": "mean", "model": "enc_onnx"}
+        status, vectors = request(port, "POST", "/embed", body)
+        model = BertModel.from_pretrained(encoder_dir)
+        direct = bertforge.embed(model, Tokenizer.from_file(encoder_dir), TEXTS, "mean")
+        assert status == 200
+        np.testing.assert_allclose(np.array(vectors), direct, atol=1e-4, rtol=0)
+        status, error = request(port, "POST", "/attention", {"inputs": "good", "model": "clf_onnx"})
+        assert status == 422 and "needs a PyTorch model" in json.dumps(error)
+        status, error = request(port, "POST", "/predict", {"inputs": "good", "model": "enc_onnx"})
+        assert status == 422 and "needs a classifier model" in json.dumps(error)

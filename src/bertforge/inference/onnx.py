@@ -223,6 +223,12 @@ class OnnxModel:
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.output_names = [o.name for o in self.session.get_outputs()]
 
+    def parameter_count(self) -> int:
+        """Number of weights in the graph (its initializers; int8 weights count once each)."""
+        onnx = _require("onnx")
+        graph = onnx.load(str(self.directory / ONNX_FILE), load_external_data=False).graph
+        return sum(int(np.prod(t.dims)) for t in graph.initializer if len(t.dims) >= 1)
+
     def _run(self, name: str, batch: dict[str, np.ndarray]) -> np.ndarray:
         if name not in self.output_names:
             raise BertforgeError(

@@ -127,9 +127,10 @@ class Server:
             )
         if route not in served.routes:
             need = {"/fill-mask": "masked-lm", "/predict": "classifier", "/attribute": "classifier"}
+            needed = need.get(route, "PyTorch")  # /attention of an ONNX Runtime model
             raise ApiError(
                 422,
-                f"model {name!r} is a {served.kind} model: {route} needs a {need[route]} model"
+                f"model {name!r} is a {served.kind} model: {route} needs a {needed} model"
                 f" ({', '.join(n for n, m in self.models.items() if route in m.routes) or 'none'}"
                 " served)",
                 "model",

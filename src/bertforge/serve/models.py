@@ -1,5 +1,9 @@
 """The models a server holds: each loaded once with its tokenizer, as the richest of our model
-classes its weights allow (a classifier, a masked LM, or the bare encoder)."""
+classes its weights allow (a classifier, a masked LM, or the bare encoder). A directory written
+by ``bertforge export --format onnx`` (``model.onnx``, no ``model.safetensors``) is served by
+ONNX Runtime: ``/predict`` (an exported classifier), ``/embed``, ``/similarity`` and
+``/tokenize``; the routes that need the PyTorch model's internals (``/attention``, ``/attribute``)
+are not offered for it."""
 
 from __future__ import annotations
 
@@ -10,8 +14,9 @@ from typing import Any
 
 from torch import nn
 
-from bertforge.cli.common import load_model
+from bertforge.cli.common import load_model, load_onnx_model
 from bertforge.errors import BertforgeError
+from bertforge.inference.onnx import ONNX_FILE
 from bertforge.modeling.checkpoint import read_safetensors
 from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
 
@@ -23,12 +28,15 @@ class ServedModel:
     name: str
     """The name clients use (``"model": NAME``)."""
     directory: str
-    model: nn.Module
+    model: nn.Module | Any
+    """The PyTorch model, or an :class:`~bertforge.inference.onnx.OnnxModel` (``backend`` onnx)."""
     tokenizer: Any
     kind: str
     """``classifier``, ``masked-lm`` or ``encoder``: which head the weights carry."""
     options: dict[str, Any]
     """``batch_size`` and ``precision`` for the inference functions."""
+    backend: str = "torch"
+    """torch, or onnx for an exported directory run by ONNX Runtime."""
 
     @property
     def encoder(self) -> nn.Module:
@@ -43,6 +51,8 @@ class ServedModel:
     def routes(self) -> list[str]:
         """The model-specific routes this model answers."""
         common = ["/tokenize", "/embed", "/similarity", "/attention"]
+        if self.backend == "onnx":  # no attention maps or gradients from ONNX Runtime
+            return ["/predict", *common[:3]] if self.kind == "classifier" else common[:3]
         if self.kind == "masked-lm":
             return ["/fill-mask", *common]
         if self.kind == "classifier":
@@ -57,9 +67,12 @@ class ServedModel:
             "directory": self.directory,
             "kind": self.kind,
             "routes": self.routes,
-            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "backend": self.backend,
+            "parameters": self.parameters(),
             "precision": self.options["precision"],
-            "device": str(next(self.model.parameters()).device),
+            "device": "cpu"
+            if self.backend == "onnx"
+            else str(next(self.model.parameters()).device),
             "config": config.to_dict(),
             "tokenizer": {
                 "vocab_size": self.tokenizer.vocab_size,
@@ -71,6 +84,12 @@ class ServedModel:
             info["task"] = "regression" if config.is_regression else "classification"
             info["labels"] = None if config.is_regression else self.labels()
         return info
+
+    def parameters(self) -> int:
+        """Number of weights (of the ONNX graph's initializers for an exported model)."""
+        if self.backend == "onnx":
+            return self.model.parameter_count()
+        return sum(p.numel() for p in self.model.parameters())
 
     def labels(self) -> list[str]:
         config = self.model.config
@@ -94,13 +113,21 @@ def load_served_model(name: str, directory: str, device: str, precision: str) ->
 
     if not Path(directory).is_dir():
         raise BertforgeError(f"--model {name}={directory}: no such model directory")
+    args = argparse.Namespace(model=directory, device=device, precision=precision, batch_size=32)
+    if (Path(directory) / ONNX_FILE).is_file() and not (
+        Path(directory) / "model.safetensors"
+    ).is_file():
+        if precision == "bf16":
+            args.precision = "fp32"  # an export runs the precision it was exported with
+        model, tokenizer, options = load_onnx_model(args, output="last_hidden_state")
+        kind = "classifier" if "logits" in model.output_names else "encoder"
+        return ServedModel(name, str(directory), model, tokenizer, kind, options, backend="onnx")
     kind = weights_kind(directory)
     cls = {
         "classifier": BertForSequenceClassification,
         "masked-lm": BertForMaskedLM,
         "encoder": BertModel,
     }[kind]
-    args = argparse.Namespace(model=directory, device=device, precision=precision, batch_size=32)
     model, tokenizer, options = load_model(cls, args)
     model.eval()
     return ServedModel(name, str(directory), model, tokenizer, kind, options)
