@@ -1,15 +1,23 @@
-"""Shared fixtures: tiny configs, real data from ../shared/data, the real all-MiniLM-L6-v2 weights."""
+"""Shared fixtures: the tiny test model (defined once), real data from ../shared/data, the real
+all-MiniLM-L6-v2 weights, and small learnable labelled data sets with tiny start models for the
+fine-tuning, inference and server tests (the ``task_files`` fixture)."""
 
 from __future__ import annotations
 
+import csv
 import importlib.util
+import json
 import os
+import random
 from pathlib import Path
 
 import pytest
 import torch
 
+from bertforge import cli
 from bertforge.modeling.config import BertConfig
+from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
+from bertforge.tokenizer.wordpiece import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("BERTFORGE_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -18,17 +26,20 @@ SHARED_DATA = Path(os.environ.get("BERTFORGE_SHARED_DATA", ROOT.parent / "shared
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
+TINY_MODEL = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+}
+"""The tiny test model: hidden 32, 2 layers; a real BERT, small enough for a test to train it."""
+
+
 @pytest.fixture
 def tiny_config() -> BertConfig:
-    """Hidden 32, 2 layers: a real BERT, small enough for a test to train it."""
-    return BertConfig(
-        vocab_size=120,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
+    """:data:`TINY_MODEL` with a 120-token vocabulary."""
+    return BertConfig(vocab_size=120, **TINY_MODEL)
 
 
 @pytest.fixture(scope="session")
@@ -52,3 +63,122 @@ def minilm_dir() -> Path:
 @pytest.fixture(scope="session")
 def shakespeare_file(shared_data: Path) -> Path:
     return shared_data / "tiny_shakespeare" / "input.txt"
+
+
+# ---- labelled data sets and tiny start models (the ``task_files`` fixture) -------------------------
+# The sentiment rule is one keyword: a text holding "good" is ``pos``, one holding "bad" is
+# ``neg``; the rest is random filler. A tiny randomly initialised BERT learns it in seconds, so
+# accuracy far above chance shows that the loop, the labels and the saved model all work.
+
+FILLER = [
+    "the",
+    "movie",
+    "was",
+    "a",
+    "film",
+    "with",
+    "some",
+    "actors",
+    "and",
+    "a",
+    "plot",
+    "about",
+    "people",
+    "who",
+    "went",
+    "to",
+    "see",
+    "it",
+    "on",
+    "day",
+    "one",
+    "night",
+    "in",
+    "town",
+    "story",
+    "scene",
+    "music",
+    "time",
+]
+
+
+class TaskFiles:
+    """Writers of labelled files and tiny start models (see the comment above)."""
+
+    @staticmethod
+    def sentence(rng: random.Random, keyword: str, repeats: int = 1) -> str:
+        """A random filler sentence holding ``keyword`` ``repeats`` times."""
+        words = [rng.choice(FILLER) for _ in range(rng.randint(5, 12))]
+        for _ in range(repeats):
+            words.insert(rng.randint(0, len(words)), keyword)
+        return " ".join(words) + " ."
+
+    @staticmethod
+    def write_sentiment(path: Path, n: int, seed: int, fmt: str = "csv") -> list[dict]:
+        """``n`` rows ``{"text", "label"}``; label pos/neg decided by the keyword good/bad."""
+        rng = random.Random(seed)
+        rows = []
+        for _ in range(n):
+            label = rng.choice(["pos", "neg"])
+            rows.append(
+                {
+                    "text": TaskFiles.sentence(rng, "good" if label == "pos" else "bad"),
+                    "label": label,
+                }
+            )
+        TaskFiles.write_rows(path, rows, fmt)
+        return rows
+
+    @staticmethod
+    def write_scores(path: Path, n: int, seed: int) -> list[dict]:
+        """Regression rows: ``score`` = 2 x the number of times "good" appears (0-3 times)."""
+        rng = random.Random(seed)
+        rows = []
+        for _ in range(n):
+            k = rng.randint(0, 3)
+            rows.append({"review": TaskFiles.sentence(rng, "good", k), "score": 2 * k})
+        TaskFiles.write_rows(path, rows, "csv")
+        return rows
+
+    @staticmethod
+    def write_rows(path: Path, rows: list[dict], fmt: str = "csv") -> None:
+        """``rows`` as a csv, tsv or jsonl file."""
+        if fmt == "jsonl":
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+            return
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(
+                f, fieldnames=list(rows[0]), delimiter="\t" if fmt == "tsv" else ","
+            )
+            writer.writeheader()
+            writer.writerows(rows)
+
+    @staticmethod
+    def tiny_start_model(root: Path, kind: str = "pretraining") -> Path:
+        """A tiny randomly initialised BERT with a tokenizer trained on the filler words, saved as
+        a model directory (the shape of our own pretrained output)."""
+        corpus = root / "corpus.txt"
+        rng = random.Random(0)
+        lines = [TaskFiles.sentence(rng, rng.choice(["good", "bad", "fine"])) for _ in range(300)]
+        corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        tokenizer = Tokenizer.train(corpus, vocab_size=120, min_frequency=1)
+        config = BertConfig(vocab_size=tokenizer.vocab_size, **TINY_MODEL)
+        cls = BertForPreTraining if kind == "pretraining" else BertForMaskedLM
+        torch.manual_seed(0)  # the same start whatever earlier tests did to the global RNG
+        model = cls(config)
+        out = root / f"tiny-{kind}"
+        model.save_pretrained(out, tokenizer=tokenizer)
+        return out
+
+    @staticmethod
+    def evaluate_cli(model: Path, data: Path, output: Path, *options: str) -> int:
+        """Run ``bertforge evaluate`` of ``model`` on ``data`` in fp32, the results JSON to
+        ``output``; returns the exit code."""
+        argv = ["evaluate", "--model", str(model), "--data", str(data), "--output", str(output)]
+        return cli.main([*argv, "--precision", "fp32", *options])
+
+
+@pytest.fixture(scope="session")
+def task_files() -> type[TaskFiles]:
+    """:class:`TaskFiles`: ``task_files.write_sentiment(path, n, seed)``, ``task_files.tiny_start_model(root)``..."""
+    return TaskFiles

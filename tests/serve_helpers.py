@@ -27,12 +27,12 @@ def tiny_models(root: Path) -> dict[str, Path]:
     """A tiny masked LM (tokenizer trained on the task fixtures' words), a 2-label classifier
     and a regressor on its encoder, saved as model directories."""
     sys.path.insert(0, str(Path(__file__).parent))
-    from task_fixtures import tiny_start_model
+    from conftest import TaskFiles  # the task_files fixture's class (this runs outside a test)
 
     from bertforge.modeling.model import BertForSequenceClassification
     from bertforge.tokenizer import Tokenizer
 
-    mlm = tiny_start_model(root, kind="mlm")
+    mlm = TaskFiles.tiny_start_model(root, kind="mlm")
     tokenizer = Tokenizer.from_file(mlm)
     torch.manual_seed(1)
     clf = BertForSequenceClassification.from_pretrained(

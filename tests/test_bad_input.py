@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from task_fixtures import tiny_start_model, write_sentiment
 
 from bertforge import cli
 from bertforge.data.shards import prepare
@@ -47,17 +46,17 @@ FAST_FINETUNE = [
 
 
 @pytest.fixture(scope="module")
-def fx(tmp_path_factory) -> dict[str, Path]:
+def fx(task_files, tmp_path_factory) -> dict[str, Path]:
     """Real artefacts to damage: a tiny MLM model with its tokenizer, a classifier, labelled
     data, packed pretraining shards and a pretraining run with one checkpoint."""
     root = tmp_path_factory.mktemp("bad_input")
-    mlm = tiny_start_model(root, kind="mlm")
+    mlm = task_files.tiny_start_model(root, kind="mlm")
     torch.manual_seed(0)
     clf = root / "classifier"
     BertForSequenceClassification.from_pretrained(
         mlm, num_labels=2, id2label={0: "neg", 1: "pos"}
     ).save_pretrained(clf, tokenizer=Tokenizer.from_file(mlm))
-    write_sentiment(root / "train.csv", 32, seed=0)
+    task_files.write_sentiment(root / "train.csv", 32, seed=0)
     data = root / "data"
     prepare(
         [str(root / "corpus.txt")],

@@ -10,10 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bertforge.modeling.model import BertForMaskedLM
 from bertforge.tokenizer.wordpiece import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # the whole demo, a few minutes
 
 
 def test_demo_script_runs_end_to_end(tmp_path):

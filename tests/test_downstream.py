@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from task_fixtures import sentence, tiny_start_model, write_rows, write_scores, write_sentiment
 
 from bertforge import cli
 from bertforge.modeling.config import BertConfig
@@ -38,13 +37,13 @@ FAST = [
 ]
 
 
-def pretrain_a_little(start: Path, out: Path, steps: int = 30) -> Path:
+def pretrain_a_little(task_files, start: Path, out: Path, steps: int = 30) -> Path:
     """``start`` after ``steps`` real masked-LM steps on keyword sentences: trained weights that
     are not any fresh initialisation."""
     model = BertForPreTraining.from_pretrained(start)
     tokenizer = Tokenizer.from_file(start)
     rng = random.Random(5)
-    texts = [sentence(rng, rng.choice(["good", "bad"])) for _ in range(64)]
+    texts = [task_files.sentence(rng, rng.choice(["good", "bad"])) for _ in range(64)]
     batch = tokenizer.encode_batch(texts, max_length=32, return_tensors="pt")
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(0)
@@ -62,18 +61,18 @@ def pretrain_a_little(start: Path, out: Path, steps: int = 30) -> Path:
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory) -> dict[str, Path]:
+def work(task_files, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("downstream")
-    start = tiny_start_model(root)
+    start = task_files.tiny_start_model(root)
     paths = {
         "root": root,
         "start": start,
-        "pretrained": pretrain_a_little(start, root / "pretrained-model"),
+        "pretrained": pretrain_a_little(task_files, start, root / "pretrained-model"),
         "train": root / "train.csv",
         "test": root / "test.csv",
     }
-    write_sentiment(paths["train"], 240, seed=1)
-    write_sentiment(paths["test"], 120, seed=2)
+    task_files.write_sentiment(paths["train"], 240, seed=1)
+    task_files.write_sentiment(paths["test"], 120, seed=2)
     return paths
 
 
@@ -155,9 +154,9 @@ def test_the_twin_is_a_fresh_initialisation_with_the_seed(result, work):
     }
 
 
-def test_regression_reports_spearman(work, tmp_path, capsys):
+def test_regression_reports_spearman(task_files, work, tmp_path, capsys):
     scores = tmp_path / "scores.csv"
-    write_scores(scores, 200, seed=3)
+    task_files.write_scores(scores, 200, seed=3)
     argv = ["downstream", "--model", str(work["pretrained"]), "--train", str(scores)]
     argv += ["--test", str(scores), "--output", str(tmp_path / "r"), "--task", "regression"]
     argv += ["--text_column", "review", "--label_column", "score", *FAST]
@@ -176,10 +175,10 @@ def _error(argv: list[str], capsys) -> str:
     return err
 
 
-def test_bad_input_gets_a_one_line_error_before_any_training(work, tmp_path, capsys):
+def test_bad_input_gets_a_one_line_error_before_any_training(task_files, work, tmp_path, capsys):
     base = ["downstream", "--train", str(work["train"]), *FAST]
     no_label = tmp_path / "unlabelled.csv"
-    write_rows(no_label, [{"text": "a good film", "rating": 9}])
+    task_files.write_rows(no_label, [{"text": "a good film", "rating": 9}])
     argv = [*base, "--model", str(work["pretrained"]), "--output", str(tmp_path / "a")]
     err = _error([*argv, "--test", str(no_label)], capsys)
     assert "no column 'label'" in err and "unlabelled.csv" in err

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from task_fixtures import evaluate_cli, tiny_start_model, write_rows, write_scores, write_sentiment
 
 from bertforge import cli
 from bertforge.data import tasks
@@ -42,18 +41,18 @@ FAST = [
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory) -> dict[str, Path]:
+def work(task_files, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("finetune")
     paths = {
         "root": root,
-        "start": tiny_start_model(root),
+        "start": task_files.tiny_start_model(root),
         "train": root / "train.csv",
         "test": root / "test.jsonl",
         "scores": root / "scores.csv",
     }
-    write_sentiment(paths["train"], 480, seed=1)
-    write_sentiment(paths["test"], 200, seed=2, fmt="jsonl")
-    write_scores(paths["scores"], 480, seed=3)
+    task_files.write_sentiment(paths["train"], 480, seed=1)
+    task_files.write_sentiment(paths["test"], 200, seed=2, fmt="jsonl")
+    task_files.write_scores(paths["scores"], 480, seed=3)
     return paths
 
 
@@ -116,9 +115,11 @@ def test_saved_model_loads_in_transformers_with_labels_and_same_logits(trained):
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_evaluate_and_classify_commands_use_the_fine_tuned_model(trained, work, tmp_path, capsys):
+def test_evaluate_and_classify_commands_use_the_fine_tuned_model(
+    task_files, trained, work, tmp_path, capsys
+):
     report = tmp_path / "eval.json"
-    assert evaluate_cli(trained, work["test"], report) == 0
+    assert task_files.evaluate_cli(trained, work["test"], report) == 0
     printed = capsys.readouterr().out
     assert "precision" in printed and "neg" in printed and "pos" in printed
     result = json.loads(report.read_text())
@@ -231,13 +232,15 @@ def test_micro_batches_split_rows_and_weight_by_share():
     assert [w for _, w in split] == [0.25] * 4
 
 
-def test_gradient_accumulation_takes_the_same_steps_as_the_whole_batch(work, tmp_path, capsys):
+def test_gradient_accumulation_takes_the_same_steps_as_the_whole_batch(
+    task_files, work, tmp_path, capsys
+):
     """Batch 8 in one forward pass, in 2 x 4 and in 4 x 2: the same weights after each of the two
     optimizer steps of an 11-row epoch (8 rows, then 3: split 2 + 1, weighted by rows)."""
     train = tmp_path / "eleven.csv"
-    labels = {r["label"] for r in write_sentiment(train, 11, seed=5)}
+    labels = {r["label"] for r in task_files.write_sentiment(train, 11, seed=5)}
     assert labels == {"pos", "neg"}
-    write_sentiment(val := tmp_path / "val.csv", 16, seed=6)
+    task_files.write_sentiment(val := tmp_path / "val.csv", 16, seed=6)
     options = [
         *("--validation", str(val), "--max_steps", "2", "--eval_every", "1"),
         *("--log_every", "1", "--keep_checkpoints", "0", "--schedule", "constant"),
@@ -288,10 +291,10 @@ def test_micro_batch_size_must_divide_the_batch(work, tmp_path, capsys):
 # ---- data: formats, splits, truncation, batches ----------------------------------------------
 
 
-def test_reads_csv_tsv_jsonl_and_gzip_alike(tmp_path):
+def test_reads_csv_tsv_jsonl_and_gzip_alike(task_files, tmp_path):
     rows = [{"text": "a <br />b", "label": "x"}, {"text": "c", "label": "y"}]
     for name, fmt in (("d.csv", "csv"), ("d.tsv", "tsv"), ("d.jsonl", "jsonl")):
-        write_rows(tmp_path / name, rows, fmt)
+        task_files.write_rows(tmp_path / name, rows, fmt)
         gz = tmp_path / (name + ".gz")
         gz.write_bytes(gzip.compress((tmp_path / name).read_bytes()))
         for path in (tmp_path / name, gz):
@@ -345,7 +348,7 @@ def _error(argv: list[str], capsys) -> str:
     return capsys.readouterr().err
 
 
-def test_bad_inputs_get_clear_messages(work, trained, tmp_path, capsys):
+def test_bad_inputs_get_clear_messages(task_files, work, trained, tmp_path, capsys):
     base = ["finetune", "--model", str(work["start"]), "--output", str(tmp_path / "o"), *FAST]
     err = _error([*base, "--train", str(work["train"]), "--text_column", "review"], capsys)
     assert "no column 'review'" in err and "'text', 'label'" in err
@@ -353,17 +356,19 @@ def test_bad_inputs_get_clear_messages(work, trained, tmp_path, capsys):
     empty.write_text("text,label\n")
     assert "empty" in _error([*base, "--train", str(empty)], capsys)
     one_class = tmp_path / "one.csv"
-    write_rows(one_class, [{"text": "a", "label": "x"}, {"text": "b", "label": "x"}])
+    task_files.write_rows(one_class, [{"text": "a", "label": "x"}, {"text": "b", "label": "x"}])
     assert "single label" in _error(
         [*base, "--train", str(one_class), "--validation", str(one_class)], capsys
     )
     not_number = tmp_path / "nan.csv"
-    write_rows(not_number, [{"text": "a", "label": "high"}])
+    task_files.write_rows(not_number, [{"text": "a", "label": "high"}])
     assert "not a number" in _error(
         [*base, "--train", str(not_number), "--task", "regression"], capsys
     )
     unknown = tmp_path / "unknown.csv"
-    write_rows(unknown, [{"text": "a good one", "label": "pos"}, {"text": "so so", "label": "meh"}])
+    task_files.write_rows(
+        unknown, [{"text": "a good one", "label": "pos"}, {"text": "so so", "label": "meh"}]
+    )
     err = _error(["evaluate", "--model", str(trained), "--data", str(unknown)], capsys)
     assert "row 2 has label 'meh'" in err and "'neg', 'pos'" in err
     assert "unknown file type" in _error([*base, "--train", str(tmp_path / "data.xlsx")], capsys)

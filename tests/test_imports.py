@@ -151,3 +151,29 @@ def test_no_bertforge_import_inside_a_function():
                 ):
                     inside.append(f"{name}:{node.lineno} ({func.name})")
     assert not inside, "move these imports to the top of their module:\n" + "\n".join(inside)
+
+
+# ---- function lengths: a loop a reader can hold ---------------------------------------------
+
+
+def longest_functions(n: int = 10) -> list[tuple[int, str]]:
+    """The ``n`` longest functions of the package as ``(lines, "module:function")`` (a function's
+    lines run from its ``def`` to its last line, nested functions included)."""
+    found = []
+    for name, path in _modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found.append((node.end_lineno - node.lineno + 1, f"{name}:{node.name}"))
+    return sorted(found, reverse=True)[:n]
+
+
+def test_the_training_loops_fit_on_a_page():
+    lengths = {where: lines for lines, where in longest_functions(10_000)}
+    assert lengths["bertforge.training.pretrain:pretrain"] <= 130
+    assert lengths["bertforge.training.finetune:finetune"] <= 130
+
+
+if __name__ == "__main__":  # python tests/test_imports.py: the longest functions in src/
+    for lines, where in longest_functions():
+        print(f"{lines:5d}  {where}")

@@ -211,6 +211,7 @@ def test_too_long_input_says_what_to_do(tiny_config):
         model(torch.ones(1, 65, dtype=torch.long))
 
 
+@pytest.mark.slow
 def test_real_minilm_weights_match_hf(minilm_dir: Path, shared_data: Path):
     ours = BertModel.from_pretrained(minilm_dir).eval()
     theirs = transformers.BertModel.from_pretrained(minilm_dir).eval()

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from task_fixtures import evaluate_cli, tiny_start_model
 
 import bertforge
 from bertforge import cli
@@ -19,8 +18,8 @@ from bertforge.tokenizer.wordpiece import Tokenizer
 
 
 @pytest.fixture(scope="module")
-def mlm_dir(tmp_path_factory) -> Path:
-    return tiny_start_model(tmp_path_factory.mktemp("predict"), kind="mlm")
+def mlm_dir(task_files, tmp_path_factory) -> Path:
+    return task_files.tiny_start_model(tmp_path_factory.mktemp("predict"), kind="mlm")
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +95,7 @@ def test_classify_is_order_stable_and_sums_to_one(classifier_dir):
     assert bertforge.classify(model, tok, []) == []
 
 
+@pytest.mark.slow
 def test_embed_mean_pooling_matches_sentence_transformers_recipe(minilm_dir):
     transformers = pytest.importorskip("transformers")
     model, tok = BertModel.from_pretrained(minilm_dir), Tokenizer.from_file(minilm_dir)
@@ -217,14 +217,16 @@ def test_embed_command_writes_npy(mlm_dir, tmp_path, capsys):
     assert "--output FILE.npy" in capsys.readouterr().err
 
 
-def test_evaluate_command_on_an_mlm_model_compares_with_random_init(mlm_dir, tmp_path, capsys):
+def test_evaluate_command_on_an_mlm_model_compares_with_random_init(
+    task_files, mlm_dir, tmp_path, capsys
+):
     text = tmp_path / "text.txt"
     text.write_text(
         "the movie was a good film . the actors went to town .\n\n"
         "a story about people who see it on day one . music and a scene at night .\n"
     )
     out = tmp_path / "mlm.json"
-    assert evaluate_cli(mlm_dir, text, out, "--max_length", "16") == 0
+    assert task_files.evaluate_cli(mlm_dir, text, out, "--max_length", "16") == 0
     printed = capsys.readouterr().out
     assert "random init" in printed and "this model" in printed and "perplexity" in printed
     result = json.loads(out.read_text())

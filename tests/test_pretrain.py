@@ -197,6 +197,7 @@ def test_a_time_budget_resumes_with_the_time_it_has_left(corpus, tmp_path):
         resume("changed", batch_size=8)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_exits_zero_and_resumes_exactly(corpus, tmp_path):
     run = tmp_path / "run"
     args = [*tiny_argv(corpus["nsp"], max_steps=300), "--output", str(run)]
@@ -233,6 +234,7 @@ def test_sigterm_saves_exits_zero_and_resumes_exactly(corpus, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow
 def test_two_torchrun_ranks_equal_one_process(corpus, tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():

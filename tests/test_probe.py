@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from task_fixtures import write_rows, write_sentiment
 
 from bertforge import cli
 from bertforge.data.shards import prepare
@@ -45,14 +44,14 @@ def test_probe_scores_informative_features_high_and_noise_at_chance():
 
 
 @pytest.fixture(scope="module")
-def setup(shakespeare_file: Path, tmp_path_factory) -> dict[str, Path]:
+def setup(task_files, shakespeare_file: Path, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("probe")
     text = root / "text.txt"
     text.write_text(shakespeare_file.read_text(encoding="utf-8")[:150_000], encoding="utf-8")
     tokenizer = Tokenizer.train(text, vocab_size=400)
     prepare([str(text)], tokenizer, root / "data", max_seq_length=32, mode="packed", progress=False)
-    write_sentiment(root / "probe-train.csv", 160, seed=1)
-    write_sentiment(root / "probe-test.csv", 100, seed=2)
+    task_files.write_sentiment(root / "probe-train.csv", 160, seed=1)
+    task_files.write_sentiment(root / "probe-test.csv", 100, seed=2)
     return {"root": root, "data": root / "data"}
 
 
@@ -92,14 +91,16 @@ def test_the_probe_is_logged_at_every_evaluation_and_leaves_training_alone(setup
     assert not [r for r in read_metrics(root / "without") if r["split"] == "probe"]
 
 
-def test_bad_probe_options_fail_in_one_line_before_training(setup, tmp_path, capsys):
+def test_bad_probe_options_fail_in_one_line_before_training(task_files, setup, tmp_path, capsys):
     root = setup["root"]
     argv = pretrain_argv(setup, tmp_path / "a", "--probe.train", str(root / "probe-train.csv"))
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "probe.train and probe.test go together" in err and err.count("\n") == 1
     unlabelled = tmp_path / "unlabelled.csv"
-    write_rows(unlabelled, [{"text": "a good play", "stars": 5}, {"text": "bad", "stars": 1}])
+    task_files.write_rows(
+        unlabelled, [{"text": "a good play", "stars": 5}, {"text": "bad", "stars": 1}]
+    )
     argv = pretrain_argv(setup, tmp_path / "b", "--probe.train", str(unlabelled))
     assert cli.main([*argv, "--probe.test", str(root / "probe-test.csv")]) == 2
     err = capsys.readouterr().err

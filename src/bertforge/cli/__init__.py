@@ -34,6 +34,8 @@ import sys
 
 from bertforge.errors import BertforgeError
 
+__all__ = ["COMMANDS", "main"]
+
 # subcommand -> (module, function ``f(argv: list[str]) -> int`` in it, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "tokenizer": (

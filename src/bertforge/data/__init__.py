@@ -1,1 +1,34 @@
-"""Pretraining and fine-tuning data: corpora, instances, shards, masking, labelled tasks."""
+"""Pretraining and fine-tuning data: corpora (``corpus``, ``tables``) -> NSP pairs or packed
+sequences (``instances``) -> token shards on disk (``shards``, ``dataset``); the masking
+(``masking``) and batching (``loader``) of pretraining; labelled tasks for fine-tuning
+(``tasks``)."""
+
+from bertforge.data.corpus import iter_documents, read_documents
+from bertforge.data.dataset import PretrainingDataset, read_meta
+from bertforge.data.loader import (
+    PretrainingCollator,
+    PretrainingLoader,
+    PretrainingSampler,
+    validation_batches,
+)
+from bertforge.data.masking import mask_tokens
+from bertforge.data.shards import format_summary, prepare
+from bertforge.data.tasks import LabelledData, TaskData, load_labelled, load_task_data
+
+__all__ = [
+    "LabelledData",
+    "PretrainingCollator",
+    "PretrainingDataset",
+    "PretrainingLoader",
+    "PretrainingSampler",
+    "TaskData",
+    "format_summary",
+    "iter_documents",
+    "load_labelled",
+    "load_task_data",
+    "mask_tokens",
+    "prepare",
+    "read_documents",
+    "read_meta",
+    "validation_batches",
+]

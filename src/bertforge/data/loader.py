@@ -233,6 +233,16 @@ class PretrainingLoader:
             epoch = self.sampler.epoch  # the batch just drawn belongs to this epoch
             yield self.collator([self.dataset[i] for i in indices], indices, epoch)
 
+    def micro_batches(self, micro: int) -> Iterator[list[dict[str, torch.Tensor]]]:
+        """One optimizer step per item, endlessly: this process's share of the global batch as
+        consecutive micro-batches of at most ``micro`` sequences, each collated on its own (padded
+        to its longest sequence; the masks are the same as in one batch). ``epoch`` is the epoch
+        of the step just drawn."""
+        for indices in self.sampler:
+            epoch = self.sampler.epoch
+            parts = [indices[i : i + micro] for i in range(0, len(indices), micro)]
+            yield [self.collator([self.dataset[i] for i in rows], rows, epoch) for rows in parts]
+
 
 def validation_batches(
     dataset: Any,

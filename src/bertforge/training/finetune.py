@@ -1,12 +1,13 @@
-"""``bertforge finetune``: fine-tune any BERT directory for classification or regression, in one
-flat loop.
+"""``bertforge finetune``: fine-tune any BERT directory for classification or regression;
+:func:`finetune` is the loop, the named parts it calls follow it.
 
 Per optimizer step: set the LR (a pure function of the step, or of elapsed time for a wall-clock
 budget) -> take the next batch and accumulate its dynamically padded micro-batches (forward/
 backward under autocast, each loss weighted by its share of the batch's rows) -> clip ->
 step unless the loss is non-finite -> log -> maybe evaluate (keep the best model, stop early) /
 checkpoint / stop on a signal. The progress bar, metrics log, checkpoints, resume and signal
-handling are the pretraining loop's (``bertforge.runtime``, ``bertforge.progress`` and ``bertforge.training.steps``).
+handling are the pretraining loop's (``bertforge.progress``, ``bertforge.training.checkpoints``
+and ``bertforge.training.steps``).
 
 OUTPUT holds the best model by the validation metric (a ``BertForSequenceClassification`` with
 ``id2label``/``label2id`` in config.json, loadable by transformers too, plus the tokenizer),
@@ -23,12 +24,14 @@ import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from bertforge.data.tasks import batch_order, collate, load_task_data
+from bertforge.data.tasks import TaskData, batch_order, collate, load_task_data
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.plots import plot_training_curves
 from bertforge.evaluation.tasks import (
@@ -47,9 +50,7 @@ from bertforge.training import steps
 from bertforge.training.checkpoints import (
     GracefulStop,
     check_same_run,
-    checkpoint_name,
     latest_checkpoint,
-    load_train_state,
     write_checkpoint,
 )
 from bertforge.training.config import FINETUNE_CONFIG, FinetuneConfig, option
@@ -75,42 +76,138 @@ RUN_IDENTITY = (
 """Settings a resumed run must share with the interrupted one (the data order depends on them)."""
 
 
-def _improved(value: float, best: float | None, metric: str) -> bool:
-    if best is None:
-        return True
-    return value > best if HIGHER_IS_BETTER[metric] else value < best
+@dataclass
+class FinetuneState(steps.TrainState):
+    """Fine-tuning's ``train_state.json``: the shared counters plus the data position, the best
+    model so far and early stopping."""
+
+    epoch: int = 0
+    """The epoch being trained."""
+    batch: int = 0
+    """The next batch of the epoch's order."""
+    best: float | None = None
+    """The best validation value of the metric so far."""
+    best_step: int | None = None
+    """The step of the best model (the one saved in OUTPUT)."""
+    bad_evals: int = 0
+    """Evaluations in a row without improvement (early stopping)."""
+    scale: list[float] | tuple[float, float] | None = None
+    """``(mean, std)`` of z-scored regression targets."""
+    finished: bool = False
+    """Stopped early: the run is over even though budget is left."""
 
 
-def save_model(
-    model: BertForSequenceClassification,
-    out: Path,
-    tokenizer: Tokenizer,
-    scale: tuple[float, float] | None,
-) -> None:
-    """Write the model; for normalised regression fold ``y = z * std + mean`` into the head."""
-    if scale is not None:
-        model = copy.deepcopy(model).float()
-        mean, std = scale
-        with torch.no_grad():
-            model.classifier.weight.mul_(std)
-            model.classifier.bias.mul_(std).add_(mean)
-    model.save_pretrained(out, tokenizer=tokenizer)
+@dataclass
+class Run:
+    """What the loop works with, set up once by :func:`setup`."""
+
+    cfg: FinetuneConfig
+    out: Path
+    device: torch.device
+    precision: str
+    budget: float | None
+    total: int
+    """Optimizer steps of the whole run (epochs, capped by --max_steps)."""
+    steps_per_epoch: int
+    tokenizer: Tokenizer
+    data: TaskData
+    model: BertForSequenceClassification
+    optimizer: torch.optim.Optimizer
+    logger: MetricsLogger
+
+    def say(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    def done(self, state: FinetuneState) -> bool:
+        spent = steps.budget_spent(
+            state.step, state.elapsed, total_steps=self.total, budget=self.budget
+        )
+        return state.finished or spent
+
+    def validate(self, model: torch.nn.Module, **kw: Any) -> tuple[dict[str, Any], np.ndarray]:
+        """Metrics and predictions of ``model`` on the validation examples."""
+        return evaluate_sequence_model(
+            model,
+            self.data.encoded_val,
+            self.data.val.labels,
+            self.tokenizer.pad_id,
+            batch_size=self.cfg.eval_batch_size,
+            precision=self.precision,
+            **kw,
+        )
 
 
 def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     """Run (or resume) fine-tuning as configured; return the best validation results."""
+    run, state = setup(cfg)
+    lengths = [len(ids) for ids, _ in run.data.encoded_train]
+    eval_every = cfg.eval_every or run.steps_per_epoch
+    bar = steps.progress_bar(state, run.total, run.budget, enabled=cfg.progress)
+    window = steps.RunningMeans()
+    guard = steps.NonFiniteGuard(cfg.max_nonfinite, "lower --lr or use --precision fp32")
+    stopped, order, order_epoch = None, [], -1
+    run.model.train()
+    with GracefulStop() as stop:
+        while not run.done(state):
+            if order_epoch != state.epoch:  # a pure function of (seed, epoch): no replay
+                order = batch_order(
+                    lengths, cfg.batch_size, seed=cfg.seed, epoch=state.epoch, bucket=cfg.bucket
+                )
+                order_epoch = state.epoch
+            if state.batch >= len(order):  # epoch finished: the next one has a new order
+                state.epoch, state.batch = state.epoch + 1, 0
+                continue
+            t0 = time.perf_counter()
+            lr = steps.scheduled_lr(
+                state.step, state.elapsed, cfg, total_steps=run.total, budget=run.budget
+            )
+            set_lr(run.optimizer, lr)
+            report = train_step(run, order[state.batch])
+            steps.optimizer_step(
+                run.optimizer, guard, state, report.losses["loss"], report.grad_norm
+            )
+            state.batch += 1
+            report.lr, report.seconds = lr, time.perf_counter() - t0
+            steps.record_step(
+                state,
+                report,
+                window,
+                bar,
+                run.logger,
+                log=lambda: steps.due(state.step, cfg.log_every),
+                state_fields=("elapsed",),
+                epoch=state.epoch + state.batch / len(order),
+                skipped=state.skipped,
+            )
+            if steps.due(state.step, eval_every) or run.done(state):
+                evaluate(run, state, bar)
+                save_checkpoint(run, state)
+            if stop.requested:
+                stopped = stop.signal_name or "signal"
+                break
+    bar.close()
+    if stopped:
+        save_checkpoint(run, state)
+        run.logger.close()
+        resume = "Resume by running the same command again."
+        run.say(steps.stopped_message(run.out, state.step, stopped, resume))
+        return {"stopped": True, "step": state.step}
+    if not (run.out / "model.safetensors").is_file():  # the best model was lost: keep the last
+        run.say(f"{run.out}: no best model found; saving the model of step {state.step} instead")
+        save_model(run.model, run.out, run.tokenizer, state.scale)
+    run.logger.close()
+    return finish(run, state)
+
+
+def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
+    """Device, data, model, optimizer and the state (fresh or resumed); writes the resolved
+    config and says what will run."""
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     budget = parse_duration(cfg.max_time)
     device = pick_device(cfg.device)
     precision = pick_precision(cfg.precision, device)
     out = Path(cfg.output)
-    regression = cfg.task == "regression"
-
-    def say(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
-
-    # ---- data --------------------------------------------------------------------------------
     tokenizer = Tokenizer.from_file(cfg.model)
     t0 = time.perf_counter()
     data = load_task_data(
@@ -127,28 +224,56 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
         max_length=cfg.max_length,
         truncation=cfg.truncation,
     )
-    id2label, val = data.id2label, data.val
-    val_set = (data.encoded_val, val.labels, tokenizer.pad_id)  # every evaluation's examples
-    lengths = [len(ids) for ids, _ in data.encoded_train]
     steps_per_epoch = math.ceil(len(data.encoded_train) / cfg.batch_size)
     total = max(1, round(cfg.epochs * steps_per_epoch))
     if cfg.max_steps is not None:
         total = min(total, cfg.max_steps)
-    eval_every = cfg.eval_every or steps_per_epoch
-
-    # ---- model, optimizer, state -------------------------------------------------------------
     seed_everything(cfg.seed)
     resume_dir = latest_checkpoint(out)
+    model = load_model(cfg, tokenizer, data.id2label, resume_dir)
+    if cfg.dropout is not None:
+        steps.set_dropout(model, cfg.dropout)
+    model = model.to(device)
+    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
+    resolved = steps.config_dict(cfg)
+    identity = {k: resolved[k] for k in RUN_IDENTITY}
+    state = FinetuneState(run=identity, scale=data.scale)
+    if resume_dir is not None:
+        state, _ = FinetuneState.load(resume_dir, optimizer)
+        check_same_run(resume_dir, state.run, identity, option=option)
+        print(f"resuming from {resume_dir} at step {state.step}", file=sys.stderr, flush=True)
+    logger = MetricsLogger(out, resume_step=state.step if resume_dir is not None else None)
+    atomic_write_text(out / FINETUNE_CONFIG, json.dumps(resolved, indent=2) + "\n")
+    run = Run(cfg, out, device, precision, budget, total, steps_per_epoch, tokenizer, data, model,
+              optimizer, logger)  # fmt: skip
+    micro, outputs = cfg.micro_batch, len(data.id2label) if data.id2label else 1
+    run.say(
+        f"fine-tuning {cfg.model} for {cfg.task} ({outputs} output(s)) on "
+        f"{len(data.train):,} examples, validating on {len(data.val):,}; {precision} on {device}; "
+        f"{total} steps of batch {cfg.batch_size} = {cfg.batch_size // micro} x {micro}"
+        + (f" or {format_duration(budget)}" if budget else "")
+        + f"; encoded in {time.perf_counter() - t0:.1f}s"
+    )
+    return run, state
+
+
+def load_model(
+    cfg: FinetuneConfig,
+    tokenizer: Tokenizer,
+    id2label: dict[int, str] | None,
+    resume_dir: Path | None,
+) -> BertForSequenceClassification:
+    """The checkpoint to resume, or ``cfg.model`` with a fresh head for the task."""
     if resume_dir is not None:
         model = BertForSequenceClassification.from_pretrained(resume_dir)
-    elif regression:
+    elif cfg.task == "regression":
         model = BertForSequenceClassification.from_pretrained(
             cfg.model, num_labels=1, problem_type="regression"
         )
     else:
         model = BertForSequenceClassification.from_pretrained(
             cfg.model,
-            num_labels=len(id2label),
+            num_labels=len(id2label or {}),
             id2label=id2label,
             problem_type="single_label_classification",
         )
@@ -158,177 +283,84 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
             f"--max_length {cfg.max_length} exceeds the model's "
             f"max_position_embeddings={model.config.max_position_embeddings}; lower it"
         )
-    if cfg.dropout is not None:
-        steps.set_dropout(model, cfg.dropout)
-    model = model.to(device)
-    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
-    resolved = steps.config_dict(cfg)
-    identity = {k: resolved[k] for k in RUN_IDENTITY}
-    state: dict[str, Any] = {
-        "step": 0,
-        "epoch": 0,
-        "batch": 0,
-        "elapsed": 0.0,
-        "tokens": 0,
-        "skipped": 0,
-        "best": None,
-        "best_step": None,
-        "bad_evals": 0,
-        "scale": data.scale,
-        "run": identity,
-        "finished": False,
-    }
-    if resume_dir is not None:
-        state, _ = load_train_state(resume_dir, optimizer=optimizer, keys=state)
-        check_same_run(resume_dir, state["run"], identity, option=option)
-        say(f"resuming from {resume_dir} at step {state['step']}")
-    logger = MetricsLogger(out, resume_step=state["step"] if resume_dir is not None else None)
-    atomic_write_text(out / FINETUNE_CONFIG, json.dumps(resolved, indent=2) + "\n")
+    return model
 
-    def save_checkpoint() -> None:
-        write_checkpoint(
-            out,
-            model,
-            tokenizer,
-            state=state,
-            optimizer=optimizer,
-            keep=cfg.keep_checkpoints,
-        )
 
-    def done() -> bool:
-        spent = steps.budget_spent(
-            state["step"], state["elapsed"], total_steps=total, budget=budget
-        )
-        return state["finished"] or spent
+def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
+    """Forward/backward of the batch ``rows`` in dynamically padded micro-batches (each loss
+    weighted by its share of the rows) and gradient clipping."""
+    data, device = run.data, run.device
+    totals = {"loss": 0.0, "tokens": 0}
 
-    eval_with = dict(batch_size=cfg.eval_batch_size, precision=precision)
-    micro = cfg.micro_batch
+    def loss_of(part: tuple[Any, float]) -> torch.Tensor:
+        rows, share = part
+        examples = [data.encoded_train[i] for i in rows]
+        batch = {k: v.to(device) for k, v in collate(examples, run.tokenizer.pad_id).items()}
+        labels = torch.as_tensor(data.targets[rows]).to(device)
+        with autocast(device, run.precision):
+            loss = run.model(**batch, labels=labels).loss
+        # a mean over this micro-batch's rows -> its share of the mean over the batch
+        totals["loss"] += float(loss.detach()) * share
+        totals["tokens"] += int(batch["attention_mask"].sum())
+        return loss * share
 
-    say(
-        f"fine-tuning {cfg.model} for {cfg.task} ({len(id2label) if id2label else 1} output(s)) on "
-        f"{len(data.train):,} examples, validating on {len(val):,}; {precision} on {device}; "
-        f"{total} steps of batch {cfg.batch_size} = {cfg.batch_size // micro} x {micro}"
-        + (f" or {format_duration(budget)}" if budget else "")
-        + f"; encoded in {time.perf_counter() - t0:.1f}s"
+    steps.accumulate(steps.micro_batches(rows, run.cfg.micro_batch), loss_of)
+    grad_norm = steps.clip_gradients(run.model.parameters(), run.cfg.max_grad_norm)
+    return steps.StepReport(0.0, grad_norm, totals["tokens"], 0.0, {"loss": totals["loss"]})
+
+
+def evaluate(run: Run, state: FinetuneState, bar: Any) -> None:
+    """Validate; keep the model when the metric improved, count the evaluations without
+    improvement and stop early after --patience of them."""
+    cfg = run.cfg
+    metrics, _ = run.validate(run.model, scale=state.scale)
+    run.logger.log(state.step, "val", **metrics)
+    value = metrics[cfg.metric]
+    if _improved(value, state.best, cfg.metric):
+        state.best, state.best_step, state.bad_evals = value, state.step, 0
+        save_model(run.model, run.out, run.tokenizer, state.scale)
+    else:
+        state.bad_evals += 1
+    bar.write(
+        f"step {state.step}: val loss {metrics['loss']:.4f} {cfg.metric} "
+        f"{value:.4f} (best {state.best:.4f} at step {state.best_step})"
+    )
+    if cfg.patience and state.bad_evals >= cfg.patience:
+        bar.write(f"no improvement in {cfg.patience} evaluations: stopping early")
+        state.finished = True
+
+
+def save_checkpoint(run: Run, state: FinetuneState) -> None:
+    write_checkpoint(
+        run.out,
+        run.model,
+        run.tokenizer,
+        state=state.to_json(),
+        optimizer=run.optimizer,
+        keep=run.cfg.keep_checkpoints,
     )
 
-    # ---- the loop ----------------------------------------------------------------------------
-    bar = steps.progress_bar(state, total, budget, enabled=cfg.progress)
-    window = steps.RunningMeans()
-    guard = steps.NonFiniteGuard(cfg.max_nonfinite, "lower --lr or use --precision fp32")
-    stopped, order, order_epoch = None, [], -1
-    model.train()
-    with GracefulStop() as stop:
-        while not done():
-            if order_epoch != state["epoch"]:  # a pure function of (seed, epoch): no replay
-                order = batch_order(
-                    lengths, cfg.batch_size, seed=cfg.seed, epoch=state["epoch"], bucket=cfg.bucket
-                )
-                order_epoch = state["epoch"]
-            if state["batch"] >= len(order):  # epoch finished: the next one has a new order
-                state["epoch"], state["batch"] = state["epoch"] + 1, 0
-                continue
-            t0 = time.perf_counter()
-            lr = steps.scheduled_lr(
-                state["step"], state["elapsed"], cfg, total_steps=total, budget=budget
-            )
-            set_lr(optimizer, lr)
-            step_loss, tokens = 0.0, 0
-            for rows, share in steps.micro_batches(order[state["batch"]], micro):
-                examples = [data.encoded_train[i] for i in rows]
-                batch = {k: v.to(device) for k, v in collate(examples, tokenizer.pad_id).items()}
-                labels = torch.as_tensor(data.targets[rows]).to(device)
-                with autocast(device, precision):
-                    loss = model(**batch, labels=labels).loss
-                # a mean over this micro-batch's rows -> its share of the mean over the batch
-                (loss * share).backward()
-                step_loss += float(loss.detach()) * share
-                tokens += int(batch["attention_mask"].sum())
-            grad_norm = steps.clip_gradients(model.parameters(), cfg.max_grad_norm)
-            if guard.allows(step_loss, grad_norm, state["step"] + 1):
-                optimizer.step()
-            else:
-                state["skipped"] += 1
-            optimizer.zero_grad(set_to_none=True)
-            state["step"] += 1
-            state["batch"] += 1
-            state["tokens"] += tokens
-            seconds = time.perf_counter() - t0
-            state["elapsed"] += seconds
-            window.add(tokens, seconds, loss=step_loss)
-            bar.update(
-                step=state["step"],
-                elapsed=state["elapsed"],
-                loss=step_loss,
-                lr=lr,
-                tokens_per_s=window.tokens_per_s,
-            )
-            if state["step"] % cfg.log_every == 0:
-                logger.log(
-                    state["step"],
-                    "train",
-                    loss=window.means("loss")["loss"],
-                    lr=lr,
-                    grad_norm=grad_norm,
-                    tokens_per_s=window.tokens_per_s,
-                    elapsed=state["elapsed"],
-                    epoch=state["epoch"] + state["batch"] / len(order),
-                    skipped=state["skipped"],
-                )
-                window.reset()
-            if state["step"] % eval_every == 0 or done():
-                metrics, _ = evaluate_sequence_model(
-                    model, *val_set, scale=state["scale"], **eval_with
-                )
-                logger.log(state["step"], "val", **metrics)
-                value = metrics[cfg.metric]
-                if _improved(value, state["best"], cfg.metric):
-                    state.update(best=value, best_step=state["step"], bad_evals=0)
-                    save_model(model, out, tokenizer, state["scale"])
-                else:
-                    state["bad_evals"] += 1
-                bar.write(
-                    f"step {state['step']}: val loss {metrics['loss']:.4f} {cfg.metric} "
-                    f"{value:.4f} (best {state['best']:.4f} at step {state['best_step']})"
-                )
-                if cfg.patience and state["bad_evals"] >= cfg.patience:
-                    bar.write(f"no improvement in {cfg.patience} evaluations: stopping early")
-                    state["finished"] = True
-                save_checkpoint()
-            if stop.requested:
-                stopped = stop.signal_name or "signal"
-                break
-    bar.close()
-    if stopped:
-        save_checkpoint()
-        logger.close()
-        say(
-            f"stopped at step {state['step']} on {stopped}; checkpoint saved in "
-            f"{out / checkpoint_name(state['step'])}. Resume by running the same command again."
-        )
-        return {"stopped": True, "step": state["step"]}
-    if not (out / "model.safetensors").is_file():  # the best model was lost: keep the last one
-        say(f"{out}: no best model found; saving the model of step {state['step']} instead")
-        save_model(model, out, tokenizer, state["scale"])
-    logger.close()
 
-    # ---- the best model, reloaded from disk: final validation report and plots ---------------
-    best = BertForSequenceClassification.from_pretrained(out).to(device)
+def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
+    """The end-of-run report: the best model reloaded from disk, its validation report and
+    plots, eval_results.json."""
+    cfg, out, data = run.cfg, run.out, run.data
+    best = BertForSequenceClassification.from_pretrained(out).to(run.device)
     plot = out / task_plot_name(best.config)
-    metrics, predictions = evaluate_sequence_model(best, *val_set, **eval_with)
+    metrics, predictions = run.validate(best)
     baseline = None if data.scale is None else data.scale[0]
     title = f"validation ({out.name})"
     report = task_report(
-        best.config, val.labels, predictions, baseline, plot=plot, plot_title=title
+        best.config, data.val.labels, predictions, baseline, plot=plot, plot_title=title
     )
     plot_training_curves(out, out / PLOT_FILE, title=f"bertforge finetune: {out.name}")
     result = {
-        "best_step": state["best_step"],
-        "steps": state["step"],
-        "epochs": round(state["step"] / steps_per_epoch, 3),
-        "train_seconds": round(state["elapsed"], 1),
-        "tokens": state["tokens"],
-        "skipped": state["skipped"],
+        "best_step": state.best_step,
+        "steps": state.step,
+        "epochs": round(state.step / run.steps_per_epoch, 3),
+        "train_seconds": round(state.elapsed, 1),
+        "tokens": state.tokens,
+        "skipped": state.skipped,
         "metric": cfg.metric,
         "validation": metrics,
         **report,
@@ -336,12 +368,41 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
         "model_dir": str(out),
     }
     atomic_write_text(out / RESULTS_FILE, json.dumps(result, indent=2) + "\n")
-    say(
-        f"best {cfg.metric} {metrics[cfg.metric]:.4f} at step {state['best_step']} of {state['step']} "
-        f"({format_duration(state['elapsed'])} of training); model: {out}\n"
+    run.say(
+        f"best {cfg.metric} {metrics[cfg.metric]:.4f} at step {state.best_step} of {state.step} "
+        f"({format_duration(state.elapsed)} of training); model: {out}\n"
         + report.get("report_text", "")
     )
     return result
 
 
-__all__ = ["FINETUNE_CONFIG", "FinetuneConfig", "finetune", "save_model"]
+def _improved(value: float, best: float | None, metric: str) -> bool:
+    if best is None:
+        return True
+    return value > best if HIGHER_IS_BETTER[metric] else value < best
+
+
+def save_model(
+    model: BertForSequenceClassification,
+    out: Path,
+    tokenizer: Tokenizer,
+    scale: tuple[float, float] | list[float] | None,
+) -> None:
+    """Write the model; for normalised regression fold ``y = z * std + mean`` into the head."""
+    if scale is not None:
+        model = copy.deepcopy(model).float()
+        mean, std = scale
+        with torch.no_grad():
+            model.classifier.weight.mul_(std)
+            model.classifier.bias.mul_(std).add_(mean)
+    model.save_pretrained(out, tokenizer=tokenizer)
+
+
+__all__ = [
+    "FINETUNE_CONFIG",
+    "FinetuneConfig",
+    "FinetuneState",
+    "Run",
+    "finetune",
+    "save_model",
+]

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from bertforge.data.loader import PretrainingCollator, PretrainingSampler
+from bertforge.data.loader import PretrainingCollator, PretrainingLoader, PretrainingSampler
 from bertforge.data.shards import TOKENIZER_DIR, PretrainingDataset, read_meta
 from bertforge.errors import BertforgeError
 from bertforge.modeling.checkpoint import check_tokenizer_fits
@@ -50,6 +50,11 @@ class PretrainingData:
     """Sequences per forward/backward pass."""
     accum: int
     """Micro-batches per optimizer step on this process."""
+
+    @property
+    def loader(self) -> PretrainingLoader:
+        """The training batches: dataset + sampler + collator (the sampler holds the position)."""
+        return PretrainingLoader(self.train, self.sampler, self.collator)
 
 
 def open_data(cfg: PretrainConfig, *, rank: int = 0, world_size: int = 1) -> PretrainingData:

@@ -1,27 +1,76 @@
-"""The parts of an optimizer step that ``pretrain`` and ``finetune`` share, so the two loops
-cannot drift apart: the learning rate by steps or by wall-clock time, the budget check, gradient
-clipping, skipping non-finite steps, the running means behind each log line and the progress
-bar, the dropout override, the "same run?" check on resume and checkpoint writing (plus the
-micro-batch split fine-tuning's gradient accumulation uses).
+"""The parts of a training loop that ``pretrain`` and ``finetune`` share, written once so the
+two loops cannot drift apart: the typed train state a checkpoint saves (:class:`TrainState`),
+the learning rate by steps or by wall-clock time, the budget check, micro-batch accumulation
+(:func:`accumulate`), gradient clipping, the non-finite guard and the optimizer step
+(:func:`optimizer_step`), the running means, progress bar and log line of each step
+(:func:`record_step`), when to evaluate (:func:`due`) and the message of a run stopped by a
+signal (:func:`stopped_message`).
 
-Each loop stays one flat function that calls these in order; see ``pretrain.py`` and
+Each loop is one short function that calls these in order; see ``pretrain.py`` and
 ``finetune.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
 from torch import nn
 
 from bertforge.errors import BertforgeError
-from bertforge.progress import ProgressBar
+from bertforge.progress import MetricsLogger, ProgressBar
+from bertforge.training.checkpoints import checkpoint_name, load_train_state
 from bertforge.training.optim import lr_at, lr_at_progress
+
+S = TypeVar("S", bound="TrainState")
+T = TypeVar("T")
+
+
+@dataclass
+class TrainState:
+    """The counters a checkpoint's ``train_state.json`` holds for both loops; each loop's state
+    adds its own fields. The JSON is :func:`dataclasses.asdict` of it (the same keys as before the
+    state was typed, so old checkpoints resume)."""
+
+    step: int = 0
+    """Optimizer steps taken (skipped non-finite steps included)."""
+    elapsed: float = 0.0
+    """Training seconds so far (evaluation and checkpoints not counted): the time budget's clock."""
+    tokens: int = 0
+    """Real (non-padding) tokens trained on."""
+    skipped: int = 0
+    """Steps skipped because the loss or gradient was non-finite."""
+    run: dict[str, Any] = field(default_factory=dict)
+    """The settings a resumed run must share (see ``check_same_run``)."""
+
+    optional: ClassVar[tuple[str, ...]] = ()
+    """Fields left out of the JSON while None (written only by the runs that use them)."""
+
+    def to_json(self) -> dict[str, Any]:
+        state = dataclasses.asdict(self)
+        return {k: v for k, v in state.items() if not (k in self.optional and v is None)}
+
+    @classmethod
+    def load(
+        cls: type[S], directory: Path, optimizer: torch.optim.Optimizer, restore_rng: bool = True
+    ) -> tuple[S, dict[str, Any]]:
+        """The state saved in checkpoint ``directory`` (the optimizer and, with ``restore_rng``,
+        the RNG restored in place) and the raw torch payload; a required key missing is a damaged
+        checkpoint."""
+        required = [f.name for f in dataclasses.fields(cls) if f.name not in cls.optional]
+        saved, blob = load_train_state(
+            directory, optimizer=optimizer, restore_rng=restore_rng, keys=required
+        )
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in saved.items() if k in known}), blob
 
 
 def set_dropout(model: nn.Module, p: float) -> None:
@@ -150,15 +199,113 @@ class RunningMeans:
 
 
 def progress_bar(
-    state: dict[str, Any], total_steps: int | None, budget: float | None, enabled: bool
+    state: TrainState, total_steps: int | None, budget: float | None, enabled: bool
 ) -> ProgressBar:
     """A bar over the steps, or over the seconds of a wall-clock budget, starting where
-    ``state`` (``step``, ``elapsed``) is."""
+    ``state`` is."""
     return ProgressBar(
         budget or total_steps,
-        initial=state["elapsed"] if budget else state["step"],
+        initial=state.elapsed if budget else state.step,
         by_time=budget is not None,
         enabled=enabled,
+    )
+
+
+def accumulate(
+    parts: Sequence[T],
+    loss_of: Callable[[T], torch.Tensor],
+    no_sync: Callable[[], AbstractContextManager] | None = None,
+) -> None:
+    """Gradient accumulation: ``loss_of(part).backward()`` for each micro-batch, the gradients
+    summing in place. ``loss_of`` returns the micro-batch's loss already weighted by its share of
+    the step; under DDP, ``no_sync`` (the wrapper's) keeps all but the last backward local."""
+    for k, part in enumerate(parts):
+        last = k == len(parts) - 1
+        with contextlib.nullcontext() if last or no_sync is None else no_sync():
+            loss_of(part).backward()
+
+
+def optimizer_step(
+    optimizer: torch.optim.Optimizer,
+    guard: NonFiniteGuard,
+    state: TrainState,
+    loss: float,
+    grad_norm: float,
+    say: Callable[[str], None] | None = None,
+) -> None:
+    """Step the optimizer unless the loss or gradient is non-finite (then count the step as
+    skipped, and ``say`` so), clear the gradients and count the step."""
+    if guard.allows(loss, grad_norm, state.step + 1):
+        optimizer.step()
+    else:
+        state.skipped += 1
+        if say is not None:
+            say(f"step {state.step + 1}: non-finite loss/gradient, step skipped")
+    optimizer.zero_grad(set_to_none=True)
+    state.step += 1
+
+
+@dataclass
+class StepReport:
+    """What one optimizer step measured, for the progress bar and the log."""
+
+    lr: float
+    grad_norm: float
+    tokens: float
+    """Real tokens of the step (all processes)."""
+    seconds: float
+    losses: dict[str, float]
+    """``loss`` first, then its parts (``mlm_loss``, ``nsp_loss``)."""
+
+
+def record_step(
+    state: TrainState,
+    report: StepReport,
+    window: RunningMeans,
+    bar: ProgressBar,
+    logger: MetricsLogger,
+    log: Callable[[], bool],
+    state_fields: Sequence[str] = (),
+    **fields: Any,
+) -> None:
+    """Add the step's tokens and time to ``state``, update the running means and the bar, and
+    when ``log()`` (asked after the update) write the train line (the mean losses since the last line, the LR, gradient
+    norm, throughput, the ``state_fields`` of the updated state, then ``fields``) and start a
+    new window."""
+    state.tokens += int(report.tokens)
+    state.elapsed += report.seconds
+    window.add(report.tokens, report.seconds, **report.losses)
+    bar.update(
+        step=state.step,
+        elapsed=state.elapsed,
+        loss=report.losses["loss"],
+        lr=report.lr,
+        tokens_per_s=window.tokens_per_s,
+    )
+    if log():
+        logger.log(
+            state.step,
+            "train",
+            **window.means(*report.losses),
+            lr=report.lr,
+            grad_norm=report.grad_norm,
+            tokens_per_s=window.tokens_per_s,
+            **{name: getattr(state, name) for name in state_fields},
+            **fields,
+        )
+        window.reset()
+
+
+def due(step: int, every: int) -> bool:
+    """True every ``every`` steps (never for 0): the evaluation, log and checkpoint schedule."""
+    return every > 0 and step % every == 0
+
+
+def stopped_message(out: Path, step: int, signal: str, resume: str) -> str:
+    """What a run stopped by a signal says: where its checkpoint is and how to resume."""
+    return (
+        f"stopped at step {step} on {signal}; checkpoint saved in {out / checkpoint_name(step)}. "
+        + resume
     )
 
 
@@ -166,10 +313,17 @@ __all__ = [
     "NonFiniteGuard",
     "RunningMeans",
     "ScheduleOptions",
+    "StepReport",
+    "TrainState",
+    "accumulate",
     "budget_spent",
     "clip_gradients",
+    "due",
     "micro_batches",
+    "optimizer_step",
     "progress_bar",
+    "record_step",
     "scheduled_lr",
     "set_dropout",
+    "stopped_message",
 ]
