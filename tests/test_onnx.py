@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from task_fixtures import tiny_start_model
 
 import bertforge
 from bertforge import cli
@@ -33,11 +32,11 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def classifier_dir(tmp_path_factory) -> Path:
+def classifier_dir(task_files, tmp_path_factory) -> Path:
     """A tiny 3-class classifier with weights far from their init (std 0.3), so every layer
     shapes the output, and a fine-tuning config recording its max_length."""
     root = tmp_path_factory.mktemp("onnx")
-    mlm = tiny_start_model(root, kind="mlm")
+    mlm = task_files.tiny_start_model(root, kind="mlm")
     torch.manual_seed(1)
     model = BertForSequenceClassification.from_pretrained(
         mlm, num_labels=3, id2label={0: "neg", 1: "mid", 2: "pos"}
