@@ -108,6 +108,13 @@ def test_lists_bare_flags_and_old_spellings(capsys):
         "3",
     ]
     assert capsys.readouterr().err == ""
+    repeated = ["--input", "a.txt", "--seed", "3", "--input", "b.txt", "c.txt"]
+    assert normalize_argv(repeated, kinds, "p") == [
+        "--input",
+        '["a.txt", "b.txt", "c.txt"]',
+        "--seed",
+        "3",
+    ]
     old = ["--max-seq-length", "64", "--no-progress", "--validation-fraction=0.1"]
     assert normalize_argv(old, kinds, "bertforge prepare") == [
         "--max_seq_length",

@@ -9,7 +9,8 @@ one place a value is checked. Usage errors become a one-line :class:`BertforgeEr
 Before parsing, the command line is brought to that spelling:
 
 - ``--input a.txt b.txt`` (a list field followed by several values) is passed as one list, as
-  ``nargs="+"`` did; ``--input '[a.txt, b.txt]'`` and ``--input+ a.txt`` work as well;
+  ``nargs="+"`` did, and a repeated ``--input c.txt`` adds to it; ``--input '[a.txt, b.txt]'``
+  and ``--input+ a.txt`` work as well;
 - a bare boolean flag (``--overwrite``) means ``--overwrite true``;
 - the spellings of the argparse commands before 0.2 (``--warmup-ratio``, ``--no-progress``) are
   rewritten to ``--warmup_ratio`` and ``--progress false`` with one deprecation note on stderr;
@@ -70,6 +71,7 @@ def normalize_argv(argv: Sequence[str], kinds: dict[str, str], prog: str) -> lis
     names the old spellings it rewrote."""
     out: list[str] = []
     old: list[tuple[str, str]] = []
+    lists: dict[str, int] = {}  # list option -> where its values are in ``out``
     i = 0
     while i < len(argv):
         token = str(argv[i])
@@ -99,7 +101,12 @@ def normalize_argv(argv: Sequence[str], kinds: dict[str, str], prog: str) -> lis
             while i < len(argv) and not str(argv[i]).startswith("--"):
                 values.append(str(argv[i]))
                 i += 1
-            out += [new, json.dumps(values)]
+            if new in lists:  # repeated (--input a --input b): one list, as argparse's extend
+                at = lists[new]
+                out[at] = json.dumps(json.loads(out[at]) + values)
+            else:
+                lists[new] = len(out) + 1
+                out += [new, json.dumps(values)]
         else:
             out.append(new)
     if old:
