@@ -1,56 +1,120 @@
 #!/usr/bin/env bash
-# Pretrain BERT-Mini for 15 minutes (configs/imdb-mini-15m.yaml) on IMDB review text: the 50,000
-# unlabelled + 25,000 train reviews, minus every review whose text equals a test review (so the
-# model can later be fine-tuned and tested on IMDB without having read the test set), 1% of the
-# reviews held out for validation. Evaluates on those and, as out-of-domain text, on WikiText-2
-# validation. Needs ../shared/data (or BERTFORGE_SHARED_DATA). Heavy: run it under the lock,
+# Pretrain a BERT on IMDB review text with the CPU recipe of docs/pretraining-study.md, and
+# optionally measure what it is worth downstream.
 #
-#   flock /tmp/bertforge-heavy.lock bash scripts/pretrain_imdb.sh [OUT] [--train.lr 5e-4 ...]
+#   flock /tmp/bertforge-heavy.lock bash scripts/pretrain_imdb.sh [OUT] [--train.max_time 60m ...]
 #
-# Steps already done in OUT (tokenizer, prepared data) are reused.
+# The text: the 50,000 unlabelled + 25,000 train reviews, minus every review whose text equals a
+# test review (so the model can later be fine-tuned and tested on IMDB without having read the
+# test set), 1% of the reviews held out for validation; WikiText-2 validation as out-of-domain
+# text. Settings (environment variables):
+#   CONFIG      pretraining config (default configs/imdb-20m.yaml; configs/imdb-60m.yaml for an hour)
+#   VOCAB       WordPiece vocabulary size (default 8192: the recipe's; the MLM output layer costs
+#               as much as the whole encoder of BERT-Tiny at 30k)
+#   SEQ         tokens per pretraining sequence (default 128)
+#   DOWNSTREAM  1 = finish with `bertforge downstream`: fine-tune the model and its random twin
+#               on 5,000 train reviews (500 more for validation) and test both on 5,000 test
+#               reviews, 128 tokens (the study's protocol)
+# A downstream probe (logistic regression on frozen features, 1,000 + 1,000 train reviews) runs
+# at every evaluation and is drawn in OUT/run/curves.png. Needs ../shared/data (or
+# BERTFORGE_SHARED_DATA). Steps already done in OUT (tokenizer, prepared data, slices) are reused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x .venv/bin/bertforge ]; then export PATH="$PWD/.venv/bin:$PATH"; fi
 
-OUT="${1:-runs/imdb-mini}"
+OUT="${1:-runs/imdb}"
 shift || true
+CONFIG="${CONFIG:-configs/imdb-20m.yaml}"
+VOCAB="${VOCAB:-8192}"
+SEQ="${SEQ:-128}"
 SHARED="${BERTFORGE_SHARED_DATA:-../shared/data}"
 IMDB="$SHARED/imdb"
+TOK="$OUT/tokenizer-$VOCAB"
+DATA="$OUT/data-$VOCAB-$SEQ"
+SLICES="$OUT/slices"
 mkdir -p "$OUT"
 
-if [ ! -f "$OUT/tokenizer/vocab.txt" ]; then
-    echo "== tokenizer: 30,522 WordPieces trained on the pretraining reviews"
-    python - "$IMDB" "$OUT/imdb_pretrain.txt" <<'PY'
-import csv, gzip, re, sys
+if [ ! -f "$SLICES/test5000.csv" ]; then
+    echo "== text: pretraining text and fixed, balanced IMDB slices (<br /> removed)"
+    python - "$IMDB" "$OUT/imdb_pretrain.txt" "$SLICES" <<'PY'
+import csv, gzip, random, re, sys
 from pathlib import Path
 
-root, target = Path(sys.argv[1]), sys.argv[2]
+root, target, slices = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 br = re.compile(r"<br\s*/?>", re.IGNORECASE)
-with open(target, "w", encoding="utf-8") as out:
+
+def rows(split):
+    out = []
+    for path in sorted(root.glob(f"{split}-*.csv.gz")):
+        out += csv.DictReader(gzip.open(path, "rt", encoding="utf-8", newline=""))
+    return out
+
+def clean(text):
+    return " ".join(br.sub(" ", text).split())
+
+train, test = rows("train"), rows("test")
+test_texts = {r["text"] for r in test}
+with open(target, "w", encoding="utf-8") as out:  # the tokenizer's text: no test review
     for path in sorted(root.glob("unsup-*.txt.gz")):
         for line in gzip.open(path, "rt", encoding="utf-8"):
-            out.write(br.sub(" ", line.rstrip("\n")) + "\n")
-    for path in sorted(root.glob("train-*.csv.gz")):
-        for row in csv.DictReader(gzip.open(path, "rt", encoding="utf-8", newline="")):
-            out.write(br.sub(" ", row["text"]).replace("\n", " ") + "\n")
+            if line.rstrip("\n") not in test_texts:
+                out.write(clean(line) + "\n")
+    for r in train:
+        if r["text"] not in test_texts:
+            out.write(clean(r["text"]) + "\n")
+
+def balanced(pool, n, seed):
+    rng = random.Random(seed)
+    pos = [r for r in pool if r["label"] == "1"]
+    neg = [r for r in pool if r["label"] == "0"]
+    rng.shuffle(pos)
+    rng.shuffle(neg)
+    picked = pos[: n // 2] + neg[: n // 2]
+    rng.shuffle(picked)
+    return picked
+
+def write(name, picked):
+    with open(slices / name, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["label", "text"])
+        w.writerows([r["label"], clean(r["text"])] for r in picked)
+
+slices.mkdir(parents=True, exist_ok=True)
+pool = balanced([r for r in train if r["text"] not in test_texts], 8000, 12345)
+write("train5000.csv", pool[:5000])          # downstream fine-tuning
+write("val500.csv", pool[5000:5500])         # its validation (model selection)
+write("probe_train.csv", pool[5500:6500])    # the probe during pretraining: train reviews only
+write("probe_test.csv", pool[6500:7500])
+write("test5000.csv", balanced(test, 5000, 12345))  # scored once, never tuned on
 PY
-    bertforge tokenizer train --input "$OUT/imdb_pretrain.txt" --vocab_size 30522 \
-        --output "$OUT/tokenizer"
 fi
 
-if [ ! -f "$OUT/data/meta.json" ]; then
-    echo "== prepare: packed 128-token sequences, test-review texts excluded"
+if [ ! -f "$TOK/vocab.txt" ]; then
+    echo "== tokenizer: $VOCAB WordPieces trained on the pretraining reviews"
+    bertforge tokenizer train --input "$OUT/imdb_pretrain.txt" --vocab_size "$VOCAB" --output "$TOK"
+fi
+if [ ! -f "$DATA/meta.json" ]; then
+    echo "== prepare: packed $SEQ-token sequences, test-review texts excluded"
     bertforge prepare --input "$IMDB"/unsup-*.txt.gz "$IMDB"/train-*.csv.gz --text_column text \
-        --exclude "$IMDB"/test-*.csv.gz --tokenizer "$OUT/tokenizer" --output "$OUT/data" \
-        --max_seq_length 128 --mode packed --validation_fraction 0.01 --progress false
+        --exclude "$IMDB"/test-*.csv.gz --tokenizer "$TOK" --output "$DATA" \
+        --max_seq_length "$SEQ" --mode packed --validation_fraction 0.01 --progress false
 fi
-if [ ! -f "$OUT/wikitext2/meta.json" ]; then
+if [ ! -f "$OUT/wikitext2-$VOCAB/meta.json" ]; then
     echo "== prepare: WikiText-2 validation with the same tokenizer (out-of-domain evaluation)"
-    bertforge prepare --input "$SHARED/wikitext2/wiki.valid.tokens" --tokenizer "$OUT/tokenizer" \
-        --output "$OUT/wikitext2" --max_seq_length 128 --mode packed --validation_fraction 0 \
-        --progress false
+    bertforge prepare --input "$SHARED/wikitext2/wiki.valid.tokens" --tokenizer "$TOK" \
+        --output "$OUT/wikitext2-$VOCAB" --max_seq_length "$SEQ" --mode packed \
+        --validation_fraction 0 --progress false
 fi
 
-echo "== pretrain"
-bertforge pretrain --config configs/imdb-mini-15m.yaml --data "$OUT/data" \
-    --extra_eval "[$OUT/wikitext2]" --output "$OUT/run" "$@"
+echo "== pretrain ($CONFIG)"
+bertforge pretrain --config "$CONFIG" --data "$DATA" --extra_eval "[$OUT/wikitext2-$VOCAB]" \
+    --probe.train "$SLICES/probe_train.csv" --probe.test "$SLICES/probe_test.csv" \
+    --output "$OUT/run" "$@"
+
+if [ "${DOWNSTREAM:-0}" = "1" ]; then
+    echo "== downstream: the pretrained encoder vs its random twin on IMDB sentiment"
+    bertforge downstream --model "$OUT/run/model" --train "$SLICES/train5000.csv" \
+        --validation "$SLICES/val500.csv" --test "$SLICES/test5000.csv" \
+        --output "$OUT/downstream" --max_length 128 --batch_size 32 --lr 3e-4 --epochs 3 \
+        --warmup_ratio 0.1 --dropout 0 --num_threads 1 --progress false
+fi
