@@ -71,6 +71,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "classify texts with a fine-tuned model",
     ),
     "embed": ("bertforge.cli.predict", "embed_main", "embed texts into a .npy matrix"),
+    "recipe": (
+        "bertforge.cli.recipe",
+        "main",
+        "run a recipe (reviews-adapted, review-scores, news-from-scratch, wikitext-nsp)",
+    ),
     "serve": (
         "bertforge.cli.serve",
         "main",

@@ -1,0 +1,8 @@
+"""Recipes: the seed experiments as one command each (``bertforge recipe NAME``), see
+:mod:`bertforge.recipes.catalog`."""
+
+from bertforge.recipes.catalog import RECIPES, REVIEW_SENTENCES
+from bertforge.recipes.report import summary
+from bertforge.recipes.runner import Recipe, default_data_root
+
+__all__ = ["RECIPES", "REVIEW_SENTENCES", "Recipe", "default_data_root", "summary"]

@@ -1,0 +1,425 @@
+"""The recipes: each a chain of ``bertforge`` commands on the data in ``../shared/data`` (or
+``--data``), with a ``--smoke`` variant (a tiny model, a slice, a few steps) that the test suite
+runs. Every recipe writes ``OUTPUT/results.json`` (its numbers and each command with its wall
+time) and prints a summary table.
+
+- ``reviews-adapted``: all-MiniLM-L6-v2 adapted by masked-LM training on IMDB review text
+  (unsup + train, never the test reviews); MLM on held-out IMDB and WikiText-2 before and after;
+  fill-mask before/after; IMDB and AG News fine-tuning from the adapted model vs MiniLM.
+- ``review-scores``: Metacritic score regression from MiniLM with and without a short
+  task-adaptive pretraining on the training split's review text; Spearman and MAE on a fixed 20%.
+- ``news-from-scratch``: a WordPiece tokenizer and BERT-Mini pretrained from nothing on a fixed
+  80% of the AG News test texts; MLM on the other 20% vs random init and the token-frequency
+  guesser; fine-tuned on the 2,000 labelled train rows (beside its random twin), tested on the
+  held-out 20%.
+- ``wikitext-nsp``: BERT-Mini with MLM + NSP on WikiText-2 test + Tiny Shakespeare, evaluated on
+  WikiText-2 validation (MLM loss, perplexity, masked-token and NSP accuracy vs random init).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bertforge.data.dataset import PretrainingDataset
+from bertforge.inference.predict import fill_mask_side_by_side
+from bertforge.io import atomic_write_text
+from bertforge.modeling.config import BertConfig
+from bertforge.modeling.model import BertForMaskedLM, BertModel
+from bertforge.recipes.runner import (
+    Recipe,
+    clean_text,
+    fixed_split,
+    minilm_dir,
+    read_rows,
+    sample,
+    unigram_baseline,
+    write_rows,
+)
+from bertforge.runtime import seed_everything
+from bertforge.tokenizer.wordpiece import Tokenizer
+
+REVIEW_SENTENCES = [
+    "I really really [MASK] this show! It's awesome and full of mystery!",
+    "This movie was a complete [MASK] of time.",
+    "The acting was [MASK] and the plot made no sense.",
+    "One of the best [MASK] I have ever seen.",
+    "The [MASK] was beautiful, but the story was boring.",
+]
+"""Fill-mask before vs after (the first is the anime-review write-up's)."""
+
+
+# ---- shared steps -----------------------------------------------------------------------------
+
+
+def tiny_encoder(r: Recipe, tokenizer_dir: Path) -> Path:
+    """The smoke runs' stand-in for a published encoder: a 2-layer, 32-wide ``BertModel`` (no MLM
+    head, like all-MiniLM-L6-v2) with ``tokenizer_dir``'s vocabulary, in Hugging Face's layout."""
+    out = r.path("tiny-encoder")
+    if not (out / "model.safetensors").is_file():
+        tokenizer = Tokenizer.from_file(tokenizer_dir)
+        seed_everything(0)
+        config = BertConfig(
+            vocab_size=tokenizer.vocab_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=128,
+        )
+        BertModel(config).save_pretrained(out, tokenizer=tokenizer)
+    return out
+
+
+def adapt_args(r: Recipe, init: Path, data: Path, output: Path, extra: list[Path]) -> list[Any]:
+    """``bertforge pretrain --init_from``: MLM only, no dropout, word embeddings (and with them
+    the tied output layer) frozen, a peak LR of 3e-4 with 6% warmup and linear decay over the
+    budget (``--smoke``: 3 steps)."""
+    argv: list[Any] = ["pretrain", "--init_from", init, "--data", data, "--output", output]
+    if extra:
+        argv += ["--extra_eval", "[" + ",".join(str(p) for p in extra) + "]"]
+    argv += ["--train.objective", "mlm", "--train.lr", "3e-4", "--train.warmup_ratio", "0.06"]
+    argv += ["--train.dropout", "0", "--train.freeze", "embeddings", "--train.eval_every", "0"]
+    argv += ["--train.progress", "false"]
+    if r.smoke:
+        argv += ["--train.max_steps", "3", "--train.batch_size", "8", "--train.eval_examples", "32"]
+    else:
+        argv += ["--train.max_time", r.budget, "--train.batch_size", "32"]
+        argv += ["--train.eval_examples", "1000", "--train.save_every", "100"]
+    return argv
+
+
+def finetune_args(r: Recipe, task: dict[str, Any], model: Path, output: Path, seed: int) -> list:
+    """``bertforge finetune`` with a task's settings; ``--smoke``: 3 steps of 8 examples."""
+    argv: list[Any] = ["finetune", "--model", model, "--train", task["train"], "--output", output]
+    argv += task["options"] + ["--seed", seed, "--dropout", "0", "--no-progress"]
+    if r.smoke:
+        argv += ["--max-steps", "3", "--batch-size", "8", "--max-length", "32"]
+    return argv
+
+
+def finetune_and_score(r: Recipe, task: dict[str, Any], models: dict[str, Path]) -> dict:
+    """Fine-tune each model with each seed on the task, evaluate on its test file; returns
+    ``{model: {"seeds": {seed: metrics}, "mean": {metric: mean}}}``."""
+    out: dict[str, Any] = {}
+    for name, model in models.items():
+        runs: dict[str, Any] = {}
+        for seed in r.seeds:
+            run = r.path("finetune", f"{task['name']}-{name}-seed{seed}")
+            r.run(finetune_args(r, task, model, run, seed), done=run / "config.json")
+            scores = run / "test.json"
+            r.run(["evaluate", "--model", run, "--data", task["test"], "--output", scores], scores)
+            result = json.loads(scores.read_text())
+            runs[str(seed)] = {k: result[k] for k in task["metrics"] if k in result}
+        mean = {
+            k: sum(v[k] for v in runs.values()) / len(runs)
+            for k in task["metrics"]
+            if all(k in v for v in runs.values())
+        }
+        out[name] = {"seeds": runs, "mean": mean}
+    return out
+
+
+def pretrain_results(run: Path) -> dict[str, Any]:
+    """The evaluations a pretraining run wrote: random init, start, final, per evaluation set."""
+    result = json.loads((run / "results.json").read_text())
+    keep = ("loss", "perplexity", "accuracy", "top5_accuracy", "nsp_accuracy", "tokens")
+    columns = {"random_init": result.get("random_init"), "start": result["initial"]}
+    columns["final"] = result["final"]
+    tables: dict[str, Any] = {}
+    for label, evals in columns.items():
+        for split, metrics in (evals or {}).items():
+            tables.setdefault(split, {})[label] = {k: metrics.get(k) for k in keep}
+    return {"steps": result["step"], "seconds": round(result["elapsed"], 1), "eval": tables}
+
+
+def imdb_task(r: Recipe) -> dict[str, Any]:
+    """IMDB sentiment on fixed slices: 2,000 train reviews, 2,000 test reviews (seed 0; smoke
+    64 + 64), 128 tokens head+tail, one epoch, batch 16, lr 1e-4."""
+    imdb = r.need("imdb")
+    n = 64 if r.smoke else 2000
+    train = sample(list(read_rows(sorted(imdb.glob("train-*.csv.gz")))), n, seed=0)
+    test = sample(list(read_rows(sorted(imdb.glob("test-*.csv.gz")))), n, seed=0)
+    options = ["--text-column", "text", "--max-length", "128", "--truncation", "head_tail"]
+    options += ["--batch-size", "16", "--lr", "1e-4", "--epochs", "1"]
+    options += ["--validation-fraction", "0.05"]
+    return {
+        "name": "imdb",
+        "train": write_rows(r.path("imdb-train.csv"), train, ["text", "label"]),
+        "test": write_rows(r.path("imdb-test.csv"), test, ["text", "label"]),
+        "options": options,
+        "metrics": ("accuracy", "macro_f1"),
+    }
+
+
+def agnews_task(r: Recipe, test_rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """AG News with little labelled data: the 2,000 labelled train rows (title + description as
+    a pair), 3 epochs, batch 16, lr 1e-4, 128 tokens; tested on the 7,600 test rows or
+    ``test_rows`` (smoke: 64 + 64)."""
+    ag = r.need("ag_news")
+    train = list(read_rows([ag / "train_partial_first2000.csv"]))
+    test = test_rows if test_rows is not None else list(read_rows([ag / "test.csv"]))
+    if r.smoke:
+        train, test = sample(train, 64), sample(test, 64)
+    columns = ["label", "title", "description"]
+    options = ["--text-column", "title", "--text-pair-column", "description"]
+    options += ["--max-length", "128", "--batch-size", "16", "--lr", "1e-4", "--epochs", "3"]
+    return {
+        "name": "agnews",
+        "train": write_rows(r.path("agnews-train.csv"), train, columns),
+        "test": write_rows(r.path("agnews-test.csv"), test, columns),
+        "options": options,
+        "metrics": ("accuracy", "macro_f1"),
+    }
+
+
+# ---- reviews-adapted --------------------------------------------------------------------------
+
+
+def reviews_adapted(r: Recipe) -> None:
+    imdb = r.need("imdb")
+    wiki = r.need("wikitext2", "wiki.valid.tokens")
+    r.budget = r.budget or "15m"
+    init = r.init or (tiny_encoder(r, minilm_dir()) if r.smoke else minilm_dir())
+    if r.smoke:  # a slice of the unlabelled reviews
+        with gzip.open(imdb / "unsup-00.txt.gz", "rt", encoding="utf-8") as f:
+            lines = [next(f) for _ in range(150)]
+        text = r.path("imdb-slice.txt")
+        atomic_write_text(text, "".join(lines))
+        inputs: list[Any] = [text]
+        wiki_text = r.path("wiki-slice.txt")
+        atomic_write_text(
+            wiki_text, "".join(wiki.read_text(encoding="utf-8").splitlines(True)[:400])
+        )
+        wiki = wiki_text
+    else:
+        inputs = sorted(imdb.glob("unsup-*.txt.gz")) + sorted(imdb.glob("train-*.csv.gz"))
+    data, wikidata = r.path("data-imdb"), r.path("data-wikitext2")
+    prepare = ["prepare", "--tokenizer", init, "--max-seq-length", "128", "--mode", "packed"]
+    # never the test reviews (266 unlabelled reviews repeat one); the smoke slice skips the check
+    exclude = [] if r.smoke else ["--exclude", *sorted(imdb.glob("test-*.csv.gz"))]
+    r.run(
+        prepare
+        + ["--input", *inputs, "--text-column", "text", *exclude, "--output", data]
+        + ["--validation-fraction", "0.01" if not r.smoke else "0.1", "--no-progress"],
+        done=data / "meta.json",
+    )
+    r.run(
+        prepare
+        + ["--input", wiki, "--output", wikidata, "--validation-fraction", "0"]
+        + ["--no-progress"],
+        done=wikidata / "meta.json",
+    )
+    # the starting point as the run sees it: the encoder with a freshly initialised MLM head
+    start = r.path("start")
+    if not (start / "model.safetensors").is_file():
+        seed_everything(0)
+        BertForMaskedLM.from_pretrained(init).save_pretrained(start, Tokenizer.from_file(init))
+    run = r.path(f"adapt-{'smoke' if r.smoke else r.budget}")
+    r.run(adapt_args(r, init, data, run, [wikidata]), done=run / "results.json")
+    r.results["mlm"] = pretrain_results(run)
+
+    answers = run / "fill-mask.jsonl"
+    top_k = ["--top-k", "5"]
+    r.run(
+        ["fill-mask", "--model", start, "--compare", run / "model", *top_k]
+        + ["--output", answers, *REVIEW_SENTENCES],
+        done=answers,
+    )
+    records = [json.loads(line) for line in answers.read_text().splitlines()]
+    table = fill_mask_side_by_side(
+        {
+            "start (fresh MLM head)": [rec["models"][str(start)] for rec in records],
+            "adapted": [rec["models"][str(run / "model")] for rec in records],
+        }
+    )
+    atomic_write_text(run / "fill-mask.txt", table)
+    r.results["fill_mask"] = {
+        rec["text"]: {
+            "start": [g["token"] for g in rec["models"][str(start)]["masks"][0]],
+            "adapted": [g["token"] for g in rec["models"][str(run / "model")]["masks"][0]],
+        }
+        for rec in records
+    }
+    models = {"adapted": run / "model", "minilm": init}
+    r.results["downstream"] = {
+        task["name"]: finetune_and_score(r, task, models) for task in (imdb_task(r), agnews_task(r))
+    }
+    print(table, file=sys.stderr)
+
+
+# ---- review-scores ----------------------------------------------------------------------------
+
+
+def review_scores(r: Recipe) -> None:
+    rows = list(read_rows([r.need("bert_tlsa_reviews", "metacritic_reviews.csv")]))
+    if r.smoke:
+        rows = sample(rows, 200)
+    for row in rows:
+        row["text"], row["label"] = clean_text(row["review"]), row["score"]
+    train_idx, test_idx = fixed_split(len(rows), 0.2, seed=0)
+    train = write_rows(r.path("train.csv"), [rows[i] for i in train_idx], ["text", "label"])
+    test = write_rows(r.path("test.csv"), [rows[i] for i in test_idx], ["text", "label"])
+    text = r.path("train-text.txt")
+    atomic_write_text(text, "".join(rows[i]["text"] + "\n" for i in train_idx))
+    r.budget = r.budget or "5m"
+    init = r.init or (tiny_encoder(r, minilm_dir()) if r.smoke else minilm_dir())
+    data = r.path("data-train-text")
+    r.run(
+        ["prepare", "--tokenizer", init, "--input", text, "--output", data]
+        + ["--max-seq-length", "128", "--mode", "packed", "--validation-fraction", "0.05"]
+        + ["--no-progress"],
+        done=data / "meta.json",
+    )
+    run = r.path(f"tapt-{'smoke' if r.smoke else r.budget}")
+    r.run(adapt_args(r, init, data, run, []), done=run / "results.json")
+    r.results["mlm"] = pretrain_results(run)
+    options = ["--task", "regression", "--max-length", "128", "--truncation", "head_tail"]
+    options += ["--batch-size", "16", "--lr", "1e-4", "--epochs", "2"]
+    task = {
+        "name": "metacritic",
+        "train": train,
+        "test": test,
+        "options": options,
+        "metrics": ("spearman", "pearson", "mae", "mse"),
+    }
+    models = {"adapted": run / "model", "minilm": init}
+    r.results["downstream"] = {"metacritic": finetune_and_score(r, task, models)}
+
+
+# ---- news-from-scratch ------------------------------------------------------------------------
+
+
+def news_from_scratch(r: Recipe) -> None:
+    ag = r.need("ag_news")
+    rows = list(read_rows([ag / "test.csv"]))
+    if r.smoke:
+        rows = sample(rows, 400)
+    pre_idx, held_idx = fixed_split(len(rows), 0.2, seed=0)
+
+    def text(row: dict[str, Any]) -> str:
+        return clean_text(
+            row["title"].replace("\\", " ") + ". " + row["description"].replace("\\", " ")
+        )
+
+    pre, held = r.path("pretrain-text.txt"), r.path("heldout-text.txt")
+    atomic_write_text(pre, "".join(text(rows[i]) + "\n" for i in pre_idx))
+    atomic_write_text(held, "".join(text(rows[i]) + "\n" for i in held_idx))
+    held_rows = [rows[i] for i in held_idx]
+    tok = r.path("tokenizer")
+    vocab = "1000" if r.smoke else "8000"
+    r.run(
+        ["tokenizer", "train", "--input", pre, "--vocab-size", vocab, "--output", tok],
+        done=tok / "vocab.txt",
+    )
+    data, held_data = r.path("data"), r.path("data-heldout")
+    prepare = ["prepare", "--tokenizer", tok, "--max-seq-length", "128", "--mode", "packed"]
+    r.run(
+        prepare
+        + ["--input", pre, "--output", data, "--validation-fraction", "0.02", "--no-progress"],
+        done=data / "meta.json",
+    )
+    r.run(
+        prepare
+        + ["--input", held, "--output", held_data, "--validation-fraction", "0", "--no-progress"],
+        done=held_data / "meta.json",
+    )
+    r.budget = r.budget or "15m"
+    run = r.path(f"pretrain-{'smoke' if r.smoke else r.budget}")
+    argv: list[Any] = ["pretrain", "--data", data, "--output", run]
+    argv += ["--extra_eval", f"[{held_data}]", "--train.objective", "mlm"]
+    argv += ["--train.dropout", "0", "--train.eval_every", "0", "--train.progress", "false"]
+    if r.smoke:
+        argv += ["--model.preset", "tiny", "--train.max_steps", "3", "--train.batch_size", "8"]
+    else:
+        argv += ["--model.preset", "mini", "--train.max_time", r.budget, "--train.lr", "1e-3"]
+        argv += ["--train.batch_size", "64", "--train.warmup_ratio", "0.05"]
+        argv += ["--train.eval_examples", "null"]
+    r.run(argv, done=run / "results.json")
+    r.results["mlm"] = pretrain_results(run)
+    tokenizer = Tokenizer.from_file(tok)
+    r.results["mlm"]["frequency_guesser"] = unigram_baseline(
+        PretrainingDataset(data, "train", tokenizer),
+        PretrainingDataset(held_data, "train", tokenizer),
+        tokenizer.vocab_size,
+    )
+    task = agnews_task(r, test_rows=held_rows)
+    out = r.path("downstream")
+    argv = [
+        "downstream",
+        "--model",
+        run / "model",
+        "--train",
+        task["train"],
+        "--test",
+        task["test"],
+    ]
+    argv += ["--output", out, *task["options"], "--dropout", "0", "--no-progress"]
+    if r.smoke:
+        argv += ["--max-steps", "3", "--batch-size", "8", "--max-length", "32"]
+    r.run(argv, done=out / "downstream.json")
+    both = json.loads((out / "downstream.json").read_text())
+    r.results["downstream"] = {"agnews": {k: both[k] for k in ("pretrained", "random_init")}}
+
+
+# ---- wikitext-nsp -----------------------------------------------------------------------------
+
+
+def wikitext_nsp(r: Recipe) -> None:
+    wiki_test = r.need("wikitext2", "wiki.test.tokens")
+    wiki_valid = r.need("wikitext2", "wiki.valid.tokens")
+    shakespeare = r.need("tiny_shakespeare", "input.txt")
+    inputs: list[Path] = [wiki_test, shakespeare]
+    if r.smoke:
+        inputs = []
+        for path, n in ((wiki_test, 600), (shakespeare, 1500), (wiki_valid, 300)):
+            piece = r.path(f"slice-{path.name}")
+            atomic_write_text(piece, "".join(path.read_text(encoding="utf-8").splitlines(True)[:n]))
+            inputs.append(piece)
+        wiki_valid = inputs.pop()
+    tok = r.path("tokenizer")
+    vocab = "1000" if r.smoke else "8000"
+    r.run(
+        ["tokenizer", "train", "--input", *inputs, "--vocab-size", vocab, "--output", tok],
+        done=tok / "vocab.txt",
+    )
+    data, valid = r.path("data"), r.path("data-wikitext2-valid")
+    prepare = ["prepare", "--tokenizer", tok, "--max-seq-length", "128", "--mode", "nsp"]
+    r.run(
+        prepare
+        + ["--input", *inputs, "--output", data, "--validation-fraction", "0.01", "--no-progress"],
+        done=data / "meta.json",
+    )
+    r.run(
+        prepare
+        + ["--input", wiki_valid, "--output", valid, "--validation-fraction", "0", "--no-progress"],
+        done=valid / "meta.json",
+    )
+    r.budget = r.budget or "20m"
+    run = r.path(f"pretrain-{'smoke' if r.smoke else r.budget}")
+    argv: list[Any] = ["pretrain", "--data", data, "--output", run, "--extra_eval", f"[{valid}]"]
+    argv += ["--train.objective", "mlm_nsp", "--train.dropout", "0", "--train.eval_every", "0"]
+    argv += ["--train.progress", "false"]
+    if r.smoke:
+        argv += ["--model.preset", "tiny", "--train.max_steps", "3", "--train.batch_size", "8"]
+    else:
+        argv += ["--model.preset", "mini", "--train.max_time", r.budget, "--train.lr", "1e-3"]
+        argv += ["--train.batch_size", "64", "--train.warmup_ratio", "0.05"]
+        argv += ["--train.eval_examples", "null"]
+    r.run(argv, done=run / "results.json")
+    r.results["mlm"] = pretrain_results(run)
+
+
+RECIPES: dict[str, tuple[Callable[[Recipe], None], str]] = {
+    "reviews-adapted": (reviews_adapted, "all-MiniLM-L6-v2 adapted on IMDB review text (15m)"),
+    "review-scores": (review_scores, "Metacritic scores from MiniLM, with/without adaptation"),
+    "news-from-scratch": (news_from_scratch, "tokenizer + BERT-Mini from nothing on AG News"),
+    "wikitext-nsp": (wikitext_nsp, "BERT-Mini MLM + NSP on WikiText-2 test + Shakespeare (20m)"),
+}
+
+
+__all__ = ["RECIPES", "REVIEW_SENTENCES"]

@@ -1,0 +1,75 @@
+"""A recipe's ``results.json`` as Markdown tables (what ``bertforge recipe`` prints at the end and
+``docs/results.md`` shows)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+LABELS = {"random_init": "random init", "start": "start", "final": "after"}
+
+
+def _pct(value: Any) -> str:
+    return "-" if value is None else f"{value:.2%}"
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def mlm_table(mlm: dict[str, Any]) -> str:
+    """One row per (evaluation set, column): MLM loss, perplexity, accuracy, NSP accuracy."""
+    lines = [
+        "| evaluated on | model | MLM loss | perplexity | masked-token acc. | top-5 | NSP acc. |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for split, columns in mlm["eval"].items():
+        for key, label in LABELS.items():
+            m = columns.get(key)
+            if not m:
+                continue
+            if key == "final":
+                label = f"after ({mlm['steps']} steps, {mlm['seconds'] / 60:.1f} min)"
+            lines.append(
+                f"| {split} | {label} | {_num(m['loss'])} | {_num(m['perplexity'], 1)} | "
+                f"{_pct(m['accuracy'])} | {_pct(m['top5_accuracy'])} | {_pct(m.get('nsp_accuracy'))} |"
+            )
+    guess = mlm.get("frequency_guesser")
+    if guess:
+        lines.append(
+            f"| held-out text | token-frequency guesser | {_num(guess['loss'])} | - | "
+            f"{_pct(guess['accuracy'])} | - | - |"
+        )
+    return "\n".join(lines)
+
+
+def downstream_table(downstream: dict[str, Any]) -> str:
+    """Per task and model: each seed's scores and their mean."""
+    lines = ["| task | model | metric | " + " | ".join(["per seed", "mean"]) + " |"]
+    lines.append("|---|---|---|---|---|")
+    for task, models in downstream.items():
+        for name, result in models.items():
+            if "seeds" not in result:  # bertforge downstream's layout: metric -> value
+                metrics = {k: v for k, v in result.items() if isinstance(v, float)}
+                for metric in ("accuracy", "macro_f1", "spearman", "mae"):
+                    if metric in metrics:
+                        lines.append(f"| {task} | {name} | {metric} | - | {metrics[metric]:.4f} |")
+                continue
+            for metric, mean in result["mean"].items():
+                seeds = ", ".join(f"{v[metric]:.4f}" for v in result["seeds"].values())
+                lines.append(f"| {task} | {name} | {metric} | {seeds} | {mean:.4f} |")
+    return "\n".join(lines)
+
+
+def summary(results: dict[str, Any]) -> str:
+    """All of a recipe's tables, Markdown."""
+    parts = []
+    if "mlm" in results:
+        parts.append(mlm_table(results["mlm"]))
+    if "downstream" in results:
+        parts.append(downstream_table(results["downstream"]))
+    total = sum(c["seconds"] for c in results.get("commands", []))
+    parts.append(f"{len(results.get('commands', []))} commands, {total / 60:.1f} minutes in all")
+    return "\n\n".join(parts) + "\n"
+
+
+__all__ = ["downstream_table", "mlm_table", "summary"]

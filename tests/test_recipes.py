@@ -1,0 +1,154 @@
+"""Every recipe's ``--smoke`` variant end to end (a tiny model on a slice of the real data, a few
+steps), so none of them rots: the commands run, results.json and results.md are written, and a
+rerun skips the finished steps."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertforge.cli import main as cli_main
+from bertforge.recipes import RECIPES
+from bertforge.recipes.runner import fixed_split, sample, unigram_baseline
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def run_smoke(name: str, shared_data: Path, output: Path, capsys) -> dict:
+    argv = ["recipe", name, "--smoke", "--data", str(shared_data), "--output", str(output)]
+    assert cli_main(argv) == 0, capsys.readouterr().err
+    captured = capsys.readouterr()
+    results = json.loads((output / "results.json").read_text())
+    assert results["smoke"] is True and results["commands"]
+    assert all(c["command"].startswith("bertforge ") for c in results["commands"])
+    assert (output / "results.md").read_text() in captured.out
+    return results
+
+
+def finite_mlm(results: dict, split: str, columns: tuple[str, ...]) -> None:
+    table = results["mlm"]["eval"][split]
+    for column in columns:
+        assert math.isfinite(table[column]["loss"]) and table[column]["tokens"] > 0, column
+
+
+def test_reviews_adapted_smoke(shared_data, tmp_path, capsys):
+    results = run_smoke("reviews-adapted", shared_data, tmp_path / "r", capsys)
+    finite_mlm(results, "val", ("random_init", "start", "final"))
+    finite_mlm(results, "val:data-wikitext2", ("random_init", "start", "final"))
+    assert len(results["fill_mask"]) == 5
+    assert all(len(v["adapted"]) == 5 for v in results["fill_mask"].values())
+    assert (
+        "I really really [MASK] this show!"
+        in (tmp_path / "r" / "adapt-smoke" / "fill-mask.txt").read_text()
+    )
+    for task in ("imdb", "agnews"):
+        for model in ("adapted", "minilm"):
+            assert 0.0 <= results["downstream"][task][model]["mean"]["accuracy"] <= 1.0
+    # a rerun skips every finished step
+    assert (
+        cli_main(
+            [
+                "recipe",
+                "reviews-adapted",
+                "--smoke",
+                "--data",
+                str(shared_data),
+                "--output",
+                str(tmp_path / "r"),
+            ]
+        )
+        == 0
+    )
+    assert "== (done) bertforge pretrain" in capsys.readouterr().err
+    assert json.loads((tmp_path / "r" / "results.json").read_text())["commands"] == []
+
+
+def test_review_scores_smoke(shared_data, tmp_path, capsys):
+    results = run_smoke("review-scores", shared_data, tmp_path / "r", capsys)
+    finite_mlm(results, "val", ("random_init", "start", "final"))
+    scores = results["downstream"]["metacritic"]
+    for model in ("adapted", "minilm"):
+        assert math.isfinite(scores[model]["mean"]["mae"])
+    train = (tmp_path / "r" / "train.csv").read_text().splitlines()
+    test = (tmp_path / "r" / "test.csv").read_text().splitlines()
+    assert len(test) - 1 == 40 and len(train) - 1 == 160  # the fixed 20% of the 200-row slice
+
+
+def test_news_from_scratch_smoke(shared_data, tmp_path, capsys):
+    results = run_smoke("news-from-scratch", shared_data, tmp_path / "r", capsys)
+    finite_mlm(results, "val:data-heldout", ("start", "final"))
+    guess = results["mlm"]["frequency_guesser"]
+    assert 0 < guess["loss"] < math.log(1000) and guess["tokens"] > 1000
+    both = results["downstream"]["agnews"]
+    assert 0 <= both["pretrained"]["accuracy"] <= 1 and 0 <= both["random_init"]["accuracy"] <= 1
+    # the pretraining text and the held-out test rows do not overlap
+    held = set((tmp_path / "r" / "heldout-text.txt").read_text().splitlines())
+    assert not held & set((tmp_path / "r" / "pretrain-text.txt").read_text().splitlines())
+
+
+def test_wikitext_nsp_smoke(shared_data, tmp_path, capsys):
+    results = run_smoke("wikitext-nsp", shared_data, tmp_path / "r", capsys)
+    table = results["mlm"]["eval"]["val:data-wikitext2-valid"]
+    assert 0.0 <= table["final"]["nsp_accuracy"] <= 1.0
+    assert table["start"]["perplexity"] > 100
+
+
+def test_unknown_recipe_and_missing_data_are_one_line_errors(tmp_path, capsys):
+    assert cli_main(["recipe", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert (
+        cli_main(
+            [
+                "recipe",
+                "wikitext-nsp",
+                "--smoke",
+                "--data",
+                str(tmp_path),
+                "--output",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "wiki.test.tokens not found; pass --data DIR" in err
+
+
+def test_fixed_split_and_sample_are_stable():
+    train, test = fixed_split(10, 0.2, seed=0)
+    assert len(test) == 2 and sorted(train + test) == list(range(10))
+    assert fixed_split(10, 0.2, seed=0) == (train, test)
+    assert sample(list(range(5)), 10) == list(range(5))
+    assert sample(list(range(100)), 3, seed=1) == sample(list(range(100)), 3, seed=1)
+    assert set(RECIPES) == {"reviews-adapted", "review-scores", "news-from-scratch", "wikitext-nsp"}
+
+
+def test_unigram_baseline_on_known_counts():
+    class Data:
+        meta = {"special_ids": {"pad": 0, "cls": 1}}
+
+        def __init__(self, rows):
+            self.rows = rows
+
+        def __len__(self):
+            return len(self.rows)
+
+        def __getitem__(self, i):
+            return {"input_ids": self.rows[i]}
+
+    train = Data([[1, 2, 2, 3], [1, 2]])  # token 2: 3 times, token 3: once (+1 smoothing each)
+    held = Data([[1, 2, 3]])
+    result = unigram_baseline(train, held, vocab_size=4)
+    probs = {2: 4 / 8, 3: 2 / 8}  # counts + 1 over 4 tokens: 0 and 1 are special (0 + 1 each)
+    assert result["accuracy"] == pytest.approx(0.5)
+    assert result["loss"] == pytest.approx(-(math.log(probs[2]) + math.log(probs[3])) / 2)
+    assert result["tokens"] == 2
