@@ -4,57 +4,71 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from bertforge.errors import ArgumentParser
+from bertforge.cli.options import parse_config
+from bertforge.errors import BertforgeError
 from bertforge.io import atomic_write_text
 from bertforge.recipes import RECIPES, Recipe, default_data_root, summary
 
+DESCRIPTION = (
+    "Run a recipe: a chain of bertforge commands on the shared data sets, ending in a results "
+    "table (OUTPUT/results.md, results.json). Steps whose output exists are skipped, so a rerun "
+    "continues. Recipes: " + "; ".join(f"{name}: {help_}" for name, (_, help_) in RECIPES.items())
+)
+
+
+@dataclass(kw_only=True)
+class RecipeOptions:
+    """Options of ``bertforge recipe``."""
+
+    name: list[str] = field(default_factory=list)
+    """The recipe (one bare word)."""
+    smoke: bool = False
+    """A tiny model on a slice of the data, a few steps (the test suite runs it)."""
+    data: str | None = None
+    """Folder holding imdb/, ag_news/, wikitext2/, ... (default $BERTFORGE_SHARED_DATA or
+    ../shared/data beside the repository)."""
+    output: str | None = None
+    """Output directory (default runs/recipes/NAME, or NAME-smoke)."""
+    budget: str | None = None
+    """Pretraining time such as 30m (default: the recipe's own)."""
+    init: str | None = None
+    """The published model to start from (default all-MiniLM-L6-v2)."""
+    seeds: list[int] | None = None
+    """Fine-tuning seeds (default 0 1; with --smoke 0)."""
+
+    def __post_init__(self) -> None:
+        if len(self.name) != 1 or self.name[0] not in RECIPES:
+            raise BertforgeError(
+                f"bertforge recipe {' '.join(self.name) or '(no name)'}: name one recipe of "
+                f"{', '.join(RECIPES)}"
+            )
+
 
 def main(argv: list[str]) -> int:
-    parser = ArgumentParser(
+    """``bertforge recipe NAME [--smoke] [--data DIR] [--output DIR] [--budget 30m]``."""
+    cfg = parse_config(
+        RecipeOptions,
+        argv,
         prog="bertforge recipe",
-        description="Run a recipe: a chain of bertforge commands on the shared data sets, "
-        "ending in a results table. Steps whose output exists are skipped (rerun to continue).",
-        epilog="recipes: " + "; ".join(f"{name}: {help_}" for name, (_, help_) in RECIPES.items()),
+        description=DESCRIPTION,
+        positional=("name", "the recipe: " + ", ".join(RECIPES)),
     )
-    parser.add_argument("name", choices=sorted(RECIPES), metavar="NAME", help=", ".join(RECIPES))
-    parser.add_argument(
-        "--smoke", action="store_true", help="a tiny model on a slice, a few steps (< 1 minute)"
-    )
-    parser.add_argument(
-        "--data",
-        metavar="DIR",
-        help="folder holding imdb/, ag_news/, wikitext2/, ... "
-        "(default $BERTFORGE_SHARED_DATA or ../shared/data beside the repository)",
-    )
-    parser.add_argument("--output", metavar="DIR", help="default runs/recipes/NAME[-smoke]")
-    parser.add_argument(
-        "--budget", metavar="TIME", help="pretraining time, e.g. 30m (each recipe has a default)"
-    )
-    parser.add_argument(
-        "--init", metavar="DIR", help="the published model (default all-MiniLM-L6-v2)"
-    )
-    parser.add_argument(
-        "--seeds",
-        type=int,
-        nargs="+",
-        metavar="N",
-        help="fine-tuning seeds (default 0 1; --smoke: 0)",
-    )
-    args = parser.parse_args(argv)
-    output = Path(args.output or f"runs/recipes/{args.name}{'-smoke' if args.smoke else ''}")
+    name = cfg.name[0]
+    output = Path(cfg.output or f"runs/recipes/{name}{'-smoke' if cfg.smoke else ''}")
     recipe = Recipe(
-        name=args.name,
+        name=name,
         output=output,
-        data=Path(args.data) if args.data else default_data_root(),
-        smoke=args.smoke,
-        init=Path(args.init) if args.init else None,
-        budget=args.budget,
-        seeds=tuple(args.seeds or ([0] if args.smoke else [0, 1])),
+        data=Path(cfg.data) if cfg.data else default_data_root(),
+        smoke=cfg.smoke,
+        init=Path(cfg.init) if cfg.init else None,
+        budget=cfg.budget,
+        seeds=tuple(cfg.seeds or ([0] if cfg.smoke else [0, 1])),
     )
     output.mkdir(parents=True, exist_ok=True)
-    RECIPES[args.name][0](recipe)
+    RECIPES[name][0](recipe)
     path = recipe.save()
     text = summary(recipe.results)
     atomic_write_text(output / "results.md", text)

@@ -96,9 +96,9 @@ def adapt_args(r: Recipe, init: Path, data: Path, output: Path, extra: list[Path
 def finetune_args(r: Recipe, task: dict[str, Any], model: Path, output: Path, seed: int) -> list:
     """``bertforge finetune`` with a task's settings; ``--smoke``: 3 steps of 8 examples."""
     argv: list[Any] = ["finetune", "--model", model, "--train", task["train"], "--output", output]
-    argv += task["options"] + ["--seed", seed, "--dropout", "0", "--no-progress"]
+    argv += task["options"] + ["--seed", seed, "--dropout", "0", "--progress", "false"]
     if r.smoke:
-        argv += ["--max-steps", "3", "--batch-size", "8", "--max-length", "32"]
+        argv += ["--max_steps", "3", "--batch_size", "8", "--max_length", "32"]
     return argv
 
 
@@ -144,9 +144,9 @@ def imdb_task(r: Recipe) -> dict[str, Any]:
     n = 64 if r.smoke else 2000
     train = sample(list(read_rows(sorted(imdb.glob("train-*.csv.gz")))), n, seed=0)
     test = sample(list(read_rows(sorted(imdb.glob("test-*.csv.gz")))), n, seed=0)
-    options = ["--text-column", "text", "--max-length", "128", "--truncation", "head_tail"]
-    options += ["--batch-size", "16", "--lr", "1e-4", "--epochs", "1"]
-    options += ["--validation-fraction", "0.05"]
+    options = ["--text_column", "text", "--max_length", "128", "--truncation", "head_tail"]
+    options += ["--batch_size", "16", "--lr", "1e-4", "--epochs", "1"]
+    options += ["--validation_fraction", "0.05"]
     return {
         "name": "imdb",
         "train": write_rows(r.path("imdb-train.csv"), train, ["text", "label"]),
@@ -166,8 +166,8 @@ def agnews_task(r: Recipe, test_rows: list[dict[str, Any]] | None = None) -> dic
     if r.smoke:
         train, test = sample(train, 64), sample(test, 64)
     columns = ["label", "title", "description"]
-    options = ["--text-column", "title", "--text-pair-column", "description"]
-    options += ["--max-length", "128", "--batch-size", "16", "--lr", "1e-4", "--epochs", "3"]
+    options = ["--text_column", "title", "--text_pair_column", "description"]
+    options += ["--max_length", "128", "--batch_size", "16", "--lr", "1e-4", "--epochs", "3"]
     return {
         "name": "agnews",
         "train": write_rows(r.path("agnews-train.csv"), train, columns),
@@ -199,19 +199,19 @@ def reviews_adapted(r: Recipe) -> None:
     else:
         inputs = sorted(imdb.glob("unsup-*.txt.gz")) + sorted(imdb.glob("train-*.csv.gz"))
     data, wikidata = r.path("data-imdb"), r.path("data-wikitext2")
-    prepare = ["prepare", "--tokenizer", init, "--max-seq-length", "128", "--mode", "packed"]
+    prepare = ["prepare", "--tokenizer", init, "--max_seq_length", "128", "--mode", "packed"]
     # never the test reviews (266 unlabelled reviews repeat one); the smoke slice skips the check
     exclude = [] if r.smoke else ["--exclude", *sorted(imdb.glob("test-*.csv.gz"))]
     r.run(
         prepare
-        + ["--input", *inputs, "--text-column", "text", *exclude, "--output", data]
-        + ["--validation-fraction", "0.01" if not r.smoke else "0.1", "--no-progress"],
+        + ["--input", *inputs, "--text_column", "text", *exclude, "--output", data]
+        + ["--validation_fraction", "0.01" if not r.smoke else "0.1", "--progress", "false"],
         done=data / "meta.json",
     )
     r.run(
         prepare
-        + ["--input", wiki, "--output", wikidata, "--validation-fraction", "0"]
-        + ["--no-progress"],
+        + ["--input", wiki, "--output", wikidata, "--validation_fraction", "0"]
+        + ["--progress", "false"],
         done=wikidata / "meta.json",
     )
     # the starting point as the run sees it: the encoder with a freshly initialised MLM head
@@ -224,7 +224,7 @@ def reviews_adapted(r: Recipe) -> None:
     r.results["mlm"] = pretrain_results(run)
 
     answers = run / "fill-mask.jsonl"
-    top_k = ["--top-k", "5"]
+    top_k = ["--top_k", "5"]
     r.run(
         ["fill-mask", "--model", start, "--compare", run / "model", *top_k]
         + ["--output", answers, *REVIEW_SENTENCES],
@@ -271,15 +271,15 @@ def review_scores(r: Recipe) -> None:
     data = r.path("data-train-text")
     r.run(
         ["prepare", "--tokenizer", init, "--input", text, "--output", data]
-        + ["--max-seq-length", "128", "--mode", "packed", "--validation-fraction", "0.05"]
-        + ["--no-progress"],
+        + ["--max_seq_length", "128", "--mode", "packed", "--validation_fraction", "0.05"]
+        + ["--progress", "false"],
         done=data / "meta.json",
     )
     run = r.path(f"tapt-{'smoke' if r.smoke else r.budget}")
     r.run(adapt_args(r, init, data, run, []), done=run / "results.json")
     r.results["mlm"] = pretrain_results(run)
-    options = ["--task", "regression", "--max-length", "128", "--truncation", "head_tail"]
-    options += ["--batch-size", "16", "--lr", "1e-4", "--epochs", "2"]
+    options = ["--task", "regression", "--max_length", "128", "--truncation", "head_tail"]
+    options += ["--batch_size", "16", "--lr", "1e-4", "--epochs", "2"]
     task = {
         "name": "metacritic",
         "train": train,
@@ -313,19 +313,37 @@ def news_from_scratch(r: Recipe) -> None:
     tok = r.path("tokenizer")
     vocab = "1000" if r.smoke else "8000"
     r.run(
-        ["tokenizer", "train", "--input", pre, "--vocab-size", vocab, "--output", tok],
+        ["tokenizer", "train", "--input", pre, "--vocab_size", vocab, "--output", tok],
         done=tok / "vocab.txt",
     )
     data, held_data = r.path("data"), r.path("data-heldout")
-    prepare = ["prepare", "--tokenizer", tok, "--max-seq-length", "128", "--mode", "packed"]
+    prepare = ["prepare", "--tokenizer", tok, "--max_seq_length", "128", "--mode", "packed"]
     r.run(
         prepare
-        + ["--input", pre, "--output", data, "--validation-fraction", "0.02", "--no-progress"],
+        + [
+            "--input",
+            pre,
+            "--output",
+            data,
+            "--validation_fraction",
+            "0.02",
+            "--progress",
+            "false",
+        ],
         done=data / "meta.json",
     )
     r.run(
         prepare
-        + ["--input", held, "--output", held_data, "--validation-fraction", "0", "--no-progress"],
+        + [
+            "--input",
+            held,
+            "--output",
+            held_data,
+            "--validation_fraction",
+            "0",
+            "--progress",
+            "false",
+        ],
         done=held_data / "meta.json",
     )
     r.budget = r.budget or "15m"
@@ -358,9 +376,9 @@ def news_from_scratch(r: Recipe) -> None:
         "--test",
         task["test"],
     ]
-    argv += ["--output", out, *task["options"], "--dropout", "0", "--no-progress"]
+    argv += ["--output", out, *task["options"], "--dropout", "0", "--progress", "false"]
     if r.smoke:
-        argv += ["--max-steps", "3", "--batch-size", "8", "--max-length", "32"]
+        argv += ["--max_steps", "3", "--batch_size", "8", "--max_length", "32"]
     r.run(argv, done=out / "downstream.json")
     both = json.loads((out / "downstream.json").read_text())
     r.results["downstream"] = {"agnews": {k: both[k] for k in ("pretrained", "random_init")}}
@@ -384,19 +402,37 @@ def wikitext_nsp(r: Recipe) -> None:
     tok = r.path("tokenizer")
     vocab = "1000" if r.smoke else "8000"
     r.run(
-        ["tokenizer", "train", "--input", *inputs, "--vocab-size", vocab, "--output", tok],
+        ["tokenizer", "train", "--input", *inputs, "--vocab_size", vocab, "--output", tok],
         done=tok / "vocab.txt",
     )
     data, valid = r.path("data"), r.path("data-wikitext2-valid")
-    prepare = ["prepare", "--tokenizer", tok, "--max-seq-length", "128", "--mode", "nsp"]
+    prepare = ["prepare", "--tokenizer", tok, "--max_seq_length", "128", "--mode", "nsp"]
     r.run(
         prepare
-        + ["--input", *inputs, "--output", data, "--validation-fraction", "0.01", "--no-progress"],
+        + [
+            "--input",
+            *inputs,
+            "--output",
+            data,
+            "--validation_fraction",
+            "0.01",
+            "--progress",
+            "false",
+        ],
         done=data / "meta.json",
     )
     r.run(
         prepare
-        + ["--input", wiki_valid, "--output", valid, "--validation-fraction", "0", "--no-progress"],
+        + [
+            "--input",
+            wiki_valid,
+            "--output",
+            valid,
+            "--validation_fraction",
+            "0",
+            "--progress",
+            "false",
+        ],
         done=valid / "meta.json",
     )
     r.budget = r.budget or "20m"

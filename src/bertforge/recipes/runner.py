@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import gzip
 import importlib.util
+import io
 import json
 import os
 import random
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from bertforge.cli import main as cli_main
 from bertforge.data.dataset import PretrainingDataset
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_write_text
@@ -87,8 +89,6 @@ class Recipe:
             print(f"== (done) {line}", file=sys.stderr, flush=True)
             return 0.0
         print(f"== {line}", file=sys.stderr, flush=True)
-        from bertforge.cli import main as cli_main
-
         start = time.perf_counter()
         code = cli_main([str(a) for a in argv])
         seconds = time.perf_counter() - start
@@ -119,8 +119,6 @@ def read_rows(paths: Iterable[Path]) -> Iterator[dict[str, str]]:
 
 def write_rows(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> Path:
     """A CSV of ``rows`` (only ``columns``), written atomically."""
-    import io
-
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()
