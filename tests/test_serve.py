@@ -393,15 +393,9 @@ def test_slow_clients_time_out_and_concurrency_limit_answers_429(strict_server):
         (["--port", "80"], "--model"),
     ],
 )
-def test_serve_command_errors_are_one_line(argv, says):
-    import subprocess
-    import sys
+def test_serve_command_errors_are_one_line(argv, says, capsys):
+    from bertforge.cli import main
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "bertforge.cli", "serve", *argv],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr
+    assert main(["serve", *argv]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], lines
