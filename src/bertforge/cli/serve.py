@@ -58,7 +58,7 @@ def build_parser() -> ArgumentParser:
         if kind is str:
             parser.add_argument(option, default=value, metavar="X", help=docs.get(name))
         else:
-            minimum = 0 if name == "port" else 1
+            minimum = 1
             parser.add_argument(
                 option,
                 type=_number(kind, minimum if kind is int else 0.001),

@@ -18,7 +18,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     """Address to listen on; the default answers this machine only."""
     port: int = 8000
-    """TCP port (0 picks a free one)."""
+    """TCP port."""
     device: str = "auto"
     """auto, cpu, cuda or mps."""
     precision: str = "auto"
@@ -63,8 +63,8 @@ class ServeConfig:
             raise BertforgeError("--max-input-length must hold [CLS] and [SEP]: at least 2")
         if not self.request_timeout > 0:
             raise BertforgeError("--request-timeout must be a positive number of seconds")
-        if not 0 <= self.port < 65536:
-            raise BertforgeError(f"--port {self.port} is not a TCP port (0..65535)")
+        if not 0 < self.port < 65536:
+            raise BertforgeError(f"--port {self.port} is not a TCP port (1..65535)")
 
 
 def parse_model_spec(spec: str) -> tuple[str, str]:
