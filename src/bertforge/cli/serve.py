@@ -58,10 +58,9 @@ def build_parser() -> ArgumentParser:
         if kind is str:
             parser.add_argument(option, default=value, metavar="X", help=docs.get(name))
         else:
-            minimum = 1
             parser.add_argument(
                 option,
-                type=_number(kind, minimum if kind is int else 0.001),
+                type=_number(kind, 1 if kind is int else 0.001),
                 default=value,
                 metavar="N",
                 help=f"{docs.get(name)} (default {value})",
