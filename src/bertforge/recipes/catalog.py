@@ -89,7 +89,7 @@ def adapt_args(r: Recipe, init: Path, data: Path, output: Path, extra: list[Path
         argv += ["--train.max_steps", "3", "--train.batch_size", "8", "--train.eval_examples", "32"]
     else:
         argv += ["--train.max_time", r.budget, "--train.batch_size", "32"]
-        argv += ["--train.eval_examples", "1000", "--train.save_every", "100"]
+        argv += ["--train.eval_examples", "500", "--train.save_every", "100"]
     return argv
 
 
