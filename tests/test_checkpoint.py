@@ -34,7 +34,7 @@ def test_our_directory_loads_in_transformers_with_identical_outputs(tiny_config,
     torch.manual_seed(0)
     ours = BertForPreTraining(tiny_config).eval()
     ours.save_pretrained(tmp_path)
-    assert sorted(os.listdir(tmp_path)) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "manifest.json", "model.safetensors"]
     assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [
         "BertForPreTraining"
     ]
@@ -128,6 +128,9 @@ def test_error_messages_name_the_problem(tiny_config, tmp_path):
     BertModel(tiny_config).save_pretrained(tmp_path / "m")
     bigger = BertConfig(**{**tiny_config.__dict__, "num_hidden_layers": 3})
     bigger.save(tmp_path / "m")
+    with pytest.raises(BertforgeError, match=r"m/config.json: \d+ bytes, the manifest recorded"):
+        BertModel.from_pretrained(tmp_path / "m")  # our own directory: the edit is caught first
+    (tmp_path / "m" / "manifest.json").unlink()  # as a directory of another tool
     with pytest.raises(BertforgeError, match=r"missing 16 weight\(s\), first 'encoder.layer.2"):
         BertModel.from_pretrained(tmp_path / "m")
     wider = BertConfig(**{**tiny_config.__dict__, "intermediate_size": 48})

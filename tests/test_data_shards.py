@@ -12,6 +12,7 @@ from bertforge.cli import main as cli_main
 from bertforge.data.corpus import iter_documents
 from bertforge.data.shards import PretrainingDataset, prepare
 from bertforge.errors import BertforgeError
+from bertforge.io import write_manifest
 from bertforge.tokenizer.wordpiece import Tokenizer
 
 
@@ -126,6 +127,11 @@ def test_tokenizer_and_format_mismatches_say_what_to_do(
     meta = json.loads((out / "meta.json").read_text())
     shard = out / f"{meta['splits']['train']['shards'][0]['name']}.ids"
     shard.write_bytes(shard.read_bytes()[:-2])  # truncated shard
+    with pytest.raises(
+        BertforgeError, match=r"train-00000.ids: [\d,]+ bytes, the manifest recorded"
+    ):
+        PretrainingDataset(out)
+    (out / "manifest.json").unlink()  # data of an older bertforge: meta.json's sizes still catch it
     with pytest.raises(
         BertforgeError, match="size differs from meta.json; re-run bertforge prepare"
     ):
@@ -257,5 +263,6 @@ def test_uint32_shards_read_back_equal(corpus: Path, tokenizer: Tokenizer, tmp_p
         path.write_bytes(np.fromfile(path, dtype=np.uint16).astype(np.uint32).tobytes())
     meta["dtype"] = "uint32"
     (out / "meta.json").write_text(json.dumps(meta))
+    write_manifest(out)  # the files were rewritten on purpose
     after = PretrainingDataset(out, "validation")
     assert all(np.array_equal(after[i]["input_ids"], e) for i, e in enumerate(expected))

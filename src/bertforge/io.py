@@ -1,22 +1,88 @@
-"""Files written whole or not at all, and JSON files read with errors that say what to do.
+"""Files written whole or not at all, integrity manifests, the one-writer lock of an output
+directory, and JSON files read with errors that say what to do.
 
 Every file bertforge writes goes through these helpers: a crash or a full disk leaves the
 previous file (or nothing), never a half-written one, and new files get the umask's ordinary
-mode.
+mode. A directory bertforge writes (model, checkpoint, prepared data) ends with
+``manifest.json``: the size and SHA-256 of each file, written last, so a reader can tell an
+intact directory from an altered or partly copied one (see :func:`check_manifest`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
+
+# ---- failed writes and the fault-test hook -----------------------------------------------------
+_WRITE_FIXES = {
+    errno.ENOSPC: "free some space or choose another output directory",
+    errno.EDQUOT: "free some space (disk quota) or choose another output directory",
+    errno.EFBIG: "the file is larger than this file system or process allows; choose another "
+    "output directory",
+    errno.EROFS: "the file system is read-only; choose another output directory",
+    errno.EACCES: "no permission to write there; make it writable or choose another output "
+    "directory",
+    errno.EPERM: "no permission to write there; make it writable or choose another output "
+    "directory",
+}
+
+
+def write_error(path: str | Path, code: int) -> BertforgeError:
+    """The one-line error for a write to ``path`` that failed with ``errno`` ``code``."""
+    fix = _WRITE_FIXES.get(code, "check the disk and choose another output directory")
+    return BertforgeError(f"{path}: cannot write ({os.strerror(code)}); {fix}")
+
+
+_DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
+@contextlib.contextmanager
+def writing(path: str | Path, codes: Iterable[int] = tuple(_WRITE_FIXES)) -> Iterator[None]:
+    """Turn a write that fails for a reason of the disk (full, read-only, forbidden: errno in
+    ``codes``) into one line naming ``path`` and the fix, instead of a traceback."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno in codes:
+            raise write_error(path, err.errno) from None
+        raise
+
+
+PAUSE_ENV = "BERTFORGE_TEST_PAUSE"
+_arrivals: dict[str, int] = {}
+
+
+def pause_point(stage: str) -> None:
+    """A hook for fault tests, inert unless ``BERTFORGE_TEST_PAUSE=STAGE:N:MARKER`` is set: the
+    N-th time this process reaches ``stage`` it creates the file MARKER and waits until MARKER
+    is deleted, so a test can kill it, fill its disk or make its directory read-only exactly
+    there. Stages: ``weights`` (weights written, rest of the model not yet), ``manifest`` (all
+    files written, manifest not yet), ``swap`` (a directory complete, not yet renamed into place),
+    ``rotate`` (a checkpoint in place, older ones not yet deleted)."""
+    spec = os.environ.get(PAUSE_ENV)
+    if not spec:
+        return
+    name, count, marker = spec.split(":", 2)
+    if name != stage:
+        return
+    _arrivals[stage] = _arrivals.get(stage, 0) + 1
+    if _arrivals[stage] != int(count):
+        return
+    Path(marker).write_text(str(os.getpid()))
+    while Path(marker).exists():
+        time.sleep(0.01)
 
 
 # ---- atomic writes ----------------------------------------------------------------------------
@@ -44,7 +110,8 @@ def make_directory(path: str | Path) -> Path:
     """``mkdir -p path``; a file in the way is an error naming it, not a traceback."""
     path = Path(path)
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        with writing(path):
+            path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise BertforgeError(
             f"{path}: a file is in the way of this directory; choose another output path "
@@ -64,18 +131,19 @@ def _writable_file(path: str | Path) -> Path:
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never half."""
     path = _writable_file(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, _ordinary_mode(0o666))
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with writing(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            os.fchmod(fd, _ordinary_mode(0o666))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
     _fsync_dir(path.parent)
     return path
 
@@ -88,15 +156,17 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 def atomic_file(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; it replaces ``path`` only if the block succeeds."""
     path = _writable_file(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with writing(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        yield Path(tmp)
-        # after the block: a writer may have replaced the file (safetensors writes 0600 files)
-        os.chmod(tmp, _ordinary_mode(0o666))
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with writing(path):
+            yield Path(tmp)
+            # after the block: a writer may have replaced the file (safetensors writes 0600 files)
+            os.chmod(tmp, _ordinary_mode(0o666))
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
         _fsync_dir(path.parent)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -108,30 +178,175 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
     """Yield a temporary sibling directory that becomes ``final`` only when the block completes.
 
     An interrupted block leaves at most a hidden ``.NAME.tmp-*`` directory, never a half-written
-    ``final``. If ``final`` exists it is replaced (the old one is removed after the swap).
+    ``final``. If ``final`` exists it is replaced: on Linux the two are exchanged in one atomic
+    step (``renameat2(RENAME_EXCHANGE)``), so a crash leaves the old or the new directory, never
+    neither; elsewhere the old one is renamed aside first.
     """
     final = Path(final)
     if final.exists() and not final.is_dir():
         raise BertforgeError(f"{final}: is a file, not a directory; choose another output path")
     make_directory(final.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    with writing(final.parent):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
-        os.chmod(tmp, _ordinary_mode(0o777))
-        yield tmp
-        for f in tmp.rglob("*"):
-            if f.is_file():
-                with open(f, "rb+") as fh:
-                    os.fsync(fh.fileno())
-        old = None
-        if final.exists():
-            old = final.parent / f".{final.name}.old-{os.getpid()}"
-            os.replace(final, old)
-        os.replace(tmp, final)
+        with writing(final, _DISK_ERRORS):  # the block may read files: no EACCES here
+            os.chmod(tmp, _ordinary_mode(0o777))
+            yield tmp
+        with writing(final):
+            for f in tmp.rglob("*"):
+                if f.is_file():
+                    with open(f, "rb+") as fh:
+                        os.fsync(fh.fileno())
+            pause_point("swap")
+            if not final.exists():
+                os.rename(tmp, final)
+            elif not _exchange(tmp, final):  # tmp now holds the old directory, removed below
+                old = final.parent / f".{final.name}.old-{os.getpid()}"
+                os.replace(final, old)
+                os.replace(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
         _fsync_dir(final.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux ``renameat2`` with ``RENAME_EXCHANGE``); False where the
+    system or file system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
+    renameat2.argtypes += [ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+# ---- integrity manifests ----------------------------------------------------------------------
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = "bertforge-manifest-1"
+_digests: dict[tuple[Any, ...], str] = {}  # (path, identity of the file's bytes) -> SHA-256
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file, read in 1 MiB blocks (~1 GB/s with SHA instructions). Remembered per
+    process while the file's inode, size and times are unchanged, so a file hashed when written
+    is not hashed again when the same process verifies it."""
+    st = os.stat(path)
+    key = (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in _digests:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+        if len(_digests) > 4096:
+            _digests.clear()
+        _digests[key] = digest.hexdigest()
+    return _digests[key]
+
+
+def _listed_files(directory: Path) -> list[str]:
+    """Every file under ``directory`` except the manifest and hidden files (temporaries, locks)."""
+    names = []
+    for path in directory.rglob("*"):
+        rel = path.relative_to(directory)
+        hidden = any(part.startswith(".") for part in rel.parts)
+        if path.is_file() and path.name != MANIFEST_NAME and not hidden:
+            names.append(rel.as_posix())
+    return sorted(names)
+
+
+def write_manifest(directory: str | Path, names: Iterable[str] | None = None) -> Path:
+    """Record the size and SHA-256 of ``names`` (relative paths; default: every file under
+    ``directory``) in ``directory/manifest.json``, written atomically and last: a directory
+    whose writing was interrupted has no manifest that vouches for it."""
+    directory = Path(directory)
+    names = _listed_files(directory) if names is None else sorted(set(names))
+    files = {}
+    for name in names:
+        path = directory / name
+        files[name] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
+    pause_point("manifest")
+    record = {"format": MANIFEST_FORMAT, "files": files}
+    return atomic_write_text(directory / MANIFEST_NAME, json.dumps(record, indent=1) + "\n")
+
+
+def remove_manifest(directory: str | Path) -> None:
+    """Delete the manifest before rewriting files in place (it is rewritten when they are done)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(Path(directory) / MANIFEST_NAME)
+
+
+def read_manifest(directory: str | Path) -> dict[str, dict[str, Any]] | None:
+    """The files a bertforge manifest records (name -> size, sha256); None when ``directory`` has
+    none (written by another tool) or its ``manifest.json`` is another tool's."""
+    path = Path(directory) / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    damaged = f"{path}: damaged integrity manifest (%s); restore the directory from a good copy"
+    try:
+        record = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise BertforgeError(damaged % f"not JSON: {err}") from None
+    if not isinstance(record, dict) or record.get("format") != MANIFEST_FORMAT:
+        return None
+    files = record.get("files")
+    ok = isinstance(files, dict)
+    for name, entry in files.items() if ok else ():
+        ok = ok and isinstance(entry, dict) and isinstance(entry.get("size"), int)
+        ok = ok and isinstance(entry.get("sha256"), str) and len(entry["sha256"]) == 64
+        ok = ok and not Path(name).is_absolute() and ".." not in Path(name).parts
+    if not ok:
+        raise BertforgeError(damaged % "malformed file list")
+    return files
+
+
+def check_manifest(
+    directory: str | Path, names: Iterable[str] | None = None, *, hashes: bool = True
+) -> list[str] | None:
+    """Compare the files ``directory``'s manifest lists (those among ``names`` if given) with the
+    disk: a list of problems, one line each naming the file and what differs ([] when all
+    match), or None when there is no manifest. ``hashes=False`` compares sizes only (a stat per
+    file; hashing reads every byte)."""
+    directory = Path(directory)
+    files = read_manifest(directory)
+    if files is None:
+        return None
+    wanted = None if names is None else set(names)
+    problems = []
+    for name, entry in files.items():
+        if wanted is not None and name not in wanted:
+            continue
+        path = directory / name
+        if not path.is_file():
+            problems.append(f"{path}: missing (the manifest lists {entry['size']:,} bytes)")
+            continue
+        size = path.stat().st_size
+        if size != entry["size"]:
+            problems.append(f"{path}: {size:,} bytes, the manifest recorded {entry['size']:,}")
+        elif hashes and (digest := file_sha256(path)) != entry["sha256"]:
+            problems.append(
+                f"{path}: SHA-256 {digest[:16]}... differs from the {entry['sha256'][:16]}... "
+                "recorded in its manifest (same size: the bytes were altered)"
+            )
+    return problems
+
+
+def verify_manifest(
+    directory: str | Path,
+    names: Iterable[str] | None = None,
+    *,
+    hashes: bool = True,
+    fix: str = "restore it from a good copy (or, if you changed it on purpose, delete "
+    "manifest.json beside it)",
+) -> bool:
+    """Raise :class:`BertforgeError` (the first problem and ``fix``, one line) when the files
+    don't match the manifest; True when they do, False when there is no manifest."""
+    problems = check_manifest(directory, names, hashes=hashes)
+    if problems:
+        raise BertforgeError(f"{problems[0]}; {fix}")
+    return problems is not None
 
 
 def read_json_object(path: Path, fix: str) -> dict[str, Any]:
@@ -146,10 +361,21 @@ def read_json_object(path: Path, fix: str) -> dict[str, Any]:
 
 
 __all__ = [
+    "MANIFEST_NAME",
+    "PAUSE_ENV",
     "atomic_directory",
     "atomic_file",
     "atomic_write_bytes",
     "atomic_write_text",
+    "check_manifest",
+    "file_sha256",
     "make_directory",
+    "pause_point",
     "read_json_object",
+    "read_manifest",
+    "remove_manifest",
+    "verify_manifest",
+    "write_error",
+    "write_manifest",
+    "writing",
 ]

@@ -82,6 +82,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "serve models over HTTP: JSON API and an explorer page",
     ),
     "export": ("bertforge.cli.export", "main", "export a model to ONNX (optionally int8)"),
+    "verify": (
+        "bertforge.cli.verify",
+        "main",
+        "check a model, checkpoint, run or data directory against its manifest",
+    ),
 }
 
 

@@ -3,6 +3,8 @@
 Layout of a data directory (``bertforge prepare`` writes it to a hidden temporary sibling and
 renames it when complete, so an interrupted run never leaves something that looks whole)::
 
+    manifest.json             size and SHA-256 of every other file (sizes checked at each open,
+                              hashes by ``bertforge verify``)
     meta.json                 format version, mode, max_seq_length, vocab_size, token dtype,
                               tokenizer fingerprint, special ids, settings, counts, shard list
     tokenizer/                the tokenizer the ids belong to (vocab.txt, tokenizer.json, ...)
@@ -17,7 +19,8 @@ renames it when complete, so an interrupted run never leaves something that look
   transformers, -1 in packed mode); ``ds.lengths`` (for length bucketing); ``ds.meta`` (the
   ``meta.json`` dict); ``ds.tokenizer_dir``. Given a tokenizer, it checks the fingerprint and
   raises :class:`~bertforge.errors.BertforgeError` saying what to do on a mismatch.
-- :func:`read_meta` loads and checks ``meta.json`` (format version) alone.
+- :func:`read_meta` loads and checks ``meta.json`` (format version) and the sizes the manifest
+  records.
 - :class:`ShardWriter` appends sequences to a split's shards (used by ``prepare``).
 
 All of it is re-exported by :mod:`bertforge.data.shards`.
@@ -32,7 +35,7 @@ import numpy as np
 
 from bertforge.data.instances import Instance
 from bertforge.errors import BertforgeError
-from bertforge.io import read_json_object
+from bertforge.io import read_json_object, verify_manifest
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -100,6 +103,9 @@ def read_meta(data_dir: str | Path) -> dict[str, Any]:
             "bertforge prepare leaves none); run bertforge prepare --output there"
         )
     meta = read_json_object(path, "re-run bertforge prepare")
+    # sizes only (a stat per file): hashing every shard at each open would read the whole data
+    fix = "the data was altered or partly copied; re-run bertforge prepare or copy it again"
+    verify_manifest(data_dir, hashes=False, fix=fix)
     if meta.get("format_version") != FORMAT_VERSION:
         raise BertforgeError(
             f"{path}: data format version {meta.get('format_version')}, this bertforge reads "

@@ -5,7 +5,8 @@
 batch encoding, builds NSP pairs or packed sequences (:mod:`bertforge.data.instances`) and flushes
 them to shards as it goes (:class:`~bertforge.data.dataset.ShardWriter`), so memory stays bounded
 whatever the corpus size. It writes into a temporary directory renamed when complete, copies the
-tokenizer into ``OUTPUT/tokenizer/`` and returns a summary dict (documents, instances, tokens,
+tokenizer into ``OUTPUT/tokenizer/``, records every file's size and SHA-256 in
+``manifest.json`` and returns a summary dict (documents, instances, tokens,
 skipped documents and why, throughput).
 
 The reader lives in :mod:`bertforge.data.dataset` and is re-exported here:
@@ -39,7 +40,7 @@ from bertforge.data.dataset import (
 from bertforge.data.instances import InstanceBuilder
 from bertforge.data.workers import ChunkPool
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_directory
+from bertforge.io import atomic_directory, write_manifest
 
 __all__ = [
     "FORMAT_VERSION",
@@ -293,4 +294,5 @@ def prepare(
         }
         tokenizer.save(tmp / TOKENIZER_DIR)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        write_manifest(tmp)  # sizes checked at every open, hashes by bertforge verify
     return summary

@@ -9,6 +9,7 @@ follow the same pattern: a dataclass, a docstring under each field, validation i
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,24 @@ class BertConfig:
                 f"problem_type={self.problem_type!r} is not supported; "
                 "use 'regression' or 'single_label_classification'"
             )
+        # before anything is allocated: a config asking for more than the machine holds gets a
+        # message, not an out-of-memory kill half-way through building the model
+        n, memory = self.num_parameters(), _physical_memory()
+        if memory and 4 * n > memory:
+            raise BertforgeError(
+                f"BertConfig describes {n:,} parameters ({4 * n / 2**30:,.1f} GiB of fp32 weights), "
+                f"more than this machine's {memory / 2**30:,.1f} GiB of memory; check vocab_size, "
+                "hidden_size, num_hidden_layers, intermediate_size and max_position_embeddings"
+            )
+
+    def num_parameters(self) -> int:
+        """Parameters of ``BertForPreTraining`` with this config (the largest of our models),
+        counted from the sizes without building it."""
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        embeddings = (v + self.max_position_embeddings + self.type_vocab_size) * h + 2 * h
+        layer = 4 * (h * h + h) + 2 * h + (h * i + i) + (i * h + h) + 2 * h
+        heads = (h * h + h) + (h * h + h + 2 * h + v) + (2 * h + 2)  # pooler, MLM, NSP
+        return embeddings + self.num_hidden_layers * layer + heads
 
     @property
     def head_dim(self) -> int:
@@ -194,6 +213,14 @@ class BertConfig:
         )
         base.update(overrides)
         return cls(**base)
+
+
+def _physical_memory() -> int:
+    """Bytes of RAM (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")

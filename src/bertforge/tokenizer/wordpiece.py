@@ -24,6 +24,7 @@ from tokenizers import Tokenizer as _Backend
 from tokenizers import processors, trainers
 
 from bertforge.errors import BertforgeError
+from bertforge.io import verify_manifest
 from bertforge.tokenizer.files import (
     CLS,
     PAD,
@@ -221,6 +222,8 @@ class Tokenizer:
             raise BertforgeError(f"{path}: holds neither {TOKENIZER_FILE} nor {VOCAB_FILE}")
         if not path.is_file():
             raise BertforgeError(f"{path}: tokenizer file not found")
+        # an altered vocabulary silently changes every id: check it if a manifest lists it
+        verify_manifest(path.parent, [path.name, "tokenizer_config.json"])
         config = read_tokenizer_config(path.parent)
         max_len = config.get("model_max_length")
         max_len = int(max_len) if isinstance(max_len, (int, float)) and max_len < 1e9 else None

@@ -1,17 +1,20 @@
 """A run's checkpoints on disk: graceful stop on signals, ``checkpoint-<step>`` directories
-written whole (model, tokenizer, train state) and rotated, the train-state file, and the check
-that a resumed run is the same run."""
+written whole (model, tokenizer, train state, then a manifest of all of them) and rotated, the
+train-state file, the check that a checkpoint to resume from is intact (else the newest one
+that is), and the check that a resumed run is the same run."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
+import os
 import re
 import shutil
 import signal
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,15 @@ import torch
 from torch import nn
 
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_directory, atomic_write_bytes, atomic_write_text
+from bertforge.io import (
+    atomic_directory,
+    atomic_write_bytes,
+    atomic_write_text,
+    check_manifest,
+    pause_point,
+    write_manifest,
+)
+from bertforge.lock import output_lock
 from bertforge.runtime import rng_state, set_rng_state
 
 # ---- graceful stop --------------------------------------------------------------------------
@@ -91,9 +102,45 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+def newest_verified_checkpoint(out_dir: str | Path, before: Path | None = None) -> Path | None:
+    """The newest checkpoint in ``out_dir`` (older than ``before`` if given) whose files all
+    match its manifest (each is hashed: a full read of the checkpoint)."""
+    found = list_checkpoints(out_dir)
+    names = [p.name for p in found]
+    if before is not None and before.name in names:
+        found = found[: names.index(before.name)]
+    for path in reversed(found):
+        if check_manifest(path) == []:
+            return path
+    return None
+
+
+def intact_checkpoint(
+    path: Path | None, offer: Callable[[Path, Path], str] = lambda good, bad: ""
+) -> Path | None:
+    """``path`` if its files match its manifest (or it has none: an older bertforge's); else
+    one line naming the altered file, what differs and the newest checkpoint of the run that
+    verifies, with ``offer(good, bad)``: how to resume from that one."""
+    if path is None:
+        return None
+    problems = check_manifest(path)
+    if not problems:
+        return path
+    good = newest_verified_checkpoint(path.parent, before=path)
+    found = (
+        f"the newest checkpoint that verifies is {good}: {offer(good, path)}"
+        if good is not None
+        else "no older checkpoint of this run verifies; start a new output directory"
+    )
+    raise BertforgeError(f"{problems[0]}; {path.name} is damaged, {found}")
+
+
 def rotate_checkpoints(out_dir: str | Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` checkpoints (``keep <= 0`` keeps all); returns the
-    deleted paths."""
+    """Delete all but the newest ``keep`` checkpoints (``keep <= 0`` keeps all), and the hidden
+    half-written ones a killed or failed save left (the run holds the directory's lock, so no
+    other process is writing them); returns the deleted checkpoints."""
+    for debris in Path(out_dir).glob(f".{CHECKPOINT_PREFIX}*.tmp-*"):
+        shutil.rmtree(debris, ignore_errors=True)
     if keep <= 0:
         return []
     doomed = list_checkpoints(out_dir)[:-keep]
@@ -185,8 +232,11 @@ __all__ = [
     "check_same_run",
     "checkpoint_name",
     "latest_checkpoint",
+    "intact_checkpoint",
     "list_checkpoints",
     "load_train_state",
+    "locks_output",
+    "newest_verified_checkpoint",
     "rotate_checkpoints",
     "save_train_state",
     "write_checkpoint",
@@ -206,6 +256,20 @@ def check_same_run(
             )
 
 
+def locks_output(run: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Decorate ``run(cfg)`` to hold the lock of ``cfg.output`` while it runs (one writer per
+    run directory, :func:`bertforge.lock.output_lock`); under torchrun only rank 0 takes it."""
+
+    @functools.wraps(run)
+    def locked(cfg: Any) -> Any:
+        if os.environ.get("RANK", "0") != "0":
+            return run(cfg)
+        with output_lock(cfg.output):
+            return run(cfg)
+
+    return locked
+
+
 def write_checkpoint(
     out: Path,
     model: nn.Module,
@@ -222,5 +286,7 @@ def write_checkpoint(
     with atomic_directory(path) as tmp:
         model.save_pretrained(tmp, tokenizer=tokenizer)
         save_train_state(tmp, state=state, optimizer=optimizer, extra_tensors=extra_tensors)
+        write_manifest(tmp)  # every file of the checkpoint (the model's were hashed already)
+    pause_point("rotate")
     rotate_checkpoints(out, keep)
     return path

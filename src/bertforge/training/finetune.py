@@ -50,7 +50,9 @@ from bertforge.training import steps
 from bertforge.training.checkpoints import (
     GracefulStop,
     check_same_run,
+    intact_checkpoint,
     latest_checkpoint,
+    locks_output,
     write_checkpoint,
 )
 from bertforge.training.config import FINETUNE_CONFIG, FinetuneConfig, option
@@ -137,6 +139,11 @@ class Run:
         )
 
 
+def _offer_resume(good: Path, bad: Path) -> str:
+    return f"move {bad} aside (e.g. mv {bad} {bad}.damaged) and run again to resume from it"
+
+
+@locks_output
 def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     """Run (or resume) fine-tuning as configured; return the best validation results."""
     run, state = setup(cfg)
@@ -229,7 +236,7 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     if cfg.max_steps is not None:
         total = min(total, cfg.max_steps)
     seed_everything(cfg.seed)
-    resume_dir = latest_checkpoint(out)
+    resume_dir = intact_checkpoint(latest_checkpoint(out), _offer_resume)
     model = load_model(cfg, tokenizer, data.id2label, resume_dir)
     if cfg.dropout is not None:
         steps.set_dropout(model, cfg.dropout)

@@ -42,7 +42,12 @@ from bertforge.runtime import (
     set_rng_state,
 )
 from bertforge.training import steps
-from bertforge.training.checkpoints import GracefulStop, check_same_run, write_checkpoint
+from bertforge.training.checkpoints import (
+    GracefulStop,
+    check_same_run,
+    locks_output,
+    write_checkpoint,
+)
 from bertforge.training.config import PretrainConfig
 from bertforge.training.optim import build_optimizer, set_lr
 from bertforge.training.setup import (
@@ -110,6 +115,7 @@ class Run:
         )
 
 
+@locks_output
 def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
     """Run (or resume) pretraining as configured; return the initial and final evaluations, the
     step reached and where the model and plot are. See the module docstring for the loop."""

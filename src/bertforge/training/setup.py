@@ -22,7 +22,11 @@ from bertforge.modeling.checkpoint import check_tokenizer_fits
 from bertforge.modeling.config import CONFIG_NAME, BertConfig
 from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
 from bertforge.tokenizer.wordpiece import Tokenizer
-from bertforge.training.checkpoints import TRAIN_STATE_JSON, latest_checkpoint
+from bertforge.training.checkpoints import (
+    TRAIN_STATE_JSON,
+    intact_checkpoint,
+    latest_checkpoint,
+)
 from bertforge.training.config import ModelSection, PretrainConfig, parse_freeze
 
 
@@ -274,19 +278,24 @@ def start_report(cfg: PretrainConfig, model: torch.nn.Module) -> str:
 
 def find_resume(cfg: PretrainConfig) -> Path | None:
     """The checkpoint to continue from: ``--resume`` (a checkpoint or a run directory), else the
-    newest checkpoint already in ``--output``, else None (a fresh run)."""
+    newest checkpoint already in ``--output``, else None (a fresh run). One whose files differ
+    from its manifest is refused, naming the newest checkpoint that verifies."""
     if cfg.resume:
         path = Path(cfg.resume)
         if (path / TRAIN_STATE_JSON).is_file():
-            return path
+            return intact_checkpoint(path, _offer_resume)
         latest = latest_checkpoint(path)
         if latest is None:
             raise BertforgeError(
                 f"--resume {path}: no checkpoint-* with a train state there; "
                 "give a checkpoint directory or a run directory holding one"
             )
-        return latest
-    return latest_checkpoint(cfg.output)
+        return intact_checkpoint(latest, _offer_resume)
+    return intact_checkpoint(latest_checkpoint(cfg.output), _offer_resume)
+
+
+def _offer_resume(good: Path, bad: Path) -> str:
+    return f"resume from it with --resume {good}"
 
 
 def run_identity(cfg: PretrainConfig, meta: dict, n_train: int) -> dict[str, Any]:
