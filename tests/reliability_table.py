@@ -10,6 +10,7 @@ reliability files is missing from it, so the page cannot go stale. Regenerate it
 
 from __future__ import annotations
 
+import ast
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,17 @@ INFERENCE_EXAMPLES = 25
 def _kills(moments: tuple[str, ...]) -> str:
     random_ones = sum(m in ("startup", "step", "random") for m in moments)
     return f"{len(moments)} ({random_ones} random, {len(moments) - random_ones} inside a save)"
+
+
+def _cases(file: str, test: str) -> int:
+    """How many cases ``@pytest.mark.parametrize`` gives ``test`` (read from the source)."""
+    tree = ast.parse((Path(__file__).parent / file).read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == test:
+            for decorator in node.decorator_list:
+                if isinstance(decorator, ast.Call) and decorator.func.attr == "parametrize":
+                    return len(decorator.args[1].elts)
+    raise LookupError(f"{file}::{test} has no parametrize list")
 
 
 @dataclass(frozen=True)
@@ -162,6 +174,98 @@ ROWS = [
         "test_integrity.py::test_a_config_asking_for_more_than_the_memory_gets_a_message",
         "2",
         "one line with the parameter count and the machine's memory, before any allocation",
+    ),
+]
+
+
+ROWS += [
+    Row(
+        "hostile text into the tokenizer",
+        "hypothesis: NUL and control characters, BOM, zero-width and RTL marks, Arabic, Hebrew, "
+        "CJK, emoji with joiners and skin tones, combining marks, unpaired surrogates, special "
+        "token strings, with and without a pair and a max_length; one 100k-character text",
+        "test_hostile_input.py::test_tokenizer_encodes_any_text",
+        f"{TEXT_EXAMPLES} generated + 1",
+        "always ids inside the vocabulary, `[CLS] ... [SEP]`, truncation respected; unpaired "
+        "surrogates read as U+FFFD (they raised `TypeError` before)",
+    ),
+    Row(
+        "random and malformed corpus and table files",
+        "hypothesis: random bytes mixed with ragged CSV rows, quoted newlines, stray quotes, NUL, "
+        "JSON lines that are not objects, broken JSON, invalid UTF-8, Latin-1, BOM, CRLF, "
+        "WikiText headings; as .txt .tokens .csv .tsv .jsonl (.gz) through every reader (corpus "
+        "strict and replace, table, text inputs, labelled data for both tasks)",
+        "test_hostile_input.py::test_every_reader_on_malformed_and_random_files",
+        f"{READER_EXAMPLES} generated files",
+        "a result or the one-line error; never a traceback or a hang",
+    ),
+    Row(
+        "edge-case files",
+        "empty, blank lines only, header only, a 1 MB line (with and without newline), 1,000 NUL "
+        "bytes, Latin-1 and UTF-8 mixed; each as all 11 file kinds",
+        "test_hostile_input.py::test_every_reader_on_edge_case_files",
+        f"{7 * 11} files",
+        "a result or the one-line error",
+    ),
+    Row(
+        "JSON-lines cells that are not text",
+        "numbers, null, booleans, lists, objects and an unpaired surrogate as the text cell",
+        "test_hostile_input.py::test_jsonl_cells_that_are_not_text",
+        "8 cells",
+        "a result or the one-line error",
+    ),
+    Row(
+        "fill-mask input",
+        "hypothesis: batches of hostile text with 0 to 12 `[MASK]`s; fixed: no mask, only masks, "
+        "more masks than positions, 100k characters, empty",
+        "test_hostile_input.py::test_fill_mask_on_any_text",
+        f"{INFERENCE_EXAMPLES} generated batches + 5",
+        "one prediction list per mask, or the documented one-line error (no mask, too long)",
+    ),
+    Row(
+        "classify and embed input",
+        "hypothesis: batches of hostile text; fixed: empty, a space, NUL, three 100k-character "
+        "texts, also as text pairs",
+        "test_hostile_input.py::test_classify_and_embed_on_any_text",
+        f"{INFERENCE_EXAMPLES} generated batches + 3",
+        "always an answer (long texts truncated): probabilities summing to 1, finite vectors",
+    ),
+    Row(
+        "pickled weights",
+        "a directory holding only `pytorch_model.bin`; the `.bin` file itself",
+        "test_checkpoint.py::test_error_messages_name_the_problem",
+        "2",
+        "refused (unpickling can run code) with the command that converts it to safetensors",
+    ),
+    Row(
+        "damaged files from an older bertforge (no manifest)",
+        "truncated or overwritten shards, damaged meta.json, train state, config.json fields, "
+        "YAML, options; every command",
+        "test_bad_input.py::test_bad_input_gives_one_line_and_leaves_nothing",
+        "all cases of its table",
+        "one `error:` line naming the file or option and the fix; nothing written",
+    ),
+    Row(
+        "server: malformed requests and limits",
+        "malformed JSON, wrong types, unknown fields, too long, too many, wrong model (the "
+        "serve issue's tests)",
+        "test_serve.py::test_bad_requests_get_a_clear_4xx",
+        str(_cases("test_serve.py", "test_bad_requests_get_a_clear_4xx")),
+        "4xx naming the limit or field; the server stays up",
+    ),
+    Row(
+        "server: payload size",
+        "a declared and a chunked body over --max-payload-bytes",
+        "test_serve.py::test_payload_limit_declared_and_streamed",
+        "2",
+        "413 naming the limit",
+    ),
+    Row(
+        "server: slow clients and concurrency",
+        "clients that stall mid-body; more clients than slots",
+        "test_serve.py::test_slow_clients_time_out_and_concurrency_limit_answers_429",
+        "see the test",
+        "timed out; 429 naming the limit",
     ),
 ]
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from bertforge.tokenizer.wordpiece import valid_unicode
+
 TokenDoc = list[np.ndarray]
 
 
@@ -196,7 +198,10 @@ def tokenize_chunk(backend: Any, documents: list[list[str]], limit: int) -> Toke
     """Encode every sentence of ``documents`` (no special tokens) with the ``tokenizers``
     ``backend`` and cut sentences longer than ``limit`` tokens; empty sentences are dropped."""
     sentences = [s for doc in documents for s in doc]
-    encodings = backend.encode_batch_fast(sentences, add_special_tokens=False)
+    try:
+        encodings = backend.encode_batch_fast(sentences, add_special_tokens=False)
+    except TypeError:  # an unpaired surrogate (e.g. a JSON "\ud800" escape): U+FFFD instead
+        encodings = backend.encode_batch_fast(valid_unicode(sentences), add_special_tokens=False)
     ids = iter([np.array(e.ids, dtype=np.int64) for e in encodings])
     flat: list[np.ndarray] = []
     doc_pieces = np.zeros(len(documents), dtype=np.int64)

@@ -20,6 +20,7 @@ import torch
 # read_table and table_format are re-exported: callers read tables through ``tasks`` too
 from bertforge.data.tables import clean_text, read_columns, read_table, table_format
 from bertforge.errors import BertforgeError
+from bertforge.tokenizer.wordpiece import valid_unicode
 
 Truncation = Literal["head", "head_tail"]
 """How a text longer than ``max_length`` is cut: keep its head, or its head and tail."""
@@ -262,6 +263,15 @@ def _keep(ids: list[int], budget: int, truncation: str) -> list[int]:
     return ids[:head] + ids[len(ids) - (budget - head) :]
 
 
+def _piece_ids(backend: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text without special tokens (unpaired surrogates read as U+FFFD)."""
+    try:
+        encodings = backend.encode_batch(list(texts), add_special_tokens=False)
+    except TypeError:
+        encodings = backend.encode_batch(valid_unicode(texts), add_special_tokens=False)
+    return [e.ids for e in encodings]
+
+
 def encode_examples(
     tokenizer: Any,
     texts: Sequence[str],
@@ -284,13 +294,8 @@ def encode_examples(
     if max_length <= specials:
         raise BertforgeError(f"--max_length {max_length} leaves no room for text; use e.g. 128")
     budget = max_length - specials
-    backend = tokenizer.backend
-    a_ids = [e.ids for e in backend.encode_batch(list(texts), add_special_tokens=False)]
-    b_ids = (
-        None
-        if pairs is None
-        else [e.ids for e in backend.encode_batch(list(pairs), add_special_tokens=False)]
-    )
+    a_ids = _piece_ids(tokenizer.backend, texts)
+    b_ids = None if pairs is None else _piece_ids(tokenizer.backend, pairs)
     cls, sep = tokenizer.cls_id, tokenizer.sep_id
     out: list[tuple[np.ndarray, int]] = []
     for i, a in enumerate(a_ids):

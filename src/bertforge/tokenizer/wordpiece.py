@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -320,7 +321,10 @@ class Tokenizer:
         ``max_length`` truncates longest-first (the longer of text and pair loses tokens first).
         """
         self._configure(max_length, False, pair is not None)
-        enc = self._encoder.encode(text, pair)
+        try:
+            enc = self._encoder.encode(text, pair)
+        except TypeError:  # not str, or a str the Rust side refuses (an unpaired surrogate)
+            enc = self._encoder.encode(*valid_unicode([text] if pair is None else [text, pair]))
         return {
             "input_ids": enc.ids,
             "token_type_ids": enc.type_ids,
@@ -348,8 +352,12 @@ class Tokenizer:
         if return_tensors not in (None, "pt"):
             raise BertforgeError(f"return_tensors={return_tensors!r}: use None or 'pt'")
         self._configure(max_length, padding, pairs is not None)
-        inputs = list(texts) if pairs is None else list(zip(texts, pairs, strict=True))
-        encodings = self._encoder.encode_batch(inputs)
+        try:
+            encodings = self._encoder.encode_batch(_batch_inputs(texts, pairs))
+        except TypeError:  # an unpaired surrogate somewhere: replace it, as decoding would
+            texts = valid_unicode(texts)
+            pairs = None if pairs is None else valid_unicode(pairs)
+            encodings = self._encoder.encode_batch(_batch_inputs(texts, pairs))
         out: dict[str, Any] = {
             "input_ids": [e.ids for e in encodings],
             "token_type_ids": [e.type_ids for e in encodings],
@@ -402,4 +410,24 @@ class Tokenizer:
         )
 
 
-__all__ = ["SPECIAL_TOKENS", "Tokenizer", "TrainOptions"]
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_unicode(texts: Sequence[Any]) -> list[str]:
+    """``texts`` with each unpaired UTF-16 surrogate (which Python strings may hold, e.g. from a
+    JSON ``"\\ud800"`` escape, but which is no character and which the ``tokenizers`` library
+    refuses) replaced by U+FFFD, as decoding bad bytes with ``errors="replace"`` does. Anything
+    that is not a string is an error naming its type."""
+    out = []
+    for text in texts:
+        if not isinstance(text, str):
+            raise BertforgeError(f"texts must be strings, got {type(text).__name__}: {text!r:.60}")
+        out.append(_SURROGATE.sub("\ufffd", text))
+    return out
+
+
+def _batch_inputs(texts: Sequence[str], pairs: Sequence[str] | None) -> list[Any]:
+    return list(texts) if pairs is None else list(zip(texts, pairs, strict=True))
+
+
+__all__ = ["SPECIAL_TOKENS", "Tokenizer", "TrainOptions", "valid_unicode"]
