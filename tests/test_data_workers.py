@@ -68,7 +68,7 @@ def test_two_workers_write_the_same_bytes_as_one(
     assert sorted(files_one) == sorted(files_two)
     assert sum(name.startswith("train-") for name in files_one) >= 6  # several shards
     for name in files_one:
-        if name != "meta.json":
+        if name not in ("meta.json", "manifest.json"):  # timings, and the hash of meta.json
             assert files_one[name] == files_two[name], name
     assert _meta_without_timings(tmp_path / "one") == _meta_without_timings(tmp_path / "two")
     assert one["instances"] == two["instances"] and one["instances"]["validation"] > 0
