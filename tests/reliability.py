@@ -25,8 +25,8 @@ TINY_PRETRAIN = [
     *("--train.num_threads", "1", "--train.keep_checkpoints", "3"),
 ]
 TINY_FINETUNE = [
-    *("--batch-size", "8", "--max-length", "32", "--no-progress", "--num-threads", "1"),
-    *("--precision", "fp32", "--device", "cpu", "--keep-checkpoints", "3"),
+    *("--batch_size", "8", "--max_length", "32", "--progress", "false", "--num_threads", "1"),
+    *("--precision", "fp32", "--device", "cpu", "--keep_checkpoints", "3"),
 ]
 
 
@@ -40,15 +40,24 @@ def pretrain_argv(data: Path, out: Path, steps: int, save_every: int, *extra: st
 def finetune_argv(art: dict[str, Path], out: Path, steps: int, every: int, *extra) -> list[str]:
     return [
         *("finetune", "--model", str(art["mlm"]), "--train", str(art["train"])),
-        *("--output", str(out), *TINY_FINETUNE, "--max-steps", str(steps)),
-        *("--eval-every", str(every), *extra),
+        *("--output", str(out), *TINY_FINETUNE, "--max_steps", str(steps)),
+        *("--eval_every", str(every), *extra),
     ]
 
 
 def prepare_argv(art: dict[str, Path], out: Path, *extra: str) -> list[str]:
     return [
         *("prepare", "--input", str(art["corpus"]), "--tokenizer", str(art["mlm"])),
-        *("--output", str(out), "--max-seq-length", "32", "--mode", "packed", "--no-progress"),
+        *(
+            "--output",
+            str(out),
+            "--max_seq_length",
+            "32",
+            "--mode",
+            "packed",
+            "--progress",
+            "false",
+        ),
         *extra,
     ]
 

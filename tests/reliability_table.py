@@ -261,6 +261,14 @@ ROWS += [
         "413 naming the limit",
     ),
     Row(
+        "server: random garbage requests",
+        "a local fuzzer (tests/serve_helpers.py) sends random bytes, broken JSON and hostile "
+        "fields from 4 clients; `benchmarks/fuzz_serve.py` does 10,000",
+        "test_serve_fuzz.py::test_garbage_requests_leave_the_server_up_with_flat_memory",
+        "2,000 (+1,000 warm-up)",
+        "every answer 4xx, never 5xx; the server stays up; RSS flat after warm-up",
+    ),
+    Row(
         "server: slow clients and concurrency",
         "clients that stall mid-body; more clients than slots",
         "test_serve.py::test_slow_clients_time_out_and_concurrency_limit_answers_429",

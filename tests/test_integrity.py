@@ -171,7 +171,7 @@ def test_verify_command_on_each_kind_of_directory(art, tmp_path, capsys):
     assert f"OK         data       {art['data']}" in out
     foreign = shutil.copytree(art["mlm"], tmp_path / "hf")
     (foreign / "manifest.json").unlink()
-    assert cli.main(["verify", "--sizes-only", str(foreign)]) == 0
+    assert cli.main(["verify", "--sizes_only", str(foreign)]) == 0
     assert "UNVERIFIED model" in capsys.readouterr().out
     assert cli.main(["verify", str(tmp_path)]) == 2
     assert "not a model, checkpoint, run or prepared data directory" in _one_error_line(capsys)

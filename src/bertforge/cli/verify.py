@@ -4,33 +4,41 @@ damaged, 1 when something is."""
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass, field
 
-from bertforge.errors import ArgumentParser
+from bertforge.cli.options import parse_config
+from bertforge.errors import BertforgeError
 from bertforge.verify import format_report, verify
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(
+@dataclass(kw_only=True)
+class VerifyConfig:
+    """Options of ``bertforge verify``."""
+
+    directories: list[str] = field(default_factory=list)
+    """Model, checkpoint, run or prepared data directories to check."""
+    sizes_only: bool = False
+    """Compare sizes only (instant; hashing reads every byte, about 1 GB/s)."""
+
+    def __post_init__(self) -> None:
+        if not self.directories:
+            raise BertforgeError("give at least one directory to check")
+
+
+def main(argv: list[str]) -> int:
+    """``bertforge verify runs/mini``: one line per directory, then the checkpoint to resume from."""
+    cfg = parse_config(
+        VerifyConfig,
+        argv,
         prog="bertforge verify",
         description="Check every file of a model, checkpoint, run or prepared data directory "
         "against the sizes and SHA-256 hashes recorded when it was written; name the newest "
         "checkpoint that verifies.",
+        positional=("directories", "directories to check"),
     )
-    p.add_argument("directories", nargs="+", metavar="DIR", help="directories to check")
-    p.add_argument(
-        "--sizes-only",
-        action="store_true",
-        help="compare sizes only (instant; hashing reads every byte, about 1 GB/s)",
-    )
-    return p
-
-
-def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
     damaged = False
-    for directory in args.directories:
-        report = verify(directory, hashes=not args.sizes_only)
+    for directory in cfg.directories:
+        report = verify(directory, hashes=not cfg.sizes_only)
         print(format_report(report), flush=True)
         damaged = damaged or report.damaged
     return 1 if damaged else 0
