@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
-from task_fixtures import tiny_start_model, write_sentiment
 
 from bertforge.data.shards import prepare
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -62,11 +62,11 @@ def prepare_argv(art: dict[str, Path], out: Path, *extra: str) -> list[str]:
     ]
 
 
-def make_artefacts(root: Path) -> dict[str, Path]:
+def make_artefacts(root: Path, task_files: Any) -> dict[str, Path]:
     """A tiny MLM with its tokenizer, its corpus, packed shards prepared from it and 64
-    labelled rows, under ``root``."""
-    mlm = tiny_start_model(root, kind="mlm")
-    write_sentiment(root / "train.csv", 64, seed=0)
+    labelled rows, under ``root`` (``task_files``: the conftest fixture)."""
+    mlm = task_files.tiny_start_model(root, kind="mlm")
+    task_files.write_sentiment(root / "train.csv", 64, seed=0)
     data = root / "data"
     prepare(
         [str(root / "corpus.txt")],

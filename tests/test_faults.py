@@ -37,7 +37,6 @@ from reliability import (
     same_weights,
 )
 from reliability_table import FINETUNE_KILLS, PREPARE_KILLS, PRETRAIN_KILLS
-from task_fixtures import sentence
 
 from bertforge.errors import BertforgeError
 from bertforge.io import PAUSE_ENV, check_manifest, read_manifest
@@ -101,11 +100,11 @@ def forker():
 
 
 @pytest.fixture(scope="module")
-def art(tmp_path_factory) -> dict[str, Path]:
+def art(task_files, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("faults")
-    art = make_artefacts(root)
+    art = make_artefacts(root, task_files)
     rng = random.Random(1)  # a corpus big enough that prepare runs for a while
-    lines = [sentence(rng, rng.choice(["good", "bad"])) for _ in range(8000)]
+    lines = [task_files.sentence(rng, rng.choice(["good", "bad"])) for _ in range(8000)]
     art["big_corpus"] = root / "big.txt"
     art["big_corpus"].write_text("\n\n".join(lines) + "\n", encoding="utf-8")
     return art
@@ -200,6 +199,7 @@ def _pretrain(art: dict, run: Path) -> list[str]:
     return pretrain_argv(art["data"], run, PRETRAIN_STEPS, PRETRAIN_SAVE, "--train.log_every", "1")
 
 
+@pytest.mark.slow  # a dozen runs, each killed or run to its end
 def test_pretrain_killed_at_random_moments_and_inside_saves_loses_nothing(
     forker, art, pretrain_reference, tmp_path
 ):
@@ -212,6 +212,7 @@ def test_pretrain_killed_at_random_moments_and_inside_saves_loses_nothing(
     record("SIGKILL pretrain", **counts)
 
 
+@pytest.mark.slow  # a dozen runs, each killed or run to its end
 def test_finetune_killed_at_random_moments_and_inside_saves_loses_nothing(forker, art, tmp_path):
     reference = tmp_path / "reference"
     argv = finetune_argv(art, reference, FINETUNE_STEPS, FINETUNE_EVAL, *FT_EXTRA)
@@ -236,6 +237,7 @@ def _data_fingerprint(data: Path) -> dict:
     return {"files": files, "meta": meta}
 
 
+@pytest.mark.slow  # a dozen runs, each killed or run to its end
 def test_prepare_killed_at_random_moments_leaves_nothing_that_looks_whole(forker, art, tmp_path):
     big = {**art, "corpus": art["big_corpus"]}
     reference = tmp_path / "reference"

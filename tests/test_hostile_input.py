@@ -24,7 +24,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reliability import record
 from reliability_table import INFERENCE_EXAMPLES, READER_EXAMPLES, TEXT_EXAMPLES
-from task_fixtures import tiny_start_model
 
 from bertforge.data.corpus import read_documents
 from bertforge.data.tables import read_table, read_texts
@@ -94,9 +93,9 @@ class Outcomes:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[str, Any]:
+def models(task_files, tmp_path_factory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("hostile")
-    path = tiny_start_model(root, kind="mlm")
+    path = task_files.tiny_start_model(root, kind="mlm")
     torch.manual_seed(0)
     return {
         "tokenizer": Tokenizer.from_file(path),

@@ -30,8 +30,8 @@ from bertforge.training.checkpoints import list_checkpoints
 
 
 @pytest.fixture(scope="module")
-def art(tmp_path_factory) -> dict[str, Path]:
-    return make_artefacts(tmp_path_factory.mktemp("integrity"))
+def art(task_files, tmp_path_factory) -> dict[str, Path]:
+    return make_artefacts(tmp_path_factory.mktemp("integrity"), task_files)
 
 
 def _one_error_line(capsys) -> str:
