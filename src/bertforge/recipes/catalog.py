@@ -102,26 +102,34 @@ def finetune_args(r: Recipe, task: dict[str, Any], model: Path, output: Path, se
     return argv
 
 
-def finetune_and_score(r: Recipe, task: dict[str, Any], models: dict[str, Path]) -> dict:
-    """Fine-tune each model with each seed on the task, evaluate on its test file; returns
-    ``{model: {"seeds": {seed: metrics}, "mean": {metric: mean}}}``."""
-    out: dict[str, Any] = {}
-    for name, model in models.items():
-        runs: dict[str, Any] = {}
-        for seed in r.seeds:
-            run = r.path("finetune", f"{task['name']}-{name}-seed{seed}")
-            r.run(finetune_args(r, task, model, run, seed), done=run / "config.json")
-            scores = run / "test.json"
-            r.run(["evaluate", "--model", run, "--data", task["test"], "--output", scores], scores)
-            result = json.loads(scores.read_text())
-            runs[str(seed)] = {k: result[k] for k in task["metrics"] if k in result}
-        mean = {
-            k: sum(v[k] for v in runs.values()) / len(runs)
-            for k in task["metrics"]
-            if all(k in v for v in runs.values())
-        }
-        out[name] = {"seeds": runs, "mean": mean}
-    return out
+def finetune_and_score(
+    r: Recipe, tasks: list[dict[str, Any]], models: dict[str, Path]
+) -> dict[str, Any]:
+    """Fine-tune each model with each seed on each task and evaluate it on the task's test file
+    (seed by seed, so the first seed's full comparison comes first); returns
+    ``{task: {model: {"seeds": {seed: metrics}, "mean": {metric: mean}}}}``."""
+    scores: dict[str, Any] = {t["name"]: {name: {} for name in models} for t in tasks}
+    for seed in r.seeds:
+        for task in tasks:
+            for name, model in models.items():
+                run = r.path("finetune", f"{task['name']}-{name}-seed{seed}")
+                r.run(finetune_args(r, task, model, run, seed), done=run / "config.json")
+                out = run / "test.json"
+                r.run(["evaluate", "--model", run, "--data", task["test"], "--output", out], out)
+                result = json.loads(out.read_text())
+                metrics = {k: result[k] for k in task["metrics"] if k in result}
+                scores[task["name"]][name][str(seed)] = metrics
+    summary: dict[str, Any] = {}
+    for task in tasks:
+        summary[task["name"]] = {}
+        for name, runs in scores[task["name"]].items():
+            mean = {
+                k: sum(v[k] for v in runs.values()) / len(runs)
+                for k in task["metrics"]
+                if all(k in v for v in runs.values())
+            }
+            summary[task["name"]][name] = {"seeds": runs, "mean": mean}
+    return summary
 
 
 def pretrain_results(run: Path) -> dict[str, Any]:
@@ -246,9 +254,7 @@ def reviews_adapted(r: Recipe) -> None:
         for rec in records
     }
     models = {"adapted": run / "model", "minilm": init}
-    r.results["downstream"] = {
-        task["name"]: finetune_and_score(r, task, models) for task in (imdb_task(r), agnews_task(r))
-    }
+    r.results["downstream"] = finetune_and_score(r, [imdb_task(r), agnews_task(r)], models)
     print(table, file=sys.stderr)
 
 
@@ -288,7 +294,7 @@ def review_scores(r: Recipe) -> None:
         "metrics": ("spearman", "pearson", "mae", "mse"),
     }
     models = {"adapted": run / "model", "minilm": init}
-    r.results["downstream"] = {"metacritic": finetune_and_score(r, task, models)}
+    r.results["downstream"] = finetune_and_score(r, [task], models)
 
 
 # ---- news-from-scratch ------------------------------------------------------------------------
