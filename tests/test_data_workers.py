@@ -14,7 +14,14 @@ from bertforge.data.shards import prepare
 from bertforge.errors import BertforgeError
 from bertforge.tokenizer.wordpiece import Tokenizer
 
-TIMINGS = ("seconds", "tokens_per_second", "output")
+TIMINGS = (
+    "seconds",
+    "tokens_per_second",
+    "output",
+    "workers",
+    "tokenize_seconds",
+    "waited_seconds",
+)
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ text is dropped silently.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -183,6 +184,8 @@ class TokenizedChunk:
     """(n_documents,) int64 pieces per document; 0 for a document with no tokens."""
     n_cut: int
     """Sentences cut because they were longer than a sequence holds."""
+    seconds: float = 0.0
+    """Wall time :func:`tokenize_chunk` took (in a worker: one core's time)."""
 
     def documents(self) -> list[list[np.ndarray]]:
         """Per document its pieces, each a 1-D int64 array (views into ``ids``)."""
@@ -197,6 +200,7 @@ class TokenizedChunk:
 def tokenize_chunk(backend: Any, documents: list[list[str]], limit: int) -> TokenizedChunk:
     """Encode every sentence of ``documents`` (no special tokens) with the ``tokenizers``
     ``backend`` and cut sentences longer than ``limit`` tokens; empty sentences are dropped."""
+    start = time.perf_counter()
     sentences = [s for doc in documents for s in doc]
     try:
         encodings = backend.encode_batch_fast(sentences, add_special_tokens=False)
@@ -213,7 +217,7 @@ def tokenize_chunk(backend: Any, documents: list[list[str]], limit: int) -> Toke
         flat += pieces
     lengths = np.array([len(p) for p in flat], dtype=np.int64)
     joined = np.concatenate(flat) if flat else np.zeros(0, dtype=np.int64)
-    return TokenizedChunk(joined, lengths, doc_pieces, n_cut)
+    return TokenizedChunk(joined, lengths, doc_pieces, n_cut, time.perf_counter() - start)
 
 
 class Packer:
@@ -292,6 +296,7 @@ class InstanceBuilder:
         self.stats = stats
         for key in ("long_sentences_split", "text_tokens", "nsp_chunks_without_negative"):
             stats.setdefault(key, 0)
+        stats.setdefault("tokenize_seconds", 0.0)
         stats.setdefault("skipped", {})
         self.buffer: list[list[str]] = []
         self.chars = 0
@@ -320,6 +325,7 @@ class InstanceBuilder:
     def build(self, chunk: TokenizedChunk) -> None:
         """Turn one tokenised chunk into instances and emit them."""
         self.stats["long_sentences_split"] += chunk.n_cut
+        self.stats["tokenize_seconds"] += chunk.seconds
         self.stats["text_tokens"] += len(chunk.ids)
         docs, skipped = [], self.stats["skipped"]
         for pieces in chunk.documents():

@@ -94,6 +94,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"sentences {summary['sentences']:,} ({summary['long_sentences_split']:,} too long, split); "
         f"{summary['text_tokens']:,} text tokens in {summary['seconds']:.1f} s "
         f"({summary['tokens_per_second']:,} tokens/s)",
+        f"workers {summary['workers']}: tokenising {summary['tokenize_seconds']:.1f} s"
+        + (" (summed over workers)" if summary["workers"] > 1 else "")
+        + f", main process waiting for workers {summary['waited_seconds']:.1f} s",
     ]
     if summary["not_next_fraction"] is not None:
         lines.append(f"NotNext share (train): {summary['not_next_fraction']:.3f}")
@@ -258,6 +261,11 @@ def prepare(
             "nsp_chunks_without_negative": stats["nsp_chunks_without_negative"],
             "warnings": _warnings(builders, writers, bool(fraction > 0 or validation_inputs)),
             "seconds": round(seconds, 3),
+            "workers": workers,
+            # where the time went: tokenising (summed over workers) and, with workers, the main
+            # process's idle wait for them (what the --workers cost model in the README uses)
+            "tokenize_seconds": round(stats["tokenize_seconds"], 3),
+            "waited_seconds": round(pool.waited, 3) if pool is not None else 0.0,
             "tokens_per_second": round(stats["text_tokens"] / max(seconds, 1e-9)),
         }
         meta = {

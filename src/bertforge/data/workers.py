@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -55,6 +56,8 @@ class ChunkPool:
         self._executor = ProcessPoolExecutor(
             workers, mp_context=context, initializer=_init_worker, initargs=(tokenizer_json,)
         )
+        self.waited = 0.0
+        """Seconds the main process spent waiting for a worker's result (idle)."""
         self._pending: deque[tuple[Future, Callable[[TokenizedChunk], None]]] = deque()
 
     def submit(
@@ -66,7 +69,10 @@ class ChunkPool:
 
     def _finish_oldest(self) -> None:
         future, done = self._pending.popleft()
-        done(future.result())
+        start = time.perf_counter()
+        chunk = future.result()
+        self.waited += time.perf_counter() - start
+        done(chunk)
 
     def drain(self) -> None:
         """Hand back every chunk still in flight, in order."""
