@@ -90,7 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--max-batch-tokens", type=int, default=16384)
+    parser.add_argument("--max_batch_tokens", type=int, default=16384)
     args = parser.parse_args()
     torch.set_num_threads(2)
     texts = sentences(args.requests)
@@ -121,7 +121,7 @@ def main() -> None:
             log(f"offline {name}: {offline[name]:.1f} texts/s")
 
         served = {"minilm": minilm, "mlm": Path(tmp) / "mlm"}
-        options = ("--max-batch-tokens", str(args.max_batch_tokens))
+        options = ("--max_batch_tokens", str(args.max_batch_tokens))
         with serve(served, *options, log=Path(tmp) / "server.log") as (port, _):
             fill_bodies = [{"inputs": t, "model": "mlm", "top_k": 5} for t in masked_texts]
             embed_bodies = [

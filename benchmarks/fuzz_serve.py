@@ -30,8 +30,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         models = tiny_models(Path(tmp))
-        options = ("--max-payload-bytes", "20000", "--max-input-length", "64")
-        with serve(models, *options, "--request-timeout", "10", log=Path(tmp) / "log") as (
+        options = ("--max_payload_bytes", "20000", "--max_input_length", "64")
+        with serve(models, *options, "--request_timeout", "10", log=Path(tmp) / "log") as (
             port,
             process,
         ):

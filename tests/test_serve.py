@@ -37,7 +37,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def server(models, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve-log") / "server.log"
-    with serve(models, "--max-client-batch-size", "8", "--max-input-length", "48", log=log) as (
+    with serve(models, "--max_client_batch_size", "8", "--max_input_length", "48", log=log) as (
         port,
         _,
     ):
@@ -204,7 +204,7 @@ def test_attention_and_attribute(server, models):
     assert status == 200 and "value" in answer and len(answer["attributions"]) == len(ids)
 
 
-LONG = "the movie " * 40  # 82 tokens with [CLS]/[SEP]: over --max-input-length 48
+LONG = "the movie " * 40  # 82 tokens with [CLS]/[SEP]: over --max_input_length 48
 
 
 @pytest.mark.parametrize(
@@ -222,9 +222,9 @@ LONG = "the movie " * 40  # 82 tokens with [CLS]/[SEP]: over --max-input-length 
         ("POST", "/fill-mask", {"inputs": "the [MASK]", "top_k": "x"}, 422, "top_k"),
         ("POST", "/fill-mask", {"text": "the [MASK]"}, 422, "inputs: required"),
         ("POST", "/fill-mask", {"inputs": "[MASK]", "bogus": 1}, 422, "bogus: unknown field"),
-        ("POST", "/fill-mask", {"inputs": LONG + "[MASK]"}, 413, "--max-input-length=48"),
+        ("POST", "/fill-mask", {"inputs": LONG + "[MASK]"}, 413, "--max_input_length=48"),
         ("POST", "/embed", {"inputs": []}, 422, "empty"),
-        ("POST", "/embed", {"inputs": ["a"] * 9}, 413, "--max-client-batch-size=8"),
+        ("POST", "/embed", {"inputs": ["a"] * 9}, 413, "--max_client_batch_size=8"),
         ("POST", "/embed", {"inputs": LONG}, 413, "truncate"),
         ("POST", "/embed", {"inputs": "a", "pooling": "max"}, 422, "pooling"),
         ("POST", "/predict", {"inputs": "good"}, 422, "classifier"),
@@ -234,7 +234,7 @@ LONG = "the movie " * 40  # 82 tokens with [CLS]/[SEP]: over --max-input-length 
             "/attention",
             {"inputs": "word " * 10_000, "model": "reg"},
             413,
-            "max-attention-tokens",
+            "--max_attention_tokens",
         ),
         ("POST", "/attention", {"inputs": "a", "max_tokens": 1}, 422, "max_tokens"),
         (
@@ -242,7 +242,7 @@ LONG = "the movie " * 40  # 82 tokens with [CLS]/[SEP]: over --max-input-length 
             "/attribute",
             {"inputs": "a", "model": "clf", "steps": 10_000},
             422,
-            "--max-attribution-steps",
+            "--max_attribution_steps",
         ),
         ("POST", "/attribute", {"inputs": "a", "model": "clf", "target": "x"}, 422, "not a label"),
         ("POST", "/attribute", {"inputs": "a", "model": "mlm"}, 422, "classifier"),
@@ -317,8 +317,8 @@ def test_concurrent_clients_get_the_sequential_answers_in_shared_batches(server)
 @pytest.fixture(scope="module")
 def strict_server(models, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve-strict") / "server.log"
-    options = ("--max-concurrent-requests", "2", "--max-payload-bytes", "2000")
-    with serve(models, *options, "--request-timeout", "1.5", log=log) as (port, process):
+    options = ("--max_concurrent_requests", "2", "--max_payload_bytes", "2000")
+    with serve(models, *options, "--request_timeout", "1.5", log=log) as (port, process):
         yield port, process
 
 
@@ -343,7 +343,7 @@ def _read_all(sock: socket.socket) -> bytes:
 def test_payload_limit_declared_and_streamed(strict_server):
     port, _ = strict_server
     status, answer = request(port, "POST", "/embed", {"inputs": "x" * 3000})
-    assert status == 413 and "--max-payload-bytes=2000" in answer["error"]
+    assert status == 413 and "--max_payload_bytes=2000" in answer["error"]
     # a chunked body declares no length: counted while it arrives
     sock = _connect(port)
     head = b"POST /embed HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -353,7 +353,7 @@ def test_payload_limit_declared_and_streamed(strict_server):
     )
     reply = _read_all(sock)
     sock.close()
-    assert reply.startswith(b"HTTP/1.1 413") and b"--max-payload-bytes=2000" in reply
+    assert reply.startswith(b"HTTP/1.1 413") and b"--max_payload_bytes=2000" in reply
 
 
 def test_slow_clients_time_out_and_concurrency_limit_answers_429(strict_server):
@@ -367,12 +367,12 @@ def test_slow_clients_time_out_and_concurrency_limit_answers_429(strict_server):
         stalled.append(sock)
     time.sleep(0.3)
     status, answer = request(port, "POST", "/embed", {"inputs": "good"})
-    assert status == 429 and "--max-concurrent-requests=2" in answer["error"]
+    assert status == 429 and "--max_concurrent_requests=2" in answer["error"]
     assert request(port, "GET", "/health")[0] == 200  # GETs are not counted
     for sock in stalled:  # each stalled client is answered 408 at the deadline and let go
         reply = _read_all(sock)
         sock.close()
-        assert reply.startswith(b"HTTP/1.1 408") and b"--request-timeout=1.5" in reply
+        assert reply.startswith(b"HTTP/1.1 408") and b"--request_timeout=1.5" in reply
     assert time.monotonic() - start < 6
     assert request(port, "POST", "/embed", {"inputs": "good"})[0] == 200  # slots are free again
     # a client that connects and never finishes its headers is disconnected
@@ -389,7 +389,7 @@ def test_slow_clients_time_out_and_concurrency_limit_answers_429(strict_server):
     [
         (["--model", "m=/nonexistent/model"], "no such model directory"),
         (["--model", "bad name=/tmp"], "letters, digits"),
-        (["--model", "/tmp/a", "--max-input-length", "0"], "--max-input-length"),
+        (["--model", "/tmp/a", "--max_input_length", "0"], "--max_input_length"),
         (["--port", "80"], "--model"),
     ],
 )

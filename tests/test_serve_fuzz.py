@@ -62,11 +62,11 @@ def largest_legal_requests(port: int) -> None:
 def test_garbage_requests_leave_the_server_up_with_flat_memory(tmp_path):
     models = tiny_models(tmp_path)
     options = (
-        "--max-payload-bytes",
+        "--max_payload_bytes",
         "20000",
-        "--max-input-length",
+        "--max_input_length",
         "64",
-        "--request-timeout",
+        "--request_timeout",
         "10",
     )
     with serve(models, *options, log=tmp_path / "server.log") as (port, process):

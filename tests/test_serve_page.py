@@ -40,7 +40,7 @@ def port(tmp_path_factory):
     other.init_weights()
     other.save_pretrained(root / "mlm-b", tokenizer=Tokenizer.from_file(models["mlm"]))
     served = {"mlm": models["mlm"], "mlm-b": root / "mlm-b", "clf": models["clf"]}
-    with serve(served, "--max-input-length", "40", log=root / "server.log") as (port, _):
+    with serve(served, "--max_input_length", "40", log=root / "server.log") as (port, _):
         yield port
 
 
@@ -150,9 +150,9 @@ def test_classifier_attribution_errors_in_place_and_saving(page, port):
     assert "No [MASK]" in page.locator('.panel[data-model="mlm"]').inner_text()
     shot(page, "5-classifier-attribution")
 
-    run_text(page, "the movie " * 30 + "[MASK]")  # 63 tokens: over --max-input-length 40
+    run_text(page, "the movie " * 30 + "[MASK]")  # 63 tokens: over --max_input_length 40
     error = page.locator('.panel[data-model="mlm"] .error')
-    assert "--max-input-length=40" in error.inner_text()
+    assert "--max_input_length=40" in error.inner_text()
     assert page.locator("#cap").inner_text() == "64"
     shot(page, "6-error-in-place")
 

@@ -3,86 +3,22 @@ over HTTP with uvicorn (an ASGI server: FastAPI's standard companion, one proces
 
 from __future__ import annotations
 
-import argparse
 import sys
-from typing import Any
 
-from bertforge.errors import ArgumentParser, BertforgeError
-from bertforge.serve.config import ServeConfig, parse_model_spec
+from bertforge.cli.options import parse_config
+from bertforge.errors import BertforgeError
+from bertforge.serve.config import ServeConfig
 from bertforge.serve.models import load_served_model
-
-
-def _number(kind: type, minimum: float) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number >= {minimum:g}")
-        return value
-
-    return parse
-
-
-def build_parser() -> ArgumentParser:
-    """The options: one per :class:`ServeConfig` field, help from the field's docstring."""
-    import ast
-    import inspect
-
-    # the field docstrings of ServeConfig are its documentation: show them as --help
-    tree = ast.parse(inspect.getsource(ServeConfig))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs = {
-        a.target.id: " ".join(b.value.value.split())
-        for a, b in zip(body, body[1:], strict=False)
-        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr)
-    }
-    parser = ArgumentParser(
-        prog="bertforge serve",
-        description="Serve models over HTTP: a JSON API (/docs) and an explorer page (/).",
-    )
-    parser.add_argument(
-        "--model",
-        action="append",
-        required=True,
-        metavar="[NAME=]DIR",
-        help=docs["models"] + " Repeat to serve several models.",
-    )
-    defaults = ServeConfig()
-    for name, value in vars(defaults).items():
-        if name == "models":
-            continue
-        kind = type(value)
-        option = "--" + name.replace("_", "-")
-        if kind is str:
-            parser.add_argument(option, default=value, metavar="X", help=docs.get(name))
-        else:
-            parser.add_argument(
-                option,
-                type=_number(kind, 1 if kind is int else 0.001),
-                default=value,
-                metavar="N",
-                help=f"{docs.get(name)} (default {value})",
-            )
-    return parser
-
-
-def parse_config(argv: list[str]) -> ServeConfig:
-    args = vars(build_parser().parse_args(argv))
-    specs = args.pop("model")
-    models: dict[str, str] = {}
-    for spec in specs:
-        name, directory = parse_model_spec(spec)
-        if name in models:
-            raise BertforgeError(f"--model: the name {name!r} is given twice; name them NAME=DIR")
-        models[name] = directory
-    return ServeConfig(models=models, **args)
 
 
 def main(argv: list[str]) -> int:
     """``bertforge serve``: load every model, then serve until interrupted."""
-    config = parse_config(argv)
+    config = parse_config(
+        ServeConfig,
+        argv,
+        prog="bertforge serve",
+        description="Serve models over HTTP: a JSON API (/docs) and an explorer page (/).",
+    )
     try:
         import uvicorn
 
@@ -122,4 +58,4 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["build_parser", "main", "parse_config"]
+__all__ = ["main"]

@@ -154,7 +154,7 @@ class Server:
         if len(texts) > limit:
             raise ApiError(
                 413,
-                f"{len(texts)} texts in one request exceed --max-client-batch-size={limit}; "
+                f"{len(texts)} texts in one request exceed --max_client_batch_size={limit}; "
                 "split the request",
                 "max-client-batch-size",
             )
@@ -163,7 +163,7 @@ class Server:
     def length_limit(self, served: ServedModel) -> tuple[int, str]:
         if served.max_length < self.config.max_input_length:
             return served.max_length, f"model {served.name!r}'s max_position_embeddings"
-        return self.config.max_input_length, "--max-input-length"
+        return self.config.max_input_length, "--max_input_length"
 
     def lengths(self, served: ServedModel, texts: Sequence[str], truncate: bool) -> list[int]:
         """Token counts (with [CLS] and [SEP]); a text over the limit is a 413 naming it."""
@@ -265,7 +265,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
     async def info() -> dict[str, Any]:
         from dataclasses import asdict
 
-        limits = {k: v for k, v in asdict(config).items() if k not in ("models",)}
+        limits = {k: v for k, v in asdict(config).items() if k != "model"}
         return {
             "default_model": server.default,
             "models": [m.describe() for m in models.values()],
@@ -375,7 +375,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
             if n > limit:
                 raise ApiError(
                     413,
-                    f"the text is {n} tokens long, more than --max-attention-tokens={limit} "
+                    f"the text is {n} tokens long, more than --max_attention_tokens={limit} "
                     "(attention grows with the square of the length); shorten it or send "
                     "max_tokens",
                     "max-attention-tokens",
@@ -411,7 +411,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
             raise ApiError(
                 422,
                 f"steps={body.steps} must be between 1 and "
-                f"--max-attribution-steps={config.max_attribution_steps}",
+                f"--max_attribution_steps={config.max_attribution_steps}",
                 "max-attribution-steps",
             )
         ids, cut = _explained_ids(served, body.inputs, body.max_tokens)

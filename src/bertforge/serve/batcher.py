@@ -1,6 +1,6 @@
 """Dynamic batching: requests that arrive while the model is busy wait in one queue, and the
 next forward pass takes every waiting request for the same model and route whose tokens fit
-in the budget (``--max-batch-tokens``). Inference runs on one worker thread, never on the
+in the budget (``--max_batch_tokens``). Inference runs on one worker thread, never on the
 event loop, so the server keeps accepting, validating and refusing requests meanwhile.
 
 One worker is deliberate: on a CPU torch already spreads one forward pass over the cores, and

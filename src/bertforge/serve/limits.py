@@ -114,7 +114,7 @@ class Limits:
                 if self.server.in_flight >= config.max_concurrent_requests:
                     await refuse(
                         429,
-                        f"too many requests in flight: --max-concurrent-requests="
+                        f"too many requests in flight: --max_concurrent_requests="
                         f"{config.max_concurrent_requests}; retry shortly",
                         "max-concurrent-requests",
                         retry_after="1",
@@ -140,7 +140,7 @@ class Limits:
             except TimeoutError:
                 await refuse(
                     408,
-                    f"the request body did not arrive within --request-timeout="
+                    f"the request body did not arrive within --request_timeout="
                     f"{config.request_timeout:g} s",
                     "request-timeout",
                 )
@@ -162,7 +162,7 @@ class Limits:
                 if status[0] == 0:
                     await refuse(
                         503,
-                        f"no answer within --request-timeout={config.request_timeout:g} s "
+                        f"no answer within --request_timeout={config.request_timeout:g} s "
                         "(the server is overloaded or the request is too big)",
                         "request-timeout",
                     )
@@ -187,7 +187,7 @@ def _content_length(scope: Scope) -> int | None:
 
 def _too_large(size: int | None, limit: int) -> str:
     what = f"{size} bytes" if size is not None else "the request body"
-    return f"{what} exceed --max-payload-bytes={limit}; send fewer or shorter texts"
+    return f"{what} exceed --max_payload_bytes={limit}; send fewer or shorter texts"
 
 
 async def _read_body(receive: Any, limit: int) -> bytes:
