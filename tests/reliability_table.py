@@ -255,7 +255,7 @@ ROWS += [
     ),
     Row(
         "server: payload size",
-        "a declared and a chunked body over --max-payload-bytes",
+        "a declared and a chunked body over --max_payload_bytes",
         "test_serve.py::test_payload_limit_declared_and_streamed",
         "2",
         "413 naming the limit",
