@@ -30,6 +30,7 @@ def batch(vocab: int):
     return ids, mask
 
 
+@pytest.mark.slow
 def test_our_directory_loads_in_transformers_with_identical_outputs(tiny_config, tmp_path):
     torch.manual_seed(0)
     ours = BertForPreTraining(tiny_config).eval()
@@ -199,6 +200,7 @@ def test_atomic_writes_get_ordinary_modes_under_the_umask(tmp_path, umask):
     assert mode("model/config.json") == mode("plain.txt")
 
 
+@pytest.mark.slow
 def test_kill_9_during_save_keeps_the_previous_checkpoint(tiny_config, tmp_path):
     """A process killed while writing model.safetensors leaves the old file intact and loadable."""
     torch.manual_seed(0)

@@ -65,6 +65,7 @@ def test_nsp_data_round_trip(corpus: Path, tokenizer: Tokenizer, tmp_path: Path)
     assert "common lobster" in tokenizer.decode(ds[0]["input_ids"].tolist())  # the first article
 
 
+@pytest.mark.slow
 def test_packed_shards_reproduce_the_token_stream_exactly(
     corpus: Path, tokenizer: Tokenizer, tmp_path: Path
 ) -> None:

@@ -85,6 +85,7 @@ def test_bf16_kernel_rounds_like_torch_and_keeps_nan():
     assert abs(rate - 0.1) < 0.03
 
 
+@pytest.mark.slow
 def test_built_into_the_cache_once_and_switched_off_by_env(tmp_path):
     """A fresh process builds the library into $BERTFORGE_CACHE; a damaged cached library is
     built again; BERTFORGE_KERNELS=0 and a missing compiler both give the torch fallback (the
