@@ -460,7 +460,7 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
             ["evaluate", "--model", fx["mlm"], "--data", _write(t / "c.txt", "a b\n")]
             + ["--max_length", "2"]
         ),
-        ("--max_length 2: use at least 8",),
+        ("--max_length 2: must be at least 8",),
     ),
     (
         "evaluate-max-sequences-0",

@@ -360,9 +360,24 @@ def read_json_object(path: Path, fix: str) -> dict[str, Any]:
     return value
 
 
+def disk_size(path: str | Path) -> int:
+    """Bytes of a file, or of every file under a directory."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def format_size(n_bytes: int) -> str:
+    """``12.3 MB`` (decimal megabytes, as ``ls -h --si`` and file managers show)."""
+    return f"{n_bytes / 1e6:,.1f} MB"
+
+
 __all__ = [
     "MANIFEST_NAME",
     "PAUSE_ENV",
+    "disk_size",
+    "format_size",
     "atomic_directory",
     "atomic_file",
     "atomic_write_bytes",

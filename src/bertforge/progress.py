@@ -125,6 +125,22 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 # ---- progress bar ---------------------------------------------------------------------------
 
 
+def item_bar(total: int, desc: str, *, enabled: bool = True, unit: str = " texts") -> Any:
+    """A tqdm bar on stderr over the items (texts, sequences) of an inference or evaluation
+    command. Drawn only when ``enabled`` and stderr is a terminal: a log file or CI gets none."""
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        file=sys.stderr,
+        disable=not (enabled and sys.stderr.isatty()),
+        mininterval=0.5,
+        dynamic_ncols=True,
+    )
+
+
 class ProgressBar:
     """A tqdm bar over steps (or over seconds for a wall-clock budget) showing step, loss, lr,
     tokens/s; tqdm supplies the ETA. When stderr is not a terminal (a log file, CI), it prints a
@@ -193,6 +209,7 @@ class ProgressBar:
 
 
 __all__ = [
+    "item_bar",
     "METRICS_FILE",
     "MetricsLogger",
     "ProgressBar",

@@ -32,6 +32,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from bertforge import __version__
 from bertforge.errors import BertforgeError
 
 __all__ = ["COMMANDS", "main"]
@@ -91,7 +92,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 
 def _usage() -> str:
-    lines = ["usage: bertforge COMMAND [options]   (bertforge COMMAND --help for its options)", ""]
+    lines = [
+        "usage: bertforge COMMAND [options]   (bertforge COMMAND --help for its options;",
+        "       bertforge --version)",
+        "",
+    ]
     lines += [f"  {name:<10} {help_}" for name, (_, _, help_) in COMMANDS.items()]
     return "\n".join(lines)
 
@@ -100,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
+        return 0
+    if argv[0] == "--version":
+        print(f"bertforge {__version__}")
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:

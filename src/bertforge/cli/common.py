@@ -33,6 +33,8 @@ class ModelOptions:
     """auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps."""
     precision: Precision = "auto"
     """auto (bf16 where the hardware is fast at it), bf16 or fp32."""
+    progress: bool = True
+    """A progress bar on stderr while the texts run (drawn only when stderr is a terminal)."""
 
     def __post_init__(self) -> None:
         check_choice(self.precision, Precision, "--precision")
@@ -96,7 +98,7 @@ def load_model(
 ) -> tuple[nn.Module, Any, dict[str, Any]]:
     """``cls.from_pretrained(args.model)`` on ``args.device``, its tokenizer, and the keyword
     options every inference function takes (``batch_size``, ``precision`` as ``args.precision``
-    resolves on that device); ``args`` is a :class:`ModelOptions` or has its attributes. ``require = (prefix, message)`` names a head the command needs: a
+    resolves on that device, ``progress``); ``args`` is a :class:`ModelOptions` or has its attributes. ``require = (prefix, message)`` names a head the command needs: a
     checkpoint without weights of that prefix (e.g. ``classifier.``) is an error saying message."""
 
     device = pick_device(args.device)
@@ -104,7 +106,11 @@ def load_model(
     missing = model.loading_info["missing"]
     if require is not None and any(k.startswith(require[0]) for k in missing):
         raise BertforgeError(f"{args.model}: {require[1]}")
-    options = {"batch_size": args.batch_size, "precision": pick_precision(args.precision, device)}
+    options = {
+        "batch_size": args.batch_size,
+        "precision": pick_precision(args.precision, device),
+        "progress": getattr(args, "progress", False),
+    }
     tokenizer = Tokenizer.from_file(args.model)
     check_tokenizer_fits(tokenizer, model.config, args.model)
     return model, tokenizer, options

@@ -9,7 +9,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from bertforge.cli.common import ModelOptions, TaskOptions, finetune_defaults, load_model
 from bertforge.cli.options import parse_config
@@ -21,14 +21,16 @@ from bertforge.evaluation.mlm import (
     mlm_text_batches,
     random_init_like,
 )
-from bertforge.evaluation.tasks import evaluate_sequence_model, task_report
-from bertforge.io import atomic_write_text
+from bertforge.evaluation.tasks import baseline_warning, evaluate_sequence_model, task_report
+from bertforge.io import atomic_write_text, read_json_object
+from bertforge.modeling.checkpoint import check_model_directory
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import (
     BertForMaskedLM,
     BertForPreTraining,
     BertForSequenceClassification,
 )
+from bertforge.training.finetune import RESULTS_FILE
 
 
 @dataclass(kw_only=True)
@@ -49,6 +51,9 @@ class EvaluateConfig(ModelOptions, TaskOptions):
     """Also write the results to this JSON file."""
     plot: str | None = None
     """Fine-tuned model: write its confusion matrix / scatter plot to this PNG."""
+    encoding_errors: Literal["strict", "replace"] = "strict"
+    """MLM: bytes that are not UTF-8 stop the evaluation naming where (strict) or become U+FFFD
+    (replace)."""
 
 
 DESCRIPTION = (
@@ -77,7 +82,11 @@ def _evaluate_task_model(args: EvaluateConfig, config: Any) -> dict[str, Any]:
         tokenizer,
         data.texts,
         data.pairs,
-        max_length=args.max_length or ft.get("max_length") or config.max_position_embeddings,
+        max_length=next(
+            v
+            for v in (args.max_length, ft.get("max_length"), config.max_position_embeddings)
+            if v is not None
+        ),
         truncation=args.truncation or ft.get("truncation", "head"),
     )
     more = f" + {len(args.data) - 1} more" if len(args.data) > 1 else ""
@@ -89,7 +98,14 @@ def _evaluate_task_model(args: EvaluateConfig, config: Any) -> dict[str, Any]:
         **options,
     )
     title = Path(args.data[0]).name + more
-    report = task_report(config, data.labels, predictions, plot=args.plot, plot_title=title)
+    report = task_report(
+        config,
+        data.labels,
+        predictions,
+        _training_baseline(args.model, config),
+        plot=args.plot,
+        plot_title=title,
+    )
     result = {
         "model": args.model,
         "data": args.data,
@@ -104,11 +120,27 @@ def _evaluate_task_model(args: EvaluateConfig, config: Any) -> dict[str, Any]:
         lines += ["", report["report_text"]]
     base = report["baseline"]
     lines.append(
-        f"baseline (always {base['predicts']}): "
-        + ", ".join(f"{k} {v:.4f}" for k, v in base.items() if k != "predicts")
+        f"baseline (always {base['predicts']!r}, {base['definition']}): "
+        + ", ".join(f"{k} {base[k]:.4f}" for k in metrics if k in base)
     )
-    print("\n".join(lines))
+    metric = ft.get("metric") or ("spearman" if config.is_regression else "accuracy")
+    warning = baseline_warning(metric, metrics[metric], base)
+    print("\n".join(lines + ([warning] if warning else [])))
     return result
+
+
+def _training_baseline(model_dir: str, config: Any) -> float | int | None:
+    """The training baseline ``bertforge finetune`` recorded in the model's eval_results.json
+    (a class id or a regression target), or None when it is not there."""
+    path = Path(model_dir) / RESULTS_FILE
+    if not path.is_file():
+        return None
+    base = read_json_object(path, "restore it or delete it").get("baseline") or {}
+    if "training split" not in str(base.get("definition", "")):
+        return None
+    if config.is_regression:
+        return float(base["predicts"])
+    return (config.label2id or {}).get(str(base["predicts"]))
 
 
 def _evaluate_mlm_model(args: EvaluateConfig, config: Any) -> dict[str, Any]:
@@ -131,7 +163,9 @@ def _evaluate_mlm_model(args: EvaluateConfig, config: Any) -> dict[str, Any]:
     device, precision = next(model.parameters()).device, options["precision"]
     if len(args.data) != 1:
         raise BertforgeError("an MLM evaluation takes one text file in --data")
-    max_len = min(args.max_length or 128, config.max_position_embeddings)
+    max_len = min(
+        128 if args.max_length is None else args.max_length, config.max_position_embeddings
+    )
     batches = mlm_text_batches(
         tokenizer,
         args.data[0],
@@ -140,9 +174,18 @@ def _evaluate_mlm_model(args: EvaluateConfig, config: Any) -> dict[str, Any]:
         seed=args.seed,
         text_column=args.text_column,
         max_sequences=args.max_sequences,
+        encoding_errors=args.encoding_errors,
     )
-    trained = evaluate_mlm(model, batches, device, precision)
-    baseline = evaluate_mlm(random_init_like(model, seed=args.seed), batches, device, precision)
+    show = options["progress"]
+    trained = evaluate_mlm(model, batches, device, precision, progress=show, desc="this model")
+    baseline = evaluate_mlm(
+        random_init_like(model, seed=args.seed),
+        batches,
+        device,
+        precision,
+        progress=show,
+        desc="random init",
+    )
     print(
         comparison_table(
             {"random init": baseline, "this model": trained},
@@ -162,7 +205,7 @@ def main(argv: list[str]) -> int:
     """``bertforge evaluate --model DIR --data FILE [...]``."""
 
     args = parse_config(EvaluateConfig, argv, prog="bertforge evaluate", description=DESCRIPTION)
-    config = BertConfig.load(args.model)
+    config = BertConfig.load(check_model_directory(args.model))
     if "BertForSequenceClassification" in (config.architectures or []):
         result = _evaluate_task_model(args, config)
     else:

@@ -9,7 +9,7 @@ import io
 import json
 import sys
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +25,14 @@ from bertforge.cli.common import (
 from bertforge.cli.options import parse_config
 from bertforge.data.tables import read_texts
 from bertforge.errors import BertforgeError
-from bertforge.inference.predict import classify, embed, fill_mask, fill_mask_side_by_side
+from bertforge.inference.predict import (
+    PoolingMode,
+    classify,
+    embed,
+    fill_mask,
+    fill_mask_side_by_side,
+    resolve_pooling,
+)
 from bertforge.io import atomic_write_bytes, atomic_write_text
 from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
 
@@ -79,14 +86,16 @@ class EmbedConfig(ModelOptions, BackendOption):
 
     input: str
     """File of texts: one per line, or a CSV/TSV/JSONL table (with --text_column)."""
-    output: str | None = None
-    """The .npy file to write: an (N, hidden) float32 matrix (required)."""
+    output: str
+    """The .npy file to write: an (N, hidden) float32 matrix."""
     text_column: str | None = None
     """Column of a table input (default text)."""
-    pooling: Literal["cls", "mean"] = "cls"
-    """cls: the [CLS] vector; mean: the mean over the real tokens."""
-    normalize: bool = False
-    """Scale vectors to unit length."""
+    pooling: PoolingMode | None = None
+    """cls (the [CLS] vector), mean (the mean over the real tokens), max or mean_sqrt_len;
+    unset: what the model declares in 1_Pooling/config.json (sentence-transformers), else cls."""
+    normalize: bool | None = None
+    """Scale vectors to unit length; unset: as the model's modules.json declares (a 2_Normalize
+    module), else no."""
     max_length: int | None = None
     """Truncate longer texts (default: the model's positions)."""
 
@@ -101,6 +110,7 @@ def _write_lines(records: list[dict[str, Any]], output: str | None) -> None:
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     if output:
         atomic_write_text(output, text)
+        print(f"wrote {len(records):,} rows to {output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
 
@@ -169,8 +179,9 @@ def classify_main(argv: list[str]) -> int:
         tokenizer,
         texts,
         pairs,
-        max_length=cfg.max_length or defaults.get("max_length"),
-        truncation=cfg.truncation or defaults.get("truncation", "head"),
+        # unset: what fine-tuning saved (classify() also reads it beside a PyTorch model)
+        max_length=cfg.max_length if cfg.max_length is not None else defaults.get("max_length"),
+        truncation=cfg.truncation or defaults.get("truncation"),
         **options,
     )
     _write_lines(results, cfg.output)
@@ -190,21 +201,26 @@ def embed_main(argv: list[str]) -> int:
         model, tokenizer, options = load_onnx_model(cfg, output="last_hidden_state")
     else:
         model, tokenizer, options = load_model(BertModel, cfg)
+    choice = resolve_pooling(model, cfg.pooling, cfg.normalize)
     vectors = embed(
         model,
         tokenizer,
         texts,
-        cfg.pooling,
+        choice.pooling,
         max_length=cfg.max_length,
-        normalize=cfg.normalize,
+        normalize=choice.normalize,
         **options,
     )
     buffer = io.BytesIO()
     np.save(buffer, vectors)
-    assert cfg.output is not None  # EmbedConfig requires it
     atomic_write_bytes(cfg.output, buffer.getvalue())
+    pooled = "--pooling" if choice.pooling_source == "given" else choice.pooling_source
+    flag = f"--normalize {str(choice.normalize).lower()}"
+    normed = flag if choice.normalize_source == "given" else choice.normalize_source
     print(
-        f"wrote {cfg.output}: {vectors.shape[0]} x {vectors.shape[1]} float32 ({cfg.pooling} pooling)",
+        f"wrote {cfg.output}: {vectors.shape[0]} x {vectors.shape[1]} float32; "
+        f"{choice.pooling} pooling ({pooled}), "
+        f"{'' if choice.normalize else 'not '}normalized ({normed})",
         file=sys.stderr,
     )
     return 0

@@ -8,7 +8,8 @@ Formats (``format="auto"`` picks one per file, see :func:`detect_format`):
 - ``lines``: one document per line (e.g. IMDB's ``unsup`` text); auto-detected for a text file
   whose first 64 KiB holds several lines and no blank line.
 - ``wikitext``: ``wiki.*.tokens`` files; a `` = Title = `` heading starts a document, section
-  headings (`` = = Sub = = ``) are dropped, and WikiText's ``@-@``, ``@,@``, ``@.@`` are undone.
+  headings (`` = = Sub = = ``) are dropped, WikiText's ``@-@``, ``@,@``, ``@.@`` are undone
+  and its ``<unk>`` becomes ``[UNK]`` (one unknown token).
 - ``csv``, ``tsv``, ``jsonl``: one row is one document, taken from ``text_column`` (multi-line
   cells are read as paragraphs).
 
@@ -211,6 +212,8 @@ def _wikitext_documents(lines: Iterator[str]) -> Iterator[Document]:
         else:
             for old, new in _WIKI_JOINERS:
                 line = line.replace(old, new)
+            # WikiText writes out-of-vocabulary words as <unk>: one [UNK] token, not "< unk >"
+            line = line.replace("<unk>", "[UNK]")
             doc += split_sentences(line)
     if doc:
         yield doc

@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,6 +61,10 @@ Mode = Literal["nsp", "packed"]
 MODES: tuple[str, ...] = get_args(Mode)
 
 
+SMALL_VALIDATION = 5
+"""Fewer validation documents than this make prepare warn (packed mode) and suggest a fraction."""
+
+
 def _warnings(
     builders: dict[str, InstanceBuilder],
     writers: dict[str, ShardWriter],
@@ -70,6 +75,15 @@ def _warnings(
         out.append(
             "no validation instances: the corpus has too few documents for "
             "--validation_fraction; raise it or pass --validation FILE"
+        )
+    val_docs = builders["validation"].documents
+    all_docs = val_docs + builders["train"].documents
+    if validating and builders["validation"].mode == "packed" and 0 < val_docs < SMALL_VALIDATION:
+        fraction = math.ceil(100 * SMALL_VALIDATION / all_docs) / 100
+        out.append(
+            f"the validation split holds {val_docs} document{'s' * (val_docs != 1)} of "
+            f"{all_docs}, too few for a steady validation loss; use --validation_fraction "
+            f"{fraction:g} (about {SMALL_VALIDATION} documents) or --validation FILE"
         )
     for split, builder in builders.items():
         if builder.mode == "nsp" and builder.documents == 1:
@@ -218,7 +232,8 @@ def prepare(
             for code, split in enumerate(SPLITS)
         }
         n_docs = n_sentences = 0
-        bar = tqdm(desc="prepare", unit=" docs", disable=not progress, mininterval=1.0)
+        # delay: no bar for a run that fails or ends at once (no "prepare: 0 docs" before an error)
+        bar = tqdm(desc="prepare", unit=" docs", disable=not progress, mininterval=1.0, delay=1.0)
         tagged = _tagged_documents(inputs, validation_inputs, fraction, read, excluded, stats)
         try:
             for split, doc in tagged:

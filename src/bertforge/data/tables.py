@@ -55,29 +55,71 @@ def jsonl_rows(lines: Iterable[str], path: str | Path) -> Iterator[tuple[int, An
         yield number, value
 
 
-def read_table(path: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
-    """Column names and rows (dicts) of one CSV/TSV (with a header row) or JSON-lines file."""
+def _csv_rows(
+    f: Any, path: Path, delimiter: str
+) -> tuple[list[str], list[dict[str, Any]], list[int]]:
+    """Header, rows and each row's first line of a CSV/TSV file. A row with more or fewer fields
+    than the header, or a quote that is never closed, is an error naming the file and line."""
+    reader = csv.reader(f, delimiter=delimiter, strict=True)
+    rows: list[dict[str, Any]] = []
+    lines: list[int] = []
+    start = 1
+    try:
+        header = next(reader, None) or []
+        start = reader.line_num + 1
+        for fields in reader:
+            if fields:  # a blank line is no row
+                if len(fields) != len(header):
+                    raise BertforgeError(
+                        f"{path}:{start}: {len(fields)} field{'s' * (len(fields) != 1)} where the "
+                        f"header has {len(header)}; fix the row (a text holding {delimiter!r} "
+                        "must be quoted)"
+                    )
+                rows.append(dict(zip(header, fields, strict=True)))
+                lines.append(start)
+            start = reader.line_num + 1
+    except csv.Error as err:
+        if "end of data" in str(err):
+            raise BertforgeError(
+                f"{path}:{start}: a quoted field opened here is never closed; close the quote, "
+                'or write a quote inside a quoted field as ""'
+            ) from None
+        raise BertforgeError(
+            f"{path}:{start}: broken quoting ({err}); quote the whole field and write a quote "
+            'inside it as ""'
+        ) from None
+    return header, rows, lines
+
+
+def read_table_lines(path: str | Path) -> tuple[list[str], list[dict[str, Any]], list[int]]:
+    """Column names, rows (dicts) and the line each row starts on, of one CSV/TSV (with a header
+    row) or JSON-lines file."""
     path = Path(path)
     fmt = table_format(path)
     try:
         with _open_text(path) as f:
             if fmt == "jsonl":
-                rows, columns = [], {}
+                rows, lines, columns = [], [], {}
                 for n, row in jsonl_rows(f, path):
                     if not isinstance(row, dict):
                         raise BertforgeError(f"{path}:{n}: not a JSON object; write one per line")
                     rows.append(row)
+                    lines.append(n)
                     columns.update(dict.fromkeys(row))
                 column_names = list(columns)
             else:
-                reader = csv.DictReader(f, delimiter="\t" if fmt == "tsv" else ",")
-                rows = list(reader)
-                column_names = list(reader.fieldnames or [])
-    except (UnicodeDecodeError, EOFError, gzip.BadGzipFile, csv.Error) as err:
+                column_names, rows, lines = _csv_rows(f, path, "\t" if fmt == "tsv" else ",")
+    except (UnicodeDecodeError, EOFError, gzip.BadGzipFile) as err:
         raise BertforgeError(f"{path}: cannot read it as {fmt} ({err})") from err
     if not rows:
         raise BertforgeError(f"{path}: the file is empty (no data rows); give a file with examples")
-    return column_names, rows
+    return column_names, rows, lines
+
+
+def read_table(path: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """Column names and rows (dicts) of one CSV/TSV (with a header row) or JSON-lines file."""
+    names, rows, _ = read_table_lines(path)
+    return names, rows
 
 
 def clean_text(text: Any) -> str:
@@ -93,24 +135,39 @@ def read_columns(
     """Read the named columns of one or more files (rows concatenated in order).
 
     ``None`` entries in ``columns`` are skipped (returned as an empty list). A missing column is
-    an error that lists the columns the file has.
+    an error that lists the columns the file has; so is a JSON-lines row without one of them.
     """
+    return read_columns_lines(paths, columns)[0]
+
+
+def read_columns_lines(
+    paths: str | Path | Sequence[str | Path], columns: Sequence[str | None]
+) -> tuple[list[list[Any]], list[str]]:
+    """:func:`read_columns` and, per row, where it is (``file:line``) for messages."""
     if isinstance(paths, str | Path):
         paths = [paths]
     if not paths:
         raise BertforgeError("no data file given")
     out: list[list[Any]] = [[] for _ in columns]
+    where: list[str] = []
     for path in paths:
-        names, rows = read_table(path)
+        names, rows, lines = read_table_lines(path)
         for col in columns:
             if col is not None and col not in names:
                 raise BertforgeError(
                     f"{path}: no column {col!r}; the file has columns {', '.join(map(repr, names))}"
                 )
+        for row, line in zip(rows, lines, strict=True):
+            for col in columns:
+                if col is not None and col not in row:  # a JSON line without the key
+                    raise BertforgeError(
+                        f"{path}:{line}: no {col!r} in this row; give every row the key"
+                    )
         for i, col in enumerate(columns):
             if col is not None:
-                out[i].extend(row.get(col) for row in rows)
-    return out
+                out[i].extend(row[col] for row in rows)
+        where += [f"{path}:{line}" for line in lines]
+    return out, where
 
 
 def read_texts(
@@ -126,7 +183,11 @@ def read_texts(
         is_table = False
     if not is_table:
         if text_pair_column:
-            raise BertforgeError(f"{path}: --text_pair_column needs a .csv, .tsv or .jsonl file")
+            raise BertforgeError(
+                f"{path}: a plain-text file holds one text per line, but text pairs need a .csv, "
+                f".tsv or .jsonl file with columns {text_column or 'text'!r} and "
+                f"{text_pair_column!r}"
+            )
         if not path.is_file():
             raise BertforgeError(f"{path}: no such file")
         opener = gzip.open if path.name.endswith(".gz") else open
@@ -151,7 +212,9 @@ __all__ = [
     "clean_text",
     "jsonl_rows",
     "read_columns",
+    "read_columns_lines",
     "read_table",
+    "read_table_lines",
     "read_texts",
     "table_format",
 ]

@@ -18,7 +18,13 @@ import numpy as np
 import torch
 
 # read_table and table_format are re-exported: callers read tables through ``tasks`` too
-from bertforge.data.tables import clean_text, read_columns, read_table, table_format
+from bertforge.data.tables import (
+    clean_text,
+    read_columns,
+    read_columns_lines,
+    read_table,
+    table_format,
+)
 from bertforge.errors import BertforgeError
 from bertforge.tokenizer.wordpiece import valid_unicode
 
@@ -49,6 +55,45 @@ def build_label_map(values: Sequence[Any]) -> dict[int, str]:
         raise BertforgeError("no labels found: the label column is empty")
     numeric = all(_INT.fullmatch(n) for n in names)
     return dict(enumerate(sorted(names, key=int) if numeric else sorted(names)))
+
+
+def suspicious_labels(names: Sequence[str]) -> list[str]:
+    """Labels that look like typos: not an integer where every other label is one, or rare (a
+    single row beside a class of five or more, or fewer than 20 rows and under 1 % of the
+    data)."""
+    counts: dict[str, int] = {}
+    for name in names:
+        counts[name] = counts.get(name, 0) + 1
+    numeric = [n for n in counts if _INT.fullmatch(n)]
+    odd = [n for n in counts if not _INT.fullmatch(n)] if len(numeric) >= 2 else []
+    largest = max(counts.values(), default=0)
+    rare = [
+        n
+        for n, c in counts.items()
+        if (c == 1 and largest >= 5) or (c < 20 and c < 0.01 * len(names))
+    ]
+    return [n for n in counts if n in odd or n in rare]
+
+
+def _label_report(source: str, column: str, names: list[str], where: list[str]) -> str:
+    """One line naming the suspicious labels with their counts and first rows."""
+    odd = suspicious_labels(names)
+    single_file = len({w.rsplit(":", 1)[0] for w in where}) == 1
+    parts = []
+    for label in odd:
+        rows = [w for n, w in zip(names, where, strict=True) if n == label]
+        shown = [f"line {w.rsplit(':', 1)[1]}" if single_file else w for w in rows[:3]]
+        more = ", ..." if len(rows) > 3 else ""
+        parts.append(
+            f"{label!r} ({len(rows)} row{'s' * (len(rows) != 1)}: {', '.join(shown)}{more})"
+        )
+    others = sorted({n for n in names} - set(odd))
+    counts = ", ".join(f"{n!r} x{names.count(n)}" for n in others[:8])
+    return (
+        f"{source}: column {column!r} holds unexpected or rare labels {'; '.join(parts)} beside "
+        f"{counts}; fix those rows, or pass --allow_rare_labels (allow_rare_labels=True in Python) to train "
+        "them as classes of their own"
+    )
 
 
 def labels_to_ids(
@@ -117,16 +162,21 @@ def load_labelled(
     text_pair_column: str | None = None,
     task: str = "classification",
     label2id: dict[str, int] | None = None,
+    allow_rare_labels: bool = False,
 ) -> tuple[LabelledData, dict[int, str] | None]:
     """Read a labelled data set. Returns the data and, for classification, ``id2label``.
 
     With ``label2id`` (a trained model's map) labels are checked against it; without it the map
-    is built from this data. ``label_column=None`` reads texts only (for inference).
+    is built from this data, and labels that look like typos (:func:`suspicious_labels`) are an
+    error naming their rows unless ``allow_rare_labels``. ``label_column=None`` reads texts only
+    (for inference).
     """
     if task not in ("classification", "regression"):
         raise BertforgeError(f"--task {task!r} is unknown; choose classification or regression")
     source = ", ".join(map(str, [paths] if isinstance(paths, str | Path) else paths))
-    texts, pairs, raw = read_columns(paths, [text_column, text_pair_column, label_column])
+    (texts, pairs, raw), where = read_columns_lines(
+        paths, [text_column, text_pair_column, label_column]
+    )
     texts = [clean_text(t) for t in texts]
     pair_list = [clean_text(t) for t in pairs] if text_pair_column else None
     if label_column is None:
@@ -139,6 +189,10 @@ def load_labelled(
         )
     if task == "regression":
         return LabelledData(texts, pair_list, to_floats(raw, label_column, source)), None
+    if label2id is None and not allow_rare_labels:
+        names = [label_name(v) for v in raw]
+        if suspicious_labels(names):
+            raise BertforgeError(_label_report(source, label_column, names, where))
     id2label = {i: n for n, i in label2id.items()} if label2id else build_label_map(raw)
     label2id = {n: i for i, n in id2label.items()}
     return LabelledData(texts, pair_list, labels_to_ids(raw, label2id, source)), id2label
@@ -195,6 +249,8 @@ class TaskData:
     """:func:`encode_examples` of the training texts."""
     encoded_val: list[tuple[np.ndarray, int]]
     """:func:`encode_examples` of the validation texts."""
+    warnings: list[str]
+    """What looks wrong with the data without stopping the run (e.g. classes missing)."""
 
 
 def load_task_data(
@@ -211,6 +267,7 @@ def load_task_data(
     normalize_targets: bool,
     max_length: int,
     truncation: str,
+    allow_rare_labels: bool = False,
 ) -> TaskData:
     """Read, split and encode a fine-tuning data set. Without ``validation_paths`` a stratified
     ``validation_fraction`` of the training rows is held out (a pure function of ``seed``)."""
@@ -221,7 +278,7 @@ def load_task_data(
         text_pair_column=text_pair_column,
         task=task,
     )
-    train, id2label = load_labelled(train_paths, **columns)
+    train, id2label = load_labelled(train_paths, **columns, allow_rare_labels=allow_rare_labels)
     if validation_paths:
         label2id = None if regression else {v: k for k, v in id2label.items()}
         val, _ = load_labelled(validation_paths, **columns, label2id=label2id)
@@ -240,6 +297,7 @@ def load_task_data(
         scale = (float(train.labels.mean()), float(train.labels.std()) or 1.0)
     targets = train.labels if scale is None else (train.labels - scale[0]) / scale[1]
     encode = dict(max_length=max_length, truncation=truncation)
+    warnings = [] if regression else missing_class_warnings(id2label, train.labels)
     return TaskData(
         train,
         val,
@@ -248,7 +306,35 @@ def load_task_data(
         targets,
         encode_examples(tokenizer, train.texts, train.pairs, **encode),
         encode_examples(tokenizer, val.texts, val.pairs, **encode),
+        warnings,
     )
+
+
+def missing_class_warnings(id2label: dict[int, str], train_labels: np.ndarray) -> list[str]:
+    """Warnings when the training split seems to lack classes: integer labels that do not run
+    from 0 or 1 without gaps (the first 400 AG News rows hold only classes 3 and 4 of 1-4), or
+    a class of the label map with no training row."""
+    out = []
+    names = [id2label[i] for i in sorted(id2label)]
+    present = np.unique(np.asarray(train_labels, dtype=np.int64))
+    if len(present) < len(names):
+        absent = ", ".join(repr(names[i]) for i in range(len(names)) if i not in present)
+        out.append(
+            f"warning: the training split holds no example of {absent}; the model cannot "
+            "learn it (give more or shuffled data)"
+        )
+    if all(_INT.fullmatch(n) for n in names):
+        values = sorted(int(n) for n in names)
+        first = 0 if values[0] <= 0 else 1
+        gaps = [str(v) for v in range(first, values[-1]) if v not in values]
+        if gaps:
+            out.append(
+                f"warning: the training data holds {len(values)} classes "
+                f"({', '.join(map(str, values))}) where integer labels usually run from {first}: "
+                f"class{'es' * (len(gaps) > 1)} {', '.join(gaps)} may be missing (a file sorted by label, or cut short?); "
+                "the model can only predict the classes it saw"
+            )
+    return out
 
 
 # ---- tokenization and batches ------------------------------------------------------------------
@@ -272,6 +358,16 @@ def _piece_ids(backend: Any, texts: Sequence[str]) -> list[list[int]]:
     return [e.ids for e in encodings]
 
 
+def check_max_length(max_length: int, minimum: int, why: str) -> None:
+    """The one rule for ``--max_length`` in every command: an explicit value below ``minimum``
+    (0 included) is an error; leaving the option out picks the model's or the run's own."""
+    if max_length < minimum:
+        raise BertforgeError(
+            f"--max_length {max_length}: must be at least {minimum} ({why}); leave it out for "
+            "the default"
+        )
+
+
 def encode_examples(
     tokenizer: Any,
     texts: Sequence[str],
@@ -291,8 +387,11 @@ def encode_examples(
             f"--truncation {truncation!r} is unknown; choose {' or '.join(TRUNCATIONS)}"
         )
     specials = 3 if pairs is not None else 2
-    if max_length <= specials:
-        raise BertforgeError(f"--max_length {max_length} leaves no room for text; use e.g. 128")
+    check_max_length(
+        max_length,
+        specials + 1,
+        "[CLS], [SEP] and one token" if pairs is None else "[CLS], two [SEP] and one token",
+    )
     budget = max_length - specials
     a_ids = _piece_ids(tokenizer.backend, texts)
     b_ids = None if pairs is None else _piece_ids(tokenizer.backend, pairs)
@@ -392,6 +491,7 @@ __all__ = [
     "TaskData",
     "batch_order",
     "build_label_map",
+    "check_max_length",
     "clean_text",
     "collate",
     "encode_examples",
@@ -400,9 +500,11 @@ __all__ = [
     "labels_to_ids",
     "load_labelled",
     "load_task_data",
+    "missing_class_warnings",
     "read_columns",
     "read_table",
     "stratified_split",
+    "suspicious_labels",
     "table_format",
     "to_floats",
 ]

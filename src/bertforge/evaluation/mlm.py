@@ -18,9 +18,11 @@ from torch import Tensor, nn
 from bertforge.data.corpus import read_documents
 from bertforge.data.instances import InstanceBuilder
 from bertforge.data.loader import VALIDATION_EPOCH, PretrainingCollator
+from bertforge.data.tasks import check_max_length
 from bertforge.distributed import all_reduce_sum
 from bertforge.errors import BertforgeError
 from bertforge.modeling.model import IGNORE_INDEX
+from bertforge.progress import item_bar
 from bertforge.runtime import autocast
 
 # ---- masked-language-model metrics ---------------------------------------------------------
@@ -34,7 +36,9 @@ def evaluate_mlm(
     precision: str = "fp32",
     *,
     reduce_across_ranks: bool = False,
-) -> dict[str, float | int | None]:
+    progress: bool = False,
+    desc: str = "evaluate",
+) -> dict[str, float | int | str | None]:
     """MLM loss (mean cross-entropy per masked token, nats), perplexity, masked-token top-1 and
     top-5 accuracy and, for a model with an NSP head and batches with ``next_sentence_label``,
     next-sentence accuracy.
@@ -45,13 +49,21 @@ def evaluate_mlm(
     ``loss, perplexity, accuracy, top5_accuracy, nsp_accuracy`` (None without NSP),
     ``tokens`` (masked tokens scored) and ``sequences``. With ``reduce_across_ranks`` the sums are
     all-reduced first, so every rank returns the metrics of the whole (sharded) evaluation set.
+    NSP pairs that are all IsNext (or all NotNext) say nothing about the NSP head: then
+    ``nsp_accuracy`` is None and ``nsp_note`` says why. ``progress`` draws a bar over the batches
+    on a terminal's stderr.
     """
+
     was_training = model.training
     model.eval()
-    sums = torch.zeros(6, dtype=torch.float64)  # loss, top1, top5, tokens, nsp correct, nsp count
+    # loss, top1, top5, tokens, nsp correct, nsp count, NotNext count
+    sums = torch.zeros(7, dtype=torch.float64)
     sequences = 0
+    total = len(batches) if hasattr(batches, "__len__") else None
+    bar = item_bar(total, desc, enabled=progress, unit=" batches")
     try:
         for batch in batches:
+            bar.update(1)
             batch = {
                 k: v.to(device, non_blocking=True)
                 for k, v in batch.items()
@@ -91,30 +103,37 @@ def evaluate_mlm(
                 pred = out.seq_relationship_logits.argmax(-1)  # (B,)
                 sums[4] += (pred[valid] == nsp_labels[valid]).sum().item()
                 sums[5] += valid.sum().item()
+                sums[6] += (nsp_labels[valid] == 1).sum().item()
             sequences += int(batch["input_ids"].shape[0])
     finally:
+        bar.close()
         model.train(was_training)
     if reduce_across_ranks:
         sums = all_reduce_sum(
             torch.cat([sums, torch.tensor([float(sequences)], dtype=torch.float64)])
         )
-        sequences = int(sums[6].item())
-        sums = sums[:6]
+        sequences = int(sums[7].item())
+        sums = sums[:7]
     tokens = int(sums[3].item())
     if tokens == 0:
         raise ValueError(
             "evaluate_mlm: no masked token in the evaluation batches; check the labels"
         )
     loss = float(sums[0] / tokens)
-    return {
+    nsp_pairs, not_next = int(sums[5].item()), int(sums[6].item())
+    one_sided = nsp_pairs > 0 and not_next in (0, nsp_pairs)
+    result: dict[str, float | int | str | None] = {
         "loss": loss,
         "perplexity": math.exp(min(loss, 700.0)),
         "accuracy": float(sums[1] / tokens),
         "top5_accuracy": float(sums[2] / tokens),
-        "nsp_accuracy": float(sums[4] / sums[5]) if sums[5] > 0 else None,
+        "nsp_accuracy": float(sums[4] / sums[5]) if nsp_pairs > 0 and not one_sided else None,
         "tokens": tokens,
         "sequences": sequences,
     }
+    if one_sided:
+        result["nsp_note"] = "no NotNext pairs" if not_next == 0 else "no IsNext pairs"
+    return result
 
 
 def random_init_like(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -145,12 +164,19 @@ def comparison_table(columns: Mapping[str, Mapping[str, Any]], title: str | None
     if title:
         lines.append(title)
     lines.append(f"{'':<28}" + "".join(f"{n:>{width + 2}}" for n in names))
+    notes = {"nsp_accuracy": "nsp_note"}  # why a value is missing, shown instead of "-"
     for label, key, fmt in rows:
         values = [columns[n].get(key) for n in names]
-        if all(v is None for v in values):
+        why = [columns[n].get(notes.get(key, "")) for n in names]
+        if all(v is None for v in values) and not any(why):
             continue
-        cells = "".join(f"{'-' if v is None else fmt.format(v):>{width + 2}}" for v in values)
-        lines.append(f"{label:<28}{cells}")
+        shown = [
+            fmt.format(v) if v is not None else "n/a" if w else "-"
+            for v, w in zip(values, why, strict=True)
+        ]
+        reasons = sorted({w for w in why if w})
+        note = f"  ({'; '.join(reasons)}: the score would say nothing)" if reasons else ""
+        lines.append(f"{label:<28}" + "".join(f"{c:>{width + 2}}" for c in shown) + note)
     return "\n".join(lines)
 
 
@@ -167,6 +193,7 @@ def mlm_text_batches(
     seed: int = 0,
     text_column: str | None = None,
     max_sequences: int | None = None,
+    encoding_errors: str = "strict",
 ) -> list[dict[str, Tensor]]:
     """A text file as packed ``[CLS] ... [SEP]`` sequences with fixed 80/10/10 masks (MLM only).
 
@@ -175,10 +202,8 @@ def mlm_text_batches(
     pretraining's.
     """
 
-    if max_seq_length < 8:  # the shortest sequences bertforge prepare makes
-        raise BertforgeError(
-            f"--max_length {max_seq_length}: use at least 8 for an MLM (default 128)"
-        )
+    # 8: the shortest sequences bertforge prepare makes
+    check_max_length(max_seq_length, 8, "an MLM's shortest sequences; the default is 128")
     if max_sequences is not None and max_sequences < 1:
         raise BertforgeError(f"--max_sequences {max_sequences} must be at least 1")
     instances: list[Any] = []
@@ -192,7 +217,7 @@ def mlm_text_batches(
         stats={},
         chunk_chars=100_000,
     )
-    for doc in read_documents(path, text_column=text_column):
+    for doc in read_documents(path, text_column=text_column, encoding_errors=encoding_errors):
         builder.add(list(doc))
         if max_sequences is not None and len(instances) >= max_sequences:
             break

@@ -28,9 +28,15 @@ def _series(records: list[dict], split: str, key: str) -> tuple[list[int], list[
     return [s for s, _ in points], [float(v) for _, v in points]
 
 
+FEW_POINTS = 30
+"""Series with at most this many points are drawn with markers."""
+
+
 def plot_training_curves(metrics: str | Path, output: str | Path, title: str | None = None) -> Path:
     """Draw loss (train and every evaluated split), the evaluated accuracies and the learning
-    rate against the optimizer step; write ``output`` (PNG) and return its path.
+    rate against the optimizer step, and the NSP loss on a panel of its own when the run has one
+    (the loss panel then compares the training MLM loss with the validation MLM loss); write
+    ``output`` (PNG) and return its path.
 
     Works for any ``metrics.jsonl`` written by :class:`bertforge.progress.MetricsLogger`: train
     records carry ``loss`` and ``lr``; evaluation records (any other ``split``) carry ``loss`` and
@@ -46,12 +52,25 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
         if any(isinstance(r.get(k), int | float) for r in records if r.get("split") != "train")
     ]
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    ax_loss, ax_acc, ax_lr = axes
-    steps, loss = _series(records, "train", "loss")
+    # like with like: validation loss is MLM only, so beside it goes the MLM part of the training
+    # loss (pretraining logs mlm_loss and nsp_loss apart); the NSP loss gets its own panel
+    train_key = "mlm_loss" if _series(records, "train", "mlm_loss")[0] else "loss"
+    nsp_steps, nsp_loss = _series(records, "train", "nsp_loss")
+    panels = 4 if nsp_steps else 3
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.2))
+    ax_loss, ax_acc, ax_lr = axes[:3]
+    steps, loss = _series(records, "train", train_key)
+    few = len(steps) <= FEW_POINTS  # a short run: draw its points, a line alone is near-empty
     if steps:
         ax_loss.plot(
-            steps, loss, color="tab:blue", alpha=0.35, linewidth=0.8, label="train (per step)"
+            steps,
+            loss,
+            color="tab:blue",
+            alpha=0.8 if few else 0.35,
+            linewidth=0.8,
+            marker="o" if few else None,
+            markersize=3,
+            label="train",
         )
         window = max(1, len(loss) // 50)
         if window > 1:  # a moving average reads better than the raw, noisy loss
@@ -64,8 +83,22 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
         s, v = _series(records, split, "loss")
         if s:
             ax_loss.plot(s, v, marker="o", markersize=3, linewidth=1.5, label=split)
-    ax_loss.set(xlabel="step", ylabel="loss", title="loss")
+    loss_title = "masked-LM loss" if train_key == "mlm_loss" else "loss"
+    ax_loss.set(xlabel="step", ylabel="loss (nats)", title=loss_title)
     ax_loss.legend(fontsize=8)
+    if nsp_steps:
+        ax_nsp = axes[3]
+        ax_nsp.plot(
+            nsp_steps,
+            nsp_loss,
+            color="tab:purple",
+            linewidth=0.8,
+            marker="o" if len(nsp_steps) <= FEW_POINTS else None,
+            markersize=3,
+            label="train",
+        )
+        ax_nsp.set(xlabel="step", ylabel="loss (nats)", title="NSP loss")
+        ax_nsp.legend(fontsize=8)
 
     for split in splits:
         for key in acc_keys:
@@ -78,7 +111,9 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
 
     s, v = _series(records, "train", "lr")
     if s:
-        ax_lr.plot(s, v, color="tab:green")
+        ax_lr.plot(
+            s, v, color="tab:green", marker="o" if len(s) <= FEW_POINTS else None, markersize=3
+        )
     ax_lr.set(xlabel="step", ylabel="learning rate", title="learning rate")
     ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
 

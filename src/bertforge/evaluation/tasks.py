@@ -38,6 +38,7 @@ def evaluate_sequence_model(
     batch_size: int = 64,
     precision: str = "fp32",
     scale: Sequence[float] | None = None,
+    progress: bool = False,
 ) -> tuple[dict[str, float], np.ndarray]:
     """Metrics of a ``BertForSequenceClassification`` on encoded examples, and its predictions.
 
@@ -48,7 +49,15 @@ def evaluate_sequence_model(
     mapped back to ``z * std + mean``.
     """
 
-    logits = sequence_logits(model, encoded, pad_id, batch_size=batch_size, precision=precision)
+    logits = sequence_logits(
+        model,
+        encoded,
+        pad_id,
+        batch_size=batch_size,
+        precision=precision,
+        progress=progress,
+        desc="evaluate",
+    )
     if model.config.is_regression:
         raw = logits[:, 0].astype(np.float64)
         y = np.asarray(labels, dtype=np.float64)
@@ -71,6 +80,52 @@ def evaluate_sequence_model(
     return {"loss": loss, **metrics, "examples": len(labels)}, predictions
 
 
+TRAINING_BASELINE = {
+    "classification": "the most frequent class of the training split",
+    "regression": "the mean target of the training split",
+}
+"""The one baseline of ``finetune`` and ``evaluate``: what a model that learned nothing from the
+texts would predict for every example, knowing only the training labels."""
+DATA_BASELINE = {
+    "classification": "the most frequent class of this data; the training split's is unknown",
+    "regression": "the mean target of this data; the training split's is unknown",
+}
+"""The fallback when the model directory does not record its training baseline."""
+
+
+def training_baseline(labels: np.ndarray, regression: bool) -> float | int:
+    """The baseline prediction from the training labels: the mean target (regression) or the
+    most frequent class id (ties: the lowest id)."""
+    labels = np.asarray(labels)
+    if regression:
+        return float(labels.mean())
+    return int(np.bincount(labels.astype(np.int64)).argmax())
+
+
+def baseline_metrics(config: Any, y_true: np.ndarray, prediction: float | int) -> dict[str, float]:
+    """The metrics of predicting ``prediction`` for every example of ``y_true``."""
+    y_true = np.asarray(y_true)
+    if config.is_regression:
+        return M.regression_metrics(y_true, np.full(y_true.shape, float(prediction)))
+    constant = np.full(y_true.shape, int(prediction))
+    return M.classification_metrics(y_true, constant, config.num_labels)
+
+
+def baseline_warning(metric: str, value: float, baseline: dict[str, Any]) -> str | None:
+    """A warning when ``value`` of ``metric`` does not beat the baseline's, else None."""
+    reference = baseline.get(metric)
+    if reference is None or not np.isfinite(reference):
+        return None
+    beats = value > reference if HIGHER_IS_BETTER[metric] else value < reference
+    if beats:
+        return None
+    return (
+        f"warning: {metric} {value:.4f} does not beat the baseline {reference:.4f} (always "
+        f"{baseline['predicts']!r}, {baseline['definition']}): the model has not learned to use "
+        "the texts; train longer, raise --lr, or check the labels"
+    )
+
+
 def class_names(config: Any) -> list[str]:
     """The class names of a classifier's config in id order (``"0"``, ``"1"``, ... without
     ``id2label``)."""
@@ -88,27 +143,30 @@ def task_report(
     plot: str | Path | None = None,
     plot_title: str | None = None,
 ) -> dict[str, Any]:
-    """The per-class report (classification) and a trivial baseline for comparison: the majority
-    class, or for regression ``baseline_value`` (e.g. the training mean) predicted for every
-    example (its correlations are 0 by definition). With ``plot`` (a PNG path) the
+    """The per-class report (classification) and the baseline for comparison: the prediction
+    ``baseline_value`` (a class id, or a regression target) of :func:`training_baseline` for
+    every example, scored on ``y_true`` (regression correlations are 0 by definition). Without
+    it the baseline is taken from ``y_true`` itself and says so. With ``plot`` (a PNG path) the
     :func:`save_task_plot` goes there too."""
     y_true = np.asarray(y_true)
     if plot is not None:
         save_task_plot(config, y_true, y_pred, plot, title=plot_title)
+    kind = "regression" if config.is_regression else "classification"
+    definition = (DATA_BASELINE if baseline_value is None else TRAINING_BASELINE)[kind]
+    if baseline_value is None:
+        baseline_value = training_baseline(y_true, config.is_regression)
+    base = baseline_metrics(config, y_true, baseline_value)
     if config.is_regression:
-        value = float(y_true.mean()) if baseline_value is None else float(baseline_value)
-        base = M.regression_metrics(y_true, np.full(y_true.shape, value))
-        return {"baseline": {"predicts": value, **base}}
+        value = float(baseline_value)
+        return {"baseline": {"predicts": value, "definition": definition, **base}}
     names = class_names(config)
     report = M.per_class_report(y_true, y_pred, names)
-    majority = int(np.bincount(y_true.astype(np.int64), minlength=len(names)).argmax())
-    base = M.classification_metrics(y_true, np.full(y_true.shape, majority), len(names))
     metrics = M.classification_metrics(y_true, y_pred, len(names))
     return {
         "per_class": report,
         "report_text": M.format_report(report, metrics),
         "confusion_matrix": M.confusion_matrix(y_true, y_pred, len(names)).tolist(),
-        "baseline": {"predicts": names[majority], **base},
+        "baseline": {"predicts": names[int(baseline_value)], "definition": definition, **base},
     }
 
 
@@ -137,7 +195,12 @@ def save_task_plot(
 
 
 __all__ = [
+    "DATA_BASELINE",
     "HIGHER_IS_BETTER",
+    "TRAINING_BASELINE",
+    "baseline_metrics",
+    "baseline_warning",
+    "training_baseline",
     "class_names",
     "evaluate_sequence_model",
     "save_task_plot",

@@ -12,8 +12,11 @@ of the PyTorch one: same batching, ONNX Runtime runs the batches (anything that 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator, Sequence
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -21,7 +24,15 @@ from torch import nn
 
 from bertforge.data.tasks import batch_order, encode_examples, iterate_batches
 from bertforge.errors import BertforgeError
+from bertforge.io import read_json_object
+from bertforge.progress import item_bar
 from bertforge.runtime import autocast
+
+SETTINGS_FILE = "finetune_config.json"
+"""What ``bertforge finetune`` saved beside a fine-tuned model: its columns, length, truncation."""
+PoolingMode = Literal["cls", "mean", "max", "mean_sqrt_len"]
+"""Sentence-vector poolings (sentence-transformers' names without ``pooling_mode_``)."""
+POOLINGS: tuple[str, ...] = get_args(PoolingMode)
 
 
 @contextlib.contextmanager
@@ -60,20 +71,36 @@ def sequence_logits(
     *,
     batch_size: int = 64,
     precision: str = "fp32",
+    progress: bool = False,
+    desc: str = "classify",
 ) -> np.ndarray:
     """(N, num_labels) float32 logits of a sequence-classification model (or of an exported
-    :class:`~bertforge.inference.onnx.OnnxModel`), in input order."""
+    :class:`~bertforge.inference.onnx.OnnxModel`), in input order (``progress``: a bar on a
+    terminal's stderr, labelled ``desc``)."""
     out = np.zeros((len(encoded), model.config.num_labels), dtype=np.float32)
     if not isinstance(model, nn.Module):  # an OnnxModel: ONNX Runtime runs the batches
-        for index, batch in _batches(encoded, pad_id, batch_size, torch.device("cpu")):
-            out[index] = model.sequence_logits({k: v.numpy() for k, v in batch.items()})
+        with item_bar(len(encoded), desc, enabled=progress) as bar:
+            for index, batch in _batches(encoded, pad_id, batch_size, torch.device("cpu")):
+                out[index] = model.sequence_logits({k: v.numpy() for k, v in batch.items()})
+                bar.update(len(index))
         return out
-    with _evaluating(model) as device:
+    with _evaluating(model) as device, item_bar(len(encoded), desc, enabled=progress) as bar:
         for index, batch in _batches(encoded, pad_id, batch_size, device):
             with autocast(device, precision):
                 logits = model(**batch).logits  # (B, num_labels)
             out[index] = logits.float().cpu().numpy()
+            bar.update(len(index))
     return out
+
+
+def saved_settings(model: nn.Module) -> dict[str, Any]:
+    """The fine-tuning settings saved beside the model's weights (``finetune_config.json`` in the
+    directory it was loaded from), or {} for a model without them."""
+    directory = getattr(model, "name_or_path", None)
+    if directory is None:
+        return {}
+    path = Path(directory) / SETTINGS_FILE
+    return read_json_object(path, "restore it or delete it") if path.is_file() else {}
 
 
 def _max_length(model: nn.Module, max_length: int | None) -> int:
@@ -95,24 +122,49 @@ def classify(
     *,
     batch_size: int = 32,
     max_length: int | None = None,
-    truncation: str = "head",
+    truncation: str | None = None,
     precision: str = "fp32",
+    progress: bool = False,
 ) -> list[dict[str, Any]]:
     """Classify texts (or text pairs) with a ``BertForSequenceClassification`` (or its ONNX
     export, an :class:`~bertforge.inference.onnx.OnnxModel`).
 
     Returns one dict per text, in order: ``{"label": top label, "scores": {label: probability}}``
     for classification, ``{"value": prediction}`` for a regression model. Texts longer than
-    ``max_length`` (default: the model's positions) are truncated as ``truncation`` says.
+    ``max_length`` are truncated as ``truncation`` says; both default to what fine-tuning saved
+    beside the model (``finetune_config.json``), else to the model's positions and ``head``, so
+    Python and ``bertforge classify`` score a text alike. A model fine-tuned on text pairs needs
+    ``pairs``.
     """
     texts = _check_texts(texts)
+    settings = saved_settings(model)
+    pair_column = settings.get("text_pair_column")
+    if pair_column and pairs is None:
+        first = settings.get("text_column", "text")
+        raise BertforgeError(
+            f"{model.name_or_path}: the model was fine-tuned on text pairs ({first!r} + "
+            f"{pair_column!r}) and needs both texts: pass pairs=[...] in Python, or give "
+            f"bertforge classify --input a .csv, .tsv or .jsonl file with columns {first!r} and "
+            f"{pair_column!r}"
+        )
     if not texts:
         return []
+    if max_length is None:
+        max_length = settings.get("max_length")
     encoded = encode_examples(
-        tokenizer, texts, pairs, max_length=_max_length(model, max_length), truncation=truncation
+        tokenizer,
+        texts,
+        pairs,
+        max_length=_max_length(model, max_length),
+        truncation=truncation or settings.get("truncation", "head"),
     )
     logits = sequence_logits(
-        model, encoded, tokenizer.pad_id, batch_size=batch_size, precision=precision
+        model,
+        encoded,
+        tokenizer.pad_id,
+        batch_size=batch_size,
+        precision=precision,
+        progress=progress,
     )
     config = model.config
     if config.is_regression:
@@ -138,13 +190,15 @@ def fill_mask(
     *,
     batch_size: int = 32,
     precision: str = "fp32",
+    progress: bool = False,
 ) -> list[dict[str, Any]]:
     """Top-k predictions for every ``[MASK]`` of every text (a ``BertForMaskedLM`` or
     ``BertForPreTraining``).
 
-    Returns per text ``{"text", "filled" (each [MASK] replaced by its top token), "masks": [[{"token",
-    "id", "score"}, ... top_k], ... one list per [MASK]]}``. A text without ``[MASK]`` or longer
-    than the model's positions is an error naming it.
+    Returns per text ``{"text", "filled" (the text with each [MASK] replaced by its top token,
+    every other character as given), "masks": [[{"token", "id", "score"}, ... top_k], ... one
+    list per [MASK]]}``. A text without ``[MASK]`` or longer than the model's positions is an
+    error naming it.
     """
     texts = _check_texts(texts)
     if top_k < 1:
@@ -163,8 +217,10 @@ def fill_mask(
                 f"{limit} positions; shorten it"
             )
     results: list[dict[str, Any]] = [{} for _ in texts]
-    with _evaluating(model) as device:
+    bar = item_bar(len(texts), "fill-mask", enabled=progress)
+    with _evaluating(model) as device, bar:
         for index, batch in _batches(encoded, tokenizer.pad_id, batch_size, device):
+            bar.update(len(index))
             masked = batch["input_ids"] == tokenizer.mask_id  # (B, T)
             # labels only select the rows the head scores (sparse prediction), their values are unused
             labels = torch.where(masked, 0, -100)
@@ -187,10 +243,17 @@ def fill_mask(
                         )
                     ]
                 )
-    for b, (ids, _) in enumerate(encoded):
-        filled = ids.copy()
-        filled[filled == tokenizer.mask_id] = [m[0]["id"] for m in results[b]["masks"]]
-        results[b] = {"text": texts[b], "filled": tokenizer.decode(filled), **results[b]}
+    # fill the top token into the text's own characters (decoding the ids instead would drop
+    # [UNK] words and change case, accents and spacing)
+    spans = tokenizer.backend.encode_batch(texts, add_special_tokens=False)
+    for b, text in enumerate(texts):
+        masks = [
+            o for i, o in zip(spans[b].ids, spans[b].offsets, strict=True) if i == tokenizer.mask_id
+        ]
+        filled = text
+        for (start, end), top in reversed(list(zip(masks, results[b]["masks"], strict=True))):
+            filled = filled[:start] + top[0]["token"].removeprefix("##") + filled[end:]
+        results[b] = {"text": text, "filled": filled, **results[b]}
     return results
 
 
@@ -229,58 +292,151 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else "..." + text[-(width - 3) :]
 
 
+@dataclass
+class PoolingChoice:
+    """How :func:`embed` turns hidden states into one vector, and where each choice came from."""
+
+    pooling: str
+    """One of :data:`POOLINGS`."""
+    normalize: bool
+    """Scale each vector to unit length."""
+    pooling_source: str
+    """``given``, ``declared in 1_Pooling/config.json`` or ``the default: ...``."""
+    normalize_source: str
+    """``given``, ``2_Normalize in modules.json`` or ``the default: ...``."""
+
+
+def declared_pooling(directory: str | Path) -> tuple[str | None, str | None, bool]:
+    """``(pooling, file it is declared in, normalize)`` as a sentence-transformers model
+    directory declares them (``modules.json``, ``1_Pooling/config.json``); ``(None, None,
+    False)`` for a plain BERT directory."""
+    directory = Path(directory)
+    modules: list[Any] = []
+    if (directory / "modules.json").is_file():
+        try:
+            modules = json.loads((directory / "modules.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise BertforgeError(
+                f"{directory / 'modules.json'}: not readable JSON ({err})"
+            ) from None
+    kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)}
+    folder = str(kinds["Pooling"].get("path", "1_Pooling")) if "Pooling" in kinds else "1_Pooling"
+    path = directory / folder / "config.json"
+    normalize = "Normalize" in kinds
+    if not path.is_file():
+        return None, None, normalize
+    config = read_json_object(path, "restore it or pass --pooling")
+    modes = [
+        k.removeprefix("pooling_mode_").removesuffix("_tokens").removesuffix("_token")
+        for k, v in config.items()
+        if k.startswith("pooling_mode_") and v is True
+    ]
+    if len(modes) != 1 or modes[0] not in POOLINGS:
+        raise BertforgeError(
+            f"{path}: pooling {' + '.join(modes) or 'none'} is not supported; choose one of "
+            f"{', '.join(POOLINGS)} with --pooling (pooling= in Python)"
+        )
+    return modes[0], f"{folder}/config.json", normalize
+
+
+def resolve_pooling(
+    model: nn.Module, pooling: str | None = None, normalize: bool | None = None
+) -> PoolingChoice:
+    """The pooling and normalisation :func:`embed` uses: those given, else those the model's
+    directory declares (sentence-transformers layout), else ``cls`` without normalising."""
+    directory = getattr(model, "name_or_path", None)
+    declared, where, declared_norm = (
+        declared_pooling(directory) if directory else (None, None, False)
+    )
+    if pooling is not None:
+        chosen, source = pooling, "given"
+    elif declared is not None:
+        chosen, source = declared, f"declared in {where}"
+    else:
+        chosen, source = "cls", "the default: the model declares none"
+    if chosen not in POOLINGS:
+        raise BertforgeError(f"pooling={chosen!r} is unknown; choose one of {', '.join(POOLINGS)}")
+    if normalize is not None:
+        norm, norm_source = normalize, "given"
+    elif declared_norm:
+        norm, norm_source = True, "2_Normalize in modules.json"
+    else:
+        norm, norm_source = False, "the default: the model declares none"
+    return PoolingChoice(chosen, norm, source, norm_source)
+
+
+def _pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
+    """(B, T, H) hidden states and (B, T) attention mask -> (B, H) sentence vectors."""
+    if pooling == "cls":
+        return hidden[:, 0]
+    keep = mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+    if pooling == "max":
+        return hidden.masked_fill(keep == 0, float("-inf")).amax(1)
+    count = keep.sum(1).clamp(min=1.0)  # (B, 1)
+    summed = (hidden * keep).sum(1)  # (B, H)
+    return summed / (count if pooling == "mean" else count.sqrt())
+
+
 @torch.inference_mode()
 def embed(
     model: nn.Module,
     tokenizer: Any,
     texts: Sequence[str],
-    pooling: str = "cls",
+    pooling: str | None = None,
     *,
     batch_size: int = 32,
     max_length: int | None = None,
-    normalize: bool = False,
+    normalize: bool | None = None,
     precision: str = "fp32",
+    progress: bool = False,
 ) -> np.ndarray:
     """(N, hidden) float32 sentence vectors from any of our BERT models' encoder (or from an
     exported :class:`~bertforge.inference.onnx.OnnxModel` with a ``last_hidden_state`` output).
 
     ``pooling="cls"`` takes the last hidden state of ``[CLS]``; ``"mean"`` averages the last
-    hidden states of the real (non-padding) tokens, as sentence-transformers models such as
-    all-MiniLM-L6-v2 do. ``normalize`` scales each vector to unit length.
+    hidden states of the real (non-padding) tokens (``"max"``, ``"mean_sqrt_len"`` as
+    sentence-transformers defines them). ``normalize`` scales each vector to unit length. Both
+    default to what the model's directory declares (a sentence-transformers model such as
+    all-MiniLM-L6-v2: mean pooling, normalised), else cls without normalising; see
+    :func:`resolve_pooling`.
     """
     texts = _check_texts(texts)
-    if pooling not in ("cls", "mean"):
-        raise BertforgeError(f"pooling={pooling!r} is unknown; choose cls or mean")
+    choice = resolve_pooling(model, pooling, normalize)
     encoder = getattr(model, "bert", model)
     hidden_size = encoder.config.hidden_size
     out = np.zeros((len(texts), hidden_size), dtype=np.float32)
     if not texts:
         return out
     encoded = encode_examples(tokenizer, texts, max_length=_max_length(encoder, max_length))
+    bar = item_bar(len(texts), "embed", enabled=progress)
     onnx = not isinstance(model, nn.Module)  # an OnnxModel
-    with contextlib.nullcontext(torch.device("cpu")) if onnx else _evaluating(encoder) as device:
+    running = contextlib.nullcontext(torch.device("cpu")) if onnx else _evaluating(encoder)
+    with running as device, bar:
         for index, batch in _batches(encoded, tokenizer.pad_id, batch_size, device):
+            bar.update(len(index))
             if onnx:
                 numpy_batch = {k: v.numpy() for k, v in batch.items()}
                 hidden = torch.from_numpy(model.hidden_states(numpy_batch))  # (B, T, H)
             else:
                 with autocast(device, precision):
                     hidden = encoder(**batch).last_hidden_state.float()  # (B, T, H)
-            if pooling == "cls":
-                vectors = hidden[:, 0]  # (B, H)
-            else:
-                mask = batch["attention_mask"].unsqueeze(-1).float()  # (B, T, 1)
-                vectors = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)  # (B, H)
-            if normalize:
+            vectors = _pool(hidden, batch["attention_mask"], choice.pooling)  # (B, H)
+            if choice.normalize:
                 vectors = torch.nn.functional.normalize(vectors, dim=-1)
             out[index] = vectors.cpu().numpy()
     return out
 
 
 __all__ = [
+    "POOLINGS",
+    "PoolingChoice",
+    "PoolingMode",
     "classify",
+    "declared_pooling",
     "embed",
     "fill_mask",
     "fill_mask_side_by_side",
+    "resolve_pooling",
+    "saved_settings",
     "sequence_logits",
 ]

@@ -186,6 +186,28 @@ def load_state_dict_into(
     return {"missing": missing, "unexpected": unexpected}
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def check_model_directory(directory: str | Path) -> Path:
+    """``directory`` as a Path if it exists; else the one "no such model directory" error of
+    every command, which for a Hugging Face Hub id says how to get a local copy."""
+    path = Path(directory)
+    if path.exists():
+        return path
+    text = str(directory)
+    if "/" in text.strip("/") and _HUB_ID.fullmatch(text) and not text.startswith("."):
+        raise BertforgeError(
+            f"{text}: no such model directory; it looks like a Hugging Face Hub id, but a local "
+            "directory is needed (no downloads): fetch it once where there is internet "
+            f"(huggingface-cli download {text} --local-dir DIR) and give --model DIR"
+        )
+    raise BertforgeError(
+        f"{text.rstrip('/') or text}: no such model directory; give a directory holding "
+        "config.json, model.safetensors and the tokenizer (bertforge pretrain writes one)"
+    )
+
+
 def load_pretrained(cls: type[M], directory: str | Path, **config_overrides: Any) -> M:
     """Build ``cls`` from a model directory's config.json and load its safetensors weights."""
     directory = Path(directory)
@@ -196,8 +218,7 @@ def load_pretrained(cls: type[M], directory: str | Path, **config_overrides: Any
         )
     if directory.is_file():
         directory = directory.parent
-    if not directory.is_dir():
-        raise BertforgeError(f"{directory}: no such model directory")
+    check_model_directory(directory)
     verify_manifest(directory, [CONFIG_NAME])
     config = BertConfig.load(directory / CONFIG_NAME)
     if config_overrides:
@@ -212,6 +233,8 @@ def load_pretrained(cls: type[M], directory: str | Path, **config_overrides: Any
     model = cls(config)  # type: ignore[call-arg]
     info = load_state_dict_into(model, read_safetensors(directory), str(directory))
     model.loading_info = info  # type: ignore[assignment]
+    # as HF's name_or_path: inference reads the settings saved beside the weights from here
+    model.name_or_path = str(directory)  # type: ignore[assignment]
     return model
 
 
@@ -250,6 +273,7 @@ def save_pretrained(model: torch.nn.Module, directory: str | Path, tokenizer: An
 
 
 __all__ = [
+    "check_model_directory",
     "check_tokenizer_fits",
     "load_pretrained",
     "save_pretrained",

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from bertforge.data.tasks import Truncation
+from bertforge.data.tasks import Truncation, check_max_length
 from bertforge.errors import BertforgeError
 from bertforge.modeling.config import BertConfig
 from bertforge.runtime import Precision
@@ -343,6 +343,10 @@ class FinetuneConfig(LoopOptions):
     """Column holding the second text of a pair task (e.g. a title and its description)."""
     task: Task = "classification"
     """classification or regression."""
+    allow_rare_labels: bool = False
+    """Train labels that look like typos (a class of one row beside classes of five or more, or
+    under 20 rows and 1 % of the data, or a word among integer labels) as classes of their own
+    instead of stopping."""
     validation: list[str] | None = None
     """Validation file(s); without them a stratified --validation_fraction of train is held out."""
     validation_fraction: float = 0.1
@@ -387,10 +391,16 @@ class FinetuneConfig(LoopOptions):
     """Seed for the head's initialisation, validation split, data order and dropout."""
     keep_checkpoints: int = 1
     """Resumable checkpoints (written at each evaluation and on SIGINT/SIGTERM) to keep."""
+    keep_final_checkpoint: bool = False
+    """Keep the resumable checkpoint (weights + optimizer state, about 3x the model) after a
+    finished run; by default it is deleted and only the fine-tuned model stays."""
 
     def __post_init__(self) -> None:
         check_choice(self.task, Task, "--task")
         check_choice(self.truncation, Truncation, "--truncation")
+        check_max_length(
+            self.max_length, 4 if self.text_pair_column else 3, "[CLS], [SEP] and one token"
+        )
         if self.batch_size <= 0 or self.eval_batch_size <= 0 or self.epochs <= 0:
             raise BertforgeError("--batch_size, --eval_batch_size and --epochs must be positive")
         check_training_options(self, option)

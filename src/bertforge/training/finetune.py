@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -36,12 +37,15 @@ from bertforge.errors import BertforgeError
 from bertforge.evaluation.plots import plot_training_curves
 from bertforge.evaluation.tasks import (
     HIGHER_IS_BETTER,
+    baseline_metrics,
+    baseline_warning,
     evaluate_sequence_model,
     task_plot_name,
     task_report,
+    training_baseline,
 )
-from bertforge.io import atomic_write_text
-from bertforge.modeling.checkpoint import check_tokenizer_fits
+from bertforge.io import atomic_write_text, disk_size, format_size, read_json_object
+from bertforge.modeling.checkpoint import check_model_directory, check_tokenizer_fits
 from bertforge.modeling.model import BertForSequenceClassification
 from bertforge.progress import MetricsLogger, format_duration, parse_duration
 from bertforge.runtime import autocast, pick_device, pick_precision, seed_everything
@@ -52,6 +56,7 @@ from bertforge.training.checkpoints import (
     check_same_run,
     intact_checkpoint,
     latest_checkpoint,
+    list_checkpoints,
     locks_output,
     write_checkpoint,
 )
@@ -116,6 +121,10 @@ class Run:
     model: BertForSequenceClassification
     optimizer: torch.optim.Optimizer
     logger: MetricsLogger
+    baseline: float | int
+    """The training baseline's prediction (evaluation.tasks.TRAINING_BASELINE)."""
+    val_baseline: dict[str, float]
+    """Its validation metrics, printed beside every validation score."""
 
     def say(self, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
@@ -146,6 +155,9 @@ def _offer_resume(good: Path, bad: Path) -> str:
 @locks_output
 def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     """Run (or resume) fine-tuning as configured; return the best validation results."""
+    finished = _finished_run(cfg)
+    if finished is not None:
+        return finished
     run, state = setup(cfg)
     lengths = [len(ids) for ids, _ in run.data.encoded_train]
     eval_every = cfg.eval_every or run.steps_per_epoch
@@ -181,7 +193,8 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
                 window,
                 bar,
                 run.logger,
-                log=lambda: steps.due(state.step, cfg.log_every),
+                # a run shorter than --log_every still logs its last step (curves.png has points)
+                log=lambda: steps.due(state.step, cfg.log_every) or run.done(state),
                 state_fields=("elapsed",),
                 epoch=state.epoch + state.batch / len(order),
                 skipped=state.skipped,
@@ -215,7 +228,7 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     device = pick_device(cfg.device)
     precision = pick_precision(cfg.precision, device)
     out = Path(cfg.output)
-    tokenizer = Tokenizer.from_file(cfg.model)
+    tokenizer = Tokenizer.from_file(check_model_directory(cfg.model))
     t0 = time.perf_counter()
     data = load_task_data(
         tokenizer,
@@ -230,7 +243,10 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
         normalize_targets=cfg.normalize_targets,
         max_length=cfg.max_length,
         truncation=cfg.truncation,
+        allow_rare_labels=cfg.allow_rare_labels,
     )
+    for warning in data.warnings:
+        print(warning, file=sys.stderr, flush=True)
     steps_per_epoch = math.ceil(len(data.encoded_train) / cfg.batch_size)
     total = max(1, round(cfg.epochs * steps_per_epoch))
     if cfg.max_steps is not None:
@@ -251,8 +267,11 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
         print(f"resuming from {resume_dir} at step {state.step}", file=sys.stderr, flush=True)
     logger = MetricsLogger(out, resume_step=state.step if resume_dir is not None else None)
     atomic_write_text(out / FINETUNE_CONFIG, json.dumps(resolved, indent=2) + "\n")
+    # the baseline printed beside every validation score: see evaluation.tasks.TRAINING_BASELINE
+    baseline = training_baseline(data.train.labels, cfg.task == "regression")
+    val_baseline = baseline_metrics(model.config, data.val.labels, baseline)
     run = Run(cfg, out, device, precision, budget, total, steps_per_epoch, tokenizer, data, model,
-              optimizer, logger)  # fmt: skip
+              optimizer, logger, baseline, val_baseline)  # fmt: skip
     micro, outputs = cfg.micro_batch, len(data.id2label) if data.id2label else 1
     run.say(
         f"fine-tuning {cfg.model} for {cfg.task} ({outputs} output(s)) on "
@@ -330,7 +349,8 @@ def evaluate(run: Run, state: FinetuneState, bar: Any) -> None:
         state.bad_evals += 1
     bar.write(
         f"step {state.step}: val loss {metrics['loss']:.4f} {cfg.metric} "
-        f"{value:.4f} (best {state.best:.4f} at step {state.best_step})"
+        f"{value:.4f} (best {state.best:.4f} at step {state.best_step}) | "
+        f"baseline {run.val_baseline[cfg.metric]:.4f}"
     )
     if cfg.patience and state.bad_evals >= cfg.patience:
         bar.write(f"no improvement in {cfg.patience} evaluations: stopping early")
@@ -355,10 +375,9 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     best = BertForSequenceClassification.from_pretrained(out).to(run.device)
     plot = out / task_plot_name(best.config)
     metrics, predictions = run.validate(best)
-    baseline = None if data.scale is None else data.scale[0]
     title = f"validation ({out.name})"
     report = task_report(
-        best.config, data.val.labels, predictions, baseline, plot=plot, plot_title=title
+        best.config, data.val.labels, predictions, run.baseline, plot=plot, plot_title=title
     )
     plot_training_curves(out, out / PLOT_FILE, title=f"bertforge finetune: {out.name}")
     result = {
@@ -380,7 +399,52 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
         f"({format_duration(state.elapsed)} of training); model: {out}\n"
         + report.get("report_text", "")
     )
+    base = report["baseline"]
+    run.say(
+        f"baseline (always {base['predicts']!r}, {base['definition']}): {cfg.metric} "
+        f"{base[cfg.metric]:.4f}"
+    )
+    warning = baseline_warning(cfg.metric, metrics[cfg.metric], base)
+    if warning:
+        run.say(warning)
+    run.say(_drop_finished_checkpoints(out, keep=cfg.keep_final_checkpoint))
     return result
+
+
+def _drop_finished_checkpoints(out: Path, keep: bool) -> str:
+    """Delete a finished run's resumable checkpoints unless ``keep``; one line with the sizes."""
+    checkpoints = list_checkpoints(out)
+    sizes = sum(disk_size(c) for c in checkpoints)
+    if checkpoints and not keep:
+        for path in checkpoints:
+            shutil.rmtree(path, ignore_errors=True)
+        note = (
+            f"; removed the finished run's resumable checkpoint ({format_size(sizes)}; "
+            "--keep_final_checkpoint keeps it)"
+        )
+    elif checkpoints:
+        note = f", of which {format_size(sizes)} is the resumable checkpoint"
+    else:
+        note = ""
+    model = disk_size(out / "model.safetensors")
+    return f"{out}: {format_size(disk_size(out))} on disk (model {format_size(model)}){note}"
+
+
+def _finished_run(cfg: FinetuneConfig) -> dict[str, Any] | None:
+    """The saved results when OUTPUT holds a finished run of these settings (its checkpoint
+    dropped): such a run is not trained again. Other settings are refused as on resume."""
+    out = Path(cfg.output)
+    if latest_checkpoint(out) is not None or not (out / RESULTS_FILE).is_file():
+        return None
+    saved = read_json_object(out / FINETUNE_CONFIG, "restore it or delete the directory")
+    resolved = steps.config_dict(cfg)
+    check_same_run(out, saved, {k: resolved[k] for k in RUN_IDENTITY}, option=option)
+    print(
+        f"{out} holds a finished run of these settings ({RESULTS_FILE}); nothing to do. "
+        "Choose another --output (or delete it) to train again",
+        file=sys.stderr,
+    )
+    return read_json_object(out / RESULTS_FILE, "restore it or delete the directory")
 
 
 def _improved(value: float, best: float | None, metric: str) -> bool:
