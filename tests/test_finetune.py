@@ -196,6 +196,7 @@ def test_regression_learns_scores_in_their_own_units(work):
 @pytest.mark.parametrize("micro", [None, "8"])
 def test_resume_from_a_checkpoint_continues_exactly(work, micro):
     options = ["--max_steps", "20", "--eval_every", "10", "--keep_checkpoints", "0"]
+    options += ["--keep_final_checkpoint"]  # a finished run drops its checkpoints otherwise
     if micro is not None:  # 2 micro-batches of 8 per optimizer step
         options += ["--micro_batch_size", micro]
     full, resumed = work["root"] / f"full-{micro}", work["root"] / f"resumed-{micro}"
@@ -244,6 +245,7 @@ def test_gradient_accumulation_takes_the_same_steps_as_the_whole_batch(
     options = [
         *("--validation", str(val), "--max_steps", "2", "--eval_every", "1"),
         *("--log_every", "1", "--keep_checkpoints", "0", "--schedule", "constant"),
+        "--keep_final_checkpoint",
     ]
     runs = {}
     for micro in (None, "4", "2"):

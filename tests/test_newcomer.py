@@ -11,17 +11,30 @@ import contextlib
 import io
 import json
 import random
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from task_fixtures import FILLER, tiny_start_model, write_rows
 
 import bertforge
 from bertforge import cli
 from bertforge.data import tasks
+from bertforge.data.corpus import read_documents
 from bertforge.errors import BertforgeError
-from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
+from bertforge.evaluation import plots
+from bertforge.evaluation.mlm import comparison_table, evaluate_mlm
+from bertforge.modeling.model import (
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertForSequenceClassification,
+    BertModel,
+)
+from bertforge.progress import MetricsLogger
 from bertforge.tokenizer.wordpiece import Tokenizer
 
 
@@ -214,7 +227,6 @@ def test_fill_mask_fills_the_input_text_and_keeps_unknown_words(mlm_dir):
 
 
 def test_wikitext_unk_becomes_one_unk_token(tmp_path, mlm_dir):
-    from bertforge.data.corpus import read_documents
 
     wiki = tmp_path / "wiki.valid.tokens"
     wiki.write_text(" = Title = \n\n The <unk> was in 1990 and <unk> @-@ like . \n")
@@ -398,7 +410,6 @@ def test_prepare_errors_and_small_validation_splits(mlm_dir, tmp_path, capsys, m
 
 
 def test_nsp_accuracy_without_notnext_pairs_says_so():
-    from bertforge.evaluation.mlm import comparison_table
 
     row = {"loss": 2.0, "perplexity": 7.4, "accuracy": 0.1, "top5_accuracy": 0.3}
     table = comparison_table(
@@ -412,13 +423,10 @@ def test_nsp_accuracy_without_notnext_pairs_says_so():
 
 
 def test_evaluate_mlm_reports_no_notnext_pairs(mlm_dir):
-    from bertforge.evaluation.mlm import evaluate_mlm
-    from bertforge.modeling.model import BertForPreTraining
 
     torch_model = BertForPreTraining.from_pretrained(mlm_dir)
     tok = Tokenizer.from_file(mlm_dir)
     ids = tok.encode_batch(["the film was good", "a story about people"], padding=True)
-    import torch
 
     batch = {k: torch.tensor(v) for k, v in ids.items()}
     labels = torch.full_like(batch["input_ids"], -100)
@@ -430,8 +438,6 @@ def test_evaluate_mlm_reports_no_notnext_pairs(mlm_dir):
 
 
 def test_curves_plot_like_with_like_and_draw_points_for_short_runs(tmp_path):
-    from bertforge.evaluation import plots
-    from bertforge.progress import MetricsLogger
 
     logger = MetricsLogger(tmp_path)
     for step in (1, 2, 3):
@@ -461,9 +467,6 @@ def test_curves_plot_like_with_like_and_draw_points_for_short_runs(tmp_path):
 
 
 def test_pyproject_licence_is_an_spdx_string(tmp_path):
-    import shutil
-    import subprocess
-    import sys
 
     root = Path(__file__).resolve().parents[1]
     shutil.copy(root / "pyproject.toml", tmp_path)

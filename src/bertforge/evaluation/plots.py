@@ -28,6 +28,8 @@ def _series(records: list[dict], split: str, key: str) -> tuple[list[int], list[
     return [s for s, _ in points], [float(v) for _, v in points]
 
 
+SPLIT_COLORS = ("tab:orange", "tab:red", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
+"""Colours of the evaluated splits' loss lines (the training loss is blue)."""
 FEW_POINTS = 30
 """Series with at most this many points are drawn with markers."""
 
@@ -58,7 +60,8 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
     nsp_steps, nsp_loss = _series(records, "train", "nsp_loss")
     panels = 4 if nsp_steps else 3
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.2))
-    ax_loss, ax_acc, ax_lr = axes[:3]
+    # the NSP panel (if any) sits beside the loss panel
+    ax_loss, ax_acc, ax_lr = (axes[0], axes[2], axes[3]) if nsp_steps else axes
     steps, loss = _series(records, "train", train_key)
     few = len(steps) <= FEW_POINTS  # a short run: draw its points, a line alone is near-empty
     if steps:
@@ -79,15 +82,15 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
             ax_loss.plot(
                 steps, smooth, color="tab:blue", linewidth=1.5, label=f"train (mean of {window})"
             )
-    for split in splits:
+    for split, color in zip(splits, SPLIT_COLORS, strict=False):
         s, v = _series(records, split, "loss")
         if s:
-            ax_loss.plot(s, v, marker="o", markersize=3, linewidth=1.5, label=split)
+            ax_loss.plot(s, v, color=color, marker="o", markersize=3, linewidth=1.5, label=split)
     loss_title = "masked-LM loss" if train_key == "mlm_loss" else "loss"
     ax_loss.set(xlabel="step", ylabel="loss (nats)", title=loss_title)
     ax_loss.legend(fontsize=8)
     if nsp_steps:
-        ax_nsp = axes[3]
+        ax_nsp = axes[1]
         ax_nsp.plot(
             nsp_steps,
             nsp_loss,
