@@ -374,7 +374,7 @@ def test_one_message_for_a_missing_model_and_for_a_hub_id(command, tmp_path, cap
         "looks like a Hugging Face Hub id" in err
         and "a local directory is needed (no downloads)" in err
     )
-    assert "--local_dir" in err
+    assert "--local-dir" in err
 
 
 def test_evaluate_accepts_the_encoding_errors_it_suggests(mlm_dir, tmp_path, capsys):

@@ -214,6 +214,9 @@ def test_embed_command_writes_npy(mlm_dir, tmp_path, capsys):
         vectors[1], bertforge.embed(model, tok, ["the good night story"], "mean")[0], atol=1e-6
     )
     assert cli.main(["embed", "--model", str(mlm_dir), "--input", str(inputs)]) == 2
+    assert "required: --output" in capsys.readouterr().err  # and --help says so
+    bad = ["embed", "--model", str(mlm_dir), "--input", str(inputs), "--output", "v.txt"]
+    assert cli.main(bad) == 2
     assert "--output FILE.npy" in capsys.readouterr().err
 
 
