@@ -34,7 +34,7 @@ from bertforge.modeling.model import (
     BertForSequenceClassification,
     BertModel,
 )
-from bertforge.progress import MetricsLogger
+from bertforge.progress import MetricsLogger, read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
 
 
@@ -167,6 +167,8 @@ def test_finetune_prints_the_baseline_and_warns_when_the_model_does_not_beat_it(
     assert "baseline 0.8000" in err.split("step 3: val")[1].splitlines()[0]
     assert "warning: accuracy" in err and "does not beat the baseline 0.8000" in err
     assert "always '4', the most frequent class of the training split" in err
+    # 3 steps with --log_every 10: the last step is still logged, so curves.png has points
+    assert [r["step"] for r in read_metrics(pair_run["out"]) if r["split"] == "train"] == [3]
     result = json.loads((pair_run["out"] / "eval_results.json").read_text())
     assert result["baseline"]["predicts"] == "4"
     assert result["baseline"]["definition"] == "the most frequent class of the training split"
