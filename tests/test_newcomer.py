@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from task_fixtures import FILLER, tiny_start_model, write_rows
+from conftest import FILLER, TaskFiles
 
 import bertforge
 from bertforge import cli
@@ -41,6 +41,9 @@ from bertforge.tokenizer.wordpiece import Tokenizer
 @pytest.fixture(scope="module")
 def mlm_dir(tmp_path_factory) -> Path:
     return tiny_start_model(tmp_path_factory.mktemp("newcomer"), kind="mlm")
+
+
+tiny_start_model, write_rows = TaskFiles.tiny_start_model, TaskFiles.write_rows
 
 
 def _filler(rng: random.Random, n: int = 8) -> str:

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 import pytest
-from task_fixtures import tiny_start_model, write_sentiment
+from conftest import TaskFiles
 
 from bertforge import cli
 from bertforge.data.shards import prepare
@@ -47,7 +47,7 @@ def workdir(tmp_path_factory, shakespeare_file) -> Path:
     runs = root / "runs"
     runs.mkdir()
     (root / "start").mkdir()
-    start = tiny_start_model(root / "start", kind="pretraining")
+    start = TaskFiles.tiny_start_model(root / "start", kind="pretraining")
     (runs / "pretrain").mkdir()
     start.rename(runs / "pretrain" / "model")
     prepare(
@@ -58,7 +58,7 @@ def workdir(tmp_path_factory, shakespeare_file) -> Path:
         mode="packed",
         progress=False,
     )
-    write_sentiment(root / "train.csv", 64, seed=0)
+    TaskFiles.write_sentiment(root / "train.csv", 64, seed=0)
     argv = [
         *("finetune", "--model", str(runs / "pretrain" / "model"), "--train"),
         *(str(root / "train.csv"), "--output", str(runs / "sentiment"), "--max_steps", "2"),
