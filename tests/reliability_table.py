@@ -112,6 +112,13 @@ ROWS = [
         "stale lock is taken over and the run completes",
     ),
     Row(
+        "two writers of one new directory",
+        "a complete directory appears while a second `prepare` (no --overwrite) is writing",
+        "test_faults.py::test_a_directory_that_appears_meanwhile_is_kept",
+        "1",
+        "the second is refused in one line; the first one's output is kept; no temporary left",
+    ),
+    Row(
         "lock within one process",
         "the lock taken twice; released; a directory made only for the lock",
         "test_faults.py::test_output_lock_in_one_process",

@@ -39,7 +39,7 @@ from reliability import (
 from reliability_table import FINETUNE_KILLS, PREPARE_KILLS, PRETRAIN_KILLS
 
 from bertforge.errors import BertforgeError
-from bertforge.io import PAUSE_ENV, check_manifest, read_manifest
+from bertforge.io import PAUSE_ENV, atomic_directory, check_manifest, read_manifest
 from bertforge.lock import LOCK_NAME, output_lock
 from bertforge.progress import read_metrics
 from bertforge.training.checkpoints import CHECKPOINT_PREFIX, list_checkpoints
@@ -392,3 +392,18 @@ def test_output_lock_in_one_process(tmp_path):
     with output_lock(tmp_path / "kept"):
         (tmp_path / "kept" / "x").write_text("x")
     assert [p.name for p in (tmp_path / "kept").iterdir()] == ["x"]
+
+
+def test_a_directory_that_appears_meanwhile_is_kept(tmp_path):
+    """Two writers of one new directory (two ``prepare`` runs without --overwrite): the one that
+    finishes second is refused and the first one's complete output is kept."""
+    final = tmp_path / "data"
+    with (
+        pytest.raises(BertforgeError, match="appeared while this one was being written"),
+        atomic_directory(final, replace=False) as tmp,
+    ):
+        (tmp / "mine").write_text("second")
+        final.mkdir()  # the other writer finishes first
+        (final / "theirs").write_text("first")
+    assert [p.name for p in final.iterdir()] == ["theirs"]
+    assert [p.name for p in tmp_path.iterdir()] == ["data"]  # no temporary left behind

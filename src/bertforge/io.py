@@ -174,13 +174,14 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_directory(final: str | Path) -> Iterator[Path]:
+def atomic_directory(final: str | Path, *, replace: bool = True) -> Iterator[Path]:
     """Yield a temporary sibling directory that becomes ``final`` only when the block completes.
 
     An interrupted block leaves at most a hidden ``.NAME.tmp-*`` directory, never a half-written
     ``final``. If ``final`` exists it is replaced: on Linux the two are exchanged in one atomic
     step (``renameat2(RENAME_EXCHANGE)``), so a crash leaves the old or the new directory, never
-    neither; elsewhere the old one is renamed aside first.
+    neither; elsewhere the old one is renamed aside first. With ``replace=False`` a ``final``
+    that appeared while the block ran (another process's) is kept and this one is an error.
     """
     final = Path(final)
     if final.exists() and not final.is_dir():
@@ -200,6 +201,11 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
             pause_point("swap")
             if not final.exists():
                 os.rename(tmp, final)
+            elif not replace:
+                raise BertforgeError(
+                    f"{final}: appeared while this one was being written (another process?); "
+                    "kept it and discarded this one: choose another output, or --overwrite"
+                )
             elif not _exchange(tmp, final):  # tmp now holds the old directory, removed below
                 old = final.parent / f".{final.name}.old-{os.getpid()}"
                 os.replace(final, old)

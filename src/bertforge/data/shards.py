@@ -213,7 +213,7 @@ def prepare(
         pool = None
         if workers > 1:
             pool = stack.enter_context(ChunkPool(tokenizer.backend.to_str(), workers))
-        tmp = stack.enter_context(atomic_directory(output))
+        tmp = stack.enter_context(atomic_directory(output, replace=overwrite))
         writers = {split: ShardWriter(tmp, split, dtype, shard_tokens) for split in SPLITS}
         builders = {
             split: InstanceBuilder(
