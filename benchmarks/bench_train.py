@@ -234,9 +234,8 @@ def main(
     rates = measure_rates(tuple(args.precisions))
     kwargs = {"reps": args.reps, "warmup": args.warmup, "precisions": tuple(args.precisions)}
     results = [bench_pretrain(s, **kwargs) for s in args.sizes]
-    rates_after = measure_rates(
-        tuple(args.precisions)
-    )  # the machine is shared: take the better of two readings
+    # the machine is shared: take the better of two readings
+    rates_after = measure_rates(tuple(args.precisions))
     rates = {k: max(rates[k], rates_after[k]) for k in rates}
     if checks is not None:
         add_checks(results, rates, checks)
