@@ -157,13 +157,19 @@ def test_dense_dropout_norm_torch_form_equals_kernel_form(monkeypatch, p):
 
 
 def attention_inputs(B: int, nh: int, T: int, hs: int, seed: int):
-    """q, k, v as the model makes them: permuted views of one (B, T, 3, nh, hs) tensor."""
+    """A (B, T, 3H) qkv as the model makes it (q, k, v side by side, heads inside each), a
+    padding mask with one full sequence, and a (B, T, 3, nh, hs) view of the same numbers."""
     g = torch.Generator().manual_seed(seed)
-    qkv = torch.randn(B, T, 3, nh, hs, generator=g).requires_grad_()
+    qkv = torch.randn(B, T, 3 * nh * hs, generator=g).requires_grad_()
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     lengths[0] = T
     mask = (torch.arange(T)[None] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, T)
     return qkv, mask
+
+
+def split_heads(qkv: torch.Tensor, nh: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    B, T, H3 = qkv.shape
+    return qkv.view(B, T, 3, nh, H3 // 3 // nh).permute(2, 0, 3, 1, 4).unbind(0)
 
 
 @needs_kernels
@@ -173,10 +179,10 @@ def attention_inputs(B: int, nh: int, T: int, hs: int, seed: int):
 def test_attention_equals_float64(B, nh, T, hs, p, masked):
     qkv, mask = attention_inputs(B, nh, T, hs, seed=T)
     mask = mask if masked else None
-    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs), non-contiguous
     torch.manual_seed(9)
-    y = ops.attention(q, k, v, mask, p, training=True)
-    grad = torch.randn_like(y)
+    y = ops.attention(qkv, nh, mask, p, training=True)
+    assert y.shape == (B, T, nh * hs)
+    grad = torch.randn(T, B, nh * hs).transpose(0, 1)  # non-contiguous incoming gradient
     y.backward(grad)
 
     # the kernel's mask: probabilities of equal scores, dropped, divided by the undropped ones
@@ -185,14 +191,20 @@ def test_attention_equals_float64(B, nh, T, hs, p, masked):
     dropped = forward(flat, None, 1.0, next_seed(9), p)
     keep = torch.ones(B, nh, T, T) if dropped is None else dropped / flat
     exact_qkv = qkv.detach().double().requires_grad_()
-    q64, k64, v64 = exact_qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    q64, k64, v64 = split_heads(exact_qkv, nh)
     scores = q64 @ k64.transpose(-2, -1) / math.sqrt(hs)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    exact = (scores.softmax(-1) * keep.double()) @ v64
+    exact = ((scores.softmax(-1) * keep.double()) @ v64).transpose(1, 2).reshape(B, T, -1)
     exact.backward(grad.double())
     torch.testing.assert_close(y.double(), exact, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(qkv.grad.double(), exact_qkv.grad, atol=1e-5, rtol=1e-4)
+
+
+def sdpa(qkv: torch.Tensor, nh: int, mask: torch.Tensor | None) -> torch.Tensor:
+    q, k, v = split_heads(qkv, nh)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, nh, T, hs)
+    return y.transpose(1, 2).reshape(qkv.shape[0], qkv.shape[1], -1)
 
 
 @needs_kernels
@@ -201,20 +213,21 @@ def test_attention_with_every_key_padded_is_uniform_as_in_torch():
     qkv, _ = attention_inputs(2, 2, 6, 4, seed=1)
     mask = torch.zeros(2, 1, 1, 6, dtype=torch.bool)
     mask[0, ..., :3] = True
-    q, k, v = qkv.detach().permute(2, 0, 3, 1, 4).unbind(0)
-    y = ops.attention(q, k, v, mask, 0.0, training=True)
+    y = ops.attention(qkv.detach(), 2, mask, 0.0, training=True)
+    q, k, v = split_heads(qkv.detach(), 2)
     scores = (q @ k.transpose(-2, -1) / 2).masked_fill(~mask, torch.finfo(torch.float32).min)
-    torch.testing.assert_close(y, scores.softmax(-1) @ v, atol=1e-6, rtol=1e-5)
+    expected = (scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 6, -1)
+    torch.testing.assert_close(y, expected, atol=1e-6, rtol=1e-5)
 
 
 def test_attention_torch_form_equals_kernel_form_without_drops(monkeypatch):
     qkv, mask = attention_inputs(3, 2, 17, 8, seed=2)
-    q, k, v = qkv.detach().permute(2, 0, 3, 1, 4).unbind(0)
-    a = ops.attention(q, k, v, mask, 0.0, training=True)
+    qkv = qkv.detach()
+    a = ops.attention(qkv, 2, mask, 0.0, training=True)
     monkeypatch.setattr(ops, "softmax_dropout_kernels", lambda: None)
-    b = ops.attention(q, k, v, mask, 0.0, training=True)
+    b = ops.attention(qkv, 2, mask, 0.0, training=True)
     torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(a, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    torch.testing.assert_close(a, sdpa(qkv, 2, mask), atol=1e-6, rtol=1e-5)
 
 
 @needs_kernels

@@ -153,22 +153,22 @@ class BertSelfAttention(nn.Module):
         B, T, mask = layout.B, layout.T, layout.mask
         if layout.index is not None:  # attention needs the (B, T) grid back
             qkv = repad(qkv, layout.index, B, T)  # (B, T, 3H)
-        q, k, v = qkv.view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, nh, T, hs)
         p = self.dropout_p if self.training else 0.0
-        # SDPA has no fused CPU kernel with dropout: the explicit form with our cheaper dropout
-        if layout.output_attentions:
-            scores = (q / math.sqrt(hs)) @ k.transpose(-2, -1)  # (B, nh, T, T)
-            if mask is not None:
-                scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-            probs = scores.softmax(-1)
-            y = dropout(probs, p, self.training) @ v  # (B, nh, T, hs)
-        elif p > 0 and x.device.type == "cpu":
-            probs = None
-            y = attention(q, k, v, mask, p, self.training)  # (B, nh, T, hs)
+        probs = None
+        if p > 0 and x.device.type == "cpu" and not layout.output_attentions:
+            # SDPA has no fused CPU kernel with dropout: the explicit form, fused where it can be
+            y = attention(qkv, nh, mask, p, self.training)  # (B, T, H)
         else:
-            probs = None
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-        y = y.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
+            q, k, v = qkv.view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4).unbind(0)  # (B, nh, T, hs)
+            if layout.output_attentions:
+                scores = (q / math.sqrt(hs)) @ k.transpose(-2, -1)  # (B, nh, T, T)
+                if mask is not None:
+                    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+                probs = scores.softmax(-1)
+                y = dropout(probs, p, self.training) @ v  # (B, nh, T, hs)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+            y = y.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
         return (y if layout.index is None else unpad(y, layout.index)), probs
 
 

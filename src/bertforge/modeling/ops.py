@@ -191,12 +191,11 @@ class AddNorm(torch.autograd.Function):
 
 
 # ---- attention with dropout -------------------------------------------------------------------
-def attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float, training: bool
-) -> Tensor:
-    """``dropout(softmax(q k^T / sqrt(hs), keys masked), p) @ v`` for (B, nh, T, hs) ``q``, ``k``,
-    ``v`` and a (B, 1, 1, T) boolean ``mask`` (True at real keys) or None: the explicit attention
-    of training, where torch's fused attention has no CPU kernel with dropout.
+def attention(qkv: Tensor, num_heads: int, mask: Tensor | None, p: float, training: bool) -> Tensor:
+    """Multi-head ``dropout(softmax(q k^T / sqrt(hs), keys masked), p) @ v`` from a (B, T, 3H)
+    ``qkv`` (q, k and v side by side, heads inside each) and a (B, 1, 1, T) boolean ``mask``
+    (True at real keys) or None; returns (B, T, H). The explicit attention of training, where
+    torch's fused attention has no CPU kernel with dropout.
 
     fp32 on the CPU: :class:`KernelAttention`, the scaling, masking, softmax and dropout of the
     (B, nh, T, T) scores in one C pass forward and one backward around torch's batched products;
@@ -204,52 +203,65 @@ def attention(
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability has to be in [0, 1) here, but got {p}")
     p = p if training else 0.0
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    kernels = softmax_dropout_kernels() if _fp32_cpu(q, k, v) and q.numel() else None
+    B, T, H3 = qkv.shape
+    hs = H3 // 3 // num_heads
+    scale = 1.0 / math.sqrt(hs)
+    kernels = softmax_dropout_kernels() if _fp32_cpu(qkv) and qkv.numel() else None
     if kernels is None:
+        q, k, v = qkv.reshape(B, T, 3, num_heads, hs).permute(2, 0, 3, 1, 4).unbind(0)
         scores = (q * scale) @ k.transpose(-2, -1)  # (B, nh, T, T)
         if mask is not None:
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        return dropout(scores.softmax(-1), p, True) @ v  # (B, nh, T, hs)
-    B, T = q.shape[0], k.shape[-2]
+        y = dropout(scores.softmax(-1), p, True) @ v  # (B, nh, T, hs)
+        return y.transpose(1, 2).reshape(B, T, H3 // 3)  # (B, T, H)
     keys = None if mask is None else mask.reshape(B, T).to(torch.uint8).contiguous()  # (B, T)
-    return KernelAttention.apply(q, k, v, keys, p, scale, kernels)
+    return KernelAttention.apply(qkv, num_heads, keys, p, scale, kernels)
 
 
 class KernelAttention(torch.autograd.Function):
     """Attention with dropout through the C kernels of
-    :func:`bertforge.modeling.kernels.softmax_dropout_kernels`: the scores' buffer becomes the
-    probabilities, the dropped probabilities get a second one (both kept for the backward:
-    softmax's backward needs the probabilities, the value gradient the dropped ones), and the
-    backward overwrites the gradient of the dropped probabilities with that of the scores."""
+    :func:`bertforge.modeling.kernels.softmax_dropout_kernels`. q, k and v are laid out head by
+    head in one copy of ``qkv`` (the batched products need contiguous heads), the scores' buffer
+    becomes the probabilities and the dropped probabilities get a second one (both kept: softmax's
+    backward needs the probabilities, the value gradient the dropped ones); the backward
+    overwrites the gradient of the dropped probabilities with that of the scores and writes the
+    three gradients into one buffer, laid out back as ``qkv`` in one copy."""
 
     @staticmethod
     def forward(
         ctx: Any,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
+        qkv: Tensor,
+        num_heads: int,
         keys: Tensor | None,
         p: float,
         scale: float,
         kernels: Any,
     ) -> Tensor:
+        B, T, H3 = qkv.shape
+        heads = qkv.reshape(B, T, 3, num_heads, -1).permute(2, 0, 3, 1, 4).contiguous()
+        q, k, v = heads.unbind(0)  # 3 x (B, nh, T, hs), contiguous
         probs = torch.matmul(q, k.transpose(-2, -1))  # (B, nh, T, T) scores, a new buffer
         dropped = kernels[0](probs, keys, scale, _seed() if p > 0 else 0, p)
         dropped = probs if dropped is None else dropped
-        ctx.save_for_backward(q, k, v, probs, dropped)
+        ctx.save_for_backward(heads, probs, dropped)
         ctx.scale, ctx.backward_kernel = scale, kernels[1]
-        return torch.matmul(dropped, v)  # (B, nh, T, hs)
+        y = torch.matmul(dropped, v)  # (B, nh, T, hs)
+        return y.transpose(1, 2).reshape(B, T, H3 // 3)  # (B, T, H)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple:
-        q, k, v, probs, dropped = ctx.saved_tensors
-        grad_v = torch.matmul(dropped.transpose(-2, -1), grad)  # (B, nh, T, hs)
+        heads, probs, dropped = ctx.saved_tensors
+        q, k, v = heads.unbind(0)
+        three, B, nh, T, hs = heads.shape
+        grad = grad.view(B, T, nh, hs).transpose(1, 2).contiguous()  # (B, nh, T, hs)
+        grad_heads = torch.empty_like(heads)  # (3, B, nh, T, hs)
+        torch.matmul(dropped.transpose(-2, -1), grad, out=grad_heads[2])  # value
         grad_scores = torch.matmul(grad, v.transpose(-2, -1))  # (B, nh, T, T), a new buffer
         ctx.backward_kernel(grad_scores, probs, dropped, ctx.scale)  # scaled by 1/sqrt(hs) too
-        grad_q = torch.matmul(grad_scores, k)
-        grad_k = torch.matmul(grad_scores.transpose(-2, -1), q)
-        return grad_q, grad_k, grad_v, None, None, None, None
+        torch.matmul(grad_scores, k, out=grad_heads[0])  # query
+        torch.matmul(grad_scores.transpose(-2, -1), q, out=grad_heads[1])  # key
+        grad_qkv = grad_heads.permute(1, 3, 0, 2, 4).reshape(B, T, three * nh * hs)  # (B, T, 3H)
+        return grad_qkv, None, None, None, None, None
 
 
 def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
