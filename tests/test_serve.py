@@ -5,6 +5,8 @@ sequential ones get."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import socket
 import threading
 import time
@@ -31,7 +33,31 @@ PLAIN = ["the movie was a film .", "good", "a bad story about people who went to
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
-    return tiny_models(tmp_path_factory.mktemp("serve"))
+    made = tiny_models(tmp_path_factory.mktemp("serve"))
+    # the masked LM again, declaring mean pooling and normalisation as sentence-transformers does
+    st = made["mlm"].parent / "st"
+    shutil.copytree(made["mlm"], st)
+    (st / "1_Pooling").mkdir()
+    (st / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True})
+    )
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+        {
+            "idx": 2,
+            "name": "2",
+            "path": "2_Normalize",
+            "type": "sentence_transformers.models.Normalize",
+        },
+    ]
+    (st / "modules.json").write_text(json.dumps(modules))
+    return {**made, "st": st}
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +132,7 @@ def test_health_info_docs_and_page(server, models):
         "mlm": "masked-lm",
         "clf": "classifier",
         "reg": "classifier",
+        "st": "masked-lm",
     }
     clf = BertForSequenceClassification.from_pretrained(models["clf"])
     assert by_name["clf"]["parameters"] == sum(p.numel() for p in clf.parameters())
@@ -171,6 +198,12 @@ def test_fill_mask_predict_embed_similarity_equal_the_library(server, models):
         status, vectors = request(server, "POST", "/embed", body)
         direct = bertforge.embed(encoder, tok, PLAIN, pooling, normalize=normalize)
         assert status == 200 and np.allclose(vectors, direct, atol=1e-5)
+    # unset pooling: what the model declares (st: mean, normalised), else cls without normalising
+    status, vectors = request(server, "POST", "/embed", {"inputs": PLAIN, "model": "st"})
+    assert status == 200 and np.allclose(vectors, direct, atol=1e-5)  # direct: mean, normalised
+    status, vectors = request(server, "POST", "/embed", {"inputs": PLAIN})
+    cls = bertforge.embed(encoder, tok, PLAIN, "cls", normalize=False)
+    assert status == 200 and np.allclose(vectors, cls, atol=1e-5)
     status, answer = request(server, "POST", "/similarity", {"inputs": PLAIN, "pooling": "mean"})
     unit = bertforge.embed(encoder, tok, PLAIN, "mean", normalize=True)
     assert status == 200 and np.allclose(answer["similarity"], unit @ unit.T, atol=1e-4)

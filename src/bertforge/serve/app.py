@@ -13,7 +13,7 @@ import json
 from collections.abc import AsyncIterator, Hashable, Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bertforge.errors import BertforgeError
 from bertforge.inference.explain import attention_maps, integrated_gradients
+from bertforge.inference.predict import PoolingMode, declared_pooling
 from bertforge.inference.predict import classify as predict_classify
 from bertforge.inference.predict import embed as predict_embed
 from bertforge.inference.predict import fill_mask as predict_fill_mask
@@ -57,16 +58,24 @@ class PredictRequest(_Request):
     truncate: bool = Field(False, description="cut texts longer than the limit instead of 413")
 
 
+POOLING_HELP = (
+    "unset: the pooling the model's directory declares (sentence-transformers' "
+    "1_Pooling/config.json), else cls"
+)
+
+
 class EmbedRequest(_Request):
     inputs: Texts
-    pooling: Literal["cls", "mean"] = "cls"
-    normalize: bool = False
+    pooling: PoolingMode | None = Field(None, description=POOLING_HELP)
+    normalize: bool | None = Field(
+        None, description="unset: as the model declares (2_Normalize in modules.json), else false"
+    )
     truncate: bool = False
 
 
 class SimilarityRequest(_Request):
     inputs: list[str] = Field(description="texts to compare with each other (at least 2)")
-    pooling: Literal["cls", "mean"] = "cls"
+    pooling: PoolingMode | None = Field(None, description=POOLING_HELP)
     truncate: bool = False
 
 
@@ -326,8 +335,16 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
         return JSONResponse(results)
 
     async def _vectors(
-        served: ServedModel, texts: list[str], pooling: str, normalize: bool, truncate: bool
+        served: ServedModel,
+        texts: list[str],
+        pooling: str | None,
+        normalize: bool | None,
+        truncate: bool,
     ) -> np.ndarray:
+        # unset means what the model declares, as `bertforge embed` and embed() do
+        declared, _, declared_norm = declared_pooling(served.directory)
+        pooling = pooling or declared or "cls"
+        normalize = declared_norm if normalize is None else normalize
         lengths = server.lengths(served, texts, truncate)
         max_length = server.length_limit(served)[0]
 
