@@ -47,7 +47,8 @@ from bertforge.training.checkpoints import CHECKPOINT_PREFIX, list_checkpoints
 HERE = Path(__file__).resolve().parent
 PRETRAIN_STEPS, PRETRAIN_SAVE = 48, 4
 FINETUNE_STEPS, FINETUNE_EVAL = 36, 3
-FT_EXTRA = ("--log_every", "1", "--epochs", "6")  # 8 steps an epoch: max_steps decides
+# 8 steps an epoch: max_steps decides; the finished run keeps its last checkpoint to compare
+FT_EXTRA = ("--log_every", "1", "--epochs", "6", "--keep_final_checkpoint")
 TIMEOUT = 600.0  # seconds a child may take: generous, the CPU of a CI box may be shared
 
 
