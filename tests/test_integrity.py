@@ -86,7 +86,7 @@ def test_altered_checkpoint_is_refused_and_verify_names_the_last_good_one(art, t
 
 def test_finetune_refuses_an_altered_checkpoint_and_says_how_to_resume(art, tmp_path, capsys):
     out = tmp_path / "ft"
-    argv = finetune_argv(art, out, 4, 2)
+    argv = finetune_argv(art, out, 4, 2, "--keep_final_checkpoint")
     assert cli.main(argv) == 0
     good, newest = list_checkpoints(out)[-2:]
     (newest / "train_state.json").write_text('{"step": 999}')  # a different size

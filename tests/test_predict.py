@@ -82,6 +82,16 @@ def test_fill_mask_errors(mlm_dir):
         bertforge.fill_mask(model, tok, "a [MASK] .")
 
 
+def test_fill_mask_keeps_a_lone_surrogate_as_the_replacement_character(mlm_dir):
+    """A lone surrogate (what a JSON "\\ud800" escape decodes to) passed the encoding, which
+    replaces it with U+FFFD, then raised the tokenizers library's TypeError when fill-mask
+    mapped the mask back into the text's characters."""
+    mlm, tok = BertForMaskedLM.from_pretrained(mlm_dir), Tokenizer.from_file(mlm_dir)
+    out = bertforge.fill_mask(mlm, tok, ["ok [MASK]", "\ud800 [MASK] film"])
+    top = out[1]["masks"][0][0]["token"].removeprefix("##")
+    assert out[1]["filled"] == f"\ufffd {top} film" and out[1]["text"] == "\ud800 [MASK] film"
+
+
 def test_classify_is_order_stable_and_sums_to_one(classifier_dir):
     model = BertForSequenceClassification.from_pretrained(classifier_dir)
     tok = Tokenizer.from_file(classifier_dir)

@@ -27,6 +27,7 @@ from bertforge.errors import BertforgeError
 from bertforge.io import read_json_object
 from bertforge.progress import item_bar
 from bertforge.runtime import autocast
+from bertforge.tokenizer.wordpiece import valid_unicode
 
 SETTINGS_FILE = "finetune_config.json"
 """What ``bertforge finetune`` saved beside a fine-tuned model: its columns, length, truncation."""
@@ -245,12 +246,14 @@ def fill_mask(
                 )
     # fill the top token into the text's own characters (decoding the ids instead would drop
     # [UNK] words and change case, accents and spacing)
-    spans = tokenizer.backend.encode_batch(texts, add_special_tokens=False)
+    # (unpaired surrogates become U+FFFD first, as the encoding above did: the same offsets)
+    readable = valid_unicode(texts)
+    spans = tokenizer.backend.encode_batch(readable, add_special_tokens=False)
     for b, text in enumerate(texts):
         masks = [
             o for i, o in zip(spans[b].ids, spans[b].offsets, strict=True) if i == tokenizer.mask_id
         ]
-        filled = text
+        filled = readable[b]
         for (start, end), top in reversed(list(zip(masks, results[b]["masks"], strict=True))):
             filled = filled[:start] + top[0]["token"].removeprefix("##") + filled[end:]
         results[b] = {"text": text, "filled": filled, **results[b]}
