@@ -94,6 +94,11 @@ class Recipe:
         seconds = time.perf_counter() - start
         if code != 0:
             raise BertforgeError(f"recipe {self.name}: step failed (exit {code}): {line}")
+        if done is not None and not done.exists():  # stopped by a signal: it saved, then exit 0
+            raise BertforgeError(
+                f"recipe {self.name}: the step stopped before finishing ({done} missing): {line}; "
+                "rerun the recipe to continue it"
+            )
         self.commands.append({"command": line, "seconds": round(seconds, 1)})
         return seconds
 
