@@ -39,10 +39,13 @@ from bertforge.tokenizer import Tokenizer  # noqa: E402
 def sentences(n: int, seed: int = 0) -> list[str]:
     """``n`` WikiText-2 validation lines of 8-60 words, one masked word each for fill-mask."""
     lines = (SHARED_DATA / "wikitext2" / "wiki.valid.tokens").read_text(encoding="utf-8")
+    # WikiText lines are paragraphs: cut them into sentences (" . ") to have enough of 8-60 words
     rows = [
-        line.strip()
+        sentence.strip() + " ."
         for line in lines.splitlines()
-        if line.strip() and not line.strip().startswith("=") and 8 <= len(line.split()) <= 60
+        if line.strip() and not line.strip().startswith("=")
+        for sentence in line.split(" . ")
+        if 8 <= len(sentence.split()) <= 60
     ]
     rng = random.Random(seed)
     return rng.sample(rows, n)
