@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bertforge.errors import BertforgeError
 from bertforge.inference.explain import attention_maps, integrated_gradients
-from bertforge.inference.predict import PoolingMode, declared_pooling
+from bertforge.inference.predict import PoolingMode
 from bertforge.inference.predict import classify as predict_classify
 from bertforge.inference.predict import embed as predict_embed
 from bertforge.inference.predict import fill_mask as predict_fill_mask
@@ -342,7 +342,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
         truncate: bool,
     ) -> np.ndarray:
         # unset means what the model declares, as `bertforge embed` and embed() do
-        declared, _, declared_norm = declared_pooling(served.directory)
+        declared, declared_norm = served.declared_pooling
         pooling = pooling or declared or "cls"
         normalize = declared_norm if normalize is None else normalize
         lengths = server.lengths(served, texts, truncate)

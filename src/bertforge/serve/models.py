@@ -8,6 +8,7 @@ are not offered for it."""
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from torch import nn
 from bertforge.cli.common import load_model, load_onnx_model
 from bertforge.errors import BertforgeError
 from bertforge.inference.onnx import ONNX_FILE
+from bertforge.inference.predict import declared_pooling
 from bertforge.modeling.checkpoint import read_safetensors
 from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
 
@@ -37,6 +39,13 @@ class ServedModel:
     """``batch_size`` and ``precision`` for the inference functions."""
     backend: str = "torch"
     """torch, or onnx for an exported directory run by ONNX Runtime."""
+
+    @functools.cached_property
+    def declared_pooling(self) -> tuple[str | None, bool]:
+        """The pooling (None: none declared) and normalisation the directory declares, read
+        from its sentence-transformers files once, not on every request."""
+        pooling, _, normalize = declared_pooling(self.directory)
+        return pooling, normalize
 
     @property
     def encoder(self) -> nn.Module:
