@@ -94,6 +94,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--max_batch_tokens", type=int, default=16384)
+    parser.add_argument(
+        "--num_threads", type=int, help="the server's torch threads (default: its own default)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(2)
     texts = sentences(args.requests)
@@ -125,6 +128,8 @@ def main() -> None:
 
         served = {"minilm": minilm, "mlm": Path(tmp) / "mlm"}
         options = ("--max_batch_tokens", str(args.max_batch_tokens))
+        if args.num_threads is not None:
+            options += ("--num_threads", str(args.num_threads))
         with serve(served, *options, log=Path(tmp) / "server.log") as (port, _):
             fill_bodies = [{"inputs": t, "model": "mlm", "top_k": 5} for t in masked_texts]
             embed_bodies = [

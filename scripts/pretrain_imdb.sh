@@ -116,5 +116,5 @@ if [ "${DOWNSTREAM:-0}" = "1" ]; then
     bertforge downstream --model "$OUT/run/model" --train "$SLICES/train5000.csv" \
         --validation "$SLICES/val500.csv" --test "$SLICES/test5000.csv" \
         --output "$OUT/downstream" --max_length 128 --batch_size 32 --lr 3e-4 --epochs 3 \
-        --warmup_ratio 0.1 --dropout 0 --num_threads 1 --progress false
+        --warmup_ratio 0.1 --dropout 0 --num_threads 2 --progress false
 fi

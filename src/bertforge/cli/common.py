@@ -1,22 +1,17 @@
 """What the model-using commands (``evaluate``, ``fill-mask``, ``classify``, ``embed``) share:
-their common options (dataclasses their configs extend), the defaults a fine-tuned model
-directory records, and loading a model with its tokenizer."""
+their common options (dataclasses their configs extend). Loading a model with its tokenizer and
+the defaults a fine-tuned model directory records are ``bertforge.inference.loading``'s (the
+server uses them too); they are re-exported here for the commands."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
-
-from torch import nn
+from typing import Literal
 
 from bertforge.data.tasks import Truncation
 from bertforge.errors import BertforgeError
-from bertforge.inference.onnx import OnnxModel, load_onnx
-from bertforge.io import read_json_object
-from bertforge.modeling.checkpoint import check_tokenizer_fits
-from bertforge.runtime import Precision, pick_device, pick_precision
-from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.inference.loading import finetune_defaults, load_model, load_onnx_model
+from bertforge.runtime import Precision
 from bertforge.training.config import FINETUNE_CONFIG, check_at_least, check_choice
 
 
@@ -83,58 +78,6 @@ class TextInputs:
     def __post_init__(self) -> None:
         if bool(self.texts) == bool(self.input):
             raise BertforgeError("give texts as arguments or --input FILE (one of them)")
-
-
-def finetune_defaults(model_dir: str | Path) -> dict[str, Any]:
-    """The resolved ``bertforge finetune`` config saved with a fine-tuned model ({} if none)."""
-    path = Path(model_dir) / FINETUNE_CONFIG
-    if not path.is_file():
-        return {}
-    return read_json_object(path, "restore it or delete it")
-
-
-def load_model(
-    cls: type, args: Any, require: tuple[str, str] | None = None
-) -> tuple[nn.Module, Any, dict[str, Any]]:
-    """``cls.from_pretrained(args.model)`` on ``args.device``, its tokenizer, and the keyword
-    options every inference function takes (``batch_size``, ``precision`` as ``args.precision``
-    resolves on that device, ``progress``); ``args`` is a :class:`ModelOptions` or has its attributes. ``require = (prefix, message)`` names a head the command needs: a
-    checkpoint without weights of that prefix (e.g. ``classifier.``) is an error saying message."""
-
-    device = pick_device(args.device)
-    model = cls.from_pretrained(args.model).to(device)
-    missing = model.loading_info["missing"]
-    if require is not None and any(k.startswith(require[0]) for k in missing):
-        raise BertforgeError(f"{args.model}: {require[1]}")
-    options = {
-        "batch_size": args.batch_size,
-        "precision": pick_precision(args.precision, device),
-        "progress": getattr(args, "progress", False),
-    }
-    tokenizer = Tokenizer.from_file(args.model)
-    check_tokenizer_fits(tokenizer, model.config, args.model)
-    return model, tokenizer, options
-
-
-def load_onnx_model(args: Any, output: str) -> tuple[OnnxModel, Any, dict[str, Any]]:
-    """The ``--backend onnx`` form of :func:`load_model`: ``args.model`` is an export directory,
-    loaded into ONNX Runtime on the CPU. ``output`` names the graph output the command needs
-    (``logits``, ``last_hidden_state``): an export without it is an error."""
-    if args.device not in ("auto", "cpu"):
-        raise BertforgeError(f"--backend onnx runs on the CPU; drop --device {args.device}")
-    if args.precision == "bf16":
-        raise BertforgeError(
-            "--backend onnx runs the precision it was exported with; drop --precision bf16 "
-            "(for int8: bertforge export --quantize int8)"
-        )
-    model = load_onnx(args.model)
-    if output not in model.output_names:
-        raise BertforgeError(
-            f"{args.model}: the exported model has no {output!r} output (it has "
-            f"{', '.join(model.output_names)}); export a model with that head"
-        )
-    tokenizer = Tokenizer.from_file(args.model)
-    return model, tokenizer, {"batch_size": args.batch_size, "precision": "fp32"}
 
 
 __all__ = [

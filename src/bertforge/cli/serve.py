@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+import torch
+
 from bertforge.cli.options import parse_config
 from bertforge.errors import BertforgeError
 from bertforge.serve.config import ServeConfig
@@ -30,6 +32,8 @@ def main(argv: list[str]) -> int:
             "pip install 'bertforge[serve]'"
         ) from err
 
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
     models = {}
     for name, directory in config.models.items():
         served = load_served_model(name, directory, config.device, config.precision)

@@ -44,6 +44,10 @@ class ServeConfig:
     """Longest text /attention and /attribute take: their answers grow with the square of it."""
     max_attribution_steps: int = 256
     """Largest steps of /attribute (each step is one forward and backward pass)."""
+    num_threads: int | None = None
+    """torch CPU threads of the inference worker (None = torch's default, one per core). On a
+    machine whose cores also run the clients or other services, fewer threads than cores keep
+    one forward pass from waiting on a thread the event loop or a client has pushed aside."""
     request_timeout: float = 60.0
     """Seconds a request may take from its first byte to its answer, reading its body included
     (408 while reading, 503 after): a slow or stalled client cannot hold a slot for longer."""
@@ -70,6 +74,7 @@ class ServeConfig:
             max_top_k=1,
             max_attention_tokens=2,
             max_attribution_steps=1,
+            num_threads=1,
         )
         if self.port > 65535:
             raise BertforgeError(f"--port {self.port} is not a TCP port (1..65535)")

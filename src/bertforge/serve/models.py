@@ -15,8 +15,8 @@ from typing import Any
 
 from torch import nn
 
-from bertforge.cli.common import load_model, load_onnx_model
 from bertforge.errors import BertforgeError
+from bertforge.inference.loading import load_model, load_onnx_model
 from bertforge.inference.onnx import ONNX_FILE
 from bertforge.inference.predict import declared_pooling
 from bertforge.modeling.checkpoint import read_safetensors
