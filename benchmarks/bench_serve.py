@@ -97,6 +97,8 @@ def main() -> None:
     parser.add_argument(
         "--num_threads", type=int, help="the server's torch threads (default: its own default)"
     )
+    parser.add_argument("--workers", type=int, help="the server's inference threads")
+    parser.add_argument("--batch_wait_ms", type=float, help="the server's batch wait")
     args = parser.parse_args()
     torch.set_num_threads(2)
     texts = sentences(args.requests)
@@ -128,8 +130,9 @@ def main() -> None:
 
         served = {"minilm": minilm, "mlm": Path(tmp) / "mlm"}
         options = ("--max_batch_tokens", str(args.max_batch_tokens))
-        if args.num_threads is not None:
-            options += ("--num_threads", str(args.num_threads))
+        for name in ("num_threads", "workers", "batch_wait_ms"):
+            if getattr(args, name) is not None:
+                options += (f"--{name}", str(getattr(args, name)))
         with serve(served, *options, log=Path(tmp) / "server.log") as (port, _):
             fill_bodies = [{"inputs": t, "model": "mlm", "top_k": 5} for t in masked_texts]
             embed_bodies = [
@@ -189,7 +192,8 @@ def main() -> None:
         )
     print(
         f"bertforge serve, {args.clients} concurrent local clients, {args.requests} requests per "
-        f"route, one text each; {cpu_model()}, {torch.get_num_threads()} torch threads, fp32; "
+        f"route, one text each; {cpu_model()}, fp32; offline at {torch.get_num_threads()} "
+        f"torch threads; server: {' '.join(options)}; "
         f"mean {mean_batch:.1f} requests per forward pass\n"
     )
     print(

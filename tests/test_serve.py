@@ -24,7 +24,7 @@ from serve_helpers import Client, request, serve, tiny_models  # noqa: E402
 import bertforge  # noqa: E402
 from bertforge.inference.explain import attention_maps, integrated_gradients  # noqa: E402
 from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel  # noqa: E402
-from bertforge.serve.batcher import Job, take_batch  # noqa: E402
+from bertforge.serve.batcher import Batcher, Job, take_batch  # noqa: E402
 from bertforge.tokenizer import Tokenizer  # noqa: E402
 
 TEXTS = ["the [MASK] was a film .", "a [MASK] story about [MASK] town .", "good [MASK]"]
@@ -296,7 +296,70 @@ def test_truncate_cuts_instead_of_refusing(server):
     assert status == 200 and len(vectors) == 1 and len(vectors[0]) == 32
 
 
+def test_workers_run_batches_side_by_side():
+    def meeting(timeout: float):
+        both = threading.Barrier(2, timeout=timeout)
+
+        def meet(items):  # returns only once the other batch is running too
+            both.wait()
+            return items
+
+        return meet
+
+    batcher = Batcher(max_batch_tokens=1, workers=2)  # every job its own batch
+    try:
+        meet = meeting(timeout=10)
+        futures = [batcher.submit(key, [key], 1, meet) for key in ("a", "b")]
+        assert [f.result(timeout=10) for f in futures] == [["a"], ["b"]]
+    finally:
+        batcher.close()
+    lone = Batcher(max_batch_tokens=1, workers=1)  # one worker: the second batch waits
+    try:
+        meet = meeting(timeout=0.5)
+        futures = [lone.submit(key, [key], 1, meet) for key in ("a", "b")]
+        with pytest.raises(threading.BrokenBarrierError):
+            futures[0].result(timeout=10)
+    finally:
+        lone.close()
+
+
+def test_batch_wait_lets_later_requests_join_the_pass():
+    calls: list[list[str]] = []
+
+    def record(items):
+        calls.append(list(items))
+        return items
+
+    batcher = Batcher(max_batch_tokens=100, max_wait=0.5)
+    try:
+        first = batcher.submit("k", ["a"], 1, record)
+        time.sleep(0.05)  # well inside the wait: joins the same forward pass
+        second = batcher.submit("k", ["b"], 1, record)
+        assert first.result(timeout=5) == ["a"] and second.result(timeout=5) == ["b"]
+    finally:
+        batcher.close()
+    assert calls == [["a", "b"]]
+
+
 def test_concurrent_clients_get_the_sequential_answers_in_shared_batches(server):
+    check_concurrent_answers(server)
+
+
+@pytest.fixture(scope="module")
+def pooled_server(models, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve-pooled") / "server.log"
+    options = ("--workers", "2", "--num_threads", "1", "--batch_wait_ms", "3")
+    with serve(models, *options, "--max_client_batch_size", "8", log=log) as (port, _):
+        yield port
+
+
+def test_two_workers_and_batch_wait_give_the_sequential_answers(pooled_server):
+    check_concurrent_answers(pooled_server)
+
+
+def check_concurrent_answers(server: int) -> None:
+    """96 requests from 16 threads answer what the same requests sent one by one answer, and
+    some of them share forward passes."""
     bodies = []
     for i in range(96):
         text = f"{PLAIN[i % 3]} " * (1 + i % 4)
@@ -424,6 +487,8 @@ def test_slow_clients_time_out_and_concurrency_limit_answers_429(strict_server):
         (["--model", "bad name=/tmp"], "letters, digits"),
         (["--model", "/tmp/a", "--max_input_length", "0"], "--max_input_length"),
         (["--port", "80"], "--model"),
+        (["--model", "/tmp/a", "--workers", "0"], "--workers 0 must be at least 1"),
+        (["--model", "/tmp/a", "--batch_wait_ms", "-1"], "--batch_wait_ms"),
     ],
 )
 def test_serve_command_errors_are_one_line(argv, says, capsys):

@@ -348,9 +348,9 @@ def resolve_pooling(
     """The pooling and normalisation :func:`embed` uses: those given, else those the model's
     directory declares (sentence-transformers layout), else ``cls`` without normalising."""
     directory = getattr(model, "name_or_path", None)
-    declared, where, declared_norm = (
-        declared_pooling(directory) if directory else (None, None, False)
-    )
+    # the directory's files are read only when something is left to what it declares
+    need = directory and (pooling is None or normalize is None)
+    declared, where, declared_norm = declared_pooling(directory) if need else (None, None, False)
     if pooling is not None:
         chosen, source = pooling, "given"
     elif declared is not None:
@@ -422,7 +422,8 @@ def embed(
                 hidden = torch.from_numpy(model.hidden_states(numpy_batch))  # (B, T, H)
             else:
                 with autocast(device, precision):
-                    hidden = encoder(**batch).last_hidden_state.float()  # (B, T, H)
+                    # token-wise ops on the real tokens only; pooling masks the (zero) pads
+                    hidden = encoder(**batch, skip_padding=True).last_hidden_state.float()
             vectors = _pool(hidden, batch["attention_mask"], choice.pooling)  # (B, H)
             if choice.normalize:
                 vectors = torch.nn.functional.normalize(vectors, dim=-1)

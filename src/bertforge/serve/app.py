@@ -16,6 +16,7 @@ from importlib import resources
 from typing import Any
 
 import numpy as np
+import orjson
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -117,7 +118,12 @@ class Server:
         """Inference requests being answered (counted by :class:`Limits`)."""
 
     def start(self) -> None:
-        self.batcher = Batcher(self.config.max_batch_tokens, self._on_batch)
+        self.batcher = Batcher(
+            self.config.max_batch_tokens,
+            self._on_batch,
+            self.config.batch_wait_ms / 1000,
+            self.config.workers,
+        )
 
     def stop(self) -> None:
         if self.batcher is not None:
@@ -369,7 +375,10 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
         served = server.model(body.model, "/embed")
         texts = server.texts(body.inputs)
         vectors = await _vectors(served, texts, body.pooling, body.normalize, body.truncate)
-        return JSONResponse(vectors.tolist())
+        # orjson writes float32 arrays directly, in float32's shortest form: ~20x faster than
+        # json over Python floats and half the bytes, on the event loop of every request
+        body = orjson.dumps(np.ascontiguousarray(vectors), option=orjson.OPT_SERIALIZE_NUMPY)
+        return Response(body, media_type="application/json")
 
     @app.post("/similarity", summary="cosine similarity matrix of the texts' vectors")
     async def similarity(body: SimilarityRequest) -> JSONResponse:

@@ -67,15 +67,24 @@ class Batcher:
     """One inference thread fed by a queue of :class:`Job`."""
 
     def __init__(
-        self, max_batch_tokens: int, on_batch: Callable[[BatchStats], None] | None = None
+        self,
+        max_batch_tokens: int,
+        on_batch: Callable[[BatchStats], None] | None = None,
+        max_wait: float = 0.0,
+        workers: int = 1,
     ) -> None:
         self.max_batch_tokens = max_batch_tokens
+        self.max_wait = max_wait
         self._on_batch = on_batch
         self._queue: collections.deque[Job] = collections.deque()
         self._ready = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._loop, name="bertforge-inference", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"bertforge-inference-{i}", daemon=True)
+            for i in range(workers)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     @property
     def queue_length(self) -> int:
@@ -98,8 +107,9 @@ class Batcher:
             for job in self._queue:
                 job.future.cancel()
             self._queue.clear()
-            self._ready.notify()
-        self._thread.join(timeout=30)
+            self._ready.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=30)
 
     def _loop(self) -> None:
         while True:
@@ -108,11 +118,28 @@ class Batcher:
                     self._ready.wait()
                 if self._closed:
                     return
+                self._linger()
+                if not self._queue:  # another worker took it while this one lingered
+                    continue
                 batch = take_batch(self._queue, self.max_batch_tokens)
             # a request whose client gave up (timeout) was cancelled: skip its work
             batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
             if batch:
                 self._run(batch)
+
+    def _linger(self) -> None:
+        """Hold the next batch open for up to ``max_wait`` seconds while its tokens are under
+        the budget, so requests on their way join it (called holding the lock)."""
+        if self.max_wait <= 0:
+            return
+        deadline = time.perf_counter() + self.max_wait
+        while not self._closed and self._queue:
+            first = self._queue[0].key
+            queued = sum(job.tokens for job in self._queue if job.key == first)
+            left = deadline - time.perf_counter()
+            if queued >= self.max_batch_tokens or left <= 0:
+                return
+            self._ready.wait(left)
 
     def _run(self, batch: list[Job]) -> None:
         start = time.perf_counter()

@@ -28,6 +28,14 @@ class ServeConfig:
     max_batch_tokens: int = 16384
     """Token budget of one forward pass: requests waiting for the same model and route are
     merged into one batch while their tokens add up to at most this."""
+    workers: int = 1
+    """Inference threads, each running its own forward passes (with --num_threads torch threads
+    each). On a small CPU, 2 workers x 1 thread keep both cores busy where one pass of small
+    batches on 2 threads leaves one waiting."""
+    batch_wait_ms: float = 0.0
+    """How long a forward pass may wait for more requests to join its batch while the batch is
+    under --max_batch_tokens (milliseconds; 0 = start at once). Many concurrent clients: a few
+    ms merge their requests into fewer, larger passes (more texts/s); one client: pure delay."""
     max_input_length: int = 512
     """Longest text in tokens (with [CLS]/[SEP]); longer ones are refused with 413, or cut when
     the request says truncate: true. Never more than a model's positions."""
@@ -75,6 +83,8 @@ class ServeConfig:
             max_attention_tokens=2,
             max_attribution_steps=1,
             num_threads=1,
+            batch_wait_ms=0,
+            workers=1,
         )
         if self.port > 65535:
             raise BertforgeError(f"--port {self.port} is not a TCP port (1..65535)")
