@@ -1,10 +1,12 @@
 """Dynamic batching: requests that arrive while the model is busy wait in one queue, and the
 next forward pass takes every waiting request for the same model and route whose tokens fit
-in the budget (``--max_batch_tokens``). Inference runs on one worker thread, never on the
-event loop, so the server keeps accepting, validating and refusing requests meanwhile.
+in the budget (``--max_batch_tokens``). Inference runs on worker threads, never on the event
+loop, so the server keeps accepting, validating and refusing requests meanwhile.
 
-One worker is deliberate: on a CPU torch already spreads one forward pass over the cores, and
-two passes at once would only fight over them; larger batches are where the throughput is.
+One worker (the default) gives a lone request every core torch has. Under many concurrent
+clients on a small CPU, a pass over a few short texts leaves threads waiting; ``--workers 2``
+with ``--num_threads 1`` runs two passes side by side instead (measured in the README).
+``max_wait`` holds a batch open for requests on their way (Triton's queue delay).
 """
 
 from __future__ import annotations
