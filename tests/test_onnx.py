@@ -160,8 +160,12 @@ def test_int8_quantizes_the_linear_layers(exported: Path, classifier_dir: Path, 
     out = tmp_path / "int8"
     summary = export_onnx(classifier_dir, out, quantize="int8")
     assert summary["quantize"] == "int8"
-    ops = {node.op_type for node in onnx.load(str(out / "model.onnx")).graph.node}
+    graph = onnx.load(str(out / "model.onnx")).graph
+    ops = {node.op_type for node in graph.node}
     assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops  # int8 GEMMs
+    # a scale per output column of each weight matrix (per_channel), not one per matrix
+    weight_scales = [i for i in graph.initializer if i.name.endswith("_scale") and i.dims]
+    assert weight_scales and all(i.dims[0] > 1 for i in weight_scales)
     fp32_ops = {node.op_type for node in onnx.load(str(exported / "model.onnx")).graph.node}
     assert "MatMulInteger" not in fp32_ops
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in exported.iterdir())
