@@ -174,11 +174,12 @@ def test_int8_quantizes_the_linear_layers(exported: Path, classifier_dir: Path, 
     ref = load_onnx(exported).sequence_logits(batch)
     got = load_onnx(out).sequence_logits(batch)
     # int8 rounds each weight to 1/255 of its column's range and each activation of a batch
-    # likewise: close to fp32, not equal (this tiny model's large random weights make the error
-    # larger than a trained model's, see benchmarks/bench_onnx.py for accuracy on IMDB)
+    # likewise: close to fp32, not equal. This tiny model's large random weights (std 0.3) make
+    # the error far larger than a trained model's (0.2 points of IMDB accuracy lost, see
+    # benchmarks/quantize_options.py): RMS error 25-30% of the logits' RMS here, run to run
     assert not np.array_equal(got, ref)
     assert np.corrcoef(got.ravel(), ref.ravel())[0, 1] > 0.95
-    assert np.abs(got - ref).max() < 0.25 * np.abs(ref).max()
+    assert np.sqrt(((got - ref) ** 2).mean()) < 0.4 * np.sqrt((ref**2).mean())
 
 
 def test_export_refuses_bad_requests(classifier_dir: Path, exported: Path, tmp_path: Path):
