@@ -75,6 +75,24 @@ def tiny_encoder(r: Recipe, tokenizer_dir: Path) -> Path:
     return out
 
 
+def prepare_data(
+    r: Recipe,
+    tokenizer: Path,
+    inputs: list[Any],
+    output: Path,
+    validation_fraction: str,
+    *,
+    mode: str = "packed",
+    extra: list[Any] | None = None,
+) -> None:
+    """``bertforge prepare`` of ``inputs`` into ``output`` with ``tokenizer``: 128-token
+    sequences, ``mode`` packed or nsp, no progress bar; skipped when already done."""
+    argv: list[Any] = ["prepare", "--tokenizer", tokenizer, "--input", *inputs, *(extra or [])]
+    argv += ["--output", output, "--max_seq_length", "128", "--mode", mode]
+    argv += ["--validation_fraction", validation_fraction, "--progress", "false"]
+    r.run(argv, done=output / "meta.json")
+
+
 def adapt_args(r: Recipe, init: Path, data: Path, output: Path, extra: list[Path]) -> list[Any]:
     """``bertforge pretrain --init_from``: MLM only, no dropout, word embeddings (and with them
     the tied output layer) frozen, batch 16, a peak LR of 6e-4 with 6% warmup and linear decay
@@ -210,21 +228,11 @@ def reviews_adapted(r: Recipe) -> None:
     else:
         inputs = sorted(imdb.glob("unsup-*.txt.gz")) + sorted(imdb.glob("train-*.csv.gz"))
     data, wikidata = r.path("data-imdb"), r.path("data-wikitext2")
-    prepare = ["prepare", "--tokenizer", init, "--max_seq_length", "128", "--mode", "packed"]
     # never the test reviews (266 unlabelled reviews repeat one); the smoke slice skips the check
     exclude = [] if r.smoke else ["--exclude", *sorted(imdb.glob("test-*.csv.gz"))]
-    r.run(
-        prepare
-        + ["--input", *inputs, "--text_column", "text", *exclude, "--output", data]
-        + ["--validation_fraction", "0.01" if not r.smoke else "0.1", "--progress", "false"],
-        done=data / "meta.json",
-    )
-    r.run(
-        prepare
-        + ["--input", wiki, "--output", wikidata, "--validation_fraction", "0"]
-        + ["--progress", "false"],
-        done=wikidata / "meta.json",
-    )
+    fraction = "0.01" if not r.smoke else "0.1"
+    prepare_data(r, init, inputs, data, fraction, extra=["--text_column", "text", *exclude])
+    prepare_data(r, init, [wiki], wikidata, "0")
     # the starting point as the run sees it: the encoder with a freshly initialised MLM head
     start = r.path("start")
     if not (start / "model.safetensors").is_file():
@@ -278,12 +286,7 @@ def review_scores(r: Recipe) -> None:
     r.budget = r.budget or "5m"
     init = r.init or (tiny_encoder(r, minilm_dir()) if r.smoke else minilm_dir())
     data = r.path("data-train-text")
-    r.run(
-        ["prepare", "--tokenizer", init, "--input", text, "--output", data]
-        + ["--max_seq_length", "128", "--mode", "packed", "--validation_fraction", "0.05"]
-        + ["--progress", "false"],
-        done=data / "meta.json",
-    )
+    prepare_data(r, init, [text], data, "0.05")
     run = r.path(f"tapt-{'smoke' if r.smoke else r.budget}")
     r.run(adapt_args(r, init, data, run, []), done=run / "results.json")
     r.results["mlm"] = pretrain_results(run)
@@ -326,35 +329,8 @@ def news_from_scratch(r: Recipe) -> None:
         done=tok / "vocab.txt",
     )
     data, held_data = r.path("data"), r.path("data-heldout")
-    prepare = ["prepare", "--tokenizer", tok, "--max_seq_length", "128", "--mode", "packed"]
-    r.run(
-        prepare
-        + [
-            "--input",
-            pre,
-            "--output",
-            data,
-            "--validation_fraction",
-            "0.02",
-            "--progress",
-            "false",
-        ],
-        done=data / "meta.json",
-    )
-    r.run(
-        prepare
-        + [
-            "--input",
-            held,
-            "--output",
-            held_data,
-            "--validation_fraction",
-            "0",
-            "--progress",
-            "false",
-        ],
-        done=held_data / "meta.json",
-    )
+    prepare_data(r, tok, [pre], data, "0.02")
+    prepare_data(r, tok, [held], held_data, "0")
     r.budget = r.budget or "15m"
     run = r.path(f"pretrain-{'smoke' if r.smoke else r.budget}")
     argv: list[Any] = ["pretrain", "--data", data, "--output", run]
@@ -415,35 +391,8 @@ def wikitext_nsp(r: Recipe) -> None:
         done=tok / "vocab.txt",
     )
     data, valid = r.path("data"), r.path("data-wikitext2-valid")
-    prepare = ["prepare", "--tokenizer", tok, "--max_seq_length", "128", "--mode", "nsp"]
-    r.run(
-        prepare
-        + [
-            "--input",
-            *inputs,
-            "--output",
-            data,
-            "--validation_fraction",
-            "0.01",
-            "--progress",
-            "false",
-        ],
-        done=data / "meta.json",
-    )
-    r.run(
-        prepare
-        + [
-            "--input",
-            wiki_valid,
-            "--output",
-            valid,
-            "--validation_fraction",
-            "0",
-            "--progress",
-            "false",
-        ],
-        done=valid / "meta.json",
-    )
+    prepare_data(r, tok, inputs, data, "0.01", mode="nsp")
+    prepare_data(r, tok, [wiki_valid], valid, "0", mode="nsp")
     r.budget = r.budget or "20m"
     run = r.path(f"pretrain-{'smoke' if r.smoke else r.budget}")
     argv: list[Any] = ["pretrain", "--data", data, "--output", run, "--extra_eval", f"[{valid}]"]
