@@ -60,6 +60,12 @@ def run_bertforge(args: argparse.Namespace, out: Path) -> list[dict[str, float]]
     ]  # fmt: skip
     log("bertforge: " + " ".join(cmd[1:]))
     subprocess.run(cmd, check=True, cwd=ROOT)
+    return logged_curve(out)
+
+
+def logged_curve(out: Path) -> list[dict[str, float]]:
+    """A finished ``bertforge pretrain`` run's validation curve from its metrics.jsonl, with the
+    training seconds (evaluation excluded) at each evaluated step."""
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     seconds = {r["step"]: r["elapsed"] for r in records if r.get("split") == "train"}
     seconds[0] = 0.0
@@ -292,10 +298,7 @@ def main() -> int:
     ours_dir = args.output / "bertforge"
     if (ours_dir / "results.json").exists():
         log(f"bertforge: reusing the finished run in {ours_dir}")
-        records = [json.loads(x) for x in (ours_dir / "metrics.jsonl").read_text().splitlines()]
-        seconds = {r["step"]: r["elapsed"] for r in records if r.get("split") == "train"} | {0: 0.0}
-        ours = [{"seconds": seconds[r["step"]], "step": r["step"], "loss": r["loss"]}
-                for r in records if r.get("split") == "val" and r["step"] in seconds]  # fmt: skip
+        ours = logged_curve(ours_dir)
     else:
         ours = run_bertforge(args, ours_dir)
     ev = Evaluation(ours_dir)
