@@ -66,7 +66,7 @@ def take_batch(queue: collections.deque[Job], max_tokens: int) -> list[Job]:
 
 
 class Batcher:
-    """One inference thread fed by a queue of :class:`Job`."""
+    """``workers`` inference threads fed by one queue of :class:`Job`."""
 
     def __init__(
         self,
