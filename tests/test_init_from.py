@@ -19,9 +19,15 @@ from bertforge.inference.predict import fill_mask_side_by_side
 from bertforge.modeling.config import BertConfig
 from bertforge.progress import read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
-from bertforge.training.config import ModelSection, PretrainConfig, TrainConfig, parse_freeze
+from bertforge.training.config import (
+    ALL_LAYERS,
+    ModelSection,
+    PretrainConfig,
+    TrainConfig,
+    parse_freeze,
+)
 from bertforge.training.pretrain import pretrain
-from bertforge.training.setup import fresh_modules, model_contradictions
+from bertforge.training.setup import fresh_modules, model_contradictions, warm_fresh_head
 
 TRAIN = dict(
     objective="mlm",
@@ -287,6 +293,71 @@ def test_freeze_keeps_the_embeddings_and_lower_layers_fixed(hf_model, tmp_path, 
                 hf_model["data"], tmp_path / "run2", hf_model["dir"], max_steps=1, freeze="layers:3"
             )
         )
+
+
+def test_layers_all_trains_the_heads_alone(hf_model, tmp_path, capsys):
+    assert parse_freeze("embeddings,layers:all") == (True, ALL_LAYERS)
+    result = pretrain(
+        cfg(
+            hf_model["data"],
+            tmp_path / "run",
+            hf_model["dir"],
+            max_steps=4,
+            freeze="embeddings,layers:all",
+        )
+    )
+    assert "frozen (embeddings,layers:all)" in capsys.readouterr().err
+    start = load_file(str(hf_model["dir"] / "model.safetensors"))
+    end = load_file(str(Path(result["model_dir"]) / "model.safetensors"))
+    for key, value in start.items():
+        if not key.startswith("pooler"):
+            assert torch.equal(value, end["bert." + key]), key
+    assert result["final"]["val"]["loss"] < result["initial"]["val"]["loss"]  # the head learned
+
+
+def test_warm_fresh_head_sets_only_the_missing_parameters():
+    from bertforge.modeling.model import BertForMaskedLM
+
+    torch.manual_seed(0)
+    model = BertForMaskedLM(
+        BertConfig(
+            vocab_size=6,
+            hidden_size=4,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            intermediate_size=8,
+        )
+    )
+    head = model.cls.predictions
+    ln_before = head.transform.LayerNorm.weight.clone()
+    dense_before = head.transform.dense.weight.clone()
+    counts = torch.tensor([0, 0, 10, 30, 60, 0])
+    done = warm_fresh_head(model, ["cls.predictions.bias"], counts)
+    assert done == ["cls.predictions.bias = log token frequencies of the training text"]
+    log_p = torch.log((counts.double() + 0.5) / (counts.double() + 0.5).sum())
+    torch.testing.assert_close(head.bias.double(), log_p - log_p.mean())
+    assert torch.equal(head.transform.dense.weight, dense_before)  # not missing: untouched
+    assert torch.argmax(head.bias) == 4 and abs(float(head.bias.detach().sum())) < 1e-5
+    missing = ["cls.predictions.transform.dense.weight", "cls.predictions.transform.dense.bias"]
+    warm_fresh_head(model, missing, counts)
+    assert torch.equal(head.transform.dense.weight, torch.eye(4))
+    assert not head.transform.dense.bias.any()
+    assert torch.equal(head.transform.LayerNorm.weight, ln_before)
+
+
+def test_a_warm_fresh_head_starts_nearer_than_a_random_one(hf_model, tmp_path, capsys):
+    warm = pretrain(cfg(hf_model["data"], tmp_path / "warm", hf_model["dir"], max_steps=1))
+    err = capsys.readouterr().err
+    assert "fresh MLM head started warm: cls.predictions.bias = log token frequencies" in err
+    cold = pretrain(
+        cfg(hf_model["data"], tmp_path / "cold", hf_model["dir"], max_steps=1, fresh_head="random")
+    )
+    assert "started warm" not in capsys.readouterr().err
+    # a random head predicts about uniformly (log of the 400-piece vocabulary, ~6.0 nats); the
+    # warm one at least as well as the token frequencies
+    assert warm["initial"]["val"]["loss"] < cold["initial"]["val"]["loss"] - 0.5
+    with pytest.raises(BertforgeError, match="--train.fresh_head"):
+        TrainConfig(fresh_head="hot")
 
 
 def test_fill_mask_compare_prints_both_models_side_by_side(hf_model, tmp_path, capsys):

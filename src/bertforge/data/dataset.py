@@ -225,6 +225,19 @@ class PretrainingDataset:
             self._lengths = np.concatenate([idx[:, 1] for idx in self._idx])
         return self._lengths
 
+    def token_counts(self, vocab_size: int, max_tokens: int = 50_000_000) -> np.ndarray:
+        """How often each token id occurs in the split (the first ``max_tokens`` of it, read
+        shard by shard), special tokens included."""
+        counts = np.zeros(vocab_size, dtype=np.int64)
+        left = max_tokens
+        for ids in self._ids:
+            chunk = np.asarray(ids[:left])
+            counts += np.bincount(chunk, minlength=vocab_size)[:vocab_size]
+            left -= len(chunk)
+            if left <= 0:
+                break
+        return counts
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         n = len(self)
         if not -n <= index < n:

@@ -25,11 +25,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bertforge.data.dataset import PretrainingDataset
 from bertforge.inference.predict import fill_mask_side_by_side
 from bertforge.io import atomic_write_text
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForMaskedLM, BertModel
+from bertforge.progress import format_duration, parse_duration
 from bertforge.recipes.runner import (
     Recipe,
     clean_text,
@@ -42,6 +45,7 @@ from bertforge.recipes.runner import (
 )
 from bertforge.runtime import seed_everything
 from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.setup import warm_fresh_head
 
 REVIEW_SENTENCES = [
     "I really really [MASK] this show! It's awesome and full of mystery!",
@@ -93,7 +97,33 @@ def prepare_data(
     r.run(argv, done=output / "meta.json")
 
 
-def adapt_args(r: Recipe, init: Path, data: Path, output: Path, extra: list[Path]) -> list[Any]:
+HEAD_FIT = "2m"
+"""How much of ``reviews-adapted``'s budget fits the fresh MLM head alone (the encoder frozen)."""
+
+
+def head_fit_args(r: Recipe, init: Path, data: Path, output: Path, extra: list[Path]) -> list[Any]:
+    """``bertforge pretrain --init_from`` with everything but the heads frozen: the fresh MLM
+    head (started warm) learns to read the encoder for ``HEAD_FIT`` at a peak LR of 2e-3 before
+    the encoder trains, so the encoder's first updates follow a head that already predicts
+    instead of noise (linear probing, then fine-tuning: Kumar et al. 2022). A head-only step
+    costs about a third of a full one."""
+    argv: list[Any] = ["pretrain", "--init_from", init, "--data", data, "--output", output]
+    if extra:
+        argv += ["--extra_eval", "[" + ",".join(str(p) for p in extra) + "]"]
+    argv += ["--train.objective", "mlm", "--train.lr", "2e-3", "--train.warmup_ratio", "0.06"]
+    argv += ["--train.dropout", "0", "--train.freeze", "embeddings,layers:all"]
+    argv += ["--train.progress", "false", "--train.eval_every", "0", "--train.save_every", "0"]
+    if r.smoke:
+        argv += ["--train.max_steps", "3", "--train.batch_size", "8", "--train.eval_examples", "32"]
+    else:
+        argv += ["--train.max_time", HEAD_FIT, "--train.batch_size", "16"]
+        argv += ["--train.eval_examples", "500"]
+    return argv
+
+
+def adapt_args(
+    r: Recipe, init: Path, data: Path, output: Path, extra: list[Path], budget: str | None = None
+) -> list[Any]:
     """``bertforge pretrain --init_from``: MLM only, no dropout, word embeddings (and with them
     the tied output layer) frozen, batch 16, a peak LR of 6e-4 with 6% warmup and linear decay
     over the budget, evaluated every 200 steps (``--smoke``: 3 steps). Measured in
@@ -108,7 +138,7 @@ def adapt_args(r: Recipe, init: Path, data: Path, output: Path, extra: list[Path
         argv += ["--train.max_steps", "3", "--train.batch_size", "8", "--train.eval_examples", "32"]
         argv += ["--train.eval_every", "0"]
     else:
-        argv += ["--train.max_time", r.budget, "--train.batch_size", "16"]
+        argv += ["--train.max_time", budget or r.budget, "--train.batch_size", "16"]
         argv += ["--train.eval_examples", "500", "--train.eval_every", "200"]
         argv += ["--train.save_every", "200"]
     return argv
@@ -153,17 +183,23 @@ def finetune_and_score(
     return summary
 
 
-def pretrain_results(run: Path) -> dict[str, Any]:
-    """The evaluations a pretraining run wrote: random init, start, final, per evaluation set."""
+def pretrain_results(run: Path, head: Path | None = None) -> dict[str, Any]:
+    """The evaluations a pretraining run wrote: random init, start, final, per evaluation set.
+    With ``head`` (a head-fitting run before ``run``), the start is that run's, and its steps and
+    seconds count too (``head_steps``, ``head_seconds``)."""
     result = json.loads((run / "results.json").read_text())
+    first = json.loads((head / "results.json").read_text()) if head else result
     keep = ("loss", "perplexity", "accuracy", "top5_accuracy", "nsp_accuracy", "tokens")
-    columns = {"random_init": result.get("random_init"), "start": result["initial"]}
+    columns = {"random_init": result.get("random_init"), "start": first["initial"]}
     columns["final"] = result["final"]
     tables: dict[str, Any] = {}
     for label, evals in columns.items():
         for split, metrics in (evals or {}).items():
             tables.setdefault(split, {})[label] = {k: metrics.get(k) for k in keep}
-    return {"steps": result["step"], "seconds": round(result["elapsed"], 1), "eval": tables}
+    out = {"steps": result["step"], "seconds": round(result["elapsed"], 1), "eval": tables}
+    if head:
+        out["head_steps"], out["head_seconds"] = first["step"], round(first["elapsed"], 1)
+    return out
 
 
 def imdb_task(r: Recipe) -> dict[str, Any]:
@@ -233,14 +269,24 @@ def reviews_adapted(r: Recipe) -> None:
     fraction = "0.01" if not r.smoke else "0.1"
     prepare_data(r, init, inputs, data, fraction, extra=["--text_column", "text", *exclude])
     prepare_data(r, init, [wiki], wikidata, "0")
-    # the starting point as the run sees it: the encoder with a freshly initialised MLM head
+    # the starting point as the run sees it: the encoder with a fresh MLM head, started warm
     start = r.path("start")
     if not (start / "model.safetensors").is_file():
         seed_everything(0)
-        BertForMaskedLM.from_pretrained(init).save_pretrained(start, Tokenizer.from_file(init))
-    run = r.path(f"adapt-{'smoke' if r.smoke else r.budget}")
-    r.run(adapt_args(r, init, data, run, [wikidata]), done=run / "results.json")
-    r.results["mlm"] = pretrain_results(run)
+        model = BertForMaskedLM.from_pretrained(init)
+        counts = PretrainingDataset(data, "train").token_counts(model.config.vocab_size)
+        tokenizer = Tokenizer.from_file(init)
+        counts[sorted(tokenizer.special_ids)] = 0
+        warm_fresh_head(model, model.loading_info["missing"], torch.from_numpy(counts))
+        model.save_pretrained(start, tokenizer)
+    # first the head alone (HEAD_FIT), then the encoder too for the rest of the budget
+    tag = "smoke" if r.smoke else r.budget
+    head = r.path(f"head-{tag}")
+    r.run(head_fit_args(r, init, data, head, [wikidata]), done=head / "results.json")
+    rest = None if r.smoke else format_duration(parse_duration(r.budget) - parse_duration(HEAD_FIT))
+    run = r.path(f"adapt-{tag}")
+    r.run(adapt_args(r, head / "model", data, run, [wikidata], rest), done=run / "results.json")
+    r.results["mlm"] = pretrain_results(run, head)
 
     answers = run / "fill-mask.jsonl"
     top_k = ["--top_k", "5"]
@@ -252,7 +298,7 @@ def reviews_adapted(r: Recipe) -> None:
     records = [json.loads(line) for line in answers.read_text().splitlines()]
     table = fill_mask_side_by_side(
         {
-            "start (fresh MLM head)": [rec["models"][str(start)] for rec in records],
+            "start (MiniLM, warm fresh MLM head)": [rec["models"][str(start)] for rec in records],
             "adapted": [rec["models"][str(run / "model")] for rec in records],
         }
     )

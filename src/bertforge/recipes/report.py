@@ -29,6 +29,12 @@ def mlm_table(mlm: dict[str, Any]) -> str:
                 continue
             if key == "final":
                 label = f"after ({mlm['steps']} steps, {mlm['seconds'] / 60:.1f} min)"
+                if "head_steps" in mlm:  # a head-fitting run came first
+                    minutes = (mlm["head_seconds"] + mlm["seconds"]) / 60
+                    label = (
+                        f"after ({mlm['head_steps']} head-only + {mlm['steps']} steps, "
+                        f"{minutes:.1f} min)"
+                    )
             lines.append(
                 f"| {split} | {label} | {_num(m['loss'])} | {_num(m['perplexity'], 1)} | "
                 f"{_pct(m['accuracy'])} | {_pct(m['top5_accuracy'])} | {_pct(m.get('nsp_accuracy'))} |"

@@ -18,6 +18,7 @@ from bertforge.runtime import Precision
 from bertforge.training.optim import Schedule
 
 Objective = Literal["mlm_nsp", "mlm"]
+FreshHead = Literal["warm", "random"]
 Preset = Literal["tiny", "mini", "small", "medium", "base", "large"]
 Task = Literal["classification", "regression"]
 Metric = Literal["accuracy", "macro_f1", "mcc", "spearman", "pearson", "mse", "mae"]
@@ -163,9 +164,14 @@ class MaskingConfig:
         check_at_least(self, lambda name: f"--masking.{name}", max_predictions=1, bucket_window=0)
 
 
+ALL_LAYERS = -1
+"""``parse_freeze``'s layer count for ``layers:all``."""
+
+
 def parse_freeze(text: str | None) -> tuple[bool, int]:
-    """``--train.freeze``: ``embeddings``, ``layers:N`` or both, comma-separated -> (freeze the
-    embeddings, number of lowest encoder layers to freeze)."""
+    """``--train.freeze``: ``embeddings``, ``layers:N`` (``layers:all``: every encoder layer) or
+    both, comma-separated -> (freeze the embeddings, number of lowest encoder layers to freeze,
+    ``ALL_LAYERS`` for all). ``embeddings,layers:all`` trains the heads alone."""
     embeddings, layers = False, 0
     for part in (text or "").split(","):
         part = part.strip()
@@ -175,11 +181,12 @@ def parse_freeze(text: str | None) -> tuple[bool, int]:
             embeddings = True
             continue
         name, _, count = part.partition(":")
-        if name == "layers" and count.isdigit():
-            layers = int(count)
+        if name == "layers" and (count.isdigit() or count == "all"):
+            layers = ALL_LAYERS if count == "all" else int(count)
             continue
         raise BertforgeError(
-            f"--train.freeze {text!r}: write embeddings, layers:N or both (embeddings,layers:2)"
+            f"--train.freeze {text!r}: write embeddings, layers:N (or layers:all) or both "
+            "(embeddings,layers:2)"
         )
     return embeddings, layers
 
@@ -228,13 +235,19 @@ class TrainConfig(LoopOptions):
     keep_checkpoints: int = 2
     """Keep the newest K checkpoints (0 = keep all)."""
     freeze: str | None = None
-    """Parameters that do not train: ``embeddings``, ``layers:N`` (the lowest N encoder layers) or
-    both (``embeddings,layers:2``); cheaper adaptation of a published model. Frozen word
-    embeddings also freeze the tied output decoder."""
+    """Parameters that do not train: ``embeddings``, ``layers:N`` (the lowest N encoder layers;
+    ``layers:all`` every one) or both (``embeddings,layers:2``); cheaper adaptation of a
+    published model, and ``embeddings,layers:all`` fits a fresh head alone before adapting the
+    rest. Frozen word embeddings also freeze the tied output decoder."""
+    fresh_head: FreshHead = "warm"
+    """With ``--init_from``, how an MLM head the checkpoint lacks starts: ``warm`` (output bias =
+    the training text's log token frequencies, transform = identity: the start predicts like a
+    context-free guesser) or ``random`` (BERT's initialisation)."""
 
     def __post_init__(self) -> None:
         parse_freeze(self.freeze)
         check_choice(self.objective, Objective, "--train.objective")
+        check_choice(self.fresh_head, FreshHead, "--train.fresh_head")
         if self.max_steps is not None and self.max_steps <= 0:
             raise BertforgeError(f"train.max_steps={self.max_steps} must be positive")
         if self.batch_size <= 0 or (
@@ -437,5 +450,6 @@ __all__ = [
     "TrainConfig",
     "check_at_least",
     "check_training_options",
+    "ALL_LAYERS",
     "parse_freeze",
 ]

@@ -27,7 +27,7 @@ from bertforge.training.checkpoints import (
     intact_checkpoint,
     latest_checkpoint,
 )
-from bertforge.training.config import ModelSection, PretrainConfig, parse_freeze
+from bertforge.training.config import ALL_LAYERS, ModelSection, PretrainConfig, parse_freeze
 
 
 @dataclass
@@ -219,6 +219,8 @@ def freeze_parameters(model: torch.nn.Module, freeze: str | None) -> list[str]:
     embeddings, layers = parse_freeze(freeze)
     base = getattr(model, "bert", model)
     total = len(base.encoder.layer)
+    if layers == ALL_LAYERS:
+        layers = total
     if layers > total:
         raise BertforgeError(
             f"--train.freeze {freeze}: the model has {total} layers; freeze at most {total}"
@@ -227,6 +229,40 @@ def freeze_parameters(model: torch.nn.Module, freeze: str | None) -> list[str]:
     for name in frozen:
         base.get_submodule(name).requires_grad_(False)
     return frozen
+
+
+def warm_fresh_head(
+    model: BertForPreTraining | BertForMaskedLM, missing: list[str], counts: torch.Tensor
+) -> list[str]:
+    """Start a freshly initialised MLM head where a context-free guesser stands instead of at
+    noise (a random head's first predictions are uniform over the vocabulary and its first
+    gradients into the encoder are noise): the output bias becomes the log frequency of each
+    token in ``counts`` (add-0.5 smoothed, mean 0; special tokens, which are never masked, get
+    the floor), the transform's dense layer the identity, so the encoder's last hidden states
+    meet the tied word embeddings as they are. Only parameters in ``missing`` change; returns
+    what was set. On all-MiniLM-L6-v2 and IMDB text the start moves from 0.02% to 8.7%
+    held-out masked-token accuracy (docs/results.md)."""
+    head = model.cls.predictions
+    done: list[str] = []
+    with torch.no_grad():
+        if "cls.predictions.bias" in missing:
+            log_p = torch.log((counts.double() + 0.5) / (counts.double() + 0.5).sum())
+            head.bias.copy_((log_p - log_p.mean()).to(head.bias.dtype))
+            done.append("cls.predictions.bias = log token frequencies of the training text")
+        dense = head.transform.dense
+        if "cls.predictions.transform.dense.weight" in missing:
+            dense.weight.copy_(torch.eye(dense.weight.shape[0], dtype=dense.weight.dtype))
+            if "cls.predictions.transform.dense.bias" in missing:
+                dense.bias.zero_()
+            done.append("cls.predictions.transform.dense = identity")
+    return done
+
+
+def head_warm_counts(data: PretrainingData) -> torch.Tensor:
+    """Token counts of the training split for ``warm_fresh_head``, special tokens zeroed."""
+    counts = data.train.token_counts(data.model_config.vocab_size)
+    counts[sorted(data.tokenizer.special_ids)] = 0
+    return torch.from_numpy(counts)
 
 
 def build_model(
@@ -241,6 +277,9 @@ def build_model(
     if resume_dir is None:
         if cfg.init_from:
             model = model_cls.from_pretrained(cfg.init_from)
+            info = getattr(model, "loading_info", None)
+            if info is not None and cfg.train.fresh_head == "warm":
+                info["warmed"] = warm_fresh_head(model, info["missing"], head_warm_counts(data))
         else:
             model = model_cls(model_config)
         freeze_parameters(model, cfg.train.freeze)
@@ -270,6 +309,9 @@ def start_report(cfg: PretrainConfig, model: torch.nn.Module) -> str:
             else "; every weight comes from the checkpoint"
         )
     ]
+    warmed = getattr(model, "loading_info", {}).get("warmed")
+    if warmed:
+        lines.append("fresh MLM head started warm: " + "; ".join(warmed))
     frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
     if cfg.train.freeze:
         lines.append(f"frozen ({cfg.train.freeze}): {len(frozen)} parameter tensors")
@@ -327,4 +369,6 @@ __all__ = [
     "run_identity",
     "start_config",
     "start_report",
+    "head_warm_counts",
+    "warm_fresh_head",
 ]
