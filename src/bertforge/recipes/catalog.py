@@ -298,7 +298,7 @@ def reviews_adapted(r: Recipe) -> None:
     records = [json.loads(line) for line in answers.read_text().splitlines()]
     table = fill_mask_side_by_side(
         {
-            "start (MiniLM, warm fresh MLM head)": [rec["models"][str(start)] for rec in records],
+            "start (warm head)": [rec["models"][str(start)] for rec in records],
             "adapted": [rec["models"][str(run / "model")] for rec in records],
         }
     )
@@ -310,7 +310,8 @@ def reviews_adapted(r: Recipe) -> None:
         }
         for rec in records
     }
-    models = {"adapted": run / "model", "minilm": init}
+    # the budget in the name: a --budget 30m run in the same --output reuses MiniLM's fine-tunes
+    models = {f"adapted-{tag}": run / "model", "minilm": init}
     r.results["downstream"] = finetune_and_score(r, [imdb_task(r), agnews_task(r)], models)
     print(table, file=sys.stderr)
 
