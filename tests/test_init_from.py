@@ -270,23 +270,25 @@ def test_fresh_modules_names_modules_not_parameters():
     ]
 
 
+def frozen_run(hf_model, tmp_path: Path, capsys, freeze: str, **train) -> tuple[dict, dict, dict]:
+    """Four steps from the HF encoder with ``--train.freeze FREEZE``: the result and the start and
+    end weights (safetensors dicts); checks the run said what it froze."""
+    result = pretrain(
+        cfg(
+            hf_model["data"], tmp_path / "run", hf_model["dir"], max_steps=4, freeze=freeze, **train
+        )
+    )
+    assert f"frozen ({freeze})" in capsys.readouterr().err
+    start = load_file(str(hf_model["dir"] / "model.safetensors"))
+    return result, start, load_file(str(Path(result["model_dir"]) / "model.safetensors"))
+
+
 def test_freeze_keeps_the_embeddings_and_lower_layers_fixed(hf_model, tmp_path, capsys):
     assert parse_freeze("embeddings,layers:1") == (True, 1)
     assert parse_freeze(None) == (False, 0)
     with pytest.raises(BertforgeError, match="--train.freeze"):
         TrainConfig(freeze="bottom")
-    result = pretrain(
-        cfg(
-            hf_model["data"],
-            tmp_path / "run",
-            hf_model["dir"],
-            max_steps=4,
-            freeze="embeddings,layers:1",
-        )
-    )
-    assert "frozen (embeddings,layers:1)" in capsys.readouterr().err
-    start = load_file(str(hf_model["dir"] / "model.safetensors"))
-    end = load_file(str(Path(result["model_dir"]) / "model.safetensors"))
+    _, start, end = frozen_run(hf_model, tmp_path, capsys, "embeddings,layers:1")
     for key in ("embeddings.word_embeddings.weight", "encoder.layer.0.attention.self.query.weight"):
         assert torch.equal(start[key], end["bert." + key]), key
     key = "encoder.layer.1.attention.self.query.weight"
@@ -301,19 +303,9 @@ def test_freeze_keeps_the_embeddings_and_lower_layers_fixed(hf_model, tmp_path, 
 
 def test_layers_all_trains_the_heads_alone(hf_model, tmp_path, capsys):
     assert parse_freeze("embeddings,layers:all") == (True, ALL_LAYERS)
-    result = pretrain(
-        cfg(
-            hf_model["data"],
-            tmp_path / "run",
-            hf_model["dir"],
-            max_steps=4,
-            freeze="embeddings,layers:all",
-            fresh_head="random",
-        )
+    result, start, end = frozen_run(
+        hf_model, tmp_path, capsys, "embeddings,layers:all", fresh_head="random"
     )
-    assert "frozen (embeddings,layers:all)" in capsys.readouterr().err
-    start = load_file(str(hf_model["dir"] / "model.safetensors"))
-    end = load_file(str(Path(result["model_dir"]) / "model.safetensors"))
     for key, value in start.items():
         if not key.startswith("pooler"):
             assert torch.equal(value, end["bert." + key]), key
