@@ -29,14 +29,7 @@ from bertforge.tokenizer.wordpiece import Tokenizer
 def token_counts(data_dir: Path, tokenizer: Tokenizer) -> np.ndarray:
     """How often each (non-special) token id occurs in the training split."""
     train = PretrainingDataset(data_dir, "train", tokenizer)
-    counts = np.zeros(tokenizer.vocab_size, dtype=np.int64)
-    for start in range(0, len(train), 4096):
-        ids = np.concatenate(
-            [train[i]["input_ids"] for i in range(start, min(len(train), start + 4096))]
-        )
-        counts += np.bincount(ids, minlength=tokenizer.vocab_size)
-    counts[list(tokenizer.special_ids)] = 0
-    return counts
+    return train.token_counts(tokenizer.vocab_size, tokenizer.special_ids)
 
 
 def compare(

@@ -28,6 +28,7 @@ All of it is re-exported by :mod:`bertforge.data.shards`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -225,17 +226,22 @@ class PretrainingDataset:
             self._lengths = np.concatenate([idx[:, 1] for idx in self._idx])
         return self._lengths
 
-    def token_counts(self, vocab_size: int, max_tokens: int = 50_000_000) -> np.ndarray:
-        """How often each token id occurs in the split (the first ``max_tokens`` of it, read
-        shard by shard), special tokens included."""
+    def token_counts(
+        self, vocab_size: int, special_ids: Iterable[int] = (), max_tokens: int | None = None
+    ) -> np.ndarray:
+        """How often each token id occurs in the split (read shard by shard; the first
+        ``max_tokens`` only if given), ``special_ids`` counted as 0: the instances' tokens lie
+        back to back in the shards, so this equals counting every instance's ``input_ids``."""
         counts = np.zeros(vocab_size, dtype=np.int64)
         left = max_tokens
         for ids in self._ids:
-            chunk = np.asarray(ids[:left])
+            chunk = np.asarray(ids if left is None else ids[:left])
             counts += np.bincount(chunk, minlength=vocab_size)[:vocab_size]
-            left -= len(chunk)
-            if left <= 0:
-                break
+            if left is not None:
+                left -= len(chunk)
+                if left <= 0:
+                    break
+        counts[sorted(special_ids)] = 0
         return counts
 
     def __getitem__(self, index: int) -> dict[str, Any]:

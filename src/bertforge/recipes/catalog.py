@@ -26,8 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from bertforge.data.dataset import PretrainingDataset
 from bertforge.inference.predict import fill_mask_side_by_side
 from bertforge.io import atomic_write_text
@@ -46,7 +44,7 @@ from bertforge.recipes.runner import (
 )
 from bertforge.runtime import seed_everything
 from bertforge.tokenizer.wordpiece import Tokenizer
-from bertforge.training.setup import warm_fresh_head
+from bertforge.training.setup import head_warm_counts, warm_fresh_head
 
 REVIEW_SENTENCES = [
     "I really really [MASK] this show! It's awesome and full of mystery!",
@@ -102,47 +100,48 @@ HEAD_FIT = "2m"
 """How much of ``reviews-adapted``'s budget fits the fresh MLM head alone (the encoder frozen)."""
 
 
+def init_from_args(
+    r: Recipe, init: Path, data: Path, output: Path, extra: list[Path], lr: str, freeze: str
+) -> list[Any]:
+    """What the head run and the adaptation share: ``bertforge pretrain --init_from``, MLM only,
+    no dropout, 6% warmup, batch 16 and 500 evaluation sequences (``--smoke``: 3 steps of 8,
+    32 sequences, no evaluation along the way)."""
+    argv: list[Any] = ["pretrain", "--init_from", init, "--data", data, "--output", output]
+    if extra:
+        argv += ["--extra_eval", "[" + ",".join(str(p) for p in extra) + "]"]
+    argv += ["--train.objective", "mlm", "--train.lr", lr, "--train.warmup_ratio", "0.06"]
+    argv += ["--train.dropout", "0", "--train.freeze", freeze, "--train.progress", "false"]
+    if r.smoke:
+        argv += ["--train.max_steps", "3", "--train.batch_size", "8", "--train.eval_examples", "32"]
+        return argv + ["--train.eval_every", "0"]
+    return argv + ["--train.batch_size", "16", "--train.eval_examples", "500"]
+
+
 def head_fit_args(r: Recipe, init: Path, data: Path, output: Path, extra: list[Path]) -> list[Any]:
     """``bertforge pretrain --init_from`` with everything but the heads frozen: the fresh MLM
     head (started warm) learns to read the encoder for ``HEAD_FIT`` at a peak LR of 2e-3 before
     the encoder trains, so the encoder's first updates follow a head that already predicts
     instead of noise (linear probing, then fine-tuning: Kumar et al. 2022). A head-only step
     costs about a third of a full one."""
-    argv: list[Any] = ["pretrain", "--init_from", init, "--data", data, "--output", output]
-    if extra:
-        argv += ["--extra_eval", "[" + ",".join(str(p) for p in extra) + "]"]
-    argv += ["--train.objective", "mlm", "--train.lr", "2e-3", "--train.warmup_ratio", "0.06"]
-    argv += ["--train.dropout", "0", "--train.freeze", "embeddings,layers:all"]
-    argv += ["--train.progress", "false", "--train.eval_every", "0", "--train.save_every", "0"]
-    if r.smoke:
-        argv += ["--train.max_steps", "3", "--train.batch_size", "8", "--train.eval_examples", "32"]
-    else:
-        argv += ["--train.max_time", HEAD_FIT, "--train.batch_size", "16"]
-        argv += ["--train.eval_examples", "500"]
+    argv = init_from_args(r, init, data, output, extra, "2e-3", "embeddings,layers:all")
+    argv += ["--train.save_every", "0"]
+    if not r.smoke:
+        argv += ["--train.max_time", HEAD_FIT, "--train.eval_every", "0"]
     return argv
 
 
 def adapt_args(
     r: Recipe, init: Path, data: Path, output: Path, extra: list[Path], budget: str | None = None
 ) -> list[Any]:
-    """``bertforge pretrain --init_from``: MLM only, no dropout, word embeddings (and with them
-    the tied output layer) frozen, batch 16, a peak LR of 6e-4 with 6% warmup and linear decay
-    over the budget (``budget``: what the head run left of it), evaluated every 200 steps
-    (``--smoke``: 3 steps). Measured in docs/results.md: after ``head_fit_args``' 2 minutes, 13
-    more take held-out IMDB masked-token accuracy to 35.8% on 2 cores."""
-    argv: list[Any] = ["pretrain", "--init_from", init, "--data", data, "--output", output]
-    if extra:
-        argv += ["--extra_eval", "[" + ",".join(str(p) for p in extra) + "]"]
-    argv += ["--train.objective", "mlm", "--train.lr", "6e-4", "--train.warmup_ratio", "0.06"]
-    argv += ["--train.dropout", "0", "--train.freeze", "embeddings"]
-    argv += ["--train.progress", "false"]
-    if r.smoke:
-        argv += ["--train.max_steps", "3", "--train.batch_size", "8", "--train.eval_examples", "32"]
-        argv += ["--train.eval_every", "0"]
-    else:
-        argv += ["--train.max_time", budget or r.budget, "--train.batch_size", "16"]
-        argv += ["--train.eval_examples", "500", "--train.eval_every", "200"]
-        argv += ["--train.save_every", "200"]
+    """``bertforge pretrain --init_from``: word embeddings (and with them the tied output layer)
+    frozen, a peak LR of 6e-4 with linear decay over the budget (``budget``: what the head run
+    left of it), evaluated and saved every 200 steps. Measured in docs/results.md: after
+    ``head_fit_args``' 2 minutes, 13 more take held-out IMDB masked-token accuracy to 35.8% on 2
+    cores."""
+    argv = init_from_args(r, init, data, output, extra, "6e-4", "embeddings")
+    if not r.smoke:
+        argv += ["--train.max_time", budget or r.budget]
+        argv += ["--train.eval_every", "200", "--train.save_every", "200"]
     return argv
 
 
@@ -275,11 +274,10 @@ def reviews_adapted(r: Recipe) -> None:
     start = r.path("start")
     if not (start / "model.safetensors").is_file():
         seed_everything(0)
-        model = BertForMaskedLM.from_pretrained(init)
-        counts = PretrainingDataset(data, "train").token_counts(model.config.vocab_size)
-        tokenizer = Tokenizer.from_file(init)
-        counts[sorted(tokenizer.special_ids)] = 0
-        warm_fresh_head(model, model.loading_info["missing"], torch.from_numpy(counts))
+        model, tokenizer = BertForMaskedLM.from_pretrained(init), Tokenizer.from_file(init)
+        train = PretrainingDataset(data, "train")
+        counts = head_warm_counts(train, tokenizer, model.config.vocab_size)
+        warm_fresh_head(model, model.loading_info["missing"], counts)
         model.save_pretrained(start, tokenizer)
     # first the head alone (HEAD_FIT), then the encoder too for the rest of the budget
     tag = "smoke" if r.smoke else r.budget
