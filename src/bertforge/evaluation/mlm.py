@@ -41,7 +41,9 @@ def evaluate_mlm(
 ) -> dict[str, float | int | str | None]:
     """MLM loss (mean cross-entropy per masked token, nats), perplexity, masked-token top-1 and
     top-5 accuracy and, for a model with an NSP head and batches with ``next_sentence_label``,
-    next-sentence accuracy.
+    next-sentence accuracy; for an ELECTRA model (objective rtd) the MLM numbers are its
+    generator's and ``rtd_accuracy`` is the share of real tokens its discriminator labels right
+    (replaced or original).
 
     ``batches`` yield dicts with ``input_ids``, ``attention_mask``, ``token_type_ids``, ``labels``
     (-100 where not masked) and optionally ``next_sentence_label``. ``model`` is a
@@ -56,8 +58,8 @@ def evaluate_mlm(
 
     was_training = model.training
     model.eval()
-    # loss, top1, top5, tokens, nsp correct, nsp count, NotNext count
-    sums = torch.zeros(7, dtype=torch.float64)
+    # loss, top1, top5, tokens, nsp correct, nsp count, NotNext count, rtd correct, rtd tokens
+    sums = torch.zeros(9, dtype=torch.float64)
     sequences = 0
     total = len(batches) if hasattr(batches, "__len__") else None
     bar = item_bar(total, desc, enabled=progress, unit=" batches")
@@ -104,6 +106,9 @@ def evaluate_mlm(
                 sums[4] += (pred[valid] == nsp_labels[valid]).sum().item()
                 sums[5] += valid.sum().item()
                 sums[6] += (nsp_labels[valid] == 1).sum().item()
+            if getattr(out, "rtd_tokens", None) is not None:  # an ELECTRA discriminator
+                sums[7] += out.rtd_correct.item()
+                sums[8] += out.rtd_tokens.item()
             sequences += int(batch["input_ids"].shape[0])
     finally:
         bar.close()
@@ -112,8 +117,8 @@ def evaluate_mlm(
         sums = all_reduce_sum(
             torch.cat([sums, torch.tensor([float(sequences)], dtype=torch.float64)])
         )
-        sequences = int(sums[7].item())
-        sums = sums[:7]
+        sequences = int(sums[9].item())
+        sums = sums[:9]
     tokens = int(sums[3].item())
     if tokens == 0:
         raise ValueError(
@@ -128,6 +133,7 @@ def evaluate_mlm(
         "accuracy": float(sums[1] / tokens),
         "top5_accuracy": float(sums[2] / tokens),
         "nsp_accuracy": float(sums[4] / sums[5]) if nsp_pairs > 0 and not one_sided else None,
+        "rtd_accuracy": float(sums[7] / sums[8]) if sums[8] > 0 else None,
         "tokens": tokens,
         "sequences": sequences,
     }
@@ -157,6 +163,7 @@ def comparison_table(columns: Mapping[str, Mapping[str, Any]], title: str | None
         ("masked-token accuracy", "accuracy", "{:.2%}"),
         ("masked-token top-5 accuracy", "top5_accuracy", "{:.2%}"),
         ("NSP accuracy", "nsp_accuracy", "{:.2%}"),
+        ("replaced-token accuracy", "rtd_accuracy", "{:.2%}"),
         ("masked tokens scored", "tokens", "{:,}"),
     ]
     width = max(12, *(len(n) for n in names))

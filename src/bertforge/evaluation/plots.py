@@ -50,7 +50,7 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
     splits = sorted({r.get("split") for r in records if r.get("split") not in (None, "train")})
     acc_keys = [
         k
-        for k in ("accuracy", "top5_accuracy", "nsp_accuracy", "f1", "spearman")
+        for k in ("accuracy", "top5_accuracy", "nsp_accuracy", "rtd_accuracy", "f1", "spearman")
         if any(isinstance(r.get(k), int | float) for r in records if r.get("split") != "train")
     ]
 

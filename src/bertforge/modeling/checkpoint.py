@@ -41,10 +41,19 @@ from bertforge.modeling.config import CONFIG_NAME, BertConfig
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 PICKLE_NAMES = ("pytorch_model.bin", "model.pt", "model.bin", "pytorch_model.bin.index.json")
-# parameters that alias others (tied), so they are stored once
+# parameters that alias others (tied), so they are stored once: keys ending so (the MLM head's
+# decoder, also inside an ELECTRA generator: ``generator.cls.predictions.decoder.weight``)
 TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
 # parameters a checkpoint may lack without error: task heads and the pooler start freshly initialised
-OPTIONAL_PREFIXES = ("cls.", "classifier.", "bert.pooler.", "pooler.")
+# (an ELECTRA run's generator and replaced-token head too, so it can start from a plain BERT)
+OPTIONAL_PREFIXES = (
+    "cls.",
+    "classifier.",
+    "bert.pooler.",
+    "pooler.",
+    "generator.",
+    "discriminator_predictions.",
+)
 
 log = logging.getLogger("bertforge")
 M = TypeVar("M", bound=torch.nn.Module)
@@ -146,7 +155,7 @@ def load_state_dict_into(
     prefix = getattr(model, "base_prefix", "")
     weights = remap_state_dict(source, prefix)
     expected = model.state_dict()
-    missing = [k for k in expected if k not in weights and k not in TIED_KEYS]
+    missing = [k for k in expected if k not in weights and not k.endswith(TIED_KEYS)]
     unexpected = [k for k in weights if k not in expected]
     _refuse_structural(
         missing,
@@ -251,7 +260,7 @@ def save_pretrained(model: torch.nn.Module, directory: str | Path, tokenizer: An
     state = {
         k: v.detach().to("cpu").contiguous().clone()
         for k, v in model.state_dict().items()
-        if k not in TIED_KEYS
+        if not k.endswith(TIED_KEYS)
     }
     with atomic_file(directory / WEIGHTS_NAME) as tmp:
         try:

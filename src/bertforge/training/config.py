@@ -17,7 +17,7 @@ from bertforge.modeling.config import BertConfig
 from bertforge.runtime import Precision
 from bertforge.training.optim import Schedule
 
-Objective = Literal["mlm_nsp", "mlm"]
+Objective = Literal["mlm_nsp", "mlm", "rtd"]
 FreshHead = Literal["warm", "random"]
 Preset = Literal["tiny", "mini", "small", "medium", "base", "large"]
 Task = Literal["classification", "regression"]
@@ -196,7 +196,10 @@ class TrainConfig(LoopOptions):
     """The optimisation: objective, batch, budget, schedule, evaluation and checkpoints."""
 
     objective: Objective = "mlm_nsp"
-    """mlm_nsp (original BERT: masked LM + next-sentence prediction) or mlm (masked LM only)."""
+    """mlm_nsp (original BERT: masked LM + next-sentence prediction), mlm (masked LM only) or
+    rtd (ELECTRA's replaced-token detection: a generator half the encoder's depth fills the
+    masked positions, the encoder learns to spot its replacements at every token; the saved
+    ``model/`` is the encoder, ``generator/`` the generator's fill-mask model)."""
     batch_size: int = 128
     """Sequences per optimizer step, summed over all processes and accumulation steps."""
     micro_batch_size: int | None = None

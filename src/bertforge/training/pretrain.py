@@ -31,7 +31,7 @@ from bertforge.evaluation.mlm import comparison_table, evaluate_mlm
 from bertforge.evaluation.plots import plot_training_curves
 from bertforge.evaluation.probe import LinearProbe
 from bertforge.io import atomic_directory, atomic_write_text
-from bertforge.modeling.model import IGNORE_INDEX
+from bertforge.modeling.model import IGNORE_INDEX, BertForReplacedTokenDetection
 from bertforge.progress import MetricsLogger, format_duration, parse_duration
 from bertforge.runtime import (
     autocast,
@@ -62,6 +62,8 @@ from bertforge.training.setup import (
 
 CONFIG_FILE = "pretrain_config.yaml"
 FINAL_DIR = "model"
+GENERATOR_DIR = "generator"
+"""An rtd run's generator, as a fill-mask model (``model/`` holds the encoder)."""
 PLOT_FILE = "curves.png"
 Evaluations = dict[str, dict[str, Any]]
 """Metrics by evaluation set: ``val`` and ``val:<extra set>``."""
@@ -258,8 +260,12 @@ def train_step(
     run: Run, micro_batches: list[dict[str, torch.Tensor]], stop_requested: bool
 ) -> tuple[steps.StepReport, bool]:
     """Forward/backward of one step's micro-batches and gradient clipping; the losses and tokens
-    summed over all processes, and whether any process was asked to stop."""
-    use_nsp, world = run.cfg.train.objective == "mlm_nsp", run.info.world_size
+    summed over all processes, and whether any process was asked to stop.
+
+    Each loss is a mean per micro-batch, weighted by its share of the global batch: the MLM loss
+    by masked tokens, NSP by labelled pairs, replaced-token detection (rtd) by real tokens."""
+    objective, world = run.cfg.train.objective, run.info.world_size
+    use_nsp, use_rtd = objective == "mlm_nsp", objective == "rtd"
     # per micro-batch: masked tokens, NSP labels, real tokens (counted once, on the CPU)
     local = torch.tensor(
         [
@@ -272,8 +278,8 @@ def train_step(
         ],
         dtype=torch.float64,
     )  # (accum, 3)
-    n_masked, n_nsp = D.all_reduce_sum(local[:, :2].sum(0)).tolist()  # over the global batch
-    sums = torch.zeros(4, dtype=torch.float64)  # mlm CE sum, nsp CE sum, tokens, stop
+    n_masked, n_nsp, n_real = D.all_reduce_sum(local.sum(0)).tolist()  # over the global batch
+    sums = torch.zeros(5, dtype=torch.float64)  # mlm CE sum, nsp CE sum, tokens, stop, rtd sum
 
     def loss_of(k: int) -> torch.Tensor:
         n_local, n_local_nsp, n_tokens = local[k].tolist()
@@ -288,12 +294,16 @@ def train_step(
                 **nsp,
             )
         # per-micro-batch means -> share of the global mean; DDP then averages ranks
-        mlm = output.mlm_loss if use_nsp else output.loss
+        mlm = output.mlm_loss if use_nsp or use_rtd else output.loss
         loss = mlm * (n_local * world / n_masked)
         sums[0] += mlm.detach().double().cpu() * n_local
         if use_nsp and output.nsp_loss is not None:
             loss = loss + output.nsp_loss * (n_local_nsp * world / n_nsp)
             sums[1] += output.nsp_loss.detach().double().cpu() * n_local_nsp
+        if use_rtd:
+            weight = BertForReplacedTokenDetection.rtd_weight
+            loss = loss + weight * output.rtd_loss * (n_tokens * world / n_real)
+            sums[4] += output.rtd_loss.detach().double().cpu() * n_tokens
         sums[2] += n_tokens
         return loss
 
@@ -308,6 +318,9 @@ def train_step(
     losses = {"loss": mlm_loss + (nsp_loss or 0.0), "mlm_loss": mlm_loss}
     if use_nsp:
         losses["nsp_loss"] = nsp_loss or 0.0
+    if use_rtd:
+        losses["rtd_loss"] = float(totals[4]) / n_real
+        losses["loss"] += BertForReplacedTokenDetection.rtd_weight * losses["rtd_loss"]
     report = steps.StepReport(0.0, grad_norm, float(totals[2]), 0.0, losses)
     return report, bool(totals[3] > 0)
 
@@ -386,8 +399,14 @@ def finish(run: Run, state: PretrainState) -> dict[str, Any]:
         "plot": str(out / PLOT_FILE),
     }
     if run.info.is_main:
-        with atomic_directory(out / FINAL_DIR) as tmp:
-            run.raw.save_pretrained(tmp, tokenizer=run.data.tokenizer)
+        if isinstance(run.raw, BertForReplacedTokenDetection):  # the encoder, and the generator
+            with atomic_directory(out / FINAL_DIR) as tmp:
+                run.raw.save_encoder(tmp, tokenizer=run.data.tokenizer)
+            with atomic_directory(out / GENERATOR_DIR) as tmp:
+                run.raw.generator_model().save_pretrained(tmp, tokenizer=run.data.tokenizer)
+        else:
+            with atomic_directory(out / FINAL_DIR) as tmp:
+                run.raw.save_pretrained(tmp, tokenizer=run.data.tokenizer)
         plot_training_curves(out, out / PLOT_FILE, title=f"bertforge pretrain: {out.name}")
         atomic_write_text(out / "results.json", json.dumps(result, indent=2) + "\n")
         assert state.initial_eval is not None
@@ -419,6 +438,7 @@ def finish(run: Run, state: PretrainState) -> dict[str, Any]:
 __all__ = [
     "CONFIG_FILE",
     "FINAL_DIR",
+    "GENERATOR_DIR",
     "PLOT_FILE",
     "PretrainState",
     "Run",

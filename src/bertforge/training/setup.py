@@ -20,7 +20,11 @@ from bertforge.data.shards import TOKENIZER_DIR, PretrainingDataset, read_meta
 from bertforge.errors import BertforgeError
 from bertforge.modeling.checkpoint import check_tokenizer_fits
 from bertforge.modeling.config import CONFIG_NAME, BertConfig
-from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
+from bertforge.modeling.model import (
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertForReplacedTokenDetection,
+)
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import (
     TRAIN_STATE_JSON,
@@ -203,10 +207,21 @@ def fresh_modules(missing: list[str]) -> list[str]:
     return names
 
 
-def random_twin(cfg: PretrainConfig, data: PretrainingData) -> BertForPreTraining | BertForMaskedLM:
+PretrainingModel = BertForPreTraining | BertForMaskedLM | BertForReplacedTokenDetection
+
+
+def pretraining_class(objective: str) -> type[PretrainingModel]:
+    """The model an objective trains: BERT's pretraining model (mlm_nsp), the MLM-only model
+    (mlm) or the ELECTRA pair of generator and discriminator (rtd)."""
+    if objective == "rtd":
+        return BertForReplacedTokenDetection
+    return BertForPreTraining if objective == "mlm_nsp" else BertForMaskedLM
+
+
+def random_twin(cfg: PretrainConfig, data: PretrainingData) -> PretrainingModel:
     """The same network freshly initialised with the run's seed (the global RNG is left as it
     was): the third column of the start vs adapted table."""
-    model_cls = BertForPreTraining if cfg.train.objective == "mlm_nsp" else BertForMaskedLM
+    model_cls = pretraining_class(cfg.train.objective)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.train.seed)
         return model_cls(data.model_config)
@@ -274,18 +289,19 @@ def head_warm_counts(
 
 def build_model(
     cfg: PretrainConfig, data: PretrainingData, resume_dir: Path | None
-) -> BertForPreTraining | BertForMaskedLM:
-    """A fresh ``BertForPreTraining`` (objective mlm_nsp) or ``BertForMaskedLM`` (mlm) sized by
+) -> PretrainingModel:
+    """A fresh model of the objective (:func:`pretraining_class`) sized by
     ``cfg.model``, the model in ``--init_from`` (heads it lacks freshly initialised: see
     ``model.loading_info["missing"]``), or the one in ``resume_dir``, which must have the same
     config. ``--train.freeze`` is applied to each."""
     model_config = data.model_config
-    model_cls = BertForPreTraining if cfg.train.objective == "mlm_nsp" else BertForMaskedLM
+    model_cls = pretraining_class(cfg.train.objective)
     if resume_dir is None:
         if cfg.init_from:
             model = model_cls.from_pretrained(cfg.init_from)
             info = getattr(model, "loading_info", None)
-            if info and info["missing"] and cfg.train.fresh_head == "warm":  # not for a full model
+            warmable = info and info["missing"] and hasattr(model, "cls")  # not for a full model
+            if warmable and cfg.train.fresh_head == "warm":
                 counts = head_warm_counts(data.train, data.tokenizer, model.config.vocab_size)
                 info["warmed"] = warm_fresh_head(model, info["missing"], counts)
         else:
