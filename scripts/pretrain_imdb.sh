@@ -14,7 +14,9 @@
 #   SEQ         tokens per pretraining sequence (default 128)
 #   DOWNSTREAM  1 = finish with `bertforge downstream`: fine-tune the model and its random twin
 #               on 5,000 train reviews (500 more for validation) and test both on 5,000 test
-#               reviews, 128 tokens (the study's protocol)
+#               reviews, 128 tokens (the study's protocol); full = the same on all of IMDB:
+#               24,000 train reviews (1,000 more for validation), scored on the 25,000 test
+#               reviews (the moonshot's protocol, Maas et al. 2011's split)
 # A downstream probe (logistic regression on frozen features, 1,000 + 1,000 train reviews) runs
 # at every evaluation and is drawn in OUT/run/curves.png. Needs ../shared/data (or
 # BERTFORGE_SHARED_DATA). Steps already done in OUT (tokenizer, prepared data, slices) are reused.
@@ -34,7 +36,7 @@ DATA="$OUT/data-$VOCAB-$SEQ"
 SLICES="$OUT/slices"
 mkdir -p "$OUT"
 
-if [ ! -f "$SLICES/test5000.csv" ]; then
+if [ ! -f "$SLICES/test_full.csv" ]; then
     echo "== text: pretraining text and fixed, balanced IMDB slices (<br /> removed)"
     python - "$IMDB" "$OUT/imdb_pretrain.txt" "$SLICES" <<'PY'
 import csv, gzip, random, re, sys
@@ -86,6 +88,10 @@ write("val500.csv", pool[5000:5500])         # its validation (model selection)
 write("probe_train.csv", pool[5500:6500])    # the probe during pretraining: train reviews only
 write("probe_test.csv", pool[6500:7500])
 write("test5000.csv", balanced(test, 5000, 12345))  # scored once, never tuned on
+full = balanced(train, 25000, 54321)  # all of IMDB train, shuffled (the moonshot)
+write("train_full.csv", full[:24000])
+write("val_full.csv", full[24000:])
+write("test_full.csv", balanced(test, 25000, 54321))
 PY
 fi
 
@@ -111,10 +117,15 @@ bertforge pretrain --config "$CONFIG" --data "$DATA" --extra_eval "[$OUT/wikitex
     --probe.train "$SLICES/probe_train.csv" --probe.test "$SLICES/probe_test.csv" \
     --output "$OUT/run" "$@"
 
-if [ "${DOWNSTREAM:-0}" = "1" ]; then
-    echo "== downstream: the pretrained encoder vs its random twin on IMDB sentiment"
-    bertforge downstream --model "$OUT/run/model" --train "$SLICES/train5000.csv" \
-        --validation "$SLICES/val500.csv" --test "$SLICES/test5000.csv" \
-        --output "$OUT/downstream" --max_length 128 --batch_size 32 --lr 3e-4 --epochs 3 \
+case "${DOWNSTREAM:-0}" in
+    1) SPLIT=(train5000 val500 test5000 downstream) ;;
+    full) SPLIT=(train_full val_full test_full downstream-full) ;;
+    *) SPLIT=() ;;
+esac
+if [ "${#SPLIT[@]}" -gt 0 ]; then
+    echo "== downstream: the pretrained encoder vs its random twin on IMDB sentiment (${SPLIT[2]})"
+    bertforge downstream --model "$OUT/run/model" --train "$SLICES/${SPLIT[0]}.csv" \
+        --validation "$SLICES/${SPLIT[1]}.csv" --test "$SLICES/${SPLIT[2]}.csv" \
+        --output "$OUT/${SPLIT[3]}" --max_length 128 --batch_size 32 --lr 3e-4 --epochs 3 \
         --warmup_ratio 0.1 --dropout 0 --num_threads 2 --progress false
 fi

@@ -17,6 +17,7 @@ from bertforge.modeling.model import (
     BertForReplacedTokenDetection,
     BertForSequenceClassification,
     BertModel,
+    sample_tokens,
 )
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.pretrain import GENERATOR_DIR, pretrain
@@ -123,3 +124,15 @@ def test_an_rtd_run_learns_resumes_exactly_and_leaves_an_hf_encoder(corpus, tmp_
     real = batch["attention_mask"].bool()
     torch.testing.assert_close(hidden[real], theirs_hidden[real], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(logits[real], theirs_logits[real], atol=1e-4, rtol=1e-4)
+
+
+def test_sampled_tokens_follow_the_generators_softmax():
+    probs = torch.tensor([0.2, 0.5, 0.3, 0.0])
+    logits = probs.clamp_min(1e-30).log().expand(40_000, 4).contiguous()
+    seed = torch.Generator().manual_seed(0)
+    drawn = sample_tokens(logits, seed)
+    freq = torch.bincount(drawn, minlength=4).float() / drawn.numel()
+    torch.testing.assert_close(freq, probs, atol=0.01, rtol=0)
+    assert sample_tokens(logits[:0]).shape == (0,)
+    again = sample_tokens(logits, torch.Generator().manual_seed(0))
+    assert torch.equal(drawn, again)

@@ -36,8 +36,9 @@ FEW_POINTS = 30
 
 def plot_training_curves(metrics: str | Path, output: str | Path, title: str | None = None) -> Path:
     """Draw loss (train and every evaluated split), the evaluated accuracies and the learning
-    rate against the optimizer step, and the NSP loss on a panel of its own when the run has one
-    (the loss panel then compares the training MLM loss with the validation MLM loss); write
+    rate against the optimizer step, and the NSP loss (or an rtd run's discriminator loss) on a
+    panel of its own when the run has one (the loss panel then compares the training MLM loss
+    with the validation MLM loss); write
     ``output`` (PNG) and return its path.
 
     Works for any ``metrics.jsonl`` written by :class:`bertforge.progress.MetricsLogger`: train
@@ -55,9 +56,11 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
     ]
 
     # like with like: validation loss is MLM only, so beside it goes the MLM part of the training
-    # loss (pretraining logs mlm_loss and nsp_loss apart); the NSP loss gets its own panel
+    # loss (pretraining logs mlm_loss and nsp_loss or rtd_loss apart); the other loss gets its
+    # own panel
     train_key = "mlm_loss" if _series(records, "train", "mlm_loss")[0] else "loss"
-    nsp_steps, nsp_loss = _series(records, "train", "nsp_loss")
+    aux = [k for k in ("nsp_loss", "rtd_loss") if _series(records, "train", k)[0]]
+    nsp_steps, nsp_loss = _series(records, "train", aux[0]) if aux else ([], [])
     panels = 4 if nsp_steps else 3
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.2))
     # the NSP panel (if any) sits beside the loss panel
@@ -100,7 +103,8 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
             markersize=3,
             label="train",
         )
-        ax_nsp.set(xlabel="step", ylabel="loss (nats)", title="NSP loss")
+        aux_title = "NSP loss" if aux[0] == "nsp_loss" else "replaced-token loss (discriminator)"
+        ax_nsp.set(xlabel="step", ylabel="loss (nats)", title=aux_title)
         ax_nsp.legend(fontsize=8)
 
     for split in splits:

@@ -513,6 +513,18 @@ def generator_config(config: BertConfig) -> BertConfig:
     return dataclasses.replace(config, num_hidden_layers=max(1, config.num_hidden_layers // 2))
 
 
+def sample_tokens(logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One token per row of (n, V) ``logits``, drawn from their softmax by inverting its CDF
+    with one uniform number per row: the distribution of ``torch.multinomial``, at a fraction
+    of its CPU cost (which draws V exponentials per row: 380 ms of an 830 ms ELECTRA step)."""
+    if logits.shape[0] == 0:
+        return torch.empty(0, dtype=torch.long, device=logits.device)
+    cdf = torch.softmax(logits.float(), dim=-1).cumsum_(-1)  # (n, V)
+    u = torch.rand(logits.shape[0], 1, device=logits.device, generator=generator)
+    u = u * cdf[:, -1:]  # the last value is 1 up to rounding
+    return torch.searchsorted(cdf, u).squeeze(1).clamp_(max=logits.shape[1] - 1)
+
+
 class BertGenerator(nn.Module):
     """ELECTRA's generator: a small masked-language model over the discriminator's embedding
     layer. The shared ``BertEmbeddings`` is borrowed, not registered: its weights are in the
@@ -569,10 +581,7 @@ class BertForReplacedTokenDetection(BertPreTrainedModel):
         rows = (flat != IGNORE_INDEX).nonzero().squeeze(1)
         with torch.no_grad():
             seed = None if self.training else torch.Generator(logits.device).manual_seed(0)
-            probs = torch.softmax(logits.detach().float(), dim=-1)  # (n_masked, V)
-            sampled = (
-                torch.multinomial(probs, 1, generator=seed).squeeze(1) if rows.numel() else rows
-            )
+            sampled = sample_tokens(logits.detach(), seed)  # (n_masked,)
             original = input_ids.flatten().clone()
             original[rows] = flat[rows]
             corrupted = original.clone()
