@@ -38,6 +38,11 @@ def compare(
     """MLM loss/accuracy of the model and of the frequency guesser on the same masked tokens."""
     tokenizer = Tokenizer.from_file(data_dir / "tokenizer")
     model = BertForMaskedLM.from_pretrained(model_dir)
+    if any(k.startswith("cls.") for k in model.loading_info["missing"]):
+        raise SystemExit(
+            f"{model_dir}: no MLM head to score (an encoder only); for a --train.objective rtd "
+            "run give its generator/ directory"
+        )
     collator = PretrainingCollator(tokenizer, mlm_probability=rate, seed=seed)
     val = PretrainingDataset(data_dir, "validation", tokenizer)
     batches = list(validation_batches(val, collator, 64, max_examples=max_examples))

@@ -12,6 +12,8 @@
 #   VOCAB       WordPiece vocabulary size (default 8192: the recipe's; the MLM output layer costs
 #               as much as the whole encoder of BERT-Tiny at 30k)
 #   SEQ         tokens per pretraining sequence (default 128)
+#   MODE        packed (default: full sequences, for --train.objective mlm or rtd) or nsp
+#               (sentence pairs with 50% random next, for --train.objective mlm_nsp)
 #   DOWNSTREAM  1 = finish with `bertforge downstream`: fine-tune the model and its random twin
 #               on 5,000 train reviews (500 more for validation) and test both on 5,000 test
 #               reviews, 128 tokens (the study's protocol); full = the same on all of IMDB:
@@ -29,10 +31,12 @@ shift || true
 CONFIG="${CONFIG:-configs/imdb-20m.yaml}"
 VOCAB="${VOCAB:-8192}"
 SEQ="${SEQ:-128}"
+MODE="${MODE:-packed}"
 SHARED="${BERTFORGE_SHARED_DATA:-../shared/data}"
 IMDB="$SHARED/imdb"
 TOK="$OUT/tokenizer-$VOCAB"
 DATA="$OUT/data-$VOCAB-$SEQ"
+if [ "$MODE" != "packed" ]; then DATA="$DATA-$MODE"; fi
 SLICES="$OUT/slices"
 mkdir -p "$OUT"
 
@@ -100,10 +104,10 @@ if [ ! -f "$TOK/vocab.txt" ]; then
     bertforge tokenizer train --input "$OUT/imdb_pretrain.txt" --vocab_size "$VOCAB" --output "$TOK"
 fi
 if [ ! -f "$DATA/meta.json" ]; then
-    echo "== prepare: packed $SEQ-token sequences, test-review texts excluded"
+    echo "== prepare: $MODE $SEQ-token sequences, test-review texts excluded"
     bertforge prepare --input "$IMDB"/unsup-*.txt.gz "$IMDB"/train-*.csv.gz --text_column text \
         --exclude "$IMDB"/test-*.csv.gz --tokenizer "$TOK" --output "$DATA" \
-        --max_seq_length "$SEQ" --mode packed --validation_fraction 0.01 --progress false
+        --max_seq_length "$SEQ" --mode "$MODE" --validation_fraction 0.01 --progress false
 fi
 if [ ! -f "$OUT/wikitext2-$VOCAB/meta.json" ]; then
     echo "== prepare: WikiText-2 validation with the same tokenizer (out-of-domain evaluation)"
