@@ -8,12 +8,16 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from bertforge.cli import main as cli_main
+from bertforge.data.dataset import PretrainingDataset
+from bertforge.data.shards import prepare
 from bertforge.recipes import RECIPES
 from bertforge.recipes.runner import fixed_split, sample, unigram_baseline
+from bertforge.tokenizer.wordpiece import Tokenizer
 
 
 @pytest.fixture(autouse=True)
@@ -142,8 +146,12 @@ def test_unigram_baseline_on_known_counts():
         def __len__(self):
             return len(self.rows)
 
-        def __getitem__(self, i):
-            return {"input_ids": self.rows[i]}
+        def token_counts(self, vocab_size, special_ids):
+            counts = np.zeros(vocab_size, dtype=np.int64)
+            for row in self.rows:
+                counts += np.bincount(row, minlength=vocab_size)
+            counts[list(special_ids)] = 0
+            return counts
 
     train = Data([[1, 2, 2, 3], [1, 2]])  # token 2: 3 times, token 3: once (+1 smoothing each)
     held = Data([[1, 2, 3]])
@@ -152,3 +160,36 @@ def test_unigram_baseline_on_known_counts():
     assert result["accuracy"] == pytest.approx(0.5)
     assert result["loss"] == pytest.approx(-(math.log(probs[2]) + math.log(probs[3])) / 2)
     assert result["tokens"] == 2
+
+
+def test_unigram_baseline_counts_what_the_instances_hold(shakespeare_file, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text(shakespeare_file.read_text(encoding="utf-8")[:40_000], encoding="utf-8")
+    tokenizer = Tokenizer.train(text, vocab_size=200)
+    prepare(
+        [str(text)],
+        tokenizer,
+        tmp_path / "data",
+        max_seq_length=32,
+        mode="packed",
+        validation_fraction=0.1,
+        progress=False,
+    )
+    train = PretrainingDataset(tmp_path / "data", "train", tokenizer)
+    held = PretrainingDataset(tmp_path / "data", "validation", tokenizer)
+    size = tokenizer.vocab_size
+    special = list(train.meta["special_ids"].values())
+
+    def by_instance(ds):  # the oracle: every instance's ids, one by one
+        counts = np.zeros(size)
+        for i in range(len(ds)):
+            counts += np.bincount(np.asarray(ds[i]["input_ids"]), minlength=size)[:size]
+        counts[special] = 0
+        return counts
+
+    probs = (by_instance(train) + 1) / (by_instance(train) + 1).sum()
+    seen = by_instance(held)
+    result = unigram_baseline(train, held, vocab_size=size)
+    assert result["tokens"] == int(seen.sum()) > 1000
+    assert result["loss"] == pytest.approx(-(seen * np.log(probs)).sum() / seen.sum(), rel=1e-9)
+    assert result["accuracy"] == pytest.approx(seen[np.argmax(probs)] / seen.sum())

@@ -165,21 +165,11 @@ def unigram_baseline(
     frequencies (add-one smoothed): its mean cross-entropy on the held-out tokens and the accuracy
     of always guessing the most frequent token. Masking picks positions uniformly among the
     non-special tokens, so scoring all of them gives the expected value over masks."""
-    special = {int(i) for i in train.meta.get("special_ids", {}).values()}
-
-    def counts(ds: PretrainingDataset, size: int) -> np.ndarray:
-        total = np.zeros(size, dtype=np.float64)
-        for i in range(len(ds)):
-            ids = np.asarray(ds[i]["input_ids"], dtype=np.int64)
-            total += np.bincount(ids, minlength=size)[:size]
-        for s in special:
-            total[s] = 0
-        return total
-
+    special = [int(i) for i in train.meta.get("special_ids", {}).values()]
     size = int(vocab_size)
-    train_counts = counts(train, size) + 1.0
+    train_counts = train.token_counts(size, special).astype(np.float64) + 1.0
     probs = train_counts / train_counts.sum()
-    eval_counts = counts(held_out, size)
+    eval_counts = held_out.token_counts(size, special).astype(np.float64)
     n = eval_counts.sum()
     loss = float(-(eval_counts * np.log(probs)).sum() / n)
     accuracy = float(eval_counts[int(np.argmax(train_counts))] / n)
