@@ -12,8 +12,9 @@
 #   VOCAB       WordPiece vocabulary size (default 8192: the recipe's; the MLM output layer costs
 #               as much as the whole encoder of BERT-Tiny at 30k)
 #   SEQ         tokens per pretraining sequence (default 128)
-#   MODE        packed (default: full sequences, for --train.objective mlm or rtd) or nsp
-#               (sentence pairs with 50% random next, for --train.objective mlm_nsp)
+#   MODE        nsp (sentence pairs with 50% random next, for --train.objective mlm_nsp) or
+#               packed (full sequences, for mlm or rtd); default: nsp when CONFIG's objective is
+#               mlm_nsp (the 20-minute recipe), else packed
 #   DOWNSTREAM  1 = finish with `bertforge downstream`: fine-tune the model and its random twin
 #               on 5,000 train reviews (500 more for validation) and test both on 5,000 test
 #               reviews, 128 tokens (the study's protocol); full = the same on all of IMDB:
@@ -31,7 +32,10 @@ shift || true
 CONFIG="${CONFIG:-configs/imdb-20m.yaml}"
 VOCAB="${VOCAB:-8192}"
 SEQ="${SEQ:-128}"
-MODE="${MODE:-packed}"
+if [ -z "${MODE:-}" ]; then
+    MODE=packed
+    if grep -q '^ *objective: *mlm_nsp' "$CONFIG"; then MODE=nsp; fi
+fi
 SHARED="${BERTFORGE_SHARED_DATA:-../shared/data}"
 IMDB="$SHARED/imdb"
 TOK="$OUT/tokenizer-$VOCAB"
