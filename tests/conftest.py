@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from bertforge import cli
+from bertforge.data.shards import prepare
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -182,3 +183,26 @@ class TaskFiles:
 def task_files() -> type[TaskFiles]:
     """:class:`TaskFiles`: ``task_files.write_sentiment(path, n, seed)``, ``task_files.tiny_start_model(root)``..."""
     return TaskFiles
+
+
+@pytest.fixture(scope="module")
+def pretraining_corpus(shakespeare_file: Path, tmp_path_factory) -> dict[str, Path]:
+    """A real tokenizer trained on Shakespeare and the text prepared both ways (NSP and packed):
+    the data of the pretraining loop's tests (test_pretrain.py, test_rtd.py), made once per module."""
+    root = tmp_path_factory.mktemp("pretrain")
+    text = root / "shakespeare.txt"
+    text.write_text(shakespeare_file.read_text(encoding="utf-8")[:250_000], encoding="utf-8")
+    tokenizer = Tokenizer.train(text, vocab_size=400)
+    out = {}
+    for mode in ("nsp", "packed"):
+        out[mode] = root / f"data-{mode}"
+        prepare(
+            [str(text)],
+            tokenizer,
+            out[mode],
+            max_seq_length=32,
+            mode=mode,
+            validation_fraction=0.05,
+            progress=False,
+        )
+    return out

@@ -19,7 +19,6 @@ import torch
 from safetensors.torch import load_file
 
 from bertforge.cli.pretrain import main
-from bertforge.data.shards import prepare
 from bertforge.errors import BertforgeError
 from bertforge.progress import read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -35,28 +34,6 @@ TINY_MODEL = ModelSection(
     intermediate_size=64,
     max_position_embeddings=64,
 )
-
-
-@pytest.fixture(scope="module")
-def corpus(shakespeare_file: Path, tmp_path_factory) -> dict[str, Path]:
-    """A real tokenizer trained on Shakespeare and the text prepared both ways (NSP and packed)."""
-    root = tmp_path_factory.mktemp("pretrain")
-    text = root / "shakespeare.txt"
-    text.write_text(shakespeare_file.read_text(encoding="utf-8")[:250_000], encoding="utf-8")
-    tokenizer = Tokenizer.train(text, vocab_size=400)
-    out = {}
-    for mode in ("nsp", "packed"):
-        out[mode] = root / f"data-{mode}"
-        prepare(
-            [str(text)],
-            tokenizer,
-            out[mode],
-            max_seq_length=32,
-            mode=mode,
-            validation_fraction=0.05,
-            progress=False,
-        )
-    return out
 
 
 @pytest.fixture(autouse=True)
@@ -114,8 +91,10 @@ def weights(model_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(model_dir / "model.safetensors"))
 
 
-def test_loss_goes_down_and_the_model_loads_in_transformers(corpus, tmp_path):
-    result = pretrain(tiny_cfg(corpus["nsp"], tmp_path / "run", max_steps=60, eval_every=30))
+def test_loss_goes_down_and_the_model_loads_in_transformers(pretraining_corpus, tmp_path):
+    result = pretrain(
+        tiny_cfg(pretraining_corpus["nsp"], tmp_path / "run", max_steps=60, eval_every=30)
+    )
     before, after = result["initial"]["val"], result["final"]["val"]
     # 60 steps of a 32-wide model: it learns the token statistics (ln 400 = 6.0 -> ~5.5 nats)
     assert after["loss"] < before["loss"] - 0.4, (before, after)
@@ -146,10 +125,10 @@ def test_loss_goes_down_and_the_model_loads_in_transformers(corpus, tmp_path):
     )
 
 
-def test_resume_from_a_checkpoint_is_bit_exact(corpus, tmp_path):
+def test_resume_from_a_checkpoint_is_bit_exact(pretraining_corpus, tmp_path):
     # dropout on and an evaluation mid-way: resume must restore RNG and not be perturbed by eval
     cfg = tiny_cfg(
-        corpus["nsp"],
+        pretraining_corpus["nsp"],
         tmp_path / "full",
         max_steps=10,
         save_every=3,
@@ -174,8 +153,8 @@ def test_resume_from_a_checkpoint_is_bit_exact(corpus, tmp_path):
     assert resumed["initial"] == full["initial"]  # the random-init baseline survives resume
 
 
-def test_a_time_budget_resumes_with_the_time_it_has_left(corpus, tmp_path):
-    cfg = tiny_cfg(corpus["nsp"], tmp_path / "a", max_steps=4, max_time="1h")
+def test_a_time_budget_resumes_with_the_time_it_has_left(pretraining_corpus, tmp_path):
+    cfg = tiny_cfg(pretraining_corpus["nsp"], tmp_path / "a", max_steps=4, max_time="1h")
     pretrain(cfg)
     checkpoint = tmp_path / "a" / "checkpoint-00000004"
     used = json.loads((checkpoint / "train_state.json").read_text())["elapsed"]
@@ -198,9 +177,9 @@ def test_a_time_budget_resumes_with_the_time_it_has_left(corpus, tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_saves_exits_zero_and_resumes_exactly(corpus, tmp_path):
+def test_sigterm_saves_exits_zero_and_resumes_exactly(pretraining_corpus, tmp_path):
     run = tmp_path / "run"
-    args = [*tiny_argv(corpus["nsp"], max_steps=300), "--output", str(run)]
+    args = [*tiny_argv(pretraining_corpus["nsp"], max_steps=300), "--output", str(run)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "bertforge.cli", "pretrain", *args],
@@ -235,11 +214,11 @@ def test_sigterm_saves_exits_zero_and_resumes_exactly(corpus, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_torchrun_ranks_equal_one_process(corpus, tmp_path):
+def test_two_torchrun_ranks_equal_one_process(pretraining_corpus, tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
         pytest.skip("torchrun not installed next to this python")
-    common = tiny_argv(corpus["packed"], objective="mlm", max_steps=8, dropout=0.0)
+    common = tiny_argv(pretraining_corpus["packed"], objective="mlm", max_steps=8, dropout=0.0)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(
         [
@@ -275,9 +254,9 @@ def test_two_torchrun_ranks_equal_one_process(corpus, tmp_path):
     assert results["final"]["val"]["nsp_accuracy"] is None  # MLM only: no NSP head
 
 
-def test_non_finite_losses_are_skipped_then_stop_with_a_message(corpus, tmp_path):
+def test_non_finite_losses_are_skipped_then_stop_with_a_message(pretraining_corpus, tmp_path):
     cfg = tiny_cfg(
-        corpus["nsp"],
+        pretraining_corpus["nsp"],
         tmp_path / "run",
         max_steps=30,
         lr=1e30,
@@ -291,13 +270,15 @@ def test_non_finite_losses_are_skipped_then_stop_with_a_message(corpus, tmp_path
     assert skipped[-1] >= 2  # earlier bad steps were skipped, not applied
 
 
-def test_config_errors_name_the_option(corpus, tmp_path, capsys):
+def test_config_errors_name_the_option(pretraining_corpus, tmp_path, capsys):
     with pytest.raises(BertforgeError, match="--train.objective mlm"):
-        pretrain(tiny_cfg(corpus["packed"], tmp_path / "a", max_steps=2))
+        pretrain(tiny_cfg(pretraining_corpus["packed"], tmp_path / "a", max_steps=2))
     with pytest.raises(BertforgeError, match="micro_batch_size"):
-        pretrain(tiny_cfg(corpus["nsp"], tmp_path / "b", max_steps=2, micro_batch_size=5))
+        pretrain(
+            tiny_cfg(pretraining_corpus["nsp"], tmp_path / "b", max_steps=2, micro_batch_size=5)
+        )
     with pytest.raises(BertforgeError, match="budget"):
-        pretrain(tiny_cfg(corpus["nsp"], tmp_path / "c"))
+        pretrain(tiny_cfg(pretraining_corpus["nsp"], tmp_path / "c"))
     root = Path(__file__).resolve().parents[1]
     with pytest.raises(SystemExit):
         main(

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
-from test_pretrain import corpus, tiny_cfg, train_losses, weights  # noqa: F401 (fixture)
+from test_pretrain import tiny_cfg, train_losses, weights
 
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import (
@@ -67,8 +67,8 @@ def test_the_discriminator_is_told_exactly_which_tokens_were_replaced():
         model(masked, attention_mask=mask)
 
 
-def test_an_rtd_run_learns_resumes_exactly_and_leaves_an_hf_encoder(corpus, tmp_path):  # noqa: F811
-    cfg = tiny_cfg(corpus["packed"], tmp_path / "full", max_steps=40, save_every=20)
+def test_an_rtd_run_learns_resumes_exactly_and_leaves_an_hf_encoder(pretraining_corpus, tmp_path):
+    cfg = tiny_cfg(pretraining_corpus["packed"], tmp_path / "full", max_steps=40, save_every=20)
     cfg = replace(
         cfg,
         masking=replace(cfg.masking, mlm_probability=0.25),

@@ -399,14 +399,13 @@ def finish(run: Run, state: PretrainState) -> dict[str, Any]:
         "plot": str(out / PLOT_FILE),
     }
     if run.info.is_main:
-        if isinstance(run.raw, BertForReplacedTokenDetection):  # the encoder, and the generator
-            with atomic_directory(out / FINAL_DIR) as tmp:
-                run.raw.save_encoder(tmp, tokenizer=run.data.tokenizer)
+        electra = isinstance(run.raw, BertForReplacedTokenDetection)
+        with atomic_directory(out / FINAL_DIR) as tmp:  # an rtd run keeps its encoder
+            save = run.raw.save_encoder if electra else run.raw.save_pretrained
+            save(tmp, tokenizer=run.data.tokenizer)
+        if electra:
             with atomic_directory(out / GENERATOR_DIR) as tmp:
                 run.raw.generator_model().save_pretrained(tmp, tokenizer=run.data.tokenizer)
-        else:
-            with atomic_directory(out / FINAL_DIR) as tmp:
-                run.raw.save_pretrained(tmp, tokenizer=run.data.tokenizer)
         plot_training_curves(out, out / PLOT_FILE, title=f"bertforge pretrain: {out.name}")
         atomic_write_text(out / "results.json", json.dumps(result, indent=2) + "\n")
         assert state.initial_eval is not None
