@@ -229,3 +229,40 @@ def test_serve_runs_an_export_with_onnx_runtime(exported: Path, classifier_dir: 
         assert status == 422 and "needs a PyTorch model" in json.dumps(error)
         status, error = request(port, "POST", "/predict", {"inputs": "good", "model": "enc_onnx"})
         assert status == 422 and "needs a classifier model" in json.dumps(error)
+
+
+def test_fused_and_standard_graphs_both_equal_eager_with_padding_anywhere(
+    exported: Path, classifier_dir: Path, tmp_path: Path
+):
+    """The default export uses ONNX Runtime's fused operators; ``fuse=False`` keeps standard ONNX
+    ones. Both give the eager outputs, the hidden states also when padding is on the left (the
+    fused attention reads the 0/1 mask, not lengths derived from it; the logits read position 0,
+    BERT's [CLS], so a classifier needs right padding)."""
+    standard = tmp_path / "standard"
+    summary = export_onnx(classifier_dir, standard, fuse=False)
+    assert summary["fused"] == "no (standard ONNX operators)"
+    domains = {node.domain for node in onnx.load(str(standard / "model.onnx")).graph.node}
+    assert domains <= {"", "ai.onnx"}
+    fused_ops = [node.op_type for node in onnx.load(str(exported / "model.onnx")).graph.node]
+    assert fused_ops.count("Attention") == 2  # one per layer of the 2-layer model
+    assert "SkipLayerNormalization" in fused_ops and "Softmax" not in fused_ops
+
+    model = BertForSequenceClassification.from_pretrained(classifier_dir).eval()
+    right = _batch(Tokenizer.from_file(classifier_dir), TEXTS)
+    lengths = right["attention_mask"].sum(1)
+    left = {
+        k: np.stack([np.roll(r, -n) for r, n in zip(v, lengths, strict=True)])
+        for k, v in right.items()
+    }
+    assert left["attention_mask"][0, 0] == 0 and left["attention_mask"][0, -1] == 1
+    for batch in (right, left):
+        with torch.inference_mode():
+            ref = model(**{k: torch.from_numpy(v) for k, v in batch.items()})
+        real = batch["attention_mask"].astype(bool)
+        for directory in (exported, standard):
+            session = load_onnx(directory)
+            hidden = session.hidden_states(batch)[real]
+            np.testing.assert_allclose(hidden, ref.hidden_states.numpy()[real], atol=1e-4, rtol=0)
+            if batch is right:
+                logits = session.sequence_logits(batch)
+                np.testing.assert_allclose(logits, ref.logits.numpy(), atol=1e-4, rtol=0)

@@ -297,3 +297,33 @@ def test_config_errors_name_the_option(pretraining_corpus, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "lr: 0.0005" in printed and "preset: mini" in printed
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_sinusoidal_positions_depend_on_distance_only_at_berts_scale():
+    from bertforge.modeling.model import sinusoidal_positions
+
+    table = sinusoidal_positions(64, 32, std=0.02).double()
+    assert table.shape == (64, 32)
+    half = torch.full((16,), 0.02 * 2**0.5, dtype=torch.float64)
+    torch.testing.assert_close(table[0], torch.cat([torch.zeros(16, dtype=torch.float64), half]))
+    # sin(a)sin(b) + cos(a)cos(b) = cos(a - b): the similarity of two positions is their distance's
+    gram = table @ table.T
+    torch.testing.assert_close(gram[:-5, :-5], gram[5:, 5:], atol=1e-9, rtol=0)
+    assert gram[10, 11] > gram[10, 20] > 0  # neighbours start alike
+    assert 0.015 < table.std() < 0.025  # the scale of BERT's normal(0, 0.02) start
+
+
+def test_position_init_sinusoidal_starts_a_fresh_model_there(pretraining_corpus, tmp_path):
+    from bertforge.modeling.model import sinusoidal_positions
+    from bertforge.training.setup import build_model, open_data
+
+    cfg = tiny_cfg(pretraining_corpus["nsp"], tmp_path / "run", max_steps=2)
+    sinusoidal = replace(cfg, train=replace(cfg.train, position_init="sinusoidal"))
+    data = open_data(sinusoidal)
+    table = build_model(sinusoidal, data, None).bert.embeddings.position_embeddings.weight
+    assert table.requires_grad
+    torch.testing.assert_close(table.detach(), sinusoidal_positions(64, 32, 0.02))
+    normal = build_model(cfg, data, None).bert.embeddings.position_embeddings.weight
+    assert not torch.allclose(normal, table)
+    with pytest.raises(BertforgeError, match="--train.position_init"):
+        TrainConfig(**(TINY_TRAIN | {"max_steps": 2, "position_init": "rope"}))

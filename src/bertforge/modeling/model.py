@@ -278,6 +278,21 @@ class BertPooler(nn.Module):
 
 
 # ---- shared base: initialisation and checkpoints -----------------------------------------------
+def sinusoidal_positions(num_positions: int, dim: int, std: float) -> Tensor:
+    """(num_positions, dim) sines and cosines of the Transformer (Vaswani et al. 2017; wavelengths
+    2 pi to 10,000 x 2 pi, sines in the first half of the columns, cosines in the second), scaled
+    to standard deviation ``std``. Neighbouring positions start with similar vectors and their
+    similarity depends only on the distance, where a normal(0, std) table starts every position
+    unrelated to every other."""
+    half = dim // 2
+    position = torch.arange(num_positions, dtype=torch.float64)[:, None]  # (P, 1)
+    frequency = torch.exp(-math.log(10_000.0) * torch.arange(half, dtype=torch.float64) / half)
+    angle = position * frequency  # (P, half)
+    table = torch.zeros(num_positions, dim, dtype=torch.float64)
+    table[:, :half], table[:, half : 2 * half] = angle.sin(), angle.cos()
+    return (table * std * math.sqrt(2.0)).float()  # sin^2 and cos^2 average 1/2
+
+
 class BertPreTrainedModel(nn.Module):
     """Base of every model: BERT's initialisation, ``from_pretrained`` and ``save_pretrained``."""
 
@@ -303,6 +318,13 @@ class BertPreTrainedModel(nn.Module):
             has_bias = isinstance(module, (nn.Linear, nn.LayerNorm, BertLMPredictionHead))
             if has_bias and module.bias is not None:
                 nn.init.zeros_(module.bias)
+
+    def init_sinusoidal_positions(self) -> None:
+        """Replace the position table's random start by :func:`sinusoidal_positions` at BERT's
+        initial scale (``--train.position_init sinusoidal``); the table still trains."""
+        table = self.get_submodule(self.base_prefix + "embeddings.position_embeddings").weight
+        with torch.no_grad():
+            table.copy_(sinusoidal_positions(*table.shape, self.config.initializer_range))
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, **config_overrides: Any) -> Any:
@@ -676,4 +698,5 @@ __all__ = [
     "ReplacedTokenDetectionOutput",
     "SequenceClassifierOutput",
     "IGNORE_INDEX",
+    "sinusoidal_positions",
 ]

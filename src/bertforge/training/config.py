@@ -19,6 +19,7 @@ from bertforge.training.optim import Schedule
 
 Objective = Literal["mlm_nsp", "mlm", "rtd"]
 FreshHead = Literal["warm", "random"]
+PositionInit = Literal["normal", "sinusoidal"]
 Preset = Literal["tiny", "mini", "small", "medium", "base", "large"]
 Task = Literal["classification", "regression"]
 Metric = Literal["accuracy", "macro_f1", "mcc", "spearman", "pearson", "mse", "mae"]
@@ -247,10 +248,17 @@ class TrainConfig(LoopOptions):
     the training text's log token frequencies, transform = identity: the start predicts like a
     context-free guesser) or ``random`` (BERT's initialisation)."""
 
+    position_init: PositionInit = "normal"
+    """How a fresh model's position table starts: ``normal`` (BERT's initialisation) or
+    ``sinusoidal`` (the Transformer's sines and cosines at the same scale: nearby positions start
+    alike). An initialisation only: the table trains, the model stays a standard BERT. Not used
+    with ``--init_from`` or when resuming."""
+
     def __post_init__(self) -> None:
         parse_freeze(self.freeze)
         check_choice(self.objective, Objective, "--train.objective")
         check_choice(self.fresh_head, FreshHead, "--train.fresh_head")
+        check_choice(self.position_init, PositionInit, "--train.position_init")
         if self.max_steps is not None and self.max_steps <= 0:
             raise BertforgeError(f"train.max_steps={self.max_steps} must be positive")
         if self.batch_size <= 0 or (

@@ -306,6 +306,8 @@ def build_model(
                 info["warmed"] = warm_fresh_head(model, info["missing"], counts)
         else:
             model = model_cls(model_config)
+            if cfg.train.position_init == "sinusoidal":
+                model.init_sinusoidal_positions()
         freeze_parameters(model, cfg.train.freeze)
         return model
     model = model_cls.from_pretrained(resume_dir)
