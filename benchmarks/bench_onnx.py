@@ -8,6 +8,9 @@ The classifier's accuracy is its own; MiniLM's is a nearest-centroid classifier 
 embeddings (centroids of ``--centroid-train`` IMDB train reviews embedded by the same backend),
 scored on the first ``--minilm-test`` reviews of the same test slice.
 
+Each ONNX model is exported twice: with ONNX Runtime's fused operators (``bertforge export``'s
+default) and with standard ONNX operators only (``--fuse false``).
+
 The classifier is fine-tuned once if ``--classifier`` is not given (1 epoch on 2,000 IMDB train
 reviews, max length 256, lr 1e-4, dropout 0) and kept in ``--work`` with the exports.
 
@@ -76,21 +79,31 @@ def fine_tune_classifier(work: Path) -> Path:
     return out
 
 
+EXPORTS = {  # backend name -> export_onnx options
+    "ONNX Runtime fp32 (standard operators)": {"quantize": None, "fuse": False},
+    "ONNX Runtime fp32 (fused: the export's default)": {"quantize": None, "fuse": True},
+    "ONNX Runtime int8 (standard operators)": {"quantize": "int8", "fuse": False},
+    "ONNX Runtime int8 (fused: the export's default)": {"quantize": "int8", "fuse": True},
+}
+ORT_FP32, INT8 = list(EXPORTS)[1], list(EXPORTS)[3]  # what `bertforge export` writes
+
+
 def exports(model_dir: Path, work: Path, name: str) -> dict[str, Path]:
-    """fp32 and int8 ONNX exports of ``model_dir`` (made once, reused from ``work``)."""
+    """The ONNX exports of :data:`EXPORTS` of ``model_dir`` (made once, reused from ``work``)."""
     out = {}
-    for quantize in (None, "int8"):
-        path = work / f"{name}-onnx-{quantize or 'fp32'}"
+    for backend, options in EXPORTS.items():
+        kind = f"{options['quantize'] or 'fp32'}-{'fused' if options['fuse'] else 'standard'}"
+        path = work / f"{name}-onnx-{kind}"
         if not (path / "model.onnx").is_file():
             log(f"exporting {model_dir} -> {path}")
-            export_onnx(model_dir, path, quantize=quantize)
-        out[quantize or "fp32"] = path
+            export_onnx(model_dir, path, **options)
+        out[backend] = path
     return out
 
 
 def backends(model_dir: Path, onnx_dirs: dict[str, Path], cls: type) -> dict[str, tuple[Any, str]]:
     """name -> (model, precision): bertforge eager in what ``auto`` picks (and bf16 where the
-    CPU runs it natively), ONNX Runtime fp32 and int8."""
+    CPU runs it natively), and the ONNX Runtime exports."""
     eager = cls.from_pretrained(model_dir).eval()
     auto = "bf16" if cpu_has_fast_bf16() else "fp32"
     out = {f"bertforge eager {auto} (default)": (eager, auto)}
@@ -98,8 +111,8 @@ def backends(model_dir: Path, onnx_dirs: dict[str, Path], cls: type) -> dict[str
         log("bf16: skipped, this CPU has no AVX512-BF16/AMX (bf16 would be emulated, slower)")
     else:
         out["bertforge eager fp32"] = (eager, "fp32")
-    out["ONNX Runtime fp32"] = (load_onnx(onnx_dirs["fp32"]), "fp32")
-    out["ONNX Runtime int8"] = (load_onnx(onnx_dirs["int8"]), "fp32")
+    for backend, directory in onnx_dirs.items():
+        out[backend] = (load_onnx(directory), "fp32")
     return out
 
 
@@ -161,7 +174,7 @@ def section(
     n_test: int,
 ) -> tuple[str, dict[str, float]]:
     names = list(models)
-    default, ort, int8 = names[0], "ONNX Runtime fp32", "ONNX Runtime int8"
+    default, ort, int8 = names[0], ORT_FP32, INT8
     rows = []
     for name in names:
         rows.append(

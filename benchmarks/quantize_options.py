@@ -1,16 +1,17 @@
 """Which options of ONNX Runtime's dynamic int8 quantization keep an IMDB classifier's accuracy.
 
-Quantizes one fp32 export (``bertforge export --format onnx``) four ways: one scale per weight
-matrix (ONNX Runtime's default), a scale per output column (``per_channel``), 7-bit weights
-(``reduce_range``, against the saturation of AVX2's 8-bit multiply-add without VNNI) and both;
+Quantizes one fp32 export with standard operators (``bertforge export --format onnx --fuse
+false``) four ways: one scale per weight matrix (ONNX Runtime's default), a scale per output
+column (``per_channel``), 7-bit weights (``reduce_range``, against the saturation of AVX2's 8-bit
+multiply-add without VNNI) and both;
 scores each and the fp32 export on the same IMDB test reviews, with texts/s at batch 32 (the
 accuracy pass itself, 256 tokens at most). ``bertforge export --quantize int8`` uses the winner.
 
-Two more rows try ONNX Runtime's transformer fusion (``onnxruntime.transformers.optimizer``,
-``model_type="bert"``): the graph rewritten into its ``Attention``, ``BiasGelu`` and
-``SkipLayerNormalization`` contrib operators, run in fp32 and quantized per channel.
+Two more rows try ONNX Runtime's transformer fusion (``bertforge.inference.onnx.fuse_graph``,
+the default of ``bertforge export``): the graph rewritten into its ``Attention``, ``BiasGelu``
+and ``SkipLayerNormalization`` operators, run in fp32 and quantized per channel.
 
-    python benchmarks/quantize_options.py --export /tmp/bertforge-bench-onnx/imdb-onnx-fp32
+    python benchmarks/quantize_options.py --export /tmp/bertforge-bench-onnx/imdb-onnx-fp32-standard
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from _common import cpu_kind, log, markdown_table
 from bench_onnx import classifier_accuracy, imdb
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from bertforge.inference.onnx import ONNX_FILE, load_onnx
+from bertforge.inference.onnx import ONNX_FILE, fuse_graph, load_onnx
 from bertforge.modeling.config import BertConfig
 from bertforge.tokenizer.wordpiece import Tokenizer
 
@@ -35,22 +36,6 @@ OPTIONS = {
     "reduce_range": {"reduce_range": True},
     "per_channel + reduce_range": {"per_channel": True, "reduce_range": True},
 }
-
-
-def fuse(source: Path, target: Path) -> None:
-    """ONNX Runtime's BERT fusion of ``source`` (its config.json beside it) into ``target``."""
-    from onnxruntime.transformers.optimizer import optimize_model
-
-    config = BertConfig.load(source.parent / "config.json")
-    model = optimize_model(
-        str(source),
-        model_type="bert",
-        num_heads=config.num_attention_heads,
-        hidden_size=config.hidden_size,
-        opt_level=0,  # the fusions only; the session applies its own optimizations on loading
-    )
-    log(f"fused: {model.get_fused_operator_statistics()}")
-    model.save_model_to_file(str(target))
 
 
 def main() -> None:
@@ -78,7 +63,7 @@ def main() -> None:
         for name, options in OPTIONS.items():
             out = Path(tmp) / name.replace(" ", "_")
             shutil.copytree(args.export, out)
-            quantize_dynamic(
+            quantize_dynamic(  # the fp32 export must be a --fuse false one
                 str(args.export / ONNX_FILE),
                 str(out / ONNX_FILE),
                 op_types_to_quantize=["MatMul"],
@@ -89,7 +74,7 @@ def main() -> None:
             rows[-1].append(f"{100 * (fp32 - accuracy):+.1f}")
         fused = Path(tmp) / "fused"
         shutil.copytree(args.export, fused)
-        fuse(args.export / ONNX_FILE, fused / ONNX_FILE)
+        log(f"fused: {fuse_graph(fused / ONNX_FILE, BertConfig.load(fused / 'config.json'))}")
         accuracy = score("fp32, fused (onnxruntime.transformers)", fused)
         rows[-1].append(f"{100 * (fp32 - accuracy):+.1f}")
         fused_int8 = Path(tmp) / "fused_int8"
