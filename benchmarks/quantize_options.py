@@ -1,17 +1,16 @@
 """Which options of ONNX Runtime's dynamic int8 quantization keep an IMDB classifier's accuracy.
 
-Quantizes one fp32 export with standard operators (``bertforge export --format onnx --fuse
-false``) four ways: one scale per weight matrix (ONNX Runtime's default), a scale per output
+Quantizes one fp32 export (``bertforge export --format onnx``, standard operators) four ways: one scale per weight matrix (ONNX Runtime's default), a scale per output
 column (``per_channel``), 7-bit weights (``reduce_range``, against the saturation of AVX2's 8-bit
 multiply-add without VNNI) and both;
 scores each and the fp32 export on the same IMDB test reviews, with texts/s at batch 32 (the
 accuracy pass itself, 256 tokens at most). ``bertforge export --quantize int8`` uses the winner.
 
 Two more rows try ONNX Runtime's transformer fusion (``bertforge.inference.onnx.fuse_graph``,
-the default of ``bertforge export``): the graph rewritten into its ``Attention``, ``BiasGelu``
+``bertforge export --fuse true``): the graph rewritten into its ``Attention``, ``BiasGelu``
 and ``SkipLayerNormalization`` operators, run in fp32 and quantized per channel.
 
-    python benchmarks/quantize_options.py --export /tmp/bertforge-bench-onnx/imdb-onnx-fp32-standard
+    python benchmarks/quantize_options.py --export /tmp/bertforge-bench-onnx/imdb-onnx-fp32-standard  # bench_onnx.py's export
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ def main() -> None:
         for name, options in OPTIONS.items():
             out = Path(tmp) / name.replace(" ", "_")
             shutil.copytree(args.export, out)
-            quantize_dynamic(  # the fp32 export must be a --fuse false one
+            quantize_dynamic(
                 str(args.export / ONNX_FILE),
                 str(out / ONNX_FILE),
                 op_types_to_quantize=["MatMul"],

@@ -234,18 +234,21 @@ def test_serve_runs_an_export_with_onnx_runtime(exported: Path, classifier_dir: 
 def test_fused_and_standard_graphs_both_equal_eager_with_padding_anywhere(
     exported: Path, classifier_dir: Path, tmp_path: Path
 ):
-    """The default export uses ONNX Runtime's fused operators; ``fuse=False`` keeps standard ONNX
+    """The default export keeps standard ONNX operators; ``fuse=True`` uses ONNX Runtime's fused
     ones. Both give the eager outputs, the hidden states also when padding is on the left (the
     fused attention reads the 0/1 mask, not lengths derived from it; the logits read position 0,
     BERT's [CLS], so a classifier needs right padding)."""
-    standard = tmp_path / "standard"
-    summary = export_onnx(classifier_dir, standard, fuse=False)
-    assert summary["fused"] == "no (standard ONNX operators)"
-    domains = {node.domain for node in onnx.load(str(standard / "model.onnx")).graph.node}
+    domains = {node.domain for node in onnx.load(str(exported / "model.onnx")).graph.node}
     assert domains <= {"", "ai.onnx"}
-    fused_ops = [node.op_type for node in onnx.load(str(exported / "model.onnx")).graph.node]
-    assert fused_ops.count("Attention") == 2  # one per layer of the 2-layer model
+    fused = tmp_path / "fused"
+    summary = export_onnx(classifier_dir, fused, fuse=True)
+    assert summary["fused"]["Attention"] == 2  # one per layer of the 2-layer model
+    fused_ops = [node.op_type for node in onnx.load(str(fused / "model.onnx")).graph.node]
+    assert fused_ops.count("Attention") == 2
     assert "SkipLayerNormalization" in fused_ops and "Softmax" not in fused_ops
+    int8 = export_onnx(classifier_dir, tmp_path / "fused-int8", fuse=True, quantize="int8")
+    int8_ops = {node.op_type for node in onnx.load(int8["output"]).graph.node}
+    assert "QAttention" in int8_ops and "Attention" not in int8_ops
 
     model = BertForSequenceClassification.from_pretrained(classifier_dir).eval()
     right = _batch(Tokenizer.from_file(classifier_dir), TEXTS)
@@ -259,7 +262,7 @@ def test_fused_and_standard_graphs_both_equal_eager_with_padding_anywhere(
         with torch.inference_mode():
             ref = model(**{k: torch.from_numpy(v) for k, v in batch.items()})
         real = batch["attention_mask"].astype(bool)
-        for directory in (exported, standard):
+        for directory in (exported, fused):
             session = load_onnx(directory)
             hidden = session.hidden_states(batch)[real]
             np.testing.assert_allclose(hidden, ref.hidden_states.numpy()[real], atol=1e-4, rtol=0)

@@ -7,14 +7,15 @@ directory is a complete inference model: ``bertforge classify --model DIR --back
 Linear layers: int8 weights with a scale per output column, activations quantized per batch at
 run time); the embedding tables and LayerNorms stay float32.
 
-``fuse=True`` (the default) rewrites the graph with ONNX Runtime's transformer optimizer
-(``onnxruntime.transformers``, ``model_type="bert"``) before any quantization: each layer's
-attention becomes one ``Attention`` operator (q, k and v from one GEMM; with int8 one quantized
-``QAttention``), bias + GELU one ``BiasGelu``, residual + LayerNorm ``SkipLayerNormalization``.
-On the AMD EPYC of ``benchmarks/quantize_options.py`` that made int8 8% faster and fp32 3%
-(RESULTS.md). These are ONNX Runtime's own (``com.microsoft``) operators: ``fuse=False`` keeps
-standard ONNX operators only, for other runtimes. The fused attention reads the 0/1
-``attention_mask`` as it is, so padding may sit anywhere, as in the unfused graph.
+``fuse=True`` (``bertforge export --fuse true``) rewrites the graph with ONNX Runtime's transformer
+optimizer (``onnxruntime.transformers``, ``model_type="bert"``) before any quantization: each
+layer's attention becomes one ``Attention`` operator (q, k and v from one GEMM; with int8 one
+quantized ``QAttention``), bias + GELU one ``BiasGelu``, residual + LayerNorm
+``SkipLayerNormalization``. These are ONNX Runtime's own (``com.microsoft``) operators, and on the
+2-core AVX2 AMD EPYC of ``benchmarks/bench_onnx.py`` they were no reliable gain (from -20% to +12%
+by model, batch size and precision, within that machine's run-to-run spread at batch 32), so the
+default keeps standard ONNX operators, which any ONNX runtime runs. The fused attention reads
+the 0/1 ``attention_mask`` as it is, so padding may sit anywhere, as in the standard graph.
 
 What is exported is the plain computation (:class:`PlainBert`): the model's own parameters
 through embeddings, attention with an additive padding mask, feed-forward and post-LN, without
@@ -178,7 +179,7 @@ def export_onnx(
     output: str | Path,
     *,
     quantize: str | None = None,
-    fuse: bool = True,
+    fuse: bool = False,
 ) -> dict[str, Any]:
     """Export the model in ``model_dir`` to ``output/model.onnx`` (see the module docstring);
     copies config, tokenizer and fine-tuning config beside it. Returns a summary dict."""
