@@ -19,7 +19,8 @@
 #               on 5,000 train reviews (500 more for validation) and test both on 5,000 test
 #               reviews, 128 tokens (the study's protocol); full = the same on all of IMDB:
 #               24,000 train reviews (1,000 more for validation), scored on the 25,000 test
-#               reviews (the moonshot's protocol, Maas et al. 2011's split)
+#               reviews, 256 tokens with head+tail truncation (the moonshot's protocol, Maas et
+#               al. 2011's split)
 # A downstream probe (logistic regression on frozen features, 1,000 + 1,000 train reviews) runs
 # at every evaluation and is drawn in OUT/run/curves.png. Needs ../shared/data (or
 # BERTFORGE_SHARED_DATA). Steps already done in OUT (tokenizer, prepared data, slices) are reused.
@@ -125,15 +126,18 @@ bertforge pretrain --config "$CONFIG" --data "$DATA" --extra_eval "[$OUT/wikitex
     --probe.train "$SLICES/probe_train.csv" --probe.test "$SLICES/probe_test.csv" \
     --output "$OUT/run" "$@"
 
+LENGTH=(--max_length 128)
 case "${DOWNSTREAM:-0}" in
     1) SPLIT=(train5000 val500 test5000 downstream) ;;
-    full) SPLIT=(train_full val_full test_full downstream-full) ;;
+    full) SPLIT=(train_full val_full test_full downstream-full)
+        # the moonshot reads 256 tokens, the first quarter and the last three quarters of a review
+        LENGTH=(--max_length 256 --truncation head_tail) ;;
     *) SPLIT=() ;;
 esac
 if [ "${#SPLIT[@]}" -gt 0 ]; then
     echo "== downstream: the pretrained encoder vs its random twin on IMDB sentiment (${SPLIT[2]})"
     bertforge downstream --model "$OUT/run/model" --train "$SLICES/${SPLIT[0]}.csv" \
         --validation "$SLICES/${SPLIT[1]}.csv" --test "$SLICES/${SPLIT[2]}.csv" \
-        --output "$OUT/${SPLIT[3]}" --max_length 128 --batch_size 32 --lr 3e-4 --epochs 3 \
+        --output "$OUT/${SPLIT[3]}" "${LENGTH[@]}" --batch_size 32 --lr 3e-4 --epochs 3 \
         --warmup_ratio 0.1 --dropout 0 --num_threads 2 --progress false
 fi
