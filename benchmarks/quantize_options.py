@@ -1,16 +1,18 @@
 """Which options of ONNX Runtime's dynamic int8 quantization keep an IMDB classifier's accuracy.
 
-Quantizes one fp32 export (``bertforge export --format onnx``, standard operators) four ways: one scale per weight matrix (ONNX Runtime's default), a scale per output
-column (``per_channel``), 7-bit weights (``reduce_range``, against the saturation of AVX2's 8-bit
-multiply-add without VNNI) and both;
-scores each and the fp32 export on the same IMDB test reviews, with texts/s at batch 32 (the
-accuracy pass itself, 256 tokens at most). ``bertforge export --quantize int8`` uses the winner.
+Quantizes one fp32 export (``bertforge export --format onnx``, standard operators) four ways: one
+scale per weight matrix (ONNX Runtime's default), a scale per output column (``per_channel``),
+7-bit weights (``reduce_range``, against the saturation of AVX2's 8-bit multiply-add without
+VNNI) and both; scores each and the fp32 export on the same IMDB test reviews, with texts/s at
+batch 32 (the accuracy pass itself, 256 tokens at most). ``bertforge export --quantize int8``
+uses the winner.
 
 Two more rows try ONNX Runtime's transformer fusion (``bertforge.inference.onnx.fuse_graph``,
 ``bertforge export --fuse true``): the graph rewritten into its ``Attention``, ``BiasGelu``
-and ``SkipLayerNormalization`` operators, run in fp32 and quantized per channel.
+and ``SkipLayerNormalization`` operators, run in fp32 and quantized as ``--quantize int8`` does.
 
-    python benchmarks/quantize_options.py --export /tmp/bertforge-bench-onnx/imdb-onnx-fp32-standard  # bench_onnx.py's export
+    # the fp32 export that bench_onnx.py writes:
+    python benchmarks/quantize_options.py --export /tmp/bertforge-bench-onnx/imdb-onnx-fp32-standard
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from _common import cpu_kind, log, markdown_table
 from bench_onnx import classifier_accuracy, imdb
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
-from bertforge.inference.onnx import ONNX_FILE, fuse_graph, load_onnx
+from bertforge.inference.onnx import ONNX_FILE, fuse_graph, load_onnx, quantize_int8
 from bertforge.modeling.config import BertConfig
 from bertforge.tokenizer.wordpiece import Tokenizer
 
@@ -78,14 +80,7 @@ def main() -> None:
         rows[-1].append(f"{100 * (fp32 - accuracy):+.1f}")
         fused_int8 = Path(tmp) / "fused_int8"
         shutil.copytree(args.export, fused_int8)
-        quantize_dynamic(
-            str(fused / ONNX_FILE),
-            str(fused_int8 / ONNX_FILE),
-            weight_type=QuantType.QInt8,
-            per_channel=True,
-            # the fused graph's contrib operators carry no type information for the quantizer
-            extra_options={"DefaultTensorType": 1},  # float
-        )
+        quantize_int8(fused / ONNX_FILE, fused_int8 / ONNX_FILE)  # what the export does
         accuracy = score("int8, per_channel, fused", fused_int8)
         rows[-1].append(f"{100 * (fp32 - accuracy):+.1f}")
     rows[0].append("-")

@@ -43,9 +43,8 @@ def main(argv: list[str]) -> int:
     """``bertforge export --model DIR --format onnx --output DIR2 [--quantize int8]``."""
     cfg = parse_config(ExportConfig, argv, prog="bertforge export", description=DESCRIPTION)
     summary = export_onnx(cfg.model, cfg.output, quantize=cfg.quantize, fuse=cfg.fuse)
-    fused = summary["fused"]
-    if isinstance(fused, dict):
-        fused = "fused " + ", ".join(f"{n} {kind}" for kind, n in fused.items())
+    fused = ", ".join(f"{n} {kind}" for kind, n in summary["fused"].items())
+    fused = f"fused {fused}" if fused else "standard ONNX operators"
     print(
         f"wrote {summary['output']} ({summary['quantize']}, {fused}, {summary['megabytes']} MB; "
         f"outputs: {', '.join(summary['outputs'])})"

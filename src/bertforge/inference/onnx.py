@@ -174,6 +174,23 @@ def fuse_graph(path: Path, config: BertConfig) -> dict[str, int]:
     return {k: v for k, v in model.get_fused_operator_statistics().items() if v}
 
 
+def quantize_int8(source: Path, target: Path) -> None:
+    """``bertforge export --quantize int8``: ONNX Runtime's dynamic quantization of the graph at
+    ``source`` (standard or fused) into ``target`` (see the module docstring)."""
+    quantization = _require("onnxruntime.quantization")
+    quantization.quantize_dynamic(
+        str(source),
+        str(target),
+        op_types_to_quantize=["MatMul", "Attention"],
+        weight_type=quantization.QuantType.QInt8,
+        # a scale per output column, not one per matrix: the IMDB classifier of
+        # benchmarks/bench_onnx.py lost 2.8 points with one scale, 0.2 with per-channel
+        per_channel=True,
+        # ONNX Runtime's fused operators carry no output types for the quantizer
+        extra_options={"DefaultTensorType": 1},  # float
+    )
+
+
 def export_onnx(
     model_dir: str | Path,
     output: str | Path,
@@ -218,18 +235,7 @@ def export_onnx(
             )
         fused = fuse_graph(fp32, plain.config) if fuse else {}
         if quantize == "int8":
-            quantization = _require("onnxruntime.quantization")
-            quantization.quantize_dynamic(
-                str(fp32),
-                str(tmp / ONNX_FILE),
-                op_types_to_quantize=["MatMul", "Attention"],
-                weight_type=quantization.QuantType.QInt8,
-                # a scale per output column, not one per matrix: the IMDB classifier of
-                # benchmarks/bench_onnx.py lost 2.8 points with one scale, 0.2 with per-channel
-                per_channel=True,
-                # ONNX Runtime's fused operators carry no output types for the quantizer
-                extra_options={"DefaultTensorType": 1},  # float
-            )
+            quantize_int8(fp32, tmp / ONNX_FILE)
             fp32.unlink()
         model.config.save(tmp)
         tokenizer.save(tmp)
@@ -240,7 +246,7 @@ def export_onnx(
         "output": str(output / ONNX_FILE),
         "outputs": plain.output_names,
         "quantize": quantize or "none (fp32)",
-        "fused": fused or "no (standard ONNX operators)",
+        "fused": fused,  # {} for standard ONNX operators
         "megabytes": round(size / 2**20, 1),
     }
 
@@ -309,5 +315,6 @@ __all__ = [
     "PlainBert",
     "export_onnx",
     "fuse_graph",
+    "quantize_int8",
     "load_onnx",
 ]
