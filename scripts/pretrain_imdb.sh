@@ -44,9 +44,10 @@ DATA="$OUT/data-$VOCAB-$SEQ"
 if [ "$MODE" != "packed" ]; then DATA="$DATA-$MODE"; fi
 SLICES="$OUT/slices"
 mkdir -p "$OUT"
+stage() { printf "== [%s, %dm%02ds in] %s\n" "$(date +%T)" $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
 if [ ! -f "$SLICES/test_full.csv" ]; then
-    echo "== text: pretraining text and fixed, balanced IMDB slices (<br /> removed)"
+    stage "text: pretraining text and fixed, balanced IMDB slices (<br /> removed)"
     python - "$IMDB" "$OUT/imdb_pretrain.txt" "$SLICES" <<'PY'
 import csv, gzip, random, re, sys
 from pathlib import Path
@@ -105,23 +106,23 @@ PY
 fi
 
 if [ ! -f "$TOK/vocab.txt" ]; then
-    echo "== tokenizer: $VOCAB WordPieces trained on the pretraining reviews"
+    stage "tokenizer: $VOCAB WordPieces trained on the pretraining reviews"
     bertforge tokenizer train --input "$OUT/imdb_pretrain.txt" --vocab_size "$VOCAB" --output "$TOK"
 fi
 if [ ! -f "$DATA/meta.json" ]; then
-    echo "== prepare: $MODE $SEQ-token sequences, test-review texts excluded"
+    stage "prepare: $MODE $SEQ-token sequences, test-review texts excluded"
     bertforge prepare --input "$IMDB"/unsup-*.txt.gz "$IMDB"/train-*.csv.gz --text_column text \
         --exclude "$IMDB"/test-*.csv.gz --tokenizer "$TOK" --output "$DATA" \
         --max_seq_length "$SEQ" --mode "$MODE" --validation_fraction 0.01 --progress false
 fi
 if [ ! -f "$OUT/wikitext2-$VOCAB/meta.json" ]; then
-    echo "== prepare: WikiText-2 validation with the same tokenizer (out-of-domain evaluation)"
+    stage "prepare: WikiText-2 validation with the same tokenizer (out-of-domain evaluation)"
     bertforge prepare --input "$SHARED/wikitext2/wiki.valid.tokens" --tokenizer "$TOK" \
         --output "$OUT/wikitext2-$VOCAB" --max_seq_length "$SEQ" --mode packed \
         --validation_fraction 0 --progress false
 fi
 
-echo "== pretrain ($CONFIG)"
+stage "pretrain ($CONFIG)"
 bertforge pretrain --config "$CONFIG" --data "$DATA" --extra_eval "[$OUT/wikitext2-$VOCAB]" \
     --probe.train "$SLICES/probe_train.csv" --probe.test "$SLICES/probe_test.csv" \
     --output "$OUT/run" "$@"
@@ -135,9 +136,10 @@ case "${DOWNSTREAM:-0}" in
     *) SPLIT=() ;;
 esac
 if [ "${#SPLIT[@]}" -gt 0 ]; then
-    echo "== downstream: the pretrained encoder vs its random twin on IMDB sentiment (${SPLIT[2]})"
+    stage "downstream: the pretrained encoder vs its random twin on IMDB sentiment (${SPLIT[2]})"
     bertforge downstream --model "$OUT/run/model" --train "$SLICES/${SPLIT[0]}.csv" \
         --validation "$SLICES/${SPLIT[1]}.csv" --test "$SLICES/${SPLIT[2]}.csv" \
         --output "$OUT/${SPLIT[3]}" "${LENGTH[@]}" --batch_size 32 --lr 3e-4 --epochs 3 \
         --warmup_ratio 0.1 --dropout 0 --num_threads 2 --progress false
 fi
+stage "done"
