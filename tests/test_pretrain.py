@@ -299,6 +299,20 @@ def test_config_errors_name_the_option(pretraining_corpus, tmp_path, capsys):
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
+@pytest.mark.parametrize(
+    "config",
+    sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")),
+    ids=lambda p: p.name,
+)
+def test_every_shipped_config_parses(config, capsys):
+    # the README and scripts/pretrain_imdb.sh point users at these files: none may have rotted
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", str(config), "--data", "d", "--output", "o", "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = capsys.readouterr().out
+    assert "preset:" in printed and "max_time:" in printed
+
+
 def test_sinusoidal_positions_depend_on_distance_only_at_berts_scale():
     from bertforge.modeling.model import sinusoidal_positions
 
