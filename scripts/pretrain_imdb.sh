@@ -8,7 +8,8 @@
 # test review (so the model can later be fine-tuned and tested on IMDB without having read the
 # test set), 1% of the reviews held out for validation; WikiText-2 validation as out-of-domain
 # text. Settings (environment variables):
-#   CONFIG      pretraining config (default configs/imdb-20m.yaml; configs/imdb-60m.yaml for an hour)
+#   CONFIG      pretraining config (default configs/imdb-20m.yaml; configs/imdb-60m.yaml for an hour;
+#               configs/imdb-moonshot.yaml, 95 minutes, with SEQ=256 DOWNSTREAM=full: the moonshot)
 #   VOCAB       WordPiece vocabulary size (default 8192: the recipe's; the MLM output layer costs
 #               as much as the whole encoder of BERT-Tiny at 30k)
 #   SEQ         tokens per pretraining sequence (default 128)
