@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT
 from safetensors.torch import load_file
 
 from bertforge.cli.pretrain import main
@@ -279,12 +280,11 @@ def test_config_errors_name_the_option(pretraining_corpus, tmp_path, capsys):
         )
     with pytest.raises(BertforgeError, match="budget"):
         pretrain(tiny_cfg(pretraining_corpus["nsp"], tmp_path / "c"))
-    root = Path(__file__).resolve().parents[1]
     with pytest.raises(SystemExit):
         main(
             [
                 "--config",
-                str(root / "configs" / "mini.yaml"),
+                str(ROOT / "configs" / "mini.yaml"),
                 "--data",
                 "d",
                 "--output",
@@ -301,7 +301,7 @@ def test_config_errors_name_the_option(pretraining_corpus, tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "config",
-    sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")),
+    sorted((ROOT / "configs").glob("*.yaml")),
     ids=lambda p: p.name,
 )
 def test_every_shipped_config_parses(config, capsys):
