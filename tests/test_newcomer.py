@@ -98,7 +98,9 @@ def test_embed_uses_the_pooling_and_normalisation_a_sentence_transformers_model_
     np.testing.assert_allclose(bertforge.embed(model, tok, texts), mean, atol=1e-6)
 
     out = tmp_path / "v.npy"
+    # fp32 like the API: `auto` is bf16 on a CPU with AVX512-BF16/AMX, ~1e-3 from fp32
     base = ["embed", "--model", str(minilm_dir), "--input", str(inputs), "--output", str(out)]
+    base += ["--precision", "fp32"]
     code, _, err = _run(base, capsys)
     assert code == 0
     np.testing.assert_allclose(np.load(out), mean, atol=1e-6)
@@ -201,7 +203,9 @@ def test_classify_api_and_cli_use_the_saved_max_length_and_demand_pairs(pair_run
     assert api != bertforge.classify(model, tok, [title], [body], max_length=64)[0]
     table = tmp_path / "in.csv"
     write_rows(table, [{"title": title, "body": body}])
-    code, printed, err = _run(["classify", "--model", str(out), "--input", str(table)], capsys)
+    # fp32 like the API (`auto` is bf16 on a CPU with AVX512-BF16/AMX)
+    argv = ["classify", "--model", str(out), "--input", str(table), "--precision", "fp32"]
+    code, printed, err = _run(argv, capsys)
     assert code == 0, err
     assert json.loads(printed)["scores"] == pytest.approx(api["scores"], abs=1e-6)
 

@@ -121,6 +121,7 @@ def test_encoder_export_and_embed_backend(classifier_dir: Path, tmp_path: Path, 
     inputs.write_text("\n".join(TEXTS) + "\n")
     for backend, model_dir in (("torch", encoder_dir), ("onnx", tmp_path / "onnx")):
         argv = ["embed", "--model", str(model_dir), "--input", str(inputs), "--pooling", "mean"]
+        argv += ["--precision", "fp32"]  # `auto` is bf16 on a CPU with AVX512-BF16/AMX
         assert (
             cli.main([*argv, "--output", str(tmp_path / f"{backend}.npy"), "--backend", backend])
             == 0
