@@ -212,6 +212,17 @@ def make_clock_callback(
                 control.should_training_stop = True
             self.last = time.perf_counter()
 
+        def on_train_end(self, args, state, control, model=None, **kw):  # noqa: ANN001
+            # the schedule can end before the budget (steps faster than calibrated): score the
+            # final weights too, or the curve would stop at the last periodic evaluation
+            if ev is not None and curve and curve[-1]["step"] != state.global_step:
+                t = self.seconds()
+                curve.append(
+                    {"seconds": t, "step": state.global_step, "loss": ev.loss_of_hf(model)}
+                )
+                log(f"transformers: step {state.global_step}, {t:.0f} s (end of its schedule): "
+                    f"val loss {curve[-1]['loss']:.3f}")  # fmt: skip
+
     return Clock()
 
 
