@@ -74,7 +74,7 @@ def fine_tune_classifier(work: Path) -> Path:
 
     argv = ["finetune", "--model", str(find_minilm()), "--train", str(train)]
     argv += ["--output", str(out), "--epochs", "1", "--lr", "1e-4", "--dropout", "0"]
-    if cli([*argv, "--max-length", str(MAX_LENGTH), "--no-progress"]) != 0:
+    if cli([*argv, "--max_length", str(MAX_LENGTH), "--progress", "false"]) != 0:
         raise SystemExit("fine-tuning failed")
     return out
 
