@@ -9,10 +9,11 @@
 # test set), 1% of the reviews held out for validation; WikiText-2 validation as out-of-domain
 # text. Settings (environment variables):
 #   CONFIG      pretraining config (default configs/imdb-20m.yaml; configs/imdb-60m.yaml for an hour;
-#               configs/imdb-moonshot.yaml, 95 minutes, with SEQ=256 DOWNSTREAM=full: the moonshot)
+#               configs/imdb-moonshot.yaml, 95 minutes at 256 tokens, with DOWNSTREAM=full: the moonshot)
 #   VOCAB       WordPiece vocabulary size (default 8192: the recipe's; the MLM output layer costs
 #               as much as the whole encoder of BERT-Tiny at 30k)
-#   SEQ         tokens per pretraining sequence (default 128)
+#   SEQ         tokens per pretraining sequence (default: the number in CONFIG's
+#               "# pretrain_imdb.sh SEQ=N" line, which configs/imdb-moonshot.yaml has, else 128)
 #   MODE        nsp (sentence pairs with 50% random next, for --train.objective mlm_nsp) or
 #               packed (full sequences, for mlm or rtd); default: nsp when CONFIG's objective is
 #               mlm_nsp (the 20-minute recipe), else packed
@@ -33,7 +34,10 @@ OUT="${1:-runs/imdb}"
 shift || true
 CONFIG="${CONFIG:-configs/imdb-20m.yaml}"
 VOCAB="${VOCAB:-8192}"
-SEQ="${SEQ:-128}"
+if [ -z "${SEQ:-}" ]; then  # the sequence length belongs to prepare: a config can ask for one
+    SEQ="$(sed -n 's/^# *pretrain_imdb\.sh  *SEQ=\([0-9][0-9]*\).*/\1/p' "$CONFIG" | head -n 1)"
+    SEQ="${SEQ:-128}"
+fi
 if [ -z "${MODE:-}" ]; then
     MODE=packed
     if grep -q '^ *objective: *mlm_nsp' "$CONFIG"; then MODE=nsp; fi

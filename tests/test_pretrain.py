@@ -313,6 +313,29 @@ def test_every_shipped_config_parses(config, capsys):
     assert "preset:" in printed and "max_time:" in printed
 
 
+@pytest.mark.parametrize(
+    ("config", "env_seq", "expected"),
+    [
+        ("imdb-moonshot.yaml", "", "256"),
+        ("imdb-20m.yaml", "", "128"),
+        ("imdb-moonshot.yaml", "64", "64"),
+    ],
+)
+def test_pretrain_imdb_script_takes_the_sequence_length_a_config_asks_for(
+    config, env_seq, expected
+):
+    # the script's own lines, run as the script runs them: SEQ wins, else the config's line, else 128
+    script = (ROOT / "scripts" / "pretrain_imdb.sh").read_text()
+    start = script.index('if [ -z "${SEQ:-}" ]')
+    block = script[start : script.index("\nfi\n", start) + 4]
+    env = {"PATH": os.environ["PATH"], "CONFIG": str(ROOT / "configs" / config), "SEQ": env_seq}
+    done = subprocess.run(
+        ["bash", "-c", block + 'printf "%s" "$SEQ"'], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == expected
+
+
 def test_sinusoidal_positions_depend_on_distance_only_at_berts_scale():
     from bertforge.modeling.model import sinusoidal_positions
 
