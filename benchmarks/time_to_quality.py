@@ -4,10 +4,9 @@ Both sides train the same BERT config from scratch on the same prepared (packed)
 (``DataCollatorForLanguageModeling`` has no NSP), with the same settings: masking rate, batch
 size, peak learning rate, warmup share and linear decay to zero over the steps the budget allows,
 AdamW (weight decay 0.01 off biases and LayerNorm, eps 1e-6), clipping at 1.0, the recipe's
-dropout. transformers gets its fastest CPU setup: SDPA attention,
-bf16 autocast where the CPU has AVX512-BF16/AMX, its ``DataCollatorForLanguageModeling``. Its step
-count is fixed from a timed calibration so that its LR schedule ends with the budget, as
-bertforge's time-tied schedule does.
+dropout. transformers gets its fastest CPU setup: SDPA attention, bf16 autocast where the CPU has
+AVX512-BF16/AMX, its ``DataCollatorForLanguageModeling``. Its step count is fixed from a timed
+calibration so that its LR schedule ends with the budget, as bertforge's time-tied schedule does.
 
 Both are scored on the SAME validation sequences with the SAME masks: the bertforge run's own
 validation batches, rebuilt here (and checked against the loss the run logged), each
