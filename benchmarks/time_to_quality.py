@@ -257,7 +257,14 @@ def time_to_reach(curve: list[dict[str, float]], target: float) -> float | None:
     return None
 
 
-def plot(ours: list[dict], theirs: list[dict], target: float, reached: float | None, path: Path):
+def plot(
+    ours: list[dict],
+    theirs: list[dict],
+    target: float,
+    reached: float | None,
+    path: Path,
+    precision: str,
+):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -283,7 +290,7 @@ def plot(ours: list[dict], theirs: list[dict], target: float, reached: float | N
         )
     ax.set_xlabel("training time (minutes, evaluation excluded)")
     ax.set_ylabel("validation MLM loss (nats, same masks)")
-    ax.set_title(f"Time to quality on {cpu_kind().split(' (')[0]}", fontsize=10)
+    ax.set_title(f"Time to quality on {cpu_kind()}, {precision}", fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -339,7 +346,7 @@ def main() -> int:
         "speedup_to_quality": (theirs[-1]["seconds"] / reached) if reached else None,
     }  # fmt: skip
     (args.output / "time_to_quality.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(ours, theirs, target, reached, args.output / "time_to_quality.png")
+    plot(ours, theirs, target, reached, args.output / "time_to_quality.png", ev.precision)
     rows = [
         ["bertforge", fmt(ours[-1]["step"]), f"{ours_tok['elapsed'] / 60:.1f}",
          f"{ours[-1]['loss']:.3f}", f"{reached / 60:.1f}" if reached else "not reached"],
