@@ -101,7 +101,10 @@ def test_onnx_runtime_equals_eager_fp32(exported: Path, classifier_dir: Path, te
     hidden = session.hidden_states(batch)
     real = batch["attention_mask"].astype(bool)  # the eager model leaves padding rows zero
     np.testing.assert_allclose(hidden[real], ref.hidden_states.numpy()[real], atol=1e-4, rtol=0)
-    assert np.abs(ref.logits.numpy()).max() > 0.5  # not a degenerate, near-constant model
+    # not a degenerate, near-constant model: the logits are far above the 1e-4 tolerance (one
+    # text's largest logit was 0.41 in one run and above 0.5 in others: the fixture's tokenizer
+    # training is not byte-reproducible, huggingface/tokenizers#1794, so its ids and embeddings move)
+    assert np.abs(ref.logits.numpy()).max() > 0.05
 
 
 def test_encoder_export_and_embed_backend(classifier_dir: Path, tmp_path: Path, capsys):
