@@ -199,14 +199,9 @@ def make_clock_callback(
             t = self.seconds()
             if ev is not None and (t >= self.next_eval or t >= budget):
                 paused = time.perf_counter()
-                curve.append(
-                    {"seconds": t, "step": state.global_step, "loss": ev.loss_of_hf(model)}
-                )
+                self.score(state.global_step, t, model)
                 self.next_eval += every
                 self.paused += time.perf_counter() - paused
-                log(
-                    f"transformers: step {state.global_step}, {t:.0f} s: val loss {curve[-1]['loss']:.3f}"
-                )
             if t >= budget:
                 control.should_training_stop = True
             self.last = time.perf_counter()
@@ -215,12 +210,12 @@ def make_clock_callback(
             # the schedule can end before the budget (steps faster than calibrated): score the
             # final weights too, or the curve would stop at the last periodic evaluation
             if ev is not None and curve and curve[-1]["step"] != state.global_step:
-                t = self.seconds()
-                curve.append(
-                    {"seconds": t, "step": state.global_step, "loss": ev.loss_of_hf(model)}
-                )
-                log(f"transformers: step {state.global_step}, {t:.0f} s (end of its schedule): "
-                    f"val loss {curve[-1]['loss']:.3f}")  # fmt: skip
+                self.score(state.global_step, self.seconds(), model, " (end of its schedule)")
+
+        def score(self, step: int, t: float, model: Any, why: str = "") -> None:
+            assert ev is not None
+            curve.append({"seconds": t, "step": step, "loss": ev.loss_of_hf(model)})
+            log(f"transformers: step {step}, {t:.0f} s{why}: val loss {curve[-1]['loss']:.3f}")
 
     return Clock()
 
