@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from bertforge.cli import main as cli_main
 from bertforge.data.corpus import iter_documents
@@ -267,3 +268,44 @@ def test_uint32_shards_read_back_equal(corpus: Path, tokenizer: Tokenizer, tmp_p
     write_manifest(out)  # the files were rewritten on purpose
     after = PretrainingDataset(out, "validation")
     assert all(np.array_equal(after[i]["input_ids"], e) for i, e in enumerate(expected))
+
+
+def cooccurrence_by_loop(ds: PretrainingDataset, vocab: int, contexts, window: int, special):
+    """The definition of ``cooccurrence_counts``, one pair at a time."""
+    column = {int(c): j for j, c in enumerate(contexts)}
+    counts = np.zeros((vocab, len(contexts)))
+    for i in range(len(ds)):
+        ids = [int(t) for t in ds[i]["input_ids"]]
+        for p, word in enumerate(ids):
+            for q in range(max(0, p - window), min(len(ids), p + window + 1)):
+                context = ids[q]
+                if q != p and word not in special and context not in special and context in column:
+                    counts[word, column[context]] += 1.0 / abs(q - p)
+    return counts
+
+
+def test_cooccurrence_counts_equal_the_pair_by_pair_definition(
+    corpus: Path, tokenizer: Tokenizer, tmp_path: Path, monkeypatch
+) -> None:
+    """Within sequences only, special tokens left out, 1/distance weights; the same across
+    shards, with a subset of context words (the asymmetric path) and in row blocks."""
+    import bertforge.data.dataset as dataset_module
+
+    out = tmp_path / "data"
+    prepare_quietly(corpus, tokenizer, out, max_seq_length=32, mode="packed", shard_tokens=4000)
+    ds = PretrainingDataset(out, "train", tokenizer)
+    assert len(ds.meta["splits"]["train"]["shards"]) > 3
+    vocab, special = tokenizer.vocab_size, set(tokenizer.special_ids)
+    every = np.arange(vocab)
+    some = np.sort(np.random.default_rng(0).choice(vocab, 97, replace=False))
+    for contexts, window in ((every, 3), (some, 2)):
+        expected = cooccurrence_by_loop(ds, vocab, contexts, window, special)
+        got = ds.cooccurrence_counts(vocab, contexts, window, special)
+        assert got.shape == expected.shape and got.dtype == torch.float32
+        np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-4)
+        assert expected.sum() > 1000 and (expected[sorted(special)] == 0).all()
+    monkeypatch.setattr(dataset_module, "_COUNT_BLOCK_CELLS", 50 * 97)  # 50 rows at a time
+    blocked = ds.cooccurrence_counts(vocab, some, 2, special)
+    assert torch.equal(blocked, got)
+    first = ds.cooccurrence_counts(vocab, every, 1, special, max_tokens=1000).sum()
+    assert 0 < first < ds.cooccurrence_counts(vocab, every, 1, special).sum() / 10

@@ -5,7 +5,9 @@ ranks equal one process."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -364,3 +366,103 @@ def test_position_init_sinusoidal_starts_a_fresh_model_there(pretraining_corpus,
     assert not torch.allclose(normal, table)
     with pytest.raises(BertforgeError, match="--train.position_init"):
         TrainConfig(**(TINY_TRAIN | {"max_steps": 2, "position_init": "rope"}))
+
+
+def ppmi_by_hand(counts: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Positive PMI with smoothed context probabilities, one cell at a time (float64)."""
+    c = counts.double()
+    total = c.sum().item()
+    p_context = c.sum(0) ** alpha / (c.sum(0) ** alpha).sum()
+    out = torch.zeros_like(c)
+    for w in range(c.shape[0]):
+        for j in range(c.shape[1]):
+            if c[w, j] > 0:
+                pmi = math.log((c[w, j] / total) / (c[w].sum() / total * p_context[j]))
+                out[w, j] = max(pmi, 0.0)
+    return out
+
+
+def test_cooccurrence_vectors_factorise_positive_pmi():
+    from bertforge.modeling.model import cooccurrence_vectors
+
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.poisson(torch.rand(12, 6, generator=gen) * 5, generator=gen)
+    counts[3] = 0  # a word never seen: no vector
+    vectors, seen = cooccurrence_vectors(counts, dim=8, std=0.1, alpha=0.75, seed=0)
+    assert vectors.shape == (12, 6) and seen.tolist() == [i != 3 for i in range(12)]  # k = 6
+    # the reference: a full SVD of the PPMI matrix, U sqrt(S), centred, scaled
+    u, s, _ = torch.linalg.svd(ppmi_by_hand(counts, 0.75), full_matrices=False)
+    ref = (u * s.sqrt())[seen]
+    ref = ref - ref.mean(0)
+    ref = ref * (0.1 / ref.pow(2).mean().sqrt())
+    got = vectors[seen].double()
+    # singular vectors are defined up to sign: compare the Gram matrices
+    torch.testing.assert_close(got @ got.T, ref @ ref.T, atol=1e-6, rtol=1e-4)
+    assert (vectors[3] == 0).all() and got.mean(0).abs().max() < 1e-6
+    assert got.pow(2).mean().sqrt().item() == pytest.approx(0.1, rel=1e-5)
+    again, _ = cooccurrence_vectors(counts, dim=8, std=0.1, seed=0)
+    assert torch.equal(again, vectors)  # seeded: a rerun starts from the same table
+
+
+def test_cooccurrence_vectors_put_words_of_the_same_contexts_together():
+    from bertforge.modeling.model import cooccurrence_vectors
+
+    counts = torch.zeros(20, 20)  # words 0-9 occur near contexts 0-9, words 10-19 near 10-19
+    gen = torch.Generator().manual_seed(1)
+    counts[:10, :10] = torch.poisson(torch.full((10, 10), 20.0), generator=gen)
+    counts[10:, 10:] = torch.poisson(torch.full((10, 10), 20.0), generator=gen)
+    vectors, _ = cooccurrence_vectors(counts, dim=2, std=0.02)  # the two leading directions
+    cosine = (
+        torch.nn.functional.normalize(vectors, dim=1)
+        @ torch.nn.functional.normalize(vectors, dim=1).T
+    )
+    inside = torch.cat([cosine[:10, :10].flatten(), cosine[10:, 10:].flatten()])
+    across = cosine[:10, 10:].flatten()
+    assert inside.min() > 0.9 and across.max() < -0.9  # centred: the two groups point apart
+
+
+def test_word_init_cooccurrence_starts_a_fresh_model_there(pretraining_corpus, tmp_path, capsys):
+    from bertforge.modeling.model import cooccurrence_vectors
+    from bertforge.tokenizer.wordpiece import Tokenizer as Tok
+    from bertforge.training.setup import WORD_INIT_CONTEXTS, build_model, open_data
+
+    data_dir = pretraining_corpus["nsp"]
+    cfg = tiny_cfg(data_dir, tmp_path / "run", max_steps=2, word_init="cooccurrence")
+    result = pretrain(cfg)
+    err = capsys.readouterr().err
+    assert "word embeddings start from co-occurrence vectors" in err
+    charged = float(re.search(r"\(([0-9.]+) s, charged to the budget\)", err).group(1))
+    # the start: rebuild it the way setup does and compare with a fresh normal model
+    data = open_data(cfg)
+    tokenizer = Tok.from_file(Path(data_dir) / "tokenizer")
+    special, vocab = tokenizer.special_ids, data.model_config.vocab_size
+    frequency = data.train.token_counts(vocab, special)
+    assert vocab < WORD_INIT_CONTEXTS  # every word is a context here
+    contexts = torch.arange(vocab).numpy()[frequency > 0]  # all words the text has
+    counts = data.train.cooccurrence_counts(vocab, contexts, 10, special)
+    vectors, seen = cooccurrence_vectors(counts, 32, 0.1, seed=cfg.train.seed)
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg, data, None)
+    normal = model.bert.embeddings.word_embeddings.weight.detach().clone()
+    from bertforge.training.setup import init_word_vectors
+
+    init_word_vectors(model, cfg, data)
+    table = model.bert.embeddings.word_embeddings.weight.detach()
+    torch.testing.assert_close(table[seen], vectors[seen])
+    torch.testing.assert_close(table[~seen], normal[~seen])  # specials and unseen words
+    assert seen.sum() > 0.8 * (frequency > 0).sum() and not seen[special].any()
+    assert model.cls.predictions.decoder.weight.data_ptr() == table.data_ptr()  # still tied
+    # the run's elapsed time includes the start-up work, and its model loads as a standard BERT
+    state = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert result["step"] == 2 and state["elapsed"] >= charged - 0.05  # printed to 0.1 s
+    from transformers import BertForMaskedLM as HFBertForMaskedLM
+
+    hf = HFBertForMaskedLM.from_pretrained(tmp_path / "run" / "model")
+    assert hf.config.vocab_size == vocab
+    for bad, match in (
+        ({"word_init": "glove"}, "--train.word_init"),
+        ({"word_init_std": 0.0}, "--train.word_init_std"),
+        ({"word_init_window": 0}, "--train.word_init_window"),
+    ):
+        with pytest.raises(BertforgeError, match=match):
+            TrainConfig(**(TINY_TRAIN | {"max_steps": 2} | bad))

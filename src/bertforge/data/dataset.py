@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from bertforge.data.instances import Instance
 from bertforge.errors import BertforgeError
@@ -43,6 +44,7 @@ META_FILE = "meta.json"
 TOKENIZER_DIR = "tokenizer"
 SPLITS = ("train", "validation")
 _IDX_COLUMNS = 4  # offset, length, b_start, nsp label
+_COUNT_BLOCK_CELLS = 1 << 27  # cells of one co-occurrence bincount (1 GiB of int64)
 
 
 class ShardWriter:
@@ -243,6 +245,59 @@ class PretrainingDataset:
                     break
         counts[sorted(special_ids)] = 0
         return counts
+
+    def cooccurrence_counts(
+        self,
+        vocab_size: int,
+        contexts: np.ndarray,
+        window: int,
+        special_ids: Iterable[int] = (),
+        max_tokens: int | None = None,
+    ) -> torch.Tensor:
+        """(vocab_size, len(contexts)) float32 matrix: entry (w, j) counts how often token id
+        ``contexts[j]`` occurs within ``window`` tokens of ``w`` inside one sequence, each
+        occurrence weighted 1/distance (read shard by shard; the first ``max_tokens`` only if
+        given). Pairs that cross from one sequence into the next, or involve a special token,
+        are not counted. Counted exactly in integers per distance (so the result does not
+        depend on the order of additions) and in blocks of at most 2^27 cells of rows."""
+        n_ctx = len(contexts)
+        column = torch.full((vocab_size,), -1, dtype=torch.int64)
+        column[torch.as_tensor(np.asarray(contexts, dtype=np.int64))] = torch.arange(n_ctx)
+        symmetric = n_ctx == vocab_size and bool((column == torch.arange(vocab_size)).all())
+        block = max(1, min(vocab_size, _COUNT_BLOCK_CELLS // n_ctx))
+        counts = torch.zeros(vocab_size, n_ctx)
+        tally = torch.zeros(block * n_ctx + 1, dtype=torch.int32)  # the last cell: not counted
+        special = torch.as_tensor(sorted(special_ids), dtype=torch.int64)
+        left = max_tokens
+        for ids, idx in zip(self._ids, self._idx, strict=True):
+            n = len(ids) if left is None else min(len(ids), left)
+            x = torch.from_numpy(np.asarray(ids[:n]).astype(np.int64))
+            x[torch.isin(x, special) | (x >= vocab_size)] = -1
+            starts = torch.zeros(n, dtype=torch.int64)  # sequence number of every token
+            first = torch.from_numpy(np.array(idx[1:, 0]))
+            starts[first[first < n]] = 1
+            sequence = starts.cumsum(0)
+            col = column[x.clamp_min(0)].masked_fill_(x < 0, -1)  # each token's context column
+            ones = torch.ones(n, dtype=torch.int32)
+            for distance in range(1, window + 1):
+                same = sequence[:-distance] == sequence[distance:]
+                pairs = ((x[:-distance], col[distance:]),)  # (word, its context's column)
+                if not symmetric:
+                    pairs += ((x[distance:], col[:-distance]),)
+                for lo in range(0, vocab_size, block):
+                    hi = min(lo + block, vocab_size)
+                    tally.zero_()
+                    for word, context in pairs:
+                        ok = same & (word >= lo) & (word < hi) & (context >= 0)
+                        cells = torch.where(ok, (word - lo) * n_ctx + context, block * n_ctx)
+                        tally.index_add_(0, cells, ones[: len(cells)])
+                    rows = tally[: (hi - lo) * n_ctx].view(hi - lo, n_ctx)
+                    counts[lo:hi].add_(rows, alpha=1.0 / distance)
+            if left is not None:
+                left -= n
+                if left <= 0:
+                    break
+        return counts + counts.T if symmetric else counts
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         n = len(self)

@@ -293,6 +293,34 @@ def sinusoidal_positions(num_positions: int, dim: int, std: float) -> Tensor:
     return (table * std * math.sqrt(2.0)).float()  # sin^2 and cos^2 average 1/2
 
 
+def cooccurrence_vectors(
+    counts: Tensor, dim: int, std: float, alpha: float = 0.75, seed: int = 0
+) -> tuple[Tensor, Tensor]:
+    """Word vectors from a (words, contexts) co-occurrence count matrix, as in Levy, Goldberg &
+    Dagan 2015: positive pointwise mutual information with the context distribution smoothed
+    by ``alpha``, its rank-``dim`` truncated SVD (randomised, seeded), vectors U sqrt(S), centred
+    and scaled to standard deviation ``std``. Returns the (words, k) vectors, k = min(dim,
+    words, contexts), and a bool (words,) mask of the rows that had any count (the others are
+    zero and should keep their initialisation)."""
+    row = counts.sum(1, dtype=torch.float64)
+    context = counts.sum(0, dtype=torch.float64) ** alpha
+    total = row.sum()
+    log_row = (row / total).clamp_min(1e-300).log().float()
+    log_context = (context / context.sum()).clamp_min(1e-300).log().float()
+    # PMI = log p(w, c) - log p(w) - log p_alpha(c), in place: one matrix of memory, not five
+    ppmi = counts.float().clone().div_(total.item()).log_()  # log 0 = -inf: clamped to 0 below
+    ppmi.sub_(log_row[:, None]).sub_(log_context[None, :]).clamp_(min=0.0)
+    k = min(dim, *ppmi.shape)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        u, s, _ = torch.svd_lowrank(ppmi, q=k, niter=4)
+    vectors = (u * s.sqrt()).double()
+    seen = row > 0
+    vectors = torch.where(seen[:, None], vectors - vectors[seen].mean(0), 0.0)
+    scale = vectors[seen].pow(2).mean().sqrt()
+    return (vectors * (std / scale.clamp_min(1e-30))).float(), seen
+
+
 class BertPreTrainedModel(nn.Module):
     """Base of every model: BERT's initialisation, ``from_pretrained`` and ``save_pretrained``."""
 
@@ -325,6 +353,16 @@ class BertPreTrainedModel(nn.Module):
         table = self.get_submodule(self.base_prefix + "embeddings.position_embeddings").weight
         with torch.no_grad():
             table.copy_(sinusoidal_positions(*table.shape, self.config.initializer_range))
+
+    def init_word_vectors(self, vectors: Tensor, rows: Tensor) -> None:
+        """Start the word embeddings of ``rows`` (a bool mask over the vocabulary) from
+        ``vectors`` (vocabulary, k <= hidden size; e.g. :func:`cooccurrence_vectors`, with
+        ``--train.word_init cooccurrence``); other rows and columns keep their initialisation.
+        The tied MLM decoder shares the table; everything still trains."""
+        table = self.get_submodule(self.base_prefix + "embeddings.word_embeddings").weight
+        with torch.no_grad():
+            k = vectors.shape[1]
+            table[rows, :k] = vectors[rows].to(table.dtype)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, **config_overrides: Any) -> Any:
@@ -698,5 +736,6 @@ __all__ = [
     "ReplacedTokenDetectionOutput",
     "SequenceClassifierOutput",
     "IGNORE_INDEX",
+    "cooccurrence_vectors",
     "sinusoidal_positions",
 ]

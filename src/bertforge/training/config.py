@@ -20,6 +20,7 @@ from bertforge.training.optim import Schedule
 Objective = Literal["mlm_nsp", "mlm", "rtd"]
 FreshHead = Literal["warm", "random"]
 PositionInit = Literal["normal", "sinusoidal"]
+WordInit = Literal["normal", "cooccurrence"]
 Preset = Literal["tiny", "mini", "small", "medium", "base", "large"]
 Task = Literal["classification", "regression"]
 Metric = Literal["accuracy", "macro_f1", "mcc", "spearman", "pearson", "mse", "mae"]
@@ -253,12 +254,26 @@ class TrainConfig(LoopOptions):
     ``sinusoidal`` (the Transformer's sines and cosines at the same scale: nearby positions start
     alike). An initialisation only: the table trains, the model stays a standard BERT. Not used
     with ``--init_from`` or when resuming."""
+    word_init: WordInit = "normal"
+    """How a fresh model's word embeddings start: ``normal`` (BERT's initialisation) or
+    ``cooccurrence`` (word vectors factorised from the training split's co-occurrence counts:
+    positive PMI and a truncated SVD, Levy et al. 2015; seconds at start-up, charged to the
+    time budget). Words that share contexts start alike, which a short run cannot learn for its
+    rarer words. An initialisation only: the table trains, the model stays a standard BERT.
+    Not used with ``--init_from`` or when resuming."""
+    word_init_window: int = 10
+    """``--train.word_init cooccurrence``: count context words up to this many tokens away
+    (weighted 1/distance)."""
+    word_init_std: float = 0.1
+    """``--train.word_init cooccurrence``: the vectors' standard deviation (BERT's random start
+    has 0.02; the embedding LayerNorm sees word + position + segment vectors)."""
 
     def __post_init__(self) -> None:
         parse_freeze(self.freeze)
         check_choice(self.objective, Objective, "--train.objective")
         check_choice(self.fresh_head, FreshHead, "--train.fresh_head")
         check_choice(self.position_init, PositionInit, "--train.position_init")
+        check_choice(self.word_init, WordInit, "--train.word_init")
         if self.max_steps is not None and self.max_steps <= 0:
             raise BertforgeError(f"train.max_steps={self.max_steps} must be positive")
         if self.batch_size <= 0 or (
@@ -269,6 +284,9 @@ class TrainConfig(LoopOptions):
         check_training_options(self, option)
         check_at_least(self, option, eval_every=0, save_every=0, keep_checkpoints=0, eps=0)
         check_at_least(self, option, eval_examples=1, eval_batch_size=1)
+        check_at_least(self, option, word_init_window=1)
+        if not self.word_init_std > 0:
+            raise BertforgeError(f"--train.word_init_std {self.word_init_std} must be positive")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise BertforgeError(f"--train.min_lr_ratio {self.min_lr_ratio} must lie in [0, 1]")
         if not all(0.0 <= b < 1.0 for b in self.betas) or len(self.betas) != 2:

@@ -54,6 +54,7 @@ from bertforge.training.setup import (
     PretrainingData,
     build_model,
     find_resume,
+    init_word_vectors,
     open_data,
     random_twin,
     run_identity,
@@ -117,6 +118,12 @@ class Run:
         )
 
 
+def starts_random(cfg: PretrainConfig) -> bool:
+    """True when step 0 is BERT's random initialisation; else (``--init_from``, ``--train.word_init
+    cooccurrence``) the final table also shows the same network freshly initialised."""
+    return not cfg.init_from and cfg.train.word_init == "normal"
+
+
 @locks_output
 def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
     """Run (or resume) pretraining as configured; return the initial and final evaluations, the
@@ -126,7 +133,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
     if state.initial_eval is None:  # the untrained network: the baseline of the final table
         state.initial_eval = evaluate(run)
         log_evaluations(run, 0, state.initial_eval)
-        if cfg.init_from:  # the same network freshly initialised: the table's third column
+        if not starts_random(cfg):  # the same network freshly initialised: a third column
             state.random_eval = evaluate(run, model=random_twin(cfg, run.data).to(run.device))
     bar = steps.progress_bar(
         state, tc.max_steps, run.budget, enabled=run.info.is_main and tc.progress
@@ -217,13 +224,20 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
     model = build_model(cfg, data, resume_dir)
     if cfg.init_from and resume_dir is None and info.is_main:
         print(start_report(cfg, model), file=sys.stderr, flush=True)
+    spent = 0.0  # start-up work charged to the time budget
+    if tc.word_init == "cooccurrence" and resume_dir is None and not cfg.init_from:
+        started = time.perf_counter()
+        done = init_word_vectors(model, cfg, data)
+        spent = time.perf_counter() - started
+        if info.is_main:
+            print(f"{done} ({spent:.1f} s, charged to the budget)", file=sys.stderr, flush=True)
     if tc.dropout is not None:
         steps.set_dropout(model, tc.dropout)
     raw = model.to(device)
     optimizer = build_optimizer(raw, tc.lr, tc.weight_decay, tuple(tc.betas), tc.eps)
     torch.manual_seed(tc.seed + 1 + 7919 * info.rank)  # each rank its own dropout stream
     identity = run_identity(cfg, data.meta, len(data.train))
-    state = PretrainState(run=identity, data=data.sampler.state_dict())
+    state = PretrainState(run=identity, data=data.sampler.state_dict(), elapsed=spent)
     if resume_dir is not None:
         state, blob = PretrainState.load(resume_dir, optimizer, restore_rng=False)
         check_same_run(resume_dir, state.run, identity)
@@ -413,11 +427,12 @@ def finish(run: Run, state: PretrainState) -> dict[str, Any]:
             title = f"{name} ({'validation split' if name == 'val' else 'extra evaluation set'})"
             trained = f"trained ({state.step} steps)"
             columns = {"random init": state.initial_eval[name], trained: final[name]}
-            if run.cfg.init_from:  # start vs adapted, beside the same network from random init
+            if not starts_random(run.cfg):  # start vs trained, beside the random-init network
+                done = f"{'adapted' if run.cfg.init_from else 'trained'} ({state.step} steps)"
                 columns = {
                     "random init": (state.random_eval or {}).get(name, {}),
                     "start": state.initial_eval[name],
-                    f"adapted ({state.step} steps)": final[name],
+                    done: final[name],
                 }
             run.say("\n" + comparison_table(columns, title))
         if run.probes:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from bertforge.data.loader import PretrainingCollator, PretrainingLoader, PretrainingSampler
@@ -24,6 +25,7 @@ from bertforge.modeling.model import (
     BertForMaskedLM,
     BertForPreTraining,
     BertForReplacedTokenDetection,
+    cooccurrence_vectors,
 )
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import (
@@ -287,6 +289,42 @@ def head_warm_counts(
     return torch.from_numpy(counts)
 
 
+WORD_INIT_TOKENS = 50_000_000
+"""Tokens of the training text counted for ``--train.word_init cooccurrence`` (~1 minute on one
+core; the vectors of a larger corpus hardly change)."""
+WORD_INIT_CONTEXTS = 8192
+"""Context words of the co-occurrence matrix: the most frequent ones (all of a vocabulary this
+small), which keeps the matrix at vocabulary x 8,192 for a vocabulary of any size."""
+
+
+def init_word_vectors(model: torch.nn.Module, cfg: PretrainConfig, data: PretrainingData) -> str:
+    """``--train.word_init cooccurrence``: count the training split's co-occurrences, factorise
+    them (:func:`~bertforge.modeling.model.cooccurrence_vectors`) and start the model's word
+    embeddings there; returns what it did, for the log."""
+    tc, vocab = cfg.train, model.config.vocab_size
+    special = data.tokenizer.special_ids
+    frequency = data.train.token_counts(vocab, special, WORD_INIT_TOKENS)
+    contexts = np.sort(np.argsort(-frequency, kind="stable")[:WORD_INIT_CONTEXTS])
+    contexts = contexts[frequency[contexts] > 0]
+    if len(contexts) < 2:
+        raise BertforgeError(
+            f"{cfg.data}: too few distinct tokens for --train.word_init cooccurrence; "
+            "use --train.word_init normal"
+        )
+    counts = data.train.cooccurrence_counts(
+        vocab, contexts, tc.word_init_window, special, WORD_INIT_TOKENS
+    )
+    vectors, rows = cooccurrence_vectors(
+        counts, model.config.hidden_size, tc.word_init_std, seed=tc.seed
+    )
+    model.init_word_vectors(vectors, rows)
+    return (
+        f"word embeddings start from co-occurrence vectors: {int(rows.sum()):,} of {vocab:,} "
+        f"words, {vectors.shape[1]} dimensions, window {tc.word_init_window}, "
+        f"{min(int(frequency.sum()), WORD_INIT_TOKENS):,} tokens counted"
+    )
+
+
 def build_model(
     cfg: PretrainConfig, data: PretrainingData, resume_dir: Path | None
 ) -> PretrainingModel:
@@ -385,6 +423,7 @@ def run_identity(cfg: PretrainConfig, meta: dict, n_train: int) -> dict[str, Any
 __all__ = [
     "PretrainingData",
     "build_model",
+    "init_word_vectors",
     "check_start_tokenizer",
     "find_resume",
     "freeze_parameters",
