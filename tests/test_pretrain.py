@@ -440,7 +440,7 @@ def test_word_init_cooccurrence_starts_a_fresh_model_there(pretraining_corpus, t
     assert vocab < WORD_INIT_CONTEXTS  # every word is a context here
     contexts = torch.arange(vocab).numpy()[frequency > 0]  # all words the text has
     counts = data.train.cooccurrence_counts(vocab, contexts, 10, special)
-    vectors, seen = cooccurrence_vectors(counts, 32, 0.1, seed=cfg.train.seed)
+    vectors, seen = cooccurrence_vectors(counts, 32, cfg.train.word_init_std, seed=cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg, data, None)
     normal = model.bert.embeddings.word_embeddings.weight.detach().clone()

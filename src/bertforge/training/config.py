@@ -264,9 +264,11 @@ class TrainConfig(LoopOptions):
     word_init_window: int = 10
     """``--train.word_init cooccurrence``: count context words up to this many tokens away
     (weighted 1/distance)."""
-    word_init_std: float = 0.1
-    """``--train.word_init cooccurrence``: the vectors' standard deviation (BERT's random start
-    has 0.02; the embedding LayerNorm sees word + position + segment vectors)."""
+    word_init_std: float = 0.2
+    """``--train.word_init cooccurrence``: the vectors' standard deviation. BERT's random start
+    has 0.02; the embedding LayerNorm normalises word + position + segment vectors, so a larger
+    scale lets the word's meaning dominate the sum (0.1-0.4 measured in
+    docs/pretraining-study.md)."""
 
     def __post_init__(self) -> None:
         parse_freeze(self.freeze)
