@@ -1,12 +1,16 @@
 """Time to quality: bertforge's pretraining recipe against transformers.Trainer, same budget.
 
-Both sides train the same BERT config from scratch on the same prepared (packed) data, MLM only
+Both sides train the same BERT config on the same prepared (packed) data, MLM only
 (``DataCollatorForLanguageModeling`` has no NSP), with the same settings: masking rate, batch
 size, peak learning rate, warmup share and linear decay to zero over the steps the budget allows,
 AdamW (weight decay 0.01 off biases and LayerNorm, eps 1e-6), clipping at 1.0, the recipe's
 dropout. transformers gets its fastest CPU setup: SDPA attention, bf16 autocast where the CPU has
 AVX512-BF16/AMX, its ``DataCollatorForLanguageModeling``. Its step count is fixed from a timed
 calibration so that its LR schedule ends with the budget, as bertforge's time-tied schedule does.
+transformers starts from BERT's random initialisation; bertforge from the recipe's start: since
+2026-11-24 ``configs/imdb-20m.yaml`` starts the word embeddings from co-occurrence vectors of the
+same training data (``--train.word_init cooccurrence``, seconds charged to bertforge's clock);
+``--word_init normal`` gives both sides the random start (the measurements before that date).
 
 Both are scored on the SAME validation sequences with the SAME masks: the bertforge run's own
 validation batches, rebuilt here (and checked against the loss the run logged), each
@@ -61,6 +65,8 @@ def run_bertforge(args: argparse.Namespace, out: Path) -> list[dict[str, float]]
         # 20-minute recipe's NSP would need sentence-pair data and cost steps transformers skips)
         "--train.objective", "mlm",
     ]  # fmt: skip
+    if args.word_init != "recipe":
+        cmd += ["--train.word_init", args.word_init]
     log("bertforge: " + " ".join(cmd[1:]))
     subprocess.run(cmd, check=True, cwd=ROOT)
     return logged_curve(out)
@@ -71,7 +77,7 @@ def logged_curve(out: Path) -> list[dict[str, float]]:
     training seconds (evaluation excluded) at each evaluated step."""
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     seconds = {r["step"]: r["elapsed"] for r in records if r.get("split") == "train"}
-    seconds[0] = 0.0
+    seconds[0] = 0.0  # (a co-occurrence start's seconds are charged to the first steps' clock)
     return [
         {"seconds": seconds[r["step"]], "step": r["step"], "loss": r["loss"]}
         for r in records
@@ -299,6 +305,12 @@ def main() -> int:
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "imdb-20m.yaml",
                         help="the bertforge recipe (default configs/imdb-20m.yaml)")  # fmt: skip
     parser.add_argument("--budget", default="20m", help="training time per side (default 20m)")
+    parser.add_argument(
+        "--word_init",
+        default="recipe",
+        choices=["recipe", "normal", "cooccurrence"],
+        help="bertforge's word-embedding start: the config's (default), or override it",
+    )
     parser.add_argument("--precision", default="auto", help="auto (bf16 where fast), fp32, bf16")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads")
     parser.add_argument(

@@ -459,6 +459,9 @@ def test_word_init_cooccurrence_starts_a_fresh_model_there(pretraining_corpus, t
 
     hf = HFBertForMaskedLM.from_pretrained(tmp_path / "run" / "model")
     assert hf.config.vocab_size == vocab
+    swallowed = tiny_cfg(data_dir, tmp_path / "r2", max_time="0.000001s", word_init="cooccurrence")
+    with pytest.raises(BertforgeError, match="took .* the whole --train.max_time"):
+        pretrain(swallowed)  # a start that uses up the budget says so instead of 0 steps
     for bad, match in (
         ({"word_init": "glove"}, "--train.word_init"),
         ({"word_init_std": 0.0}, "--train.word_init_std"),

@@ -229,6 +229,11 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
         started = time.perf_counter()
         done = init_word_vectors(model, cfg, data)
         spent = time.perf_counter() - started
+        if budget is not None and spent >= budget:
+            raise BertforgeError(
+                f"--train.word_init cooccurrence took {spent:.1f} s, the whole --train.max_time "
+                f"{tc.max_time}; give a larger budget or use --train.word_init normal"
+            )
         if info.is_main:
             print(f"{done} ({spent:.1f} s, charged to the budget)", file=sys.stderr, flush=True)
     if tc.dropout is not None:
