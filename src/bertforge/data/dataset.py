@@ -44,7 +44,7 @@ META_FILE = "meta.json"
 TOKENIZER_DIR = "tokenizer"
 SPLITS = ("train", "validation")
 _IDX_COLUMNS = 4  # offset, length, b_start, nsp label
-_COUNT_BLOCK_CELLS = 1 << 27  # cells of one co-occurrence bincount (1 GiB of int64)
+_COUNT_BLOCK_CELLS = 1 << 27  # cells of one block of co-occurrence counts (512 MiB of int32)
 
 
 class ShardWriter:
