@@ -423,8 +423,12 @@ def test_cooccurrence_vectors_put_words_of_the_same_contexts_together():
 
 def test_word_init_cooccurrence_starts_a_fresh_model_there(pretraining_corpus, tmp_path, capsys):
     from bertforge.modeling.model import cooccurrence_vectors
-    from bertforge.tokenizer.wordpiece import Tokenizer as Tok
-    from bertforge.training.setup import WORD_INIT_CONTEXTS, build_model, open_data
+    from bertforge.training.setup import (
+        WORD_INIT_CONTEXTS,
+        build_model,
+        init_word_vectors,
+        open_data,
+    )
 
     data_dir = pretraining_corpus["nsp"]
     cfg = tiny_cfg(data_dir, tmp_path / "run", max_steps=2, word_init="cooccurrence")
@@ -434,18 +438,15 @@ def test_word_init_cooccurrence_starts_a_fresh_model_there(pretraining_corpus, t
     charged = float(re.search(r"\(([0-9.]+) s, charged to the budget\)", err).group(1))
     # the start: rebuild it the way setup does and compare with a fresh normal model
     data = open_data(cfg)
-    tokenizer = Tok.from_file(Path(data_dir) / "tokenizer")
-    special, vocab = tokenizer.special_ids, data.model_config.vocab_size
+    special, vocab = data.tokenizer.special_ids, data.model_config.vocab_size
     frequency = data.train.token_counts(vocab, special)
     assert vocab < WORD_INIT_CONTEXTS  # every word is a context here
     contexts = torch.arange(vocab).numpy()[frequency > 0]  # all words the text has
-    counts = data.train.cooccurrence_counts(vocab, contexts, 10, special)
+    counts = data.train.cooccurrence_counts(vocab, contexts, cfg.train.word_init_window, special)
     vectors, seen = cooccurrence_vectors(counts, 32, cfg.train.word_init_std, seed=cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg, data, None)
     normal = model.bert.embeddings.word_embeddings.weight.detach().clone()
-    from bertforge.training.setup import init_word_vectors
-
     init_word_vectors(model, cfg, data)
     table = model.bert.embeddings.word_embeddings.weight.detach()
     torch.testing.assert_close(table[seen], vectors[seen])

@@ -321,7 +321,7 @@ def init_word_vectors(model: torch.nn.Module, cfg: PretrainConfig, data: Pretrai
     return (
         f"word embeddings start from co-occurrence vectors: {int(rows.sum()):,} of {vocab:,} "
         f"words, {vectors.shape[1]} dimensions, window {tc.word_init_window}, "
-        f"{min(int(frequency.sum()), WORD_INIT_TOKENS):,} tokens counted"
+        f"{int(frequency.sum()):,} tokens counted"  # token_counts stops at WORD_INIT_TOKENS
     )
 
 
