@@ -284,7 +284,7 @@ def plot(
         ax.annotate(
             f"transformers' final loss: bertforge\nreached it after {reached / 60:.1f} min",
             (reached / 60, target),
-            xytext=(0.08, 0.12),
+            xytext=(0.3, 0.5),
             textcoords="axes fraction",
             fontsize=8,
             arrowprops={"arrowstyle": "->", "lw": 0.8},
