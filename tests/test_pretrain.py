@@ -364,8 +364,13 @@ def test_position_init_sinusoidal_starts_a_fresh_model_there(pretraining_corpus,
     torch.testing.assert_close(table.detach(), sinusoidal_positions(64, 32, 0.02))
     normal = build_model(cfg, data, None).bert.embeddings.position_embeddings.weight
     assert not torch.allclose(normal, table)
+    louder = replace(sinusoidal, train=replace(sinusoidal.train, position_init_std=0.2))
+    table = build_model(louder, data, None).bert.embeddings.position_embeddings.weight
+    torch.testing.assert_close(table.detach(), sinusoidal_positions(64, 32, 0.2))
     with pytest.raises(BertforgeError, match="--train.position_init"):
         TrainConfig(**(TINY_TRAIN | {"max_steps": 2, "position_init": "rope"}))
+    with pytest.raises(BertforgeError, match="--train.position_init_std"):
+        TrainConfig(**(TINY_TRAIN | {"max_steps": 2, "position_init_std": 0.0}))
 
 
 def ppmi_by_hand(counts: torch.Tensor, alpha: float) -> torch.Tensor:

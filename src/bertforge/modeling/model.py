@@ -347,12 +347,14 @@ class BertPreTrainedModel(nn.Module):
             if has_bias and module.bias is not None:
                 nn.init.zeros_(module.bias)
 
-    def init_sinusoidal_positions(self) -> None:
-        """Replace the position table's random start by :func:`sinusoidal_positions` at BERT's
-        initial scale (``--train.position_init sinusoidal``); the table still trains."""
+    def init_sinusoidal_positions(self, std: float | None = None) -> None:
+        """Replace the position table's random start by :func:`sinusoidal_positions` of standard
+        deviation ``std`` (default BERT's ``initializer_range``; ``--train.position_init
+        sinusoidal``, ``--train.position_init_std``); the table still trains."""
         table = self.get_submodule(self.base_prefix + "embeddings.position_embeddings").weight
+        std = self.config.initializer_range if std is None else std
         with torch.no_grad():
-            table.copy_(sinusoidal_positions(*table.shape, self.config.initializer_range))
+            table.copy_(sinusoidal_positions(*table.shape, std))
 
     def init_word_vectors(self, vectors: Tensor, rows: Tensor) -> None:
         """Start the word embeddings of ``rows`` (a bool mask over the vocabulary) from

@@ -254,6 +254,10 @@ class TrainConfig(LoopOptions):
     ``sinusoidal`` (the Transformer's sines and cosines at the same scale: nearby positions start
     alike). An initialisation only: the table trains, the model stays a standard BERT. Not used
     with ``--init_from`` or when resuming."""
+    position_init_std: float = 0.02
+    """``--train.position_init sinusoidal``: the table's standard deviation (BERT's random start
+    has 0.02). Next to word vectors of ``--train.word_init_std`` 0.2, a position table at 0.02
+    is a tenth of the embedding sum the LayerNorm normalises."""
     word_init: WordInit = "normal"
     """How a fresh model's word embeddings start: ``normal`` (BERT's initialisation) or
     ``cooccurrence`` (word vectors factorised from the training split's co-occurrence counts:
@@ -289,6 +293,10 @@ class TrainConfig(LoopOptions):
         check_at_least(self, option, word_init_window=1)
         if not self.word_init_std > 0:
             raise BertforgeError(f"--train.word_init_std {self.word_init_std} must be positive")
+        if not self.position_init_std > 0:
+            raise BertforgeError(
+                f"--train.position_init_std {self.position_init_std} must be positive"
+            )
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise BertforgeError(f"--train.min_lr_ratio {self.min_lr_ratio} must lie in [0, 1]")
         if not all(0.0 <= b < 1.0 for b in self.betas) or len(self.betas) != 2:

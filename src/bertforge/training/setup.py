@@ -345,7 +345,7 @@ def build_model(
         else:
             model = model_cls(model_config)
             if cfg.train.position_init == "sinusoidal":
-                model.init_sinusoidal_positions()
+                model.init_sinusoidal_positions(cfg.train.position_init_std)
         freeze_parameters(model, cfg.train.freeze)
         return model
     model = model_cls.from_pretrained(resume_dir)
