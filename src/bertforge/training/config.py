@@ -257,7 +257,8 @@ class TrainConfig(LoopOptions):
     position_init_std: float = 0.02
     """``--train.position_init sinusoidal``: the table's standard deviation (BERT's random start
     has 0.02). Next to word vectors of ``--train.word_init_std`` 0.2, a position table at 0.02
-    is a tenth of the embedding sum the LayerNorm normalises."""
+    has a tenth of their scale (1% of the variance) in the sum the embedding LayerNorm
+    normalises; 0.2 is the 20-minute IMDB recipe's."""
     word_init: WordInit = "normal"
     """How a fresh model's word embeddings start: ``normal`` (BERT's initialisation) or
     ``cooccurrence`` (word vectors factorised from the training split's co-occurrence counts:
