@@ -367,6 +367,9 @@ def test_position_init_sinusoidal_starts_a_fresh_model_there(pretraining_corpus,
     louder = replace(sinusoidal, train=replace(sinusoidal.train, position_init_std=0.2))
     table = build_model(louder, data, None).bert.embeddings.position_embeddings.weight
     torch.testing.assert_close(table.detach(), sinusoidal_positions(64, 32, 0.2))
+    wider = replace(sinusoidal, model=replace(sinusoidal.model, initializer_range=0.05))
+    table = build_model(wider, open_data(wider), None).bert.embeddings.position_embeddings.weight
+    torch.testing.assert_close(table.detach(), sinusoidal_positions(64, 32, 0.05))
     with pytest.raises(BertforgeError, match="--train.position_init"):
         TrainConfig(**(TINY_TRAIN | {"max_steps": 2, "position_init": "rope"}))
     with pytest.raises(BertforgeError, match="--train.position_init_std"):

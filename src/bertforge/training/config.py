@@ -254,9 +254,9 @@ class TrainConfig(LoopOptions):
     ``sinusoidal`` (the Transformer's sines and cosines at the same scale: nearby positions start
     alike). An initialisation only: the table trains, the model stays a standard BERT. Not used
     with ``--init_from`` or when resuming."""
-    position_init_std: float = 0.02
-    """``--train.position_init sinusoidal``: the table's standard deviation (BERT's random start
-    has 0.02). Next to word vectors of ``--train.word_init_std`` 0.2, a position table at 0.02
+    position_init_std: float | None = None
+    """``--train.position_init sinusoidal``: the table's standard deviation; by default the
+    model's ``initializer_range`` (BERT's 0.02), the scale of its random start. Next to word vectors of ``--train.word_init_std`` 0.2, a position table at 0.02
     has a tenth of their scale (1% of the variance) in the sum the embedding LayerNorm
     normalises; 0.2 is the 20-minute IMDB recipe's."""
     word_init: WordInit = "normal"
@@ -294,7 +294,7 @@ class TrainConfig(LoopOptions):
         check_at_least(self, option, word_init_window=1)
         if not self.word_init_std > 0:
             raise BertforgeError(f"--train.word_init_std {self.word_init_std} must be positive")
-        if not self.position_init_std > 0:
+        if self.position_init_std is not None and not self.position_init_std > 0:
             raise BertforgeError(
                 f"--train.position_init_std {self.position_init_std} must be positive"
             )
