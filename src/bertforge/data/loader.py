@@ -36,6 +36,9 @@ import torch
 from bertforge.data.masking import counter_uniforms_np, mask_tokens
 from bertforge.errors import BertforgeError
 
+IGNORE_LABEL = -100
+"""Label of the positions the MLM loss skips (the model's ``IGNORE_INDEX``)."""
+
 VALIDATION_EPOCH = -1
 """Epoch number used for validation masks (never a training epoch)."""
 
@@ -153,6 +156,7 @@ class PretrainingCollator:
         whole_word: bool = False,
         max_predictions: int | None = None,
         seed: int = 0,
+        split_pairs: bool = False,
     ) -> None:
         self.vocab_size = int(tokenizer.vocab_size)
         self.pad_id, self.mask_id = int(tokenizer.pad_id), int(tokenizer.mask_id)
@@ -166,6 +170,7 @@ class PretrainingCollator:
         )
         self.mlm_probability, self.replace_probs = mlm_probability, tuple(replace_probs)
         self.max_predictions, self.seed = max_predictions, seed
+        self.split_pairs = split_pairs
 
     def pad(self, examples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Stack examples padded to the longest; no masking."""
@@ -205,7 +210,50 @@ class PretrainingCollator:
             candidate_ids=self.candidate_ids,
         )
         batch["input_ids"], batch["labels"] = masked, labels
-        return batch
+        return split_pairs(batch, self.pad_id) if self.split_pairs else batch
+
+
+def split_pairs(batch: dict[str, torch.Tensor], pad_id: int) -> dict[str, torch.Tensor]:
+    """A masked batch of sentence pairs ``[CLS] A [SEP] B [SEP]`` as single segments: each pair
+    becomes the rows ``[CLS] A [SEP]`` and ``[CLS] B [SEP]`` (segment 0, B's [CLS] unlabelled),
+    masks and labels kept. ``partner`` (rows,) is the other row of an IsNext pair (two chunks of
+    one document) and -1 for the halves of a random-next pair and for rows without a second
+    segment (packed sequences stay as they are). Replaces ``next_sentence_label``."""
+    ids, labels = batch["input_ids"].numpy(), batch["labels"].numpy()
+    real = batch["attention_mask"].numpy().astype(bool)
+    second = (batch["token_type_ids"].numpy() == 1) & real
+    is_next = batch["next_sentence_label"].numpy() == 0
+    rows_ids: list[np.ndarray] = []
+    rows_labels: list[np.ndarray] = []
+    partner: list[int] = []
+    for r in range(ids.shape[0]):
+        first = real[r] & ~second[r]
+        if not second[r].any():
+            rows_ids.append(ids[r, first])
+            rows_labels.append(labels[r, first])
+            partner.append(-1)
+            continue
+        n = len(rows_ids)
+        rows_ids += [ids[r, first], np.concatenate([ids[r, :1], ids[r, second[r]]])]
+        rows_labels += [
+            labels[r, first],
+            np.concatenate([np.array([IGNORE_LABEL]), labels[r, second[r]]]),
+        ]
+        partner += [n + 1, n] if is_next[r] else [-1, -1]
+    lengths = np.array([len(x) for x in rows_ids])
+    B, T = len(rows_ids), int(lengths.max())
+    keep = np.arange(T)[None, :] < lengths[:, None]
+    new_ids = np.full((B, T), pad_id, dtype=np.int64)
+    new_labels = np.full((B, T), IGNORE_LABEL, dtype=np.int64)
+    new_ids[keep] = np.concatenate(rows_ids)
+    new_labels[keep] = np.concatenate(rows_labels)
+    return {
+        "input_ids": torch.from_numpy(new_ids),
+        "attention_mask": torch.from_numpy(keep.astype(np.int64)),
+        "token_type_ids": torch.zeros(B, T, dtype=torch.int64),
+        "labels": torch.from_numpy(new_labels),
+        "partner": torch.tensor(partner, dtype=torch.int64),
+    }
 
 
 class PretrainingLoader:

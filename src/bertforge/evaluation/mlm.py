@@ -21,7 +21,7 @@ from bertforge.data.loader import VALIDATION_EPOCH, PretrainingCollator
 from bertforge.data.tasks import check_max_length
 from bertforge.distributed import all_reduce_sum
 from bertforge.errors import BertforgeError
-from bertforge.modeling.model import IGNORE_INDEX
+from bertforge.modeling.model import IGNORE_INDEX, contrastive_loss
 from bertforge.progress import item_bar
 from bertforge.runtime import autocast
 
@@ -43,7 +43,9 @@ def evaluate_mlm(
     top-5 accuracy and, for a model with an NSP head and batches with ``next_sentence_label``,
     next-sentence accuracy; for an ELECTRA model (objective rtd) the MLM numbers are its
     generator's and ``rtd_accuracy`` is the share of real tokens its discriminator labels right
-    (replaced or original).
+    (replaced or original); for batches with ``partner`` (objective mlm_contrastive)
+    ``contrastive_accuracy`` is the share of rows whose pooled output is closest to its partner's
+    among the batch.
 
     ``batches`` yield dicts with ``input_ids``, ``attention_mask``, ``token_type_ids``, ``labels``
     (-100 where not masked) and optionally ``next_sentence_label``. ``model`` is a
@@ -58,8 +60,9 @@ def evaluate_mlm(
 
     was_training = model.training
     model.eval()
-    # loss, top1, top5, tokens, nsp correct, nsp count, NotNext count, rtd correct, rtd tokens
-    sums = torch.zeros(9, dtype=torch.float64)
+    # loss, top1, top5, tokens, nsp correct, nsp count, NotNext count, rtd correct, rtd tokens,
+    # contrastive hits, rows with a partner
+    sums = torch.zeros(11, dtype=torch.float64)
     sequences = 0
     total = len(batches) if hasattr(batches, "__len__") else None
     bar = item_bar(total, desc, enabled=progress, unit=" batches")
@@ -109,6 +112,11 @@ def evaluate_mlm(
             if getattr(out, "rtd_tokens", None) is not None:  # an ELECTRA discriminator
                 sums[7] += out.rtd_correct.item()
                 sums[8] += out.rtd_tokens.item()
+            partner = batch.get("partner")
+            if partner is not None and getattr(out, "pooler_output", None) is not None:
+                _, hits = contrastive_loss(out.pooler_output, partner, 1.0)
+                sums[9] += float(hits)
+                sums[10] += float((partner >= 0).sum())
             sequences += int(batch["input_ids"].shape[0])
     finally:
         bar.close()
@@ -117,8 +125,8 @@ def evaluate_mlm(
         sums = all_reduce_sum(
             torch.cat([sums, torch.tensor([float(sequences)], dtype=torch.float64)])
         )
-        sequences = int(sums[9].item())
-        sums = sums[:9]
+        sequences = int(sums[11].item())
+        sums = sums[:11]
     tokens = int(sums[3].item())
     if tokens == 0:
         raise ValueError(
@@ -134,6 +142,7 @@ def evaluate_mlm(
         "top5_accuracy": float(sums[2] / tokens),
         "nsp_accuracy": float(sums[4] / sums[5]) if nsp_pairs > 0 and not one_sided else None,
         "rtd_accuracy": float(sums[7] / sums[8]) if sums[8] > 0 else None,
+        "contrastive_accuracy": float(sums[9] / sums[10]) if sums[10] > 0 else None,
         "tokens": tokens,
         "sequences": sequences,
     }
@@ -164,6 +173,7 @@ def comparison_table(columns: Mapping[str, Mapping[str, Any]], title: str | None
         ("masked-token top-5 accuracy", "top5_accuracy", "{:.2%}"),
         ("NSP accuracy", "nsp_accuracy", "{:.2%}"),
         ("replaced-token accuracy", "rtd_accuracy", "{:.2%}"),
+        ("same-document accuracy", "contrastive_accuracy", "{:.2%}"),
         ("masked tokens scored", "tokens", "{:,}"),
     ]
     width = max(12, *(len(n) for n in names))

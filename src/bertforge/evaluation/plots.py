@@ -43,7 +43,7 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
 
     Works for any ``metrics.jsonl`` written by :class:`bertforge.progress.MetricsLogger`: train
     records carry ``loss`` and ``lr``; evaluation records (any other ``split``) carry ``loss`` and
-    optionally ``accuracy``/``top5_accuracy``/``nsp_accuracy``.
+    optionally ``accuracy``/``top5_accuracy``/``nsp_accuracy``/``contrastive_accuracy``.
     """
     plt = _pyplot()
 
@@ -51,7 +51,15 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
     splits = sorted({r.get("split") for r in records if r.get("split") not in (None, "train")})
     acc_keys = [
         k
-        for k in ("accuracy", "top5_accuracy", "nsp_accuracy", "rtd_accuracy", "f1", "spearman")
+        for k in (
+            "accuracy",
+            "top5_accuracy",
+            "nsp_accuracy",
+            "rtd_accuracy",
+            "contrastive_accuracy",
+            "f1",
+            "spearman",
+        )
         if any(isinstance(r.get(k), int | float) for r in records if r.get("split") != "train")
     ]
 
@@ -59,7 +67,8 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
     # loss (pretraining logs mlm_loss and nsp_loss or rtd_loss apart); the other loss gets its
     # own panel
     train_key = "mlm_loss" if _series(records, "train", "mlm_loss")[0] else "loss"
-    aux = [k for k in ("nsp_loss", "rtd_loss") if _series(records, "train", k)[0]]
+    aux_keys = ("nsp_loss", "rtd_loss", "contrastive_loss")
+    aux = [k for k in aux_keys if _series(records, "train", k)[0]]
     nsp_steps, nsp_loss = _series(records, "train", aux[0]) if aux else ([], [])
     panels = 4 if nsp_steps else 3
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.2))
@@ -103,7 +112,11 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
             markersize=3,
             label="train",
         )
-        aux_title = "NSP loss" if aux[0] == "nsp_loss" else "replaced-token loss (discriminator)"
+        aux_title = {
+            "nsp_loss": "NSP loss",
+            "rtd_loss": "replaced-token loss (discriminator)",
+            "contrastive_loss": "same-document contrastive loss",
+        }[aux[0]]
         ax_nsp.set(xlabel="step", ylabel="loss (nats)", title=aux_title)
         ax_nsp.legend(fontsize=8)
 

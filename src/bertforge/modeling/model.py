@@ -73,6 +73,8 @@ class PreTrainingOutput:
     mlm_loss: Tensor | None = None
     nsp_loss: Tensor | None = None
     attentions: tuple[Tensor, ...] | None = None
+    pooler_output: Tensor | None = None
+    """(B, H) the pooler's output, which the next-sentence head and a classifier read."""
 
 
 @dataclass
@@ -543,7 +545,28 @@ class BertForPreTraining(BertPreTrainedModel):
             nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label, ignore_index=-1)
         losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
         loss = sum(losses[1:], losses[0]) if losses else None
-        return PreTrainingOutput(loss, logits, nsp_logits, mlm_loss, nsp_loss, out.attentions)
+        return PreTrainingOutput(
+            loss, logits, nsp_logits, mlm_loss, nsp_loss, out.attentions, out.pooler_output
+        )
+
+
+def contrastive_loss(
+    features: Tensor, partner: Tensor, temperature: float
+) -> tuple[Tensor | None, Tensor]:
+    """InfoNCE over a batch (SimCSE's and Contriever's form): each row with a partner must pick
+    it out, by cosine similarity / ``temperature``, among every other row of the batch.
+
+    ``features`` (B, H); ``partner`` (B,) the index of each row's positive, -1 for rows that are
+    only negatives. Returns (mean cross-entropy over the rows with a partner, or None without
+    any; the number of those rows that ranked their partner first)."""
+    rows = (partner >= 0).nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return None, features.new_zeros((), dtype=torch.long)
+    z = F.normalize(features.float(), dim=-1)
+    sim = (z[rows] @ z.t()) / temperature  # (n, B)
+    sim[torch.arange(rows.numel(), device=sim.device), rows] = float("-inf")  # not itself
+    target = partner[rows]
+    return F.cross_entropy(sim, target), (sim.argmax(-1) == target).sum()
 
 
 class BertForMaskedLM(BertPreTrainedModel):

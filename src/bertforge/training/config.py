@@ -17,7 +17,7 @@ from bertforge.modeling.config import BertConfig
 from bertforge.runtime import Precision
 from bertforge.training.optim import Schedule
 
-Objective = Literal["mlm_nsp", "mlm", "rtd"]
+Objective = Literal["mlm_nsp", "mlm", "rtd", "mlm_contrastive"]
 FreshHead = Literal["warm", "random"]
 PositionInit = Literal["normal", "sinusoidal"]
 WordInit = Literal["normal", "cooccurrence"]
@@ -201,7 +201,15 @@ class TrainConfig(LoopOptions):
     """mlm_nsp (original BERT: masked LM + next-sentence prediction), mlm (masked LM only) or
     rtd (ELECTRA's replaced-token detection: a generator half the encoder's depth fills the
     masked positions, the encoder learns to spot its replacements at every token; the saved
-    ``model/`` is the encoder, ``generator/`` the generator's fill-mask model)."""
+    ``model/`` is the encoder, ``generator/`` the generator's fill-mask model) or
+    mlm_contrastive (masked LM + a document-level contrastive loss on the pooler's output: each
+    sentence pair of ``--mode nsp`` data is split into its two segments, trained as single
+    sequences; the two chunks of an IsNext pair come from one document and must pick each other
+    out among the batch, InfoNCE at ``contrastive_temperature``; random-next halves are negatives
+    only)."""
+    contrastive_temperature: float = 0.05
+    """``--train.objective mlm_contrastive``: the softmax temperature over cosine similarities
+    (SimCSE's 0.05)."""
     batch_size: int = 128
     """Sequences per optimizer step, summed over all processes and accumulation steps."""
     micro_batch_size: int | None = None
@@ -294,6 +302,10 @@ class TrainConfig(LoopOptions):
         check_at_least(self, option, word_init_window=1)
         if not self.word_init_std > 0:
             raise BertforgeError(f"--train.word_init_std {self.word_init_std} must be positive")
+        if not self.contrastive_temperature > 0:
+            raise BertforgeError(
+                f"--train.contrastive_temperature {self.contrastive_temperature} must be positive"
+            )
         if self.position_init_std is not None and not self.position_init_std > 0:
             raise BertforgeError(
                 f"--train.position_init_std {self.position_init_std} must be positive"

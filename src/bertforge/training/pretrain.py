@@ -31,7 +31,11 @@ from bertforge.evaluation.mlm import comparison_table, evaluate_mlm
 from bertforge.evaluation.plots import plot_training_curves
 from bertforge.evaluation.probe import LinearProbe
 from bertforge.io import atomic_directory, atomic_write_text
-from bertforge.modeling.model import IGNORE_INDEX, BertForReplacedTokenDetection
+from bertforge.modeling.model import (
+    IGNORE_INDEX,
+    BertForReplacedTokenDetection,
+    contrastive_loss,
+)
 from bertforge.progress import MetricsLogger, format_duration, parse_duration
 from bertforge.runtime import (
     autocast,
@@ -285,12 +289,14 @@ def train_step(
     by masked tokens, NSP by labelled pairs, replaced-token detection (rtd) by real tokens."""
     objective, world = run.cfg.train.objective, run.info.world_size
     use_nsp, use_rtd = objective == "mlm_nsp", objective == "rtd"
-    # per micro-batch: masked tokens, NSP labels, real tokens (counted once, on the CPU)
+    use_contrastive = objective == "mlm_contrastive"
+    # per micro-batch: masked tokens, labelled pairs (NSP) or rows with a partner
+    # (contrastive), real tokens (counted once, on the CPU)
     local = torch.tensor(
         [
             [
                 float((b["labels"] != IGNORE_INDEX).sum()),
-                float((b["next_sentence_label"] >= 0).sum()),
+                float((b["partner" if use_contrastive else "next_sentence_label"] >= 0).sum()),
                 float(b["attention_mask"].sum()),
             ]
             for b in micro_batches
@@ -298,7 +304,8 @@ def train_step(
         dtype=torch.float64,
     )  # (accum, 3)
     n_masked, n_nsp, n_real = D.all_reduce_sum(local.sum(0)).tolist()  # over the global batch
-    sums = torch.zeros(5, dtype=torch.float64)  # mlm CE sum, nsp CE sum, tokens, stop, rtd sum
+    # mlm CE sum, nsp/contrastive CE sum, tokens, stop, rtd sum, contrastive hits
+    sums = torch.zeros(6, dtype=torch.float64)
 
     def loss_of(k: int) -> torch.Tensor:
         n_local, n_local_nsp, n_tokens = local[k].tolist()
@@ -313,12 +320,19 @@ def train_step(
                 **nsp,
             )
         # per-micro-batch means -> share of the global mean; DDP then averages ranks
-        mlm = output.mlm_loss if use_nsp or use_rtd else output.loss
+        mlm = output.mlm_loss if use_nsp or use_rtd or use_contrastive else output.loss
         loss = mlm * (n_local * world / n_masked)
         sums[0] += mlm.detach().double().cpu() * n_local
         if use_nsp and output.nsp_loss is not None:
             loss = loss + output.nsp_loss * (n_local_nsp * world / n_nsp)
             sums[1] += output.nsp_loss.detach().double().cpu() * n_local_nsp
+        if use_contrastive:
+            temperature = run.cfg.train.contrastive_temperature
+            doc, hits = contrastive_loss(output.pooler_output, batch["partner"], temperature)
+            if doc is not None:
+                loss = loss + doc * (n_local_nsp * world / n_nsp)
+                sums[1] += doc.detach().double().cpu() * n_local_nsp
+                sums[5] += float(hits)
         if use_rtd:
             weight = BertForReplacedTokenDetection.rtd_weight
             loss = loss + weight * output.rtd_loss * (n_tokens * world / n_real)
@@ -333,10 +347,13 @@ def train_step(
     sums[3] = float(stop_requested)
     totals = D.all_reduce_sum(sums)
     mlm_loss = float(totals[0]) / n_masked
-    nsp_loss = float(totals[1]) / n_nsp if use_nsp and n_nsp else None
-    losses = {"loss": mlm_loss + (nsp_loss or 0.0), "mlm_loss": mlm_loss}
+    aux_loss = float(totals[1]) / n_nsp if (use_nsp or use_contrastive) and n_nsp else None
+    losses = {"loss": mlm_loss + (aux_loss or 0.0), "mlm_loss": mlm_loss}
     if use_nsp:
-        losses["nsp_loss"] = nsp_loss or 0.0
+        losses["nsp_loss"] = aux_loss or 0.0
+    if use_contrastive:
+        losses["contrastive_loss"] = aux_loss or 0.0
+        losses["contrastive_accuracy"] = float(totals[5]) / n_nsp if n_nsp else 0.0
     if use_rtd:
         losses["rtd_loss"] = float(totals[4]) / n_real
         losses["loss"] += BertForReplacedTokenDetection.rtd_weight * losses["rtd_loss"]

@@ -79,11 +79,12 @@ def open_data(cfg: PretrainConfig, *, rank: int = 0, world_size: int = 1) -> Pre
         splits = read_meta(path)["splits"]
         split = "validation" if splits.get("validation", {}).get("instances") else "train"
         extra[Path(path).name] = PretrainingDataset(path, split, tokenizer)
-    use_nsp = tc.objective == "mlm_nsp"
-    if use_nsp and train_ds.mode != "nsp":
+    pairs = tc.objective in ("mlm_nsp", "mlm_contrastive")
+    if pairs and train_ds.mode != "nsp":
         raise BertforgeError(
-            f"{cfg.data} was prepared in {train_ds.mode!r} mode, without NSP "
-            "labels; use --train.objective mlm or prepare with --mode nsp"
+            f"{cfg.data} was prepared in {train_ds.mode!r} mode, without the sentence pairs "
+            f"--train.objective {tc.objective} needs; use --train.objective mlm or prepare "
+            "with --mode nsp"
         )
     if cfg.init_from:
         model_config = start_config(cfg.init_from, cfg.model)
@@ -124,6 +125,7 @@ def open_data(cfg: PretrainConfig, *, rank: int = 0, world_size: int = 1) -> Pre
         whole_word=cfg.masking.whole_word,
         max_predictions=cfg.masking.max_predictions,
         seed=tc.seed,
+        split_pairs=tc.objective == "mlm_contrastive",
     )
     return PretrainingData(
         meta,
@@ -217,7 +219,7 @@ def pretraining_class(objective: str) -> type[PretrainingModel]:
     (mlm) or the ELECTRA pair of generator and discriminator (rtd)."""
     if objective == "rtd":
         return BertForReplacedTokenDetection
-    return BertForPreTraining if objective == "mlm_nsp" else BertForMaskedLM
+    return BertForPreTraining if objective in ("mlm_nsp", "mlm_contrastive") else BertForMaskedLM
 
 
 def random_twin(cfg: PretrainConfig, data: PretrainingData) -> PretrainingModel:
