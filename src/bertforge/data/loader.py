@@ -20,7 +20,8 @@ Typical use in a training loop (one process per rank)::
 - :class:`PretrainingCollator` pads to the longest sequence of the batch and masks with random
   numbers derived from (seed, epoch, example index, position) (see
   :func:`~bertforge.data.masking.counter_uniforms`), so masks are independent of batching,
-  rank and padding.
+  rank and padding. With ``split_pairs`` (objective mlm_contrastive) each masked sentence pair
+  then becomes two single-segment rows, linked by ``partner`` (:func:`split_pairs`).
 - :func:`validation_batches` iterates a validation set in order with the fixed epoch
   :data:`VALIDATION_EPOCH`: its masks are fixed once, comparable across evaluations and runs.
 """

@@ -761,6 +761,7 @@ __all__ = [
     "ReplacedTokenDetectionOutput",
     "SequenceClassifierOutput",
     "IGNORE_INDEX",
+    "contrastive_loss",
     "cooccurrence_vectors",
     "sinusoidal_positions",
 ]
