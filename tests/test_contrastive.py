@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_pretrain import tiny_cfg
+from test_rtd import small_config
 
 from bertforge.data.dataset import PretrainingDataset
 from bertforge.data.loader import IGNORE_LABEL, PretrainingCollator, split_pairs
 from bertforge.errors import BertforgeError
-from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForPreTraining, contrastive_loss
 from bertforge.progress import read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -99,16 +99,8 @@ def test_contrastive_loss_is_infonce_by_hand():
 
 
 def test_the_contrastive_loss_trains_the_pooler_not_the_nsp_head():
-    config = BertConfig(
-        vocab_size=60,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=32,
-    )
     torch.manual_seed(0)
-    model = BertForPreTraining(config)
+    model = BertForPreTraining(small_config())
     ids = torch.randint(5, 60, (4, 10))
     out = model(ids, attention_mask=torch.ones_like(ids))
     loss, _ = contrastive_loss(out.pooler_output, torch.tensor([1, 0, 3, 2]), 0.05)
