@@ -13,7 +13,8 @@ from test_pretrain import tiny_cfg
 from test_rtd import small_config
 
 from bertforge.data.dataset import PretrainingDataset
-from bertforge.data.loader import IGNORE_LABEL, PretrainingCollator, split_pairs
+from bertforge.data.loader import PretrainingCollator, split_pairs
+from bertforge.data.masking import IGNORE_LABEL
 from bertforge.errors import BertforgeError
 from bertforge.modeling.model import BertForPreTraining, contrastive_loss
 from bertforge.progress import read_metrics

@@ -34,11 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertforge.data.masking import counter_uniforms_np, mask_tokens
+from bertforge.data.masking import IGNORE_LABEL, counter_uniforms_np, mask_tokens
 from bertforge.errors import BertforgeError
-
-IGNORE_LABEL = -100
-"""Label of the positions the MLM loss skips (the model's ``IGNORE_INDEX``)."""
 
 VALIDATION_EPOCH = -1
 """Epoch number used for validation masks (never a training epoch)."""

@@ -23,6 +23,8 @@ import torch
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment (odd, golden ratio)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
+IGNORE_LABEL = -100
+"""The label of positions the MLM loss skips (the model's ``IGNORE_INDEX``, HF's -100)."""
 N_STREAMS = 3  # selection score, corruption kind, random-token draw
 
 
@@ -148,7 +150,7 @@ def mask_tokens(
     # the best-scored word is always taken, even when it alone exceeds the budget
     selected = candidates & (fits | ((start_rank == 0) & (budget > 0)))
 
-    labels = np.where(selected, ids, -100)
+    labels = np.where(selected, ids, IGNORE_LABEL)
     to_mask = selected & (u_kind < p_mask)
     to_random = selected & (u_kind >= p_mask) & (u_kind < p_mask + p_random)
     pool = np.arange(vocab_size) if candidate_ids is None else _numpy(candidate_ids)

@@ -264,9 +264,10 @@ class TrainConfig(LoopOptions):
     with ``--init_from`` or when resuming."""
     position_init_std: float | None = None
     """``--train.position_init sinusoidal``: the table's standard deviation; by default the
-    model's ``initializer_range`` (BERT's 0.02), the scale of its random start. Next to word vectors of ``--train.word_init_std`` 0.2, a position table at 0.02
-    has a tenth of their scale (1% of the variance) in the sum the embedding LayerNorm
-    normalises; 0.2 is the 20-minute IMDB recipe's."""
+    model's ``initializer_range`` (BERT's 0.02), the scale of its random start. Next to word
+    vectors of ``--train.word_init_std`` 0.2, a position table at 0.02 has a tenth of their
+    scale (1% of the variance) in the sum the embedding LayerNorm normalises; 0.2 is the IMDB
+    recipes'."""
     word_init: WordInit = "normal"
     """How a fresh model's word embeddings start: ``normal`` (BERT's initialisation) or
     ``cooccurrence`` (word vectors factorised from the training split's co-occurrence counts:

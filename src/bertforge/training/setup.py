@@ -79,8 +79,7 @@ def open_data(cfg: PretrainConfig, *, rank: int = 0, world_size: int = 1) -> Pre
         splits = read_meta(path)["splits"]
         split = "validation" if splits.get("validation", {}).get("instances") else "train"
         extra[Path(path).name] = PretrainingDataset(path, split, tokenizer)
-    pairs = tc.objective in ("mlm_nsp", "mlm_contrastive")
-    if pairs and train_ds.mode != "nsp":
+    if tc.objective in PAIR_OBJECTIVES and train_ds.mode != "nsp":
         raise BertforgeError(
             f"{cfg.data} was prepared in {train_ds.mode!r} mode, without the sentence pairs "
             f"--train.objective {tc.objective} needs; use --train.objective mlm or prepare "
@@ -212,6 +211,8 @@ def fresh_modules(missing: list[str]) -> list[str]:
 
 
 PretrainingModel = BertForPreTraining | BertForMaskedLM | BertForReplacedTokenDetection
+PAIR_OBJECTIVES = ("mlm_nsp", "mlm_contrastive")
+"""The objectives that read ``--mode nsp`` sentence pairs and train BERT's pretraining model."""
 
 
 def pretraining_class(objective: str) -> type[PretrainingModel]:
@@ -219,7 +220,7 @@ def pretraining_class(objective: str) -> type[PretrainingModel]:
     (mlm) or the ELECTRA pair of generator and discriminator (rtd)."""
     if objective == "rtd":
         return BertForReplacedTokenDetection
-    return BertForPreTraining if objective in ("mlm_nsp", "mlm_contrastive") else BertForMaskedLM
+    return BertForPreTraining if objective in PAIR_OBJECTIVES else BertForMaskedLM
 
 
 def random_twin(cfg: PretrainConfig, data: PretrainingData) -> PretrainingModel:
