@@ -42,7 +42,14 @@ from bertforge.errors import BertforgeError
 from bertforge.io import PAUSE_ENV, atomic_directory, check_manifest, read_manifest
 from bertforge.lock import LOCK_NAME, output_lock
 from bertforge.progress import read_metrics
-from bertforge.training.checkpoints import CHECKPOINT_PREFIX, list_checkpoints
+from bertforge.training import checkpoints
+from bertforge.training.checkpoints import (
+    CHECKPOINT_PREFIX,
+    checkpoint_name,
+    list_checkpoints,
+    rotate_checkpoints,
+    save_train_state,
+)
 
 HERE = Path(__file__).resolve().parent
 PRETRAIN_STEPS, PRETRAIN_SAVE = 48, 4
@@ -393,6 +400,36 @@ def test_output_lock_in_one_process(tmp_path):
     with output_lock(tmp_path / "kept"):
         (tmp_path / "kept" / "x").write_text("x")
     assert [p.name for p in (tmp_path / "kept").iterdir()] == ["x"]
+
+
+def test_a_kill_inside_checkpoint_rotation_leaves_no_visible_partial_checkpoint(
+    tmp_path, monkeypatch
+):
+    """A SIGKILL while an old checkpoint is being deleted (found by the random kills of the
+    finetune test): the checkpoint is renamed out of sight before its files go, and the next
+    rotation removes what is left."""
+    for step in (1, 2, 3):
+        save_train_state(tmp_path / checkpoint_name(step), state={"step": step})
+    real_rmtree = shutil.rmtree
+
+    class Killed(BaseException):
+        pass
+
+    def killed_after_one_file(path, ignore_errors=False):
+        path = Path(path)
+        if path.exists():
+            next(f for f in sorted(path.iterdir()) if f.is_file()).unlink()
+            raise Killed
+
+    monkeypatch.setattr(checkpoints.shutil, "rmtree", killed_after_one_file)
+    with pytest.raises(Killed):
+        rotate_checkpoints(tmp_path, keep=1)
+    visible = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(CHECKPOINT_PREFIX))
+    assert visible == [p.name for p in list_checkpoints(tmp_path)]
+    assert visible == [checkpoint_name(2), checkpoint_name(3)]
+    monkeypatch.setattr(checkpoints.shutil, "rmtree", real_rmtree)
+    rotate_checkpoints(tmp_path, keep=1)
+    assert [p.name for p in tmp_path.iterdir()] == [checkpoint_name(3)]
 
 
 def test_a_directory_that_appears_meanwhile_is_kept(tmp_path):

@@ -145,8 +145,21 @@ def rotate_checkpoints(out_dir: str | Path, keep: int) -> list[Path]:
         return []
     doomed = list_checkpoints(out_dir)[:-keep]
     for path in doomed:
-        shutil.rmtree(path, ignore_errors=True)
+        remove_checkpoint(path)
     return doomed
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint directory so that a kill at any moment leaves either the whole
+    checkpoint or hidden debris (which the next ``rotate_checkpoints`` removes), never a visible
+    checkpoint with some of its files gone: it is renamed to ``.NAME.tmp-deleted`` first."""
+    debris = path.with_name(f".{path.name}.tmp-deleted")
+    shutil.rmtree(debris, ignore_errors=True)
+    try:
+        os.rename(path, debris)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(debris, ignore_errors=True)
 
 
 def save_train_state(

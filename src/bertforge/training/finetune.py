@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -58,6 +57,7 @@ from bertforge.training.checkpoints import (
     latest_checkpoint,
     list_checkpoints,
     locks_output,
+    remove_checkpoint,
     write_checkpoint,
 )
 from bertforge.training.config import FINETUNE_CONFIG, FinetuneConfig, option
@@ -417,7 +417,7 @@ def _drop_finished_checkpoints(out: Path, keep: bool) -> str:
     sizes = sum(disk_size(c) for c in checkpoints)
     if checkpoints and not keep:
         for path in checkpoints:
-            shutil.rmtree(path, ignore_errors=True)
+            remove_checkpoint(path)
         note = (
             f"; removed the finished run's resumable checkpoint ({format_size(sizes)}; "
             "--keep_final_checkpoint keeps it)"
