@@ -301,6 +301,28 @@ def test_config_errors_name_the_option(pretraining_corpus, tmp_path, capsys):
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
+def test_nsp_weight_weighs_the_nsp_loss_in_the_total_and_the_gradient(pretraining_corpus, tmp_path):
+    records = {}
+    for weight in (0.0, 1.0, 3.0):
+        run = tmp_path / f"w{weight}"
+        pretrain(tiny_cfg(pretraining_corpus["nsp"], run, max_steps=3, nsp_weight=weight))
+        records[weight] = [r for r in read_metrics(run) if r["split"] == "train"]
+        for r in records[weight]:
+            assert r["loss"] == pytest.approx(r["mlm_loss"] + weight * r["nsp_loss"], rel=1e-6)
+    first = [(records[w][0]["mlm_loss"], records[w][0]["nsp_loss"]) for w in records]
+    assert first[0] == first[1] == first[2]  # step 1 is scored before any update
+    assert records[1.0][-1]["mlm_loss"] != records[3.0][-1]["mlm_loss"]  # the gradient changed
+    # weight 0: no gradient reaches the NSP head, so its bias (never weight-decayed) stays at 0
+    state = load_file(tmp_path / "w0.0" / "model" / "model.safetensors")
+    assert state["cls.seq_relationship.bias"].eq(0).all()
+    state = load_file(tmp_path / "w1.0" / "model" / "model.safetensors")
+    assert not state["cls.seq_relationship.bias"].eq(0).all()
+    with pytest.raises(BertforgeError, match="--train.nsp_weight 2.0 weighs the NSP loss"):
+        tiny_cfg(pretraining_corpus["packed"], tmp_path, objective="mlm", nsp_weight=2.0)
+    with pytest.raises(BertforgeError, match="--train.nsp_weight -1.0 must be 0 or more"):
+        tiny_cfg(pretraining_corpus["nsp"], tmp_path, nsp_weight=-1.0)
+
+
 @pytest.mark.parametrize(
     "config",
     sorted((ROOT / "configs").glob("*.yaml")),

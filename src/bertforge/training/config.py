@@ -7,6 +7,7 @@ fix the value; the resolved config is written next to the run's checkpoints.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -207,6 +208,10 @@ class TrainConfig(LoopOptions):
     sequences; the two chunks of an IsNext pair come from one document and must pick each other
     out among the batch, InfoNCE at ``contrastive_temperature``; random-next halves are negatives
     only)."""
+    nsp_weight: float = 1.0
+    """``--train.objective mlm_nsp``: the weight of the NSP loss next to the MLM loss's 1 (BERT
+    adds them unweighted). NSP trains [CLS] and the pooler that a fine-tuned classifier reads;
+    a larger weight trains them faster in a short budget (docs/pretraining-study.md)."""
     contrastive_temperature: float = 0.05
     """``--train.objective mlm_contrastive``: the softmax temperature over cosine similarities
     (SimCSE's 0.05)."""
@@ -303,6 +308,13 @@ class TrainConfig(LoopOptions):
         check_at_least(self, option, word_init_window=1)
         if not self.word_init_std > 0:
             raise BertforgeError(f"--train.word_init_std {self.word_init_std} must be positive")
+        if not self.nsp_weight >= 0 or not math.isfinite(self.nsp_weight):
+            raise BertforgeError(f"--train.nsp_weight {self.nsp_weight} must be 0 or more")
+        if self.nsp_weight != 1.0 and self.objective != "mlm_nsp":
+            raise BertforgeError(
+                f"--train.nsp_weight {self.nsp_weight} weighs the NSP loss of --train.objective "
+                f"mlm_nsp; this run's objective is {self.objective}: drop --train.nsp_weight"
+            )
         if not self.contrastive_temperature > 0:
             raise BertforgeError(
                 f"--train.contrastive_temperature {self.contrastive_temperature} must be positive"
