@@ -1,11 +1,14 @@
 """Profile one side's pretraining step with torch.profiler and print the top operators.
 
 python benchmarks/profile_step.py --size mini --precision fp32 --side ours
+python benchmarks/profile_step.py --size tiny --vocab 8192 --batch 64 --mask_rate 0.25 --dropout 0
+    (the step of the IMDB recipe, configs/imdb-20m.yaml)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from _common import hf_adamw, hf_twin
 from bench_train import make_step, pretraining_batch
@@ -23,15 +26,24 @@ def main() -> None:
     p.add_argument("--side", default="ours", choices=["ours", "hf"])
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--rows", type=int, default=25)
+    p.add_argument("--batch", type=int, default=32, help="sequences per step (of 128 tokens)")
+    p.add_argument("--vocab", type=int, default=30522)
+    p.add_argument("--mask_rate", type=float, default=0.15)
+    p.add_argument("--dropout", type=float, default=None, help="default: the preset's 0.1")
     args = p.parse_args()
-    cfg = BertConfig.preset(args.size, vocab_size=30522)
+    cfg = BertConfig.preset(args.size, vocab_size=args.vocab)
+    if args.dropout is not None:
+        cfg = dataclasses.replace(
+            cfg, hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout
+        )
     model = BertForPreTraining(cfg).train()
     if args.side == "hf":
         model = hf_twin(model, "BertForPreTraining").train()
         opt = hf_adamw(model)
     else:
         opt = build_optimizer(model, 1e-4)
-    step = make_step(model, opt, pretraining_batch(32, 128, cfg.vocab_size), args.precision)
+    batch = pretraining_batch(args.batch, 128, cfg.vocab_size, rate=args.mask_rate)
+    step = make_step(model, opt, batch, args.precision)
     step()
     step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
