@@ -360,6 +360,26 @@ def test_pretrain_imdb_script_takes_the_sequence_length_a_config_asks_for(
     assert done.stdout == expected
 
 
+def test_segment_init_std_redraws_only_the_segment_table(pretraining_corpus, tmp_path):
+    from bertforge.training.setup import build_model, open_data
+
+    cfg = tiny_cfg(pretraining_corpus["nsp"], tmp_path / "run", max_steps=2)
+    louder = replace(cfg, train=replace(cfg.train, segment_init_std=0.2))
+    data = open_data(cfg)
+    torch.manual_seed(0)
+    normal = build_model(cfg, data, None).state_dict()
+    torch.manual_seed(0)
+    model = build_model(louder, data, None)
+    table = model.bert.embeddings.token_type_embeddings.weight
+    assert table.requires_grad and table.shape == (2, 32)
+    assert 0.15 < float(table.std()) < 0.25 and abs(float(table.mean())) < 0.06
+    assert 0.01 < float(normal["bert.embeddings.token_type_embeddings.weight"].std()) < 0.03
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, normal[k])]
+    assert changed == ["bert.embeddings.token_type_embeddings.weight"]
+    with pytest.raises(BertforgeError, match="--train.segment_init_std 0.0 must be positive"):
+        TrainConfig(**(TINY_TRAIN | {"max_steps": 2, "segment_init_std": 0.0}))
+
+
 def test_sinusoidal_positions_depend_on_distance_only_at_berts_scale():
     from bertforge.modeling.model import sinusoidal_positions
 

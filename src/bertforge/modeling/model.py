@@ -358,6 +358,16 @@ class BertPreTrainedModel(nn.Module):
         with torch.no_grad():
             table.copy_(sinusoidal_positions(*table.shape, std))
 
+    def init_segment_embeddings(self, std: float) -> None:
+        """Redraw the segment (token type) table from normal(0, ``std``) instead of BERT's
+        ``initializer_range`` (``--train.segment_init_std``): next to word and position vectors
+        of std 0.2, segments at 0.02 are 1% of the embedding sum's variance, and a model that
+        must compare segment A with segment B (NSP) starts barely able to tell them apart. The
+        table still trains."""
+        table = self.get_submodule(self.base_prefix + "embeddings.token_type_embeddings").weight
+        with torch.no_grad():
+            table.normal_(0.0, std)
+
     def init_word_vectors(self, vectors: Tensor, rows: Tensor) -> None:
         """Start the word embeddings of ``rows`` (a bool mask over the vocabulary) from
         ``vectors`` (vocabulary, k <= hidden size; e.g. :func:`cooccurrence_vectors`, with

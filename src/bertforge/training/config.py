@@ -273,6 +273,11 @@ class TrainConfig(LoopOptions):
     vectors of ``--train.word_init_std`` 0.2, a position table at 0.02 has a tenth of their
     scale (1% of the variance) in the sum the embedding LayerNorm normalises; 0.2 is the IMDB
     recipes'."""
+    segment_init_std: float | None = None
+    """How a fresh model's segment (token type) table starts: None draws it as BERT does,
+    normal(0, ``initializer_range``); a number draws it at that standard deviation, e.g. 0.2 to
+    match word and position vectors of 0.2 (docs/pretraining-study.md). An initialisation only.
+    Not used with ``--init_from`` or when resuming."""
     word_init: WordInit = "normal"
     """How a fresh model's word embeddings start: ``normal`` (BERT's initialisation) or
     ``cooccurrence`` (word vectors factorised from the training split's co-occurrence counts:
@@ -318,6 +323,10 @@ class TrainConfig(LoopOptions):
         if not self.contrastive_temperature > 0:
             raise BertforgeError(
                 f"--train.contrastive_temperature {self.contrastive_temperature} must be positive"
+            )
+        if self.segment_init_std is not None and not self.segment_init_std > 0:
+            raise BertforgeError(
+                f"--train.segment_init_std {self.segment_init_std} must be positive"
             )
         if self.position_init_std is not None and not self.position_init_std > 0:
             raise BertforgeError(

@@ -349,6 +349,8 @@ def build_model(
             model = model_cls(model_config)
             if cfg.train.position_init == "sinusoidal":
                 model.init_sinusoidal_positions(cfg.train.position_init_std)
+            if cfg.train.segment_init_std is not None:
+                model.init_segment_embeddings(cfg.train.segment_init_std)
         freeze_parameters(model, cfg.train.freeze)
         return model
     model = model_cls.from_pretrained(resume_dir)
