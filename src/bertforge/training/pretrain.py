@@ -124,8 +124,11 @@ class Run:
 
 def starts_random(cfg: PretrainConfig) -> bool:
     """True when step 0 is BERT's random initialisation; else (``--init_from``, ``--train.word_init
-    cooccurrence``) the final table also shows the same network freshly initialised."""
-    return not cfg.init_from and cfg.train.word_init == "normal"
+    cooccurrence``, ``--train.position_init sinusoidal``, ``--train.segment_init_std``) the final
+    table also shows the same network freshly initialised."""
+    tc = cfg.train
+    own_start = tc.word_init != "normal" or tc.position_init != "normal"
+    return not cfg.init_from and not own_start and tc.segment_init_std is None
 
 
 @locks_output
