@@ -27,7 +27,7 @@ from bertforge.progress import read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import list_checkpoints
 from bertforge.training.config import ModelSection, PretrainConfig, TrainConfig
-from bertforge.training.pretrain import CONFIG_FILE, pretrain
+from bertforge.training.pretrain import CONFIG_FILE, pretrain, starts_random
 
 TINY_MODEL = ModelSection(
     preset="tiny",
@@ -377,8 +377,6 @@ def test_segment_init_std_redraws_only_the_segment_table(pretraining_corpus, tmp
     assert 0.01 < float(normal["bert.embeddings.token_type_embeddings.weight"].std()) < 0.03
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, normal[k])]
     assert changed == ["bert.embeddings.token_type_embeddings.weight"]
-    from bertforge.training.pretrain import starts_random
-
     assert starts_random(cfg) and not starts_random(louder)  # its own start: a column of its own
     with pytest.raises(BertforgeError, match="--train.segment_init_std 0.0 must be positive"):
         TrainConfig(**(TINY_TRAIN | {"max_steps": 2, "segment_init_std": 0.0}))

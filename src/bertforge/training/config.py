@@ -64,6 +64,15 @@ def check_at_least(cfg: Any, option: Callable[[str], str], **minimums: float) ->
             raise BertforgeError(f"{option(name)} {value} must be at least {low}")
 
 
+def check_positive(cfg: Any, option: Callable[[str], str], *names: str) -> None:
+    """Raise naming the option when a numeric field of ``cfg`` is not above 0 (NaN included;
+    None, an unset optional value, passes)."""
+    for name in names:
+        value = getattr(cfg, name)
+        if value is not None and not value > 0:
+            raise BertforgeError(f"{option(name)} {value} must be positive")
+
+
 @dataclass(kw_only=True)
 class LoopOptions:
     """Options of a training loop with the same meaning and default everywhere: pretraining's
@@ -311,26 +320,14 @@ class TrainConfig(LoopOptions):
         check_at_least(self, option, eval_every=0, save_every=0, keep_checkpoints=0, eps=0)
         check_at_least(self, option, eval_examples=1, eval_batch_size=1)
         check_at_least(self, option, word_init_window=1)
-        if not self.word_init_std > 0:
-            raise BertforgeError(f"--train.word_init_std {self.word_init_std} must be positive")
+        positive = ("word_init_std", "contrastive_temperature", "segment_init_std")
+        check_positive(self, option, *positive, "position_init_std")
         if not self.nsp_weight >= 0 or not math.isfinite(self.nsp_weight):
             raise BertforgeError(f"--train.nsp_weight {self.nsp_weight} must be 0 or more")
         if self.nsp_weight != 1.0 and self.objective != "mlm_nsp":
             raise BertforgeError(
                 f"--train.nsp_weight {self.nsp_weight} weighs the NSP loss of --train.objective "
                 f"mlm_nsp; this run's objective is {self.objective}: drop --train.nsp_weight"
-            )
-        if not self.contrastive_temperature > 0:
-            raise BertforgeError(
-                f"--train.contrastive_temperature {self.contrastive_temperature} must be positive"
-            )
-        if self.segment_init_std is not None and not self.segment_init_std > 0:
-            raise BertforgeError(
-                f"--train.segment_init_std {self.segment_init_std} must be positive"
-            )
-        if self.position_init_std is not None and not self.position_init_std > 0:
-            raise BertforgeError(
-                f"--train.position_init_std {self.position_init_std} must be positive"
             )
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise BertforgeError(f"--train.min_lr_ratio {self.min_lr_ratio} must lie in [0, 1]")
@@ -523,6 +520,7 @@ __all__ = [
     "ProbeConfig",
     "TrainConfig",
     "check_at_least",
+    "check_positive",
     "check_training_options",
     "ALL_LAYERS",
     "parse_freeze",

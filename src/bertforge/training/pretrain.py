@@ -293,6 +293,7 @@ def train_step(
     objective, world = run.cfg.train.objective, run.info.world_size
     use_nsp, use_rtd = objective == "mlm_nsp", objective == "rtd"
     use_contrastive = objective == "mlm_contrastive"
+    nsp_weight = run.cfg.train.nsp_weight if use_nsp else 1.0  # the contrastive loss: always 1
     # per micro-batch: masked tokens, labelled pairs (NSP) or rows with a partner
     # (contrastive), real tokens (counted once, on the CPU)
     local = torch.tensor(
@@ -327,7 +328,6 @@ def train_step(
         loss = mlm * (n_local * world / n_masked)
         sums[0] += mlm.detach().double().cpu() * n_local
         if use_nsp and output.nsp_loss is not None:
-            nsp_weight = run.cfg.train.nsp_weight
             loss = loss + nsp_weight * output.nsp_loss * (n_local_nsp * world / n_nsp)
             sums[1] += output.nsp_loss.detach().double().cpu() * n_local_nsp
         if use_contrastive:
@@ -352,8 +352,7 @@ def train_step(
     totals = D.all_reduce_sum(sums)
     mlm_loss = float(totals[0]) / n_masked
     aux_loss = float(totals[1]) / n_nsp if (use_nsp or use_contrastive) and n_nsp else None
-    aux_weight = run.cfg.train.nsp_weight if use_nsp else 1.0
-    losses = {"loss": mlm_loss + aux_weight * (aux_loss or 0.0), "mlm_loss": mlm_loss}
+    losses = {"loss": mlm_loss + nsp_weight * (aux_loss or 0.0), "mlm_loss": mlm_loss}
     if use_nsp:
         losses["nsp_loss"] = aux_loss or 0.0
     if use_contrastive:
