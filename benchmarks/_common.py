@@ -78,14 +78,17 @@ def auto_precision() -> str:
 def machine_description() -> dict[str, str]:
     import transformers
 
+    from bertforge.modeling.kernels import vector_width
     from bertforge.runtime import cpu_has_fast_bf16
 
+    width = vector_width()
     return {
         "cpu": cpu_kind(),
         "cores": str(os.cpu_count()),
         "torch threads": str(torch.get_num_threads()),
         "native bf16 (AVX512-BF16/AMX)": "yes" if cpu_has_fast_bf16() else "no",
         "precision `auto` picks": auto_precision(),
+        "C kernels": f"{width}-float vectors" if width else "off (torch forms)",
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),

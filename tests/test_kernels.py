@@ -9,11 +9,12 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
-from bertforge.modeling.kernels import dropout_kernel
+from bertforge.modeling.kernels import dropout_kernel, vector_width
 
 HAVE_COMPILER = bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
 
@@ -95,13 +96,14 @@ def test_built_into_the_cache_once_and_switched_off_by_env(tmp_path):
     script = textwrap.dedent(
         """
         import warnings, torch
-        from bertforge.modeling.kernels import dropout_kernel
+        from bertforge.modeling.kernels import dropout_kernel, vector_width
         from bertforge.modeling.ops import dropout
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             kernel = dropout_kernel(torch.float32)
         y = dropout(torch.ones(1000), 0.5, True)
-        print(kernel is not None, len(caught), int((y == 0).sum()) in range(380, 620))
+        named = any("BERTFORGE_KERNEL_FLAGS=" in str(w.message) for w in caught)
+        print(kernel is not None, len(caught), int((y == 0).sum()) in range(380, 620), named)
         """
     )
 
@@ -112,16 +114,68 @@ def test_built_into_the_cache_once_and_switched_off_by_env(tmp_path):
         )
         return done.stdout.split("\n")[-2]
 
-    assert child() == "True 0 True"
+    assert child() == "True 0 True False"
     built = list((tmp_path / "cache").glob("kernels-*.so"))
     assert len(built) == 1 and not list((tmp_path / "cache").glob(".tmp-*"))
     stamp = built[0].stat().st_mtime_ns
-    assert child() == "True 0 True"  # loaded, not rebuilt
+    assert child() == "True 0 True False"  # loaded, not rebuilt
     assert built[0].stat().st_mtime_ns == stamp
-    assert child(BERTFORGE_KERNELS="0") == "False 0 True"
+    assert child(BERTFORGE_KERNELS="0") == "False 0 True False"
     built[0].write_bytes(b"\x7fELF damaged by a crash")  # a damaged cache entry: rebuilt, once
-    assert child() == "True 0 True"
+    assert child() == "True 0 True False"
     assert built[0].read_bytes()[:4] == b"\x7fELF" and built[0].stat().st_size > 1000
     missing = str(tmp_path / "no-such-compiler")
     shutil.rmtree(tmp_path / "cache")
-    assert child(CC=missing) == "False 1 True"
+    assert child(CC=missing) == "False 1 True False"
+    # flags the compiler refuses: the torch forms, and a warning that names the variable
+    assert child(BERTFORGE_KERNEL_FLAGS="-O3 --no-such-flag") == "False 1 True True"
+
+
+def test_the_default_build_uses_the_widest_vectors_this_cpu_runs(kernel32):
+    if os.environ.get("BERTFORGE_KERNEL_FLAGS") or os.uname().machine != "x86_64":
+        pytest.skip("the default flags on x86")
+    widths = [width for _, width in _widths_this_cpu_runs()]
+    assert vector_width() == max(widths)
+
+
+def _widths_this_cpu_runs() -> list[tuple[str, int]]:
+    """(compiler flags, floats per vector) of every vector width of csrc/common.h this CPU can
+    execute: SSE2 (x86-64's baseline) always, AVX2 and AVX-512 when /proc/cpuinfo lists them."""
+    try:
+        flags = next(
+            set(line.split(":", 1)[1].split())
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("flags")
+        )
+    except (OSError, StopIteration):
+        return []
+    widths = [("-O3 -fopenmp", 4)]
+    if {"avx2", "fma"} <= flags:
+        widths.append(("-O3 -mavx2 -mfma -fopenmp", 8))
+    if {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx2", "fma"} <= flags:
+        widths.append(("-O3 -march=x86-64-v4 -fopenmp", 16))
+    return widths
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64", reason="x86 Linux")
+@pytest.mark.parametrize("flags,width", _widths_this_cpu_runs())
+def test_every_vector_width_this_cpu_runs_passes_the_kernel_tests(tmp_path, flags, width):
+    """The kernels are written once for vectors of 4, 8 or 16 floats (SSE2, AVX2, AVX-512) and
+    ``-march=native`` picks one, so a CPU tests only its own width. Here each width the CPU can
+    execute is built with BERTFORGE_KERNEL_FLAGS and must pass the float64 tests of every kernel:
+    an AVX-512 machine checks the AVX2 code that AVX2-only CPUs (most laptops) run."""
+    if not HAVE_COMPILER:
+        pytest.skip("no C compiler on this machine")
+    env = {**os.environ, "BERTFORGE_CACHE": str(tmp_path), "BERTFORGE_KERNEL_FLAGS": flags}
+    probe = "from bertforge.modeling.kernels import vector_width; print(vector_width())"
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.split() == [str(width)], done.stderr[-2000:]
+    here = os.path.dirname(__file__)
+    files = [os.path.join(here, name) for name in ("test_fused_kernels.py", "test_kernels.py")]
+    cmd = [sys.executable, "-m", "pytest", *files, "-m", "not slow", "-k", "not widest_vectors"]
+    cmd += ["-p", "no:cacheprovider"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert " passed" in done.stdout and " skipped" not in done.stdout, done.stdout[-500:]
+    assert len(list(tmp_path.glob("kernels-*.so"))) == 1  # built with these flags, nothing else

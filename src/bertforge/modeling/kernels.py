@@ -19,6 +19,12 @@ The sources in ``csrc/`` are compiled once per source, compiler and CPU into ``$
 (default ``~/.cache/bertforge``), atomically, and loaded with ``ctypes``: no torch headers, no
 build step at install time, about a second of compiling. Without a working compiler, or with
 ``BERTFORGE_KERNELS=0``, the getters below return None and callers use torch ops.
+
+The vectors are one register wide for the instruction set the compiler targets (``csrc/common.h``):
+16 floats with AVX-512, 8 with AVX/AVX2, 4 with SSE2 or NEON. ``-march=native`` picks the widest
+this CPU runs; ``BERTFORGE_KERNEL_FLAGS`` replaces the flags (e.g. ``"-O3 -mavx2 -mfma -fopenmp"``
+to build the AVX2 code on an AVX-512 machine, as the tests do), and :func:`vector_width` reports
+the width the loaded library was built with.
 """
 
 from __future__ import annotations
@@ -80,6 +86,7 @@ _SIGNATURES = {
     "bertforge_bias_gelu_backward_f32": [_P] * 6 + [_I64, _I64, _INT],
     # grad (overwritten), probs, dropped, rows, T, scale, threads
     "bertforge_softmax_dropout_backward_f32": [_P] * 3 + [_I64, _I64, _F, _INT],
+    "bertforge_vector_width": [],
 }
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
@@ -102,16 +109,26 @@ def _cpu_name() -> str:
     return platform.processor()
 
 
+def flag_sets() -> list[list[str]]:
+    """The compiler flag sets to try, in order: ``BERTFORGE_KERNEL_FLAGS`` (split on spaces)
+    alone when it is set, else :data:`FLAG_SETS`."""
+    chosen = os.environ.get("BERTFORGE_KERNEL_FLAGS", "").split()
+    return [chosen] if chosen else [list(flags) for flags in FLAG_SETS]
+
+
 def _build(compiler: str) -> Path | None:
-    """Compile ``SOURCES`` into the cache (once per sources, compiler and CPU); None on failure."""
+    """Compile ``SOURCES`` into the cache (once per sources, compiler, flags and CPU); None on
+    failure."""
     files = sorted(CSRC.glob("*.[ch]"))  # the sources and the header they share
+    tried = flag_sets()
     parts = [p.read_bytes() for p in files] + [compiler.encode(), _cpu_name().encode()]
+    parts += [" ".join(flags).encode() for flags in tried]
     key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     target = cache_dir() / f"kernels-{platform.machine()}-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    for flags in FLAG_SETS:
+    for flags in tried:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-kernels-", suffix=".so")
         os.close(fd)
         cmd = [compiler, *flags, "-shared", "-fPIC", *map(str, SOURCES), "-o", tmp, "-lm"]
@@ -155,12 +172,25 @@ def _library() -> ctypes.CDLL | None:
             break
         path.unlink(missing_ok=True)
     if lib is None:
+        flags = os.environ.get("BERTFORGE_KERNEL_FLAGS", "").strip()
+        cause = (
+            f"the compiler refused BERTFORGE_KERNEL_FLAGS={flags!r}; unset it or fix the flags"
+            if flags
+            else "no working C compiler; install gcc or clang"
+        )
         warnings.warn(
-            "bertforge: could not build its C kernels (no working C compiler); training uses "
-            "slower torch forms. Install gcc or clang, or set BERTFORGE_KERNELS=0.",
+            f"bertforge: could not build its C kernels ({cause}); training uses slower torch "
+            "forms. BERTFORGE_KERNELS=0 turns them off without this warning.",
             stacklevel=3,
         )
     return lib
+
+
+def vector_width() -> int | None:
+    """Floats per vector in the loaded C kernels (16: AVX-512, 8: AVX/AVX2, 4: SSE2 or NEON), or
+    None when they are not in use."""
+    lib = _library()
+    return None if lib is None else int(lib.bertforge_vector_width())
 
 
 def _function(name: str, dtype: torch.dtype) -> Callable | None:
@@ -384,5 +414,7 @@ __all__ = [
     "cache_dir",
     "cross_entropy_kernels",
     "dropout_kernel",
+    "flag_sets",
     "softmax_dropout_kernels",
+    "vector_width",
 ]

@@ -50,3 +50,7 @@ void bertforge_dropout_bf16(const uint16_t *x, uint16_t *out, int64_t n, uint64_
                             uint32_t threshold, float scale, int threads) {
     dropout(x, out, n, seed, threshold, scale, threads, 1);
 }
+
+/* Floats per vector in this build (W of common.h): lets Python report and the tests check which
+ * instruction set's code runs. */
+int bertforge_vector_width(void) { return W; }
