@@ -382,6 +382,43 @@ def test_segment_init_std_redraws_only_the_segment_table(pretraining_corpus, tmp
         TrainConfig(**(TINY_TRAIN | {"max_steps": 2, "segment_init_std": 0.0}))
 
 
+def test_a_warm_fresh_head_starts_a_fresh_model_at_the_frequency_guesser(
+    pretraining_corpus, tmp_path
+):
+    from bertforge.training.setup import build_model, open_data
+
+    cfg = tiny_cfg(pretraining_corpus["nsp"], tmp_path / "run", max_steps=2)
+    warm = replace(cfg, train=replace(cfg.train, fresh_head="warm"))
+    data = open_data(cfg)
+    torch.manual_seed(0)
+    normal = build_model(cfg, data, None).state_dict()
+    torch.manual_seed(0)
+    model = build_model(warm, data, None)
+    head = model.cls.predictions
+    # the bias: log frequencies of the training split's tokens (add-0.5, mean 0)
+    counts = data.train.token_counts(model.config.vocab_size, data.tokenizer.special_ids, None)
+    log_p = torch.log(
+        (torch.from_numpy(counts).double() + 0.5) / (counts.sum() + 0.5 * len(counts))
+    )
+    torch.testing.assert_close(head.bias.detach(), (log_p - log_p.mean()).float())
+    assert float(head.bias.detach().std()) > 0.5  # frequent and rare words well apart
+    torch.testing.assert_close(head.transform.dense.weight.detach(), torch.eye(32))
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, normal[k])}
+    # only the head moves (the decoder's bias is the head's bias, tied as in transformers; the
+    # dense bias starts at zero in BERT's initialisation too)
+    bias = {"cls.predictions.bias", "cls.predictions.decoder.bias"}
+    assert changed == bias | {"cls.predictions.transform.dense.weight"}
+    assert starts_random(cfg) and not starts_random(warm)
+    # the default (None) is BERT's start for a fresh model, the explicit "random" too
+    torch.manual_seed(0)
+    plain = build_model(replace(cfg, train=replace(cfg.train, fresh_head="random")), data, None)
+    assert all(torch.equal(v, normal[k]) for k, v in plain.state_dict().items())
+    with pytest.raises(
+        BertforgeError, match="--train.fresh_head 'hot': choose one of warm, random"
+    ):
+        TrainConfig(**(TINY_TRAIN | {"max_steps": 2, "fresh_head": "hot"}))
+
+
 def test_sinusoidal_positions_depend_on_distance_only_at_berts_scale():
     from bertforge.modeling.model import sinusoidal_positions
 

@@ -266,10 +266,12 @@ class TrainConfig(LoopOptions):
     ``layers:all`` every one) or both (``embeddings,layers:2``); cheaper adaptation of a
     published model, and ``embeddings,layers:all`` fits a fresh head alone before adapting the
     rest. Frozen word embeddings also freeze the tied output decoder."""
-    fresh_head: FreshHead = "warm"
-    """With ``--init_from``, how an MLM head the checkpoint lacks starts: ``warm`` (output bias =
-    the training text's log token frequencies, transform = identity: the start predicts like a
-    context-free guesser) or ``random`` (BERT's initialisation)."""
+    fresh_head: FreshHead | None = None
+    """How a freshly initialised MLM head starts: ``warm`` (output bias = the training text's log
+    token frequencies, transform = identity: the start predicts like a context-free guesser, and
+    the first gradients into the encoder are about context, not about frequencies) or ``random``
+    (BERT's initialisation). By default ``warm`` for a head the ``--init_from`` checkpoint lacks,
+    ``random`` for a fresh model. An initialisation only: the model stays a standard BERT."""
 
     position_init: PositionInit = "normal"
     """How a fresh model's position table starts: ``normal`` (BERT's initialisation) or
@@ -306,7 +308,8 @@ class TrainConfig(LoopOptions):
     def __post_init__(self) -> None:
         parse_freeze(self.freeze)
         check_choice(self.objective, Objective, "--train.objective")
-        check_choice(self.fresh_head, FreshHead, "--train.fresh_head")
+        if self.fresh_head is not None:
+            check_choice(self.fresh_head, FreshHead, "--train.fresh_head")
         check_choice(self.position_init, PositionInit, "--train.position_init")
         check_choice(self.word_init, WordInit, "--train.word_init")
         if self.max_steps is not None and self.max_steps <= 0:

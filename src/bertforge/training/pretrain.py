@@ -124,11 +124,13 @@ class Run:
 
 def starts_random(cfg: PretrainConfig) -> bool:
     """True when step 0 is BERT's random initialisation; else (``--init_from``, ``--train.word_init
-    cooccurrence``, ``--train.position_init sinusoidal``, ``--train.segment_init_std``) the final
-    table also shows the same network freshly initialised."""
+    cooccurrence``, ``--train.position_init sinusoidal``, ``--train.segment_init_std``,
+    ``--train.fresh_head warm``) the final table also shows the same network freshly
+    initialised."""
     tc = cfg.train
     own_start = tc.word_init != "normal" or tc.position_init != "normal"
-    return not cfg.init_from and not own_start and tc.segment_init_std is None
+    own_start = own_start or tc.segment_init_std is not None or tc.fresh_head == "warm"
+    return not cfg.init_from and not own_start
 
 
 @locks_output

@@ -278,6 +278,14 @@ def warm_fresh_head(
     return done
 
 
+WARM_HEAD_PARAMETERS = [
+    "cls.predictions.bias",
+    "cls.predictions.transform.dense.weight",
+    "cls.predictions.transform.dense.bias",
+]
+"""What ``warm_fresh_head`` sets in a fresh model (``--train.fresh_head warm`` without
+``--init_from``)."""
+
 WARM_HEAD_TOKENS = 50_000_000
 """Tokens of the training text counted for a warm head's bias: plenty for a unigram estimate,
 and start-up stays seconds on a corpus of billions."""
@@ -342,7 +350,7 @@ def build_model(
             model = model_cls.from_pretrained(cfg.init_from)
             info = getattr(model, "loading_info", None)
             warmable = info and info["missing"] and hasattr(model, "cls")  # not for a full model
-            if warmable and cfg.train.fresh_head == "warm":
+            if warmable and cfg.train.fresh_head != "random":  # None: warm
                 counts = head_warm_counts(data.train, data.tokenizer, model.config.vocab_size)
                 info["warmed"] = warm_fresh_head(model, info["missing"], counts)
         else:
@@ -351,6 +359,9 @@ def build_model(
                 model.init_sinusoidal_positions(cfg.train.position_init_std)
             if cfg.train.segment_init_std is not None:
                 model.init_segment_embeddings(cfg.train.segment_init_std)
+            if cfg.train.fresh_head == "warm" and hasattr(model, "cls"):
+                counts = head_warm_counts(data.train, data.tokenizer, model.config.vocab_size)
+                warm_fresh_head(model, WARM_HEAD_PARAMETERS, counts)
         freeze_parameters(model, cfg.train.freeze)
         return model
     model = model_cls.from_pretrained(resume_dir)
