@@ -153,7 +153,7 @@ def _widths_this_cpu_runs() -> list[tuple[str, int]]:
     if {"avx2", "fma"} <= flags:
         widths.append(("-O3 -mavx2 -mfma -fopenmp", 8))
     if {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx2", "fma"} <= flags:
-        widths.append(("-O3 -march=x86-64-v4 -fopenmp", 16))
+        widths.append(("-O3 -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma -fopenmp", 16))
     return widths
 
 
