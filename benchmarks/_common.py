@@ -46,16 +46,9 @@ CPU_FEATURES = {
 
 def cpu_features(cpuinfo: str | None = None) -> dict[str, bool]:
     """Which of :data:`CPU_FEATURES` the CPU has (all False where /proc/cpuinfo is missing)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    flags: set[str] = set()
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
+    from bertforge.runtime import cpu_flags
+
+    flags = cpu_flags(cpuinfo)
     return {name: flag in flags for flag, name in CPU_FEATURES.items()}
 
 

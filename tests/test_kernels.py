@@ -9,12 +9,12 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
 from bertforge.modeling.kernels import dropout_kernel, vector_width
+from bertforge.runtime import cpu_flags
 
 HAVE_COMPILER = bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
 
@@ -141,13 +141,8 @@ def test_the_default_build_uses_the_widest_vectors_this_cpu_runs(kernel32):
 def _widths_this_cpu_runs() -> list[tuple[str, int]]:
     """(compiler flags, floats per vector) of every vector width of csrc/common.h this CPU can
     execute: SSE2 (x86-64's baseline) always, AVX2 and AVX-512 when /proc/cpuinfo lists them."""
-    try:
-        flags = next(
-            set(line.split(":", 1)[1].split())
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("flags")
-        )
-    except (OSError, StopIteration):
+    flags = cpu_flags()
+    if not flags:
         return []
     widths = [("-O3 -fopenmp", 4)]
     if {"avx2", "fma"} <= flags:

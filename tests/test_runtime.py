@@ -16,6 +16,7 @@ from bertforge.errors import BertforgeError
 from bertforge.progress import MetricsLogger, parse_duration, read_metrics
 from bertforge.runtime import (
     autocast,
+    cpu_flags,
     cpu_has_fast_bf16,
     pick_device,
     pick_precision,
@@ -43,6 +44,15 @@ def test_parse_duration():
     for bad in ("15 minutes", "m15", "-5m", "0s"):
         with pytest.raises(BertforgeError, match="duration"):
             parse_duration(bad)
+
+
+def test_cpu_flags_read_the_first_flags_line_only():
+    info = "processor : 0\nmodel name : X\nflags : fpu avx2 fma\n\nprocessor : 1\nflags : sse2\n"
+    assert cpu_flags(info) == {"fpu", "avx2", "fma"}
+    assert cpu_flags("processor : 0\nFeatures : fp asimd bf16\n") == frozenset()  # ARM
+    assert cpu_flags("") == frozenset()
+    assert not cpu_has_fast_bf16("Features : fp asimd bf16")
+    assert not cpu_has_fast_bf16("model name : avx512_bf16 lookalike\nflags : fpu avx2")
 
 
 def test_precision_choice_follows_cpu_flags():

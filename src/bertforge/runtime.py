@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import re
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -51,16 +50,25 @@ def pick_device(name: str = "auto") -> torch.device:
     return device
 
 
-def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
-    """True when the CPU computes bf16 natively (AVX512-BF16 or AMX); elsewhere bf16 autocast is
-    emulated and several times slower than fp32."""
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (the first ``flags`` line of ``/proc/cpuinfo``,
+    e.g. ``avx2``, ``avx512f``, ``avx512_bf16``, ``amx_tile``); empty where there is no such file
+    or line (macOS, Windows, ARM's ``Features`` line)."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
-            return False
-    flags = set(re.findall(r"\b(avx512_bf16|amx_bf16)\b", cpuinfo))
-    return bool(flags)
+            return frozenset()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[-1].split())
+    return frozenset()
+
+
+def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
+    """True when the CPU computes bf16 natively (AVX512-BF16 or AMX); elsewhere bf16 autocast is
+    emulated and several times slower than fp32."""
+    return bool(cpu_flags(cpuinfo) & {"avx512_bf16", "amx_bf16"})
 
 
 def pick_precision(precision: str, device: torch.device) -> Literal["bf16", "fp32"]:
@@ -133,6 +141,7 @@ __all__ = [
     "PRECISIONS",
     "Precision",
     "autocast",
+    "cpu_flags",
     "cpu_has_fast_bf16",
     "pick_device",
     "pick_precision",

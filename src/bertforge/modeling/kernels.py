@@ -109,10 +109,15 @@ def _cpu_name() -> str:
     return platform.processor()
 
 
+def flags_override() -> list[str]:
+    """The flags ``BERTFORGE_KERNEL_FLAGS`` asks for (split on spaces); empty when it is unset."""
+    return os.environ.get("BERTFORGE_KERNEL_FLAGS", "").split()
+
+
 def flag_sets() -> list[list[str]]:
-    """The compiler flag sets to try, in order: ``BERTFORGE_KERNEL_FLAGS`` (split on spaces)
-    alone when it is set, else :data:`FLAG_SETS`."""
-    chosen = os.environ.get("BERTFORGE_KERNEL_FLAGS", "").split()
+    """The compiler flag sets to try, in order: :func:`flags_override` alone when it is set, else
+    :data:`FLAG_SETS`."""
+    chosen = flags_override()
     return [chosen] if chosen else [list(flags) for flags in FLAG_SETS]
 
 
@@ -172,7 +177,7 @@ def _library() -> ctypes.CDLL | None:
             break
         path.unlink(missing_ok=True)
     if lib is None:
-        flags = os.environ.get("BERTFORGE_KERNEL_FLAGS", "").strip()
+        flags = " ".join(flags_override())
         cause = (
             f"the compiler refused BERTFORGE_KERNEL_FLAGS={flags!r}; unset it or fix the flags"
             if flags
