@@ -559,3 +559,38 @@ def test_word_init_cooccurrence_starts_a_fresh_model_there(pretraining_corpus, t
     ):
         with pytest.raises(BertforgeError, match=match):
             TrainConfig(**(TINY_TRAIN | {"max_steps": 2} | bad))
+
+
+def test_identity_attention_starts_every_token_at_the_mean_of_its_sequence(
+    pretraining_corpus, tmp_path
+):
+    from bertforge.training.setup import build_model, open_data
+
+    cfg = tiny_cfg(pretraining_corpus["nsp"], tmp_path / "run", max_steps=2)
+    ident = replace(cfg, train=replace(cfg.train, attention_init="identity"))
+    data = open_data(cfg)
+    torch.manual_seed(0)
+    normal = build_model(cfg, data, None).state_dict()
+    torch.manual_seed(0)
+    model = build_model(ident, data, None)
+    eye = torch.eye(32)
+    changed = sorted(k for k, v in model.state_dict().items() if not torch.equal(v, normal[k]))
+    layers = range(model.config.num_hidden_layers)
+    names = [
+        f"bert.encoder.layer.{i}.attention.{m}.weight"
+        for i in layers
+        for m in ("self.value", "output.dense")
+    ]
+    assert changed == sorted(names)
+    for name in names:  # BERT's random draw plus the identity
+        assert torch.equal(model.state_dict()[name], normal[name] + eye)
+    # with uniform attention, a value/output pair at the identity passes the mean of the values on
+    attention = model.bert.encoder.layer[0].attention
+    x = torch.randn(1, 5, 32)
+    with torch.no_grad():
+        v = attention.self.value(x).mean(1, keepdim=True)
+        y = attention.output.dense(v) - attention.output.dense.bias
+    assert torch.allclose(y, x.mean(1, keepdim=True), atol=0.3)
+    assert not starts_random(ident)
+    with pytest.raises(BertforgeError, match="--train.attention_init"):
+        TrainConfig(**(TINY_TRAIN | {"max_steps": 2, "attention_init": "eye"}))

@@ -368,6 +368,20 @@ class BertPreTrainedModel(nn.Module):
         with torch.no_grad():
             table.normal_(0.0, std)
 
+    def init_identity_attention(self) -> None:
+        """Add the identity to every layer's value and attention-output weights (BERT draws both
+        from normal(0, ``initializer_range``); ``--train.attention_init identity``). At the
+        start the query and key weights are small, so attention is nearly uniform, and each
+        token's attention output is then about the mean of its sequence's embeddings: from step
+        0 every token, [CLS] among them, sees the sequence's bag of words (with word vectors
+        that mean something, e.g. ``--train.word_init cooccurrence``), as in word2vec's CBOW.
+        The weights still train; the model stays a standard BERT."""
+        layers = self.get_submodule(self.base_prefix + "encoder.layer")
+        with torch.no_grad():
+            for layer in layers:
+                for linear in (layer.attention.self.value, layer.attention.output.dense):
+                    linear.weight.add_(torch.eye(*linear.weight.shape))
+
     def init_word_vectors(self, vectors: Tensor, rows: Tensor) -> None:
         """Start the word embeddings of ``rows`` (a bool mask over the vocabulary) from
         ``vectors`` (vocabulary, k <= hidden size; e.g. :func:`cooccurrence_vectors`, with

@@ -22,6 +22,7 @@ Objective = Literal["mlm_nsp", "mlm", "rtd", "mlm_contrastive"]
 FreshHead = Literal["warm", "random"]
 PositionInit = Literal["normal", "sinusoidal"]
 WordInit = Literal["normal", "cooccurrence"]
+AttentionInit = Literal["normal", "identity"]
 Preset = Literal["tiny", "mini", "small", "medium", "base", "large"]
 Task = Literal["classification", "regression"]
 Metric = Literal["accuracy", "macro_f1", "mcc", "spearman", "pearson", "mse", "mae"]
@@ -289,6 +290,12 @@ class TrainConfig(LoopOptions):
     normal(0, ``initializer_range``); a number draws it at that standard deviation, e.g. 0.2 to
     match word and position vectors of 0.2 (docs/pretraining-study.md). An initialisation only.
     Not used with ``--init_from`` or when resuming."""
+    attention_init: AttentionInit = "normal"
+    """How a fresh model's attention value and output weights start: ``normal`` (BERT's
+    initialisation) or ``identity`` (the identity added to BERT's random draw: with the nearly
+    uniform attention of a fresh model, each token's attention output starts as the mean of its
+    sequence's embeddings, so [CLS] sees the bag of words from step 0). An initialisation only.
+    Not used with ``--init_from`` or when resuming."""
     word_init: WordInit = "normal"
     """How a fresh model's word embeddings start: ``normal`` (BERT's initialisation) or
     ``cooccurrence`` (word vectors factorised from the training split's co-occurrence counts:
@@ -312,6 +319,7 @@ class TrainConfig(LoopOptions):
             check_choice(self.fresh_head, FreshHead, "--train.fresh_head")
         check_choice(self.position_init, PositionInit, "--train.position_init")
         check_choice(self.word_init, WordInit, "--train.word_init")
+        check_choice(self.attention_init, AttentionInit, "--train.attention_init")
         if self.max_steps is not None and self.max_steps <= 0:
             raise BertforgeError(f"train.max_steps={self.max_steps} must be positive")
         if self.batch_size <= 0 or (

@@ -125,11 +125,12 @@ class Run:
 def starts_random(cfg: PretrainConfig) -> bool:
     """True when step 0 is BERT's random initialisation; else (``--init_from``, ``--train.word_init
     cooccurrence``, ``--train.position_init sinusoidal``, ``--train.segment_init_std``,
-    ``--train.fresh_head warm``) the final table also shows the same network freshly
-    initialised."""
+    ``--train.fresh_head warm``, ``--train.attention_init identity``) the final table also shows
+    the same network freshly initialised."""
     tc = cfg.train
     own_start = tc.word_init != "normal" or tc.position_init != "normal"
     own_start = own_start or tc.segment_init_std is not None or tc.fresh_head == "warm"
+    own_start = own_start or tc.attention_init != "normal"
     return not cfg.init_from and not own_start
 
 

@@ -359,6 +359,8 @@ def build_model(
                 model.init_sinusoidal_positions(cfg.train.position_init_std)
             if cfg.train.segment_init_std is not None:
                 model.init_segment_embeddings(cfg.train.segment_init_std)
+            if cfg.train.attention_init == "identity":
+                model.init_identity_attention()
             if cfg.train.fresh_head == "warm" and hasattr(model, "cls"):
                 counts = head_warm_counts(data.train, data.tokenizer, model.config.vocab_size)
                 warm_fresh_head(model, WARM_HEAD_PARAMETERS, counts)
