@@ -156,3 +156,19 @@ def test_a_value_the_config_refuses_is_one_line_naming_the_option(capsys):
     )
     err = capsys.readouterr().err
     assert "bertforge prepare:" in err and '"mode"' in err and "Got value: z" in err
+
+
+def test_a_list_option_without_brackets_says_how_to_write_it(capsys):
+    argv = ["pretrain", "--data", "d", "--output", "o", "--train.betas", "0.9,0.98"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "error: bertforge pretrain: --train.betas takes a list: write --train.betas "
+        "'[0.9,0.98]', not 0.9,0.98; see bertforge pretrain --help"
+    )
+    argv[-1] = "[0.9,0.98]"  # the spelling the error gives is accepted
+    from bertforge.cli.options import parse_config
+    from bertforge.training.config import PretrainConfig
+
+    cfg = parse_config(PretrainConfig, argv[1:], prog="p", description="")
+    assert cfg.train.betas == (0.9, 0.98)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 import types
 import typing
@@ -147,6 +148,13 @@ def _one_line(err: BaseException, prog: str, argv: Sequence[str]) -> BertforgeEr
     if message.startswith(head):  # jsonargparse names the keys; users type the options
         names = message[len(head) :].split(", ")
         message = head + ", ".join(n if n.startswith("-") else f"--{n}" for n in names)
+    sequence = re.match(
+        r'Parser key "([\w.]+)": Expected a <class \'(?:tuple|list)\'>\. Got value: (.*)$', message
+    )
+    if sequence:  # "--train.betas 0.9,0.98": a list option wants brackets, which jsonargparse hides
+        key, value = sequence.groups()
+        items = ",".join(value.replace(",", " ").split()) or "..."
+        message = f"--{key} takes a list: write --{key} '[{items}]', not {value}"
     configs = [v for k, v in zip(argv, argv[1:], strict=False) if k == "--config"]
     where = f" (options from {', '.join(configs)} and the command line)" if configs else ""
     return BertforgeError(f"{prog}: {message}{where}; see {prog} --help")
