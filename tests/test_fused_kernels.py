@@ -82,7 +82,8 @@ def test_dense_dropout_norm_equals_float64(H, p):
     g = torch.Generator().manual_seed(H)
     n, d_in = 23, 19
     dense, norm = torch.nn.Linear(d_in, H), torch.nn.LayerNorm(H, eps=1e-5)
-    with torch.no_grad():
+    with torch.no_grad():  # every input from the seeded generator: the same test in every run
+        dense.weight.copy_(torch.randn(H, d_in, generator=g) / d_in**0.5)
         for t in (dense.bias, norm.weight, norm.bias):
             t.copy_(torch.randn(H, generator=g))
     x0 = (3 * torch.randn(d_in, n, generator=g)).t()  # non-contiguous input
@@ -111,7 +112,10 @@ def test_dense_dropout_norm_equals_float64(H, p):
         ("norm.weight", norm.weight.grad, g64.grad),
         ("norm.bias", norm.bias.grad, beta64.grad),
     ]:
-        torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-4, msg=name)
+        # through a LayerNorm of 3 features the fp32 gradients reach ~100 for some draws, and
+        # torch's own fp32 path then errs by ~1e-5 of the largest: the tolerance scales with it
+        atol = 2e-5 * max(1.0, float(want.abs().max()))
+        torch.testing.assert_close(got.double(), want, atol=atol, rtol=1e-4, msg=name)
     if p > 0:
         assert 0 < (keep == 0).float().mean() < 0.6
 
