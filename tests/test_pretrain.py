@@ -360,16 +360,24 @@ def test_pretrain_imdb_script_takes_the_sequence_length_a_config_asks_for(
     assert done.stdout == expected
 
 
-def test_segment_init_std_redraws_only_the_segment_table(pretraining_corpus, tmp_path):
+def default_and_changed_start(corpus: Path, output: Path, **change):
+    """A fresh pretraining model built with ``change`` to ``--train.*`` and the default one, both
+    from seed 0: (default config, changed config, data, default state dict, changed model)."""
     from bertforge.training.setup import build_model, open_data
 
-    cfg = tiny_cfg(pretraining_corpus["nsp"], tmp_path / "run", max_steps=2)
-    louder = replace(cfg, train=replace(cfg.train, segment_init_std=0.2))
+    cfg = tiny_cfg(corpus, output, max_steps=2)
+    changed = replace(cfg, train=replace(cfg.train, **change))
     data = open_data(cfg)
     torch.manual_seed(0)
     normal = build_model(cfg, data, None).state_dict()
     torch.manual_seed(0)
-    model = build_model(louder, data, None)
+    return cfg, changed, data, normal, build_model(changed, data, None)
+
+
+def test_segment_init_std_redraws_only_the_segment_table(pretraining_corpus, tmp_path):
+    cfg, louder, data, normal, model = default_and_changed_start(
+        pretraining_corpus["nsp"], tmp_path / "run", segment_init_std=0.2
+    )
     table = model.bert.embeddings.token_type_embeddings.weight
     assert table.requires_grad and table.shape == (2, 32)
     table = table.detach()
@@ -385,15 +393,9 @@ def test_segment_init_std_redraws_only_the_segment_table(pretraining_corpus, tmp
 def test_a_warm_fresh_head_starts_a_fresh_model_at_the_frequency_guesser(
     pretraining_corpus, tmp_path
 ):
-    from bertforge.training.setup import build_model, open_data
-
-    cfg = tiny_cfg(pretraining_corpus["nsp"], tmp_path / "run", max_steps=2)
-    warm = replace(cfg, train=replace(cfg.train, fresh_head="warm"))
-    data = open_data(cfg)
-    torch.manual_seed(0)
-    normal = build_model(cfg, data, None).state_dict()
-    torch.manual_seed(0)
-    model = build_model(warm, data, None)
+    cfg, warm, data, normal, model = default_and_changed_start(
+        pretraining_corpus["nsp"], tmp_path / "run", fresh_head="warm"
+    )
     head = model.cls.predictions
     # the bias: log frequencies of the training split's tokens (add-0.5, mean 0)
     counts = data.train.token_counts(model.config.vocab_size, data.tokenizer.special_ids, None)
@@ -410,6 +412,8 @@ def test_a_warm_fresh_head_starts_a_fresh_model_at_the_frequency_guesser(
     assert changed == bias | {"cls.predictions.transform.dense.weight"}
     assert starts_random(cfg) and not starts_random(warm)
     # the default (None) is BERT's start for a fresh model, the explicit "random" too
+    from bertforge.training.setup import build_model
+
     torch.manual_seed(0)
     plain = build_model(replace(cfg, train=replace(cfg.train, fresh_head="random")), data, None)
     assert all(torch.equal(v, normal[k]) for k, v in plain.state_dict().items())
@@ -564,15 +568,9 @@ def test_word_init_cooccurrence_starts_a_fresh_model_there(pretraining_corpus, t
 def test_identity_attention_starts_every_token_at_the_mean_of_its_sequence(
     pretraining_corpus, tmp_path
 ):
-    from bertforge.training.setup import build_model, open_data
-
-    cfg = tiny_cfg(pretraining_corpus["nsp"], tmp_path / "run", max_steps=2)
-    ident = replace(cfg, train=replace(cfg.train, attention_init="identity"))
-    data = open_data(cfg)
-    torch.manual_seed(0)
-    normal = build_model(cfg, data, None).state_dict()
-    torch.manual_seed(0)
-    model = build_model(ident, data, None)
+    cfg, ident, data, normal, model = default_and_changed_start(
+        pretraining_corpus["nsp"], tmp_path / "run", attention_init="identity"
+    )
     eye = torch.eye(32)
     changed = sorted(k for k, v in model.state_dict().items() if not torch.equal(v, normal[k]))
     layers = range(model.config.num_hidden_layers)
