@@ -380,7 +380,7 @@ class BertPreTrainedModel(nn.Module):
         with torch.no_grad():
             for layer in layers:
                 for linear in (layer.attention.self.value, layer.attention.output.dense):
-                    linear.weight.add_(torch.eye(*linear.weight.shape))
+                    linear.weight.diagonal().add_(1.0)  # in place: any device or dtype
 
     def init_word_vectors(self, vectors: Tensor, rows: Tensor) -> None:
         """Start the word embeddings of ``rows`` (a bool mask over the vocabulary) from

@@ -128,10 +128,14 @@ def starts_random(cfg: PretrainConfig) -> bool:
     ``--train.fresh_head warm``, ``--train.attention_init identity``) the final table also shows
     the same network freshly initialised."""
     tc = cfg.train
-    own_start = tc.word_init != "normal" or tc.position_init != "normal"
-    own_start = own_start or tc.segment_init_std is not None or tc.fresh_head == "warm"
-    own_start = own_start or tc.attention_init != "normal"
-    return not cfg.init_from and not own_start
+    own_start = (
+        tc.word_init != "normal",
+        tc.position_init != "normal",
+        tc.segment_init_std is not None,
+        tc.fresh_head == "warm",
+        tc.attention_init != "normal",
+    )
+    return not cfg.init_from and not any(own_start)
 
 
 @locks_output
