@@ -19,21 +19,13 @@ from typing import Any
 
 import torch
 
+from bertforge.runtime import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("BERTFORGE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
 # ---- the machine ----------------------------------------------------------------------------
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 # /proc/cpuinfo flag -> the name the tables print, in the order that decides fp32 vs bf16 speed
 CPU_FEATURES = {
     "avx2": "AVX2",

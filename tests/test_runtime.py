@@ -18,6 +18,7 @@ from bertforge.runtime import (
     autocast,
     cpu_flags,
     cpu_has_fast_bf16,
+    cpu_model,
     pick_device,
     pick_precision,
     seed_everything,
@@ -53,6 +54,19 @@ def test_cpu_flags_read_the_first_flags_line_only():
     assert cpu_flags("") == frozenset()
     assert not cpu_has_fast_bf16("Features : fp asimd bf16")
     assert not cpu_has_fast_bf16("model name : avx512_bf16 lookalike\nflags : fpu avx2")
+
+
+def test_kernel_cache_key_tells_cpus_with_one_model_name_apart():
+    """A VM shows ``AMD EPYC`` for an AVX2-only Zen 3 and an AVX-512 Zen 4: a kernel library
+    built with -march=native on one must not be loaded on the other from a shared cache."""
+    from bertforge.modeling.kernels import cpu_signature
+
+    zen3 = "processor : 0\nmodel name : AMD EPYC\nflags : fpu avx2 fma\n"
+    zen4 = "processor : 0\nmodel name : AMD EPYC\nflags : fpu avx2 fma avx512f avx512_bf16\n"
+    assert cpu_model(zen3) == cpu_model(zen4) == "AMD EPYC"
+    assert cpu_signature(zen3) != cpu_signature(zen4)
+    assert cpu_signature(zen3) == cpu_signature(zen3.replace("fpu avx2 fma", "fma fpu avx2"))
+    assert cpu_model("processor : 0\nFeatures : fp asimd\n")  # no model name: platform's answer
 
 
 def test_precision_choice_follows_cpu_flags():

@@ -7,6 +7,7 @@ durations in ``bertforge.progress``.
 from __future__ import annotations
 
 import contextlib
+import platform
 import random
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -50,16 +51,28 @@ def pick_device(name: str = "auto") -> torch.device:
     return device
 
 
+def _read_cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name (the first ``model name`` line of ``/proc/cpuinfo``), else what
+    :mod:`platform` knows (e.g. ``arm`` or ``x86_64``). Virtual machines often show a family name
+    only (``AMD EPYC``) for CPUs of different generations: :func:`cpu_flags` tells them apart."""
+    for line in (_read_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
 def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
     """The CPU's feature flags as Linux lists them (the first ``flags`` line of ``/proc/cpuinfo``,
     e.g. ``avx2``, ``avx512f``, ``avx512_bf16``, ``amx_tile``); empty where there is no such file
     or line (macOS, Windows, ARM's ``Features`` line)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return frozenset()
-    for line in cpuinfo.splitlines():
+    for line in (_read_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
         if line.startswith("flags"):
             return frozenset(line.split(":", 1)[-1].split())
     return frozenset()

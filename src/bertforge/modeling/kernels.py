@@ -44,6 +44,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from bertforge.runtime import cpu_flags, cpu_model
+
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = sorted(CSRC.glob("*.c"))
 #: flag sets tried in order: the first that compiles wins (clang on macOS lacks -fopenmp)
@@ -99,14 +101,12 @@ def cache_dir() -> Path:
     return Path(base) / "bertforge"
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
+def cpu_signature(cpuinfo: str | None = None) -> str:
+    """What a build with ``-march=native`` depends on: the CPU's model name and its flags. The
+    name alone is not enough: virtual machines show ``AMD EPYC`` for an AVX2-only Zen 3 and an
+    AVX-512 Zen 4 alike, and a library built on one would crash on the other from a shared
+    cache (a home directory on a cluster's shared disk)."""
+    return f"{cpu_model(cpuinfo)}\n{' '.join(sorted(cpu_flags(cpuinfo)))}"
 
 
 def flags_override() -> list[str]:
@@ -126,7 +126,7 @@ def _build(compiler: str) -> Path | None:
     failure."""
     files = sorted(CSRC.glob("*.[ch]"))  # the sources and the header they share
     tried = flag_sets()
-    parts = [p.read_bytes() for p in files] + [compiler.encode(), _cpu_name().encode()]
+    parts = [p.read_bytes() for p in files] + [compiler.encode(), cpu_signature().encode()]
     parts += [" ".join(flags).encode() for flags in tried]
     key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     target = cache_dir() / f"kernels-{platform.machine()}-{key}.so"
