@@ -390,6 +390,26 @@ def test_segment_init_std_redraws_only_the_segment_table(pretraining_corpus, tmp
         TrainConfig(**(TINY_TRAIN | {"max_steps": 2, "segment_init_std": 0.0}))
 
 
+def test_special_init_std_redraws_only_the_special_tokens(pretraining_corpus, tmp_path):
+    cfg, louder, data, normal, model = default_and_changed_start(
+        pretraining_corpus["nsp"], tmp_path / "run", special_init_std=0.2
+    )
+    tok = data.tokenizer
+    table = model.bert.embeddings.word_embeddings.weight.detach()
+    before = normal["bert.embeddings.word_embeddings.weight"]
+    special = [tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id]
+    assert 0.12 < float(table[special].std()) < 0.28  # 4 rows x 32 values at 0.2
+    assert float(before[special].std()) < 0.03 and not table[tok.pad_id].any()  # [PAD] stays 0
+    others = [i for i in range(table.shape[0]) if i not in special]
+    assert torch.equal(table[others], before[others])
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, normal[k])}
+    tied = {"bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight"}
+    assert "bert.embeddings.word_embeddings.weight" in changed and changed <= tied
+    assert starts_random(cfg) and not starts_random(louder)
+    with pytest.raises(BertforgeError, match="--train.special_init_std -1.0 must be positive"):
+        TrainConfig(**(TINY_TRAIN | {"max_steps": 2, "special_init_std": -1.0}))
+
+
 def test_a_warm_fresh_head_starts_a_fresh_model_at_the_frequency_guesser(
     pretraining_corpus, tmp_path
 ):

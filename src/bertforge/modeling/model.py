@@ -368,6 +368,17 @@ class BertPreTrainedModel(nn.Module):
         with torch.no_grad():
             table.normal_(0.0, std)
 
+    def init_special_embeddings(self, ids: list[int], std: float) -> None:
+        """Redraw the word-embedding rows of ``ids`` (the special tokens: [CLS], [SEP], [MASK],
+        [UNK]; never [PAD], whose row stays zero) from normal(0, ``std``) instead of BERT's
+        ``initializer_range`` (``--train.special_init_std``): next to co-occurrence word vectors
+        of std 0.2, a [CLS] or [SEP] at 0.02 is 1% of its embedding sum's variance and starts
+        as nothing but its position and segment. The rows still train."""
+        table = self.get_submodule(self.base_prefix + "embeddings.word_embeddings").weight
+        rows = [i for i in ids if i != self.config.pad_token_id]
+        with torch.no_grad():
+            table[rows] = torch.randn(len(rows), table.shape[1]).to(table) * std
+
     def init_identity_attention(self) -> None:
         """Add the identity to every layer's value and attention-output weights (BERT draws both
         from normal(0, ``initializer_range``); ``--train.attention_init identity``). At the

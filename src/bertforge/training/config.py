@@ -290,6 +290,11 @@ class TrainConfig(LoopOptions):
     normal(0, ``initializer_range``); a number draws it at that standard deviation, e.g. 0.2 to
     match word and position vectors of 0.2 (docs/pretraining-study.md). An initialisation only.
     Not used with ``--init_from`` or when resuming."""
+    special_init_std: float | None = None
+    """How a fresh model's special tokens ([CLS], [SEP], [MASK], [UNK]; [PAD] stays zero) start:
+    None draws them as BERT does, normal(0, ``initializer_range``); a number draws them at that
+    standard deviation, e.g. 0.2 to match co-occurrence word vectors of 0.2. An initialisation
+    only. Not used with ``--init_from`` or when resuming."""
     attention_init: AttentionInit = "normal"
     """How a fresh model's attention value and output weights start: ``normal`` (BERT's
     initialisation) or ``identity`` (the identity added to BERT's random draw: with the nearly
@@ -332,7 +337,7 @@ class TrainConfig(LoopOptions):
         check_at_least(self, option, eval_examples=1, eval_batch_size=1)
         check_at_least(self, option, word_init_window=1)
         positive = ("word_init_std", "contrastive_temperature", "segment_init_std")
-        check_positive(self, option, *positive, "position_init_std")
+        check_positive(self, option, *positive, "position_init_std", "special_init_std")
         if not self.nsp_weight >= 0 or not math.isfinite(self.nsp_weight):
             raise BertforgeError(f"--train.nsp_weight {self.nsp_weight} must be 0 or more")
         if self.nsp_weight != 1.0 and self.objective != "mlm_nsp":

@@ -125,13 +125,14 @@ class Run:
 def starts_random(cfg: PretrainConfig) -> bool:
     """True when step 0 is BERT's random initialisation; else (``--init_from``, ``--train.word_init
     cooccurrence``, ``--train.position_init sinusoidal``, ``--train.segment_init_std``,
-    ``--train.fresh_head warm``, ``--train.attention_init identity``) the final table also shows
-    the same network freshly initialised."""
+    ``--train.special_init_std``, ``--train.fresh_head warm``, ``--train.attention_init
+    identity``) the final table also shows the same network freshly initialised."""
     tc = cfg.train
     own_start = (
         tc.word_init != "normal",
         tc.position_init != "normal",
         tc.segment_init_std is not None,
+        tc.special_init_std is not None,
         tc.fresh_head == "warm",
         tc.attention_init != "normal",
     )

@@ -359,6 +359,9 @@ def build_model(
                 model.init_sinusoidal_positions(cfg.train.position_init_std)
             if cfg.train.segment_init_std is not None:
                 model.init_segment_embeddings(cfg.train.segment_init_std)
+            if cfg.train.special_init_std is not None:
+                special = sorted(data.tokenizer.special_ids)
+                model.init_special_embeddings(special, cfg.train.special_init_std)
             if cfg.train.attention_init == "identity":
                 model.init_identity_attention()
             if cfg.train.fresh_head == "warm" and hasattr(model, "cls"):
