@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from bertforge.evaluation.mlm import comparison_table, evaluate_mlm, random_init_like
-from bertforge.evaluation.plots import plot_training_curves
+from bertforge.evaluation.plots import eval_style, plot_training_curves
 from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
 from bertforge.progress import MetricsLogger
 
@@ -100,7 +100,11 @@ def test_plot_from_metrics_file(tmp_path):
         log.log(step, "train", loss=8.0 / math.sqrt(step), lr=1e-3 * (1 - step / 100))
         if step % 25 == 0:
             log.log(step, "val", loss=7.0 / math.sqrt(step), accuracy=step / 400)
+        if step in (1, 100):  # an --extra_eval set: before and after training only
+            log.log(step, "val:wiki", loss=9.0 / math.sqrt(step), accuracy=step / 500)
     log.close()
+    assert eval_style(2)["linestyle"] == "none"  # two points: markers, no invented line
+    assert eval_style(4).get("linestyle", "-") != "none"
     path = plot_training_curves(tmp_path, tmp_path / "plots" / "curves.png", title="test")
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000

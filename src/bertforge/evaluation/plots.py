@@ -34,6 +34,15 @@ FEW_POINTS = 30
 """Series with at most this many points are drawn with markers."""
 
 
+def eval_style(points: int) -> dict[str, Any]:
+    """How an evaluated split is drawn: a line through its points, or markers alone when it has
+    two or fewer (an ``--extra_eval`` set is evaluated before and after training only: a line
+    between the two would show a trajectory nobody measured)."""
+    if points <= 2:
+        return {"marker": "o", "markersize": 5, "linestyle": "none"}
+    return {"marker": "o", "markersize": 3, "linewidth": 1.5}
+
+
 def plot_training_curves(metrics: str | Path, output: str | Path, title: str | None = None) -> Path:
     """Draw loss (train and every evaluated split), the evaluated accuracies and the learning
     rate against the optimizer step, and the NSP loss (or an rtd run's discriminator loss) on a
@@ -97,7 +106,7 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
     for split, color in zip(splits, SPLIT_COLORS, strict=False):
         s, v = _series(records, split, "loss")
         if s:
-            ax_loss.plot(s, v, color=color, marker="o", markersize=3, linewidth=1.5, label=split)
+            ax_loss.plot(s, v, color=color, label=split, **eval_style(len(s)))
     loss_title = "masked-LM loss" if train_key == "mlm_loss" else "loss"
     ax_loss.set(xlabel="step", ylabel="loss (nats)", title=loss_title)
     ax_loss.legend(fontsize=8)
@@ -124,7 +133,7 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
         for key in acc_keys:
             s, v = _series(records, split, key)
             if s:
-                ax_acc.plot(s, v, marker="o", markersize=3, label=f"{split} {key}")
+                ax_acc.plot(s, v, label=f"{split} {key}", **eval_style(len(s)))
     ax_acc.set(xlabel="step", ylabel="accuracy", title="evaluation")
     if ax_acc.lines:
         ax_acc.legend(fontsize=8)
