@@ -45,8 +45,9 @@ def eval_style(points: int) -> dict[str, Any]:
 
 def plot_training_curves(metrics: str | Path, output: str | Path, title: str | None = None) -> Path:
     """Draw loss (train and every evaluated split), the evaluated accuracies and the learning
-    rate against the optimizer step, and the NSP loss (or an rtd run's discriminator loss) on a
-    panel of its own when the run has one (the loss panel then compares the training MLM loss
+    rate against the optimizer step, and the NSP loss (or an rtd run's discriminator loss; with
+    ``--train.bow_weight`` the bag-of-words loss beside it) on a panel of its own when the run has
+    one (the loss panel then compares the training MLM loss
     with the validation MLM loss); write
     ``output`` (PNG) and return its path.
 
@@ -112,6 +113,7 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
     ax_loss.legend(fontsize=8)
     if nsp_steps:
         ax_nsp = axes[1]
+        bow_steps, bow_loss = _series(records, "train", "bow_loss")  # --train.bow_weight
         ax_nsp.plot(
             nsp_steps,
             nsp_loss,
@@ -119,13 +121,25 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
             linewidth=0.8,
             marker="o" if len(nsp_steps) <= FEW_POINTS else None,
             markersize=3,
-            label="train",
+            label="NSP (train)" if bow_steps else "train",
         )
+        if bow_steps:
+            ax_nsp.plot(
+                bow_steps,
+                bow_loss,
+                color="tab:olive",
+                linewidth=0.8,
+                marker="o" if len(bow_steps) <= FEW_POINTS else None,
+                markersize=3,
+                label="bag of words (train)",
+            )
         aux_title = {
             "nsp_loss": "NSP loss",
             "rtd_loss": "replaced-token loss (discriminator)",
             "contrastive_loss": "same-document contrastive loss",
         }[aux[0]]
+        if bow_steps:
+            aux_title = "NSP and bag-of-words losses"
         ax_nsp.set(xlabel="step", ylabel="loss (nats)", title=aux_title)
         ax_nsp.legend(fontsize=8)
 

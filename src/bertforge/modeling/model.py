@@ -604,6 +604,43 @@ def contrastive_loss(
     return F.cross_entropy(sim, target), (sim.argmax(-1) == target).sum()
 
 
+def bag_of_words_loss(
+    features: Tensor, word_embeddings: Tensor, tokens: Tensor, token_weights: Tensor
+) -> Tensor | None:
+    """Paragraph-vector (PV-DBOW) loss on a pooled feature: each row's feature, read through the
+    word embeddings as a softmax over the vocabulary, must predict the words of its own text.
+
+    ``features`` (B, H); ``word_embeddings`` (V, H); ``tokens`` (B, T) each row's token ids, -1
+    where nothing is counted; ``token_weights`` (V,) how much each word counts (0 for special
+    tokens, less than 1 for frequent ones). The target of a row is its weighted bag of words,
+    normalised to sum to 1; the loss is the cross-entropy against it, averaged over the rows that
+    have any weight (None when none has)."""
+    counted = tokens >= 0
+    ids = tokens.clamp(min=0)
+    weights = token_weights.to(torch.float32)[ids] * counted
+    bags = torch.zeros(
+        tokens.size(0), token_weights.numel(), dtype=torch.float32, device=tokens.device
+    )
+    bags.scatter_add_(1, ids, weights)
+    total = bags.sum(1)
+    rows = total > 0
+    if not bool(rows.any()):
+        return None
+    target = bags[rows] / total[rows, None]
+    logits = features[rows].float() @ word_embeddings.float().t()
+    return -(target * logits.log_softmax(-1)).sum(-1).mean()
+
+
+def bag_of_words_weights(counts: Tensor, threshold: float = 1e-4) -> Tensor:
+    """Word weights for :func:`bag_of_words_loss` from token counts of the training text:
+    word2vec's subsampling, min(1, sqrt(threshold / frequency)), so that "the" and "," do not make
+    up the target; words never seen (special tokens: give them count 0) weigh 0."""
+    counts = counts.to(torch.float64)
+    frequency = counts / counts.sum().clamp(min=1.0)
+    weights = (threshold / frequency.clamp(min=1e-30)).sqrt().clamp(max=1.0)
+    return torch.where(counts > 0, weights, torch.zeros_like(weights)).to(torch.float32)
+
+
 class BertForMaskedLM(BertPreTrainedModel):
     """Encoder (no pooler) + MLM head: the MLM-only pretraining and fill-mask model."""
 

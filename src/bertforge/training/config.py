@@ -222,6 +222,13 @@ class TrainConfig(LoopOptions):
     """``--train.objective mlm_nsp``: the weight of the NSP loss next to the MLM loss's 1 (BERT
     adds them unweighted). On the 20-minute IMDB recipe a weight of 3 trained NSP no faster and
     MLM less (docs/pretraining-study.md)."""
+    bow_weight: float = 0.0
+    """``--train.objective mlm_nsp``: the weight of a bag-of-words loss on the pooler's output
+    (0 = off). The pooled [CLS] vector, read through the word embeddings as a softmax over the
+    vocabulary, must predict the words of its own sentence pair, frequent words weighed down as
+    word2vec subsamples them (a paragraph vector, Le & Mikolov 2014's PV-DBOW, inside BERT): the
+    pooler the classifier reads gets a document-level task from step 0, where NSP's signal
+    starts at chance."""
     contrastive_temperature: float = 0.05
     """``--train.objective mlm_contrastive``: the softmax temperature over cosine similarities
     (SimCSE's 0.05)."""
@@ -344,6 +351,13 @@ class TrainConfig(LoopOptions):
             raise BertforgeError(
                 f"--train.nsp_weight {self.nsp_weight} weighs the NSP loss of --train.objective "
                 f"mlm_nsp; this run's objective is {self.objective}: drop --train.nsp_weight"
+            )
+        if not self.bow_weight >= 0 or not math.isfinite(self.bow_weight):
+            raise BertforgeError(f"--train.bow_weight {self.bow_weight} must be 0 or more")
+        if self.bow_weight and self.objective != "mlm_nsp":
+            raise BertforgeError(
+                f"--train.bow_weight {self.bow_weight} trains the pooler of --train.objective "
+                f"mlm_nsp; this run's objective is {self.objective}: drop --train.bow_weight"
             )
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise BertforgeError(f"--train.min_lr_ratio {self.min_lr_ratio} must lie in [0, 1]")

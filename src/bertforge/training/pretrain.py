@@ -34,6 +34,7 @@ from bertforge.io import atomic_directory, atomic_write_text
 from bertforge.modeling.model import (
     IGNORE_INDEX,
     BertForReplacedTokenDetection,
+    bag_of_words_loss,
     contrastive_loss,
 )
 from bertforge.progress import MetricsLogger, format_duration, parse_duration
@@ -56,6 +57,7 @@ from bertforge.training.config import PretrainConfig
 from bertforge.training.optim import build_optimizer, set_lr
 from bertforge.training.setup import (
     PretrainingData,
+    bag_of_words_token_weights,
     build_model,
     find_resume,
     init_word_vectors,
@@ -111,6 +113,8 @@ class Run:
     """The downstream probe (``probe.train``), on the main process."""
     probes: list[dict[str, Any]] = field(default_factory=list)
     """The probe's scores (``step``, ``accuracy``, ...) at each evaluation point."""
+    bow_weights: torch.Tensor | None = None
+    """``--train.bow_weight``: each word's weight in the bag-of-words targets, on the device."""
 
     def say(self, text: str) -> None:
         if self.info.is_main:
@@ -273,6 +277,8 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
     run = Run(
         cfg, out, info, device, precision, budget, data, raw, ddp, forward, optimizer, logger, probe
     )
+    if tc.bow_weight:
+        run.bow_weights = bag_of_words_token_weights(data, raw.config.vocab_size).to(device)
     if resume_dir is not None:
         used = f" ({format_duration(state.elapsed)} of the budget used)" if budget else ""
         run.say(f"resuming from {resume_dir} at step {state.step}{used}")
@@ -302,6 +308,7 @@ def train_step(
     use_nsp, use_rtd = objective == "mlm_nsp", objective == "rtd"
     use_contrastive = objective == "mlm_contrastive"
     nsp_weight = run.cfg.train.nsp_weight if use_nsp else 1.0  # the contrastive loss: always 1
+    bow_weight = run.cfg.train.bow_weight if use_nsp else 0.0
     # per micro-batch: masked tokens, labelled pairs (NSP) or rows with a partner
     # (contrastive), real tokens (counted once, on the CPU)
     local = torch.tensor(
@@ -316,8 +323,8 @@ def train_step(
         dtype=torch.float64,
     )  # (accum, 3)
     n_masked, n_nsp, n_real = D.all_reduce_sum(local.sum(0)).tolist()  # over the global batch
-    # mlm CE sum, nsp/contrastive CE sum, tokens, stop, rtd sum, contrastive hits
-    sums = torch.zeros(6, dtype=torch.float64)
+    # mlm CE sum, nsp/contrastive CE sum, tokens, stop, rtd sum, contrastive hits, bow CE sum
+    sums = torch.zeros(7, dtype=torch.float64)
 
     def loss_of(k: int) -> torch.Tensor:
         n_local, n_local_nsp, n_tokens = local[k].tolist()
@@ -338,6 +345,13 @@ def train_step(
         if use_nsp and output.nsp_loss is not None:
             loss = loss + nsp_weight * output.nsp_loss * (n_local_nsp * world / n_nsp)
             sums[1] += output.nsp_loss.detach().double().cpu() * n_local_nsp
+        if bow_weight and run.bow_weights is not None:
+            words = run.raw.bert.embeddings.word_embeddings.weight
+            text = torch.where(batch["labels"] != IGNORE_INDEX, batch["labels"], batch["input_ids"])
+            bow = bag_of_words_loss(output.pooler_output, words, text, run.bow_weights)
+            if bow is not None:
+                loss = loss + bow_weight * bow * (n_local_nsp * world / n_nsp)
+                sums[6] += bow.detach().double().cpu() * n_local_nsp
         if use_contrastive:
             temperature = run.cfg.train.contrastive_temperature
             doc, hits = contrastive_loss(output.pooler_output, batch["partner"], temperature)
@@ -363,6 +377,9 @@ def train_step(
     losses = {"loss": mlm_loss + nsp_weight * (aux_loss or 0.0), "mlm_loss": mlm_loss}
     if use_nsp:
         losses["nsp_loss"] = aux_loss or 0.0
+    if bow_weight:
+        losses["bow_loss"] = float(totals[6]) / n_nsp if n_nsp else 0.0
+        losses["loss"] += bow_weight * losses["bow_loss"]
     if use_contrastive:
         losses["contrastive_loss"] = aux_loss or 0.0
         losses["contrastive_accuracy"] = float(totals[5]) / n_nsp if n_nsp else 0.0

@@ -25,6 +25,7 @@ from bertforge.modeling.model import (
     BertForMaskedLM,
     BertForPreTraining,
     BertForReplacedTokenDetection,
+    bag_of_words_weights,
     cooccurrence_vectors,
 )
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -334,6 +335,14 @@ def init_word_vectors(model: torch.nn.Module, cfg: PretrainConfig, data: Pretrai
         f"words, {vectors.shape[1]} dimensions, window {tc.word_init_window}, "
         f"{int(frequency.sum()):,} tokens counted"  # token_counts stops at WORD_INIT_TOKENS
     )
+
+
+def bag_of_words_token_weights(data: PretrainingData, vocab_size: int) -> torch.Tensor:
+    """``--train.bow_weight``: the weight of each word in the bag-of-words targets
+    (:func:`~bertforge.modeling.model.bag_of_words_weights` of the training split's counts;
+    special tokens 0)."""
+    counts = data.train.token_counts(vocab_size, data.tokenizer.special_ids, WORD_INIT_TOKENS)
+    return bag_of_words_weights(torch.from_numpy(counts))
 
 
 def build_model(

@@ -1,0 +1,100 @@
+"""The bag-of-words loss on the pooler (``--train.bow_weight``): the loss equals a cross-entropy
+against the weighted bag written by hand, frequent words are subsampled as word2vec does, and a
+real run logs the loss, adds it to the total and trains the pooler to predict its text's words."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from test_pretrain import tiny_cfg
+
+from bertforge.data.dataset import PretrainingDataset
+from bertforge.errors import BertforgeError
+from bertforge.modeling.model import (
+    BertForPreTraining,
+    bag_of_words_loss,
+    bag_of_words_weights,
+)
+from bertforge.progress import read_metrics
+from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.pretrain import pretrain
+
+
+def test_bag_of_words_loss_is_the_cross_entropy_against_the_weighted_bag():
+    torch.manual_seed(0)
+    features, words = torch.randn(3, 4), torch.randn(6, 4)
+    token_weights = torch.tensor([0.0, 1.0, 0.5, 1.0, 0.25, 1.0])  # word 0: special, weighs 0
+    tokens = torch.tensor(
+        [
+            [0, 1, 1, 2, -1],  # bag: word 1 twice (2.0), word 2 (0.5)
+            [0, 0, -1, -1, -1],  # only a special word: no weight, left out
+            [3, 4, 5, 4, 0],  # word 3 (1.0), word 4 twice (0.5), word 5 (1.0)
+        ]
+    )
+    bags = {0: {1: 2.0, 2: 0.5}, 2: {3: 1.0, 4: 0.5, 5: 1.0}}
+    expected = 0.0
+    for row, bag in bags.items():
+        logits = [float(features[row] @ words[v]) for v in range(6)]
+        log_z = math.log(sum(math.exp(x) for x in logits))
+        total = sum(bag.values())
+        expected += -sum(w / total * (logits[v] - log_z) for v, w in bag.items())
+    loss = bag_of_words_loss(features, words, tokens, token_weights)
+    assert loss is not None and float(loss) == pytest.approx(expected / len(bags), rel=1e-5)
+    features.requires_grad_(True)
+    bag_of_words_loss(features, words, tokens, token_weights).backward()  # type: ignore[union-attr]
+    assert features.grad[1].eq(0).all() and features.grad[0].abs().sum() > 0  # row 1 left out
+    nothing = torch.tensor([[0, -1], [-1, -1]])
+    assert bag_of_words_loss(features[:2], words, nothing, token_weights) is None
+
+
+def test_bag_of_words_weights_subsample_frequent_words():
+    counts = torch.tensor([0, 9_000, 900, 90, 10])  # 10,000 tokens; word 0 never seen
+    weights = bag_of_words_weights(counts, threshold=1e-2)
+    expected = [0.0, math.sqrt(1e-2 / 0.9), math.sqrt(1e-2 / 0.09), 1.0, 1.0]
+    assert weights.tolist() == pytest.approx(expected, rel=1e-6)
+
+
+def test_bow_weight_adds_the_loss_and_trains_the_pooler_to_predict_its_words(
+    pretraining_corpus, tmp_path
+):
+    data = pretraining_corpus["nsp"]
+    runs = {w: tmp_path / f"bow{w}" for w in (0.0, 1.0)}
+    for weight, run in runs.items():
+        pretrain(tiny_cfg(data, run, max_steps=40, bow_weight=weight))
+    records = [r for r in read_metrics(runs[1.0]) if r["split"] == "train"]
+    assert len(records) == 40
+    for r in records:
+        total = r["mlm_loss"] + r["nsp_loss"] + r["bow_loss"]
+        assert r["loss"] == pytest.approx(total, rel=1e-6)
+    assert all("bow_loss" not in r for r in read_metrics(runs[0.0]))
+    assert (runs[1.0] / "curves.png").stat().st_size > 10_000  # drawn beside the NSP loss
+    # the same validation pairs scored by both models: the one trained with the loss predicts
+    # each pair's words from its pooled [CLS] better than the one trained without it
+    validation = PretrainingDataset(data, "validation")
+    tokenizer = Tokenizer.from_file(data / "tokenizer")
+    pairs = [validation[i] for i in range(min(64, len(validation)))]
+    width = max(len(p["input_ids"]) for p in pairs)
+    ids, types, mask = (torch.zeros(len(pairs), width, dtype=torch.long) for _ in range(3))
+    for i, p in enumerate(pairs):
+        n = len(p["input_ids"])
+        ids[i, :n] = torch.as_tensor(p["input_ids"])
+        types[i, :n] = torch.as_tensor(p["token_type_ids"])
+        mask[i, :n] = 1
+    counts = PretrainingDataset(data, "train").token_counts(
+        tokenizer.vocab_size, tokenizer.special_ids
+    )
+    token_weights = bag_of_words_weights(torch.from_numpy(counts))
+    scored = {}
+    for weight, run in runs.items():
+        model = BertForPreTraining.from_pretrained(run / "model").eval()
+        with torch.no_grad():
+            pooled = model.bert(ids, mask, types).pooler_output
+            words = model.bert.embeddings.word_embeddings.weight
+            scored[weight] = float(bag_of_words_loss(pooled, words, ids, token_weights))
+    assert scored[1.0] < scored[0.0] - 0.05, scored
+    with pytest.raises(BertforgeError, match="--train.bow_weight 1.0 trains the pooler"):
+        tiny_cfg(pretraining_corpus["packed"], tmp_path, objective="mlm", bow_weight=1.0)
+    with pytest.raises(BertforgeError, match="--train.bow_weight -1.0 must be 0 or more"):
+        tiny_cfg(data, tmp_path, bow_weight=-1.0)
