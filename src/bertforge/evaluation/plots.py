@@ -47,8 +47,7 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
     """Draw loss (train and every evaluated split), the evaluated accuracies and the learning
     rate against the optimizer step, and the NSP loss (or an rtd run's discriminator loss; with
     ``--train.bow_weight`` the bag-of-words loss beside it) on a panel of its own when the run has
-    one (the loss panel then compares the training MLM loss
-    with the validation MLM loss); write
+    one (the loss panel then compares the training MLM loss with the validation MLM loss); write
     ``output`` (PNG) and return its path.
 
     Works for any ``metrics.jsonl`` written by :class:`bertforge.progress.MetricsLogger`: train

@@ -255,6 +255,12 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
             )
         if info.is_main:
             print(f"{done} ({spent:.1f} s, charged to the budget)", file=sys.stderr, flush=True)
+    bow_weights = None
+    if tc.bow_weight:
+        started = time.perf_counter()
+        bow_weights = bag_of_words_token_weights(data, model.config.vocab_size)
+        if resume_dir is None:  # start-up work, charged as the word start is
+            spent += time.perf_counter() - started
     if tc.dropout is not None:
         steps.set_dropout(model, tc.dropout)
     raw = model.to(device)
@@ -277,8 +283,7 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
     run = Run(
         cfg, out, info, device, precision, budget, data, raw, ddp, forward, optimizer, logger, probe
     )
-    if tc.bow_weight:
-        run.bow_weights = bag_of_words_token_weights(data, raw.config.vocab_size).to(device)
+    run.bow_weights = None if bow_weights is None else bow_weights.to(device)
     if resume_dir is not None:
         used = f" ({format_duration(state.elapsed)} of the budget used)" if budget else ""
         run.say(f"resuming from {resume_dir} at step {state.step}{used}")
