@@ -186,23 +186,27 @@ def test_inference_in_place_buffers_equal_the_recorded_forward(tiny_config, act)
 def test_fused_cross_entropy_equals_torch(dtype, form):
     """Both forms of the MLM loss (the C kernel, when this machine builds it, and the torch
     one) against float64 math: value, gradient, the gradient's dtype. Widths 1000 and 30,522
-    (not multiples of the kernel's 16-float vectors: row tails), targets at both ends of a row,
-    and rows whose logits span 200 (exp underflows for most of the row)."""
+    (not multiples of the kernel's 16-float vectors: row tails), contiguous rows that lie
+    further apart than V (the decoder's padded logits), targets at both ends of a row, and rows
+    whose logits span 200 (exp underflows for most of the row)."""
     if form == "kernel" and cross_entropy_kernels(dtype) is None:
         pytest.skip("no C compiler here: the kernel form is not built")
     g = torch.Generator().manual_seed(7)
-    for V in (1000, 30522):
+    for V, ld in ((1000, 1000), (30522, 30522), (30522, 30528), (1000, 1037)):
         logits = (3 * torch.randn(37, V, generator=g)).to(dtype)
         logits[5] *= 33  # a spread of ~200: the softmax of this row is nearly one-hot
         target = torch.randint(0, V, (37,), generator=g)
         target[:2] = torch.tensor([0, V - 1])
-        a = logits.clone().requires_grad_()
+        # rows ld apart, as DecoderLinear writes them (ld > V: a view into padded rows)
+        a = torch.full((37, ld), float("nan"), dtype=dtype)[:, :V].copy_(logits)
+        a.requires_grad_()
         b = logits.double().requires_grad_()
         fast = cross_entropy(a, target) if form == "kernel" else CrossEntropy.apply(a, target)
         exact = F.cross_entropy(b, target)
         (2.5 * fast).backward()
         (2.5 * exact).backward()
         assert fast.dtype == torch.float32 and a.grad.dtype == dtype
+        assert not a.grad.isnan().any()  # the padding between rows was never read
         torch.testing.assert_close(fast.double(), exact, atol=0, rtol=1e-6)
         if dtype == torch.float32:  # fp32 x - lse at |x| ~ 300 (row 5): 1e-5 relative
             torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-9, rtol=3e-5)

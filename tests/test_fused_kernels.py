@@ -337,3 +337,25 @@ def test_scratch_buffers_are_reused_only_when_nobody_holds_them():
     expected = kept.clone()
     ops.DecoderLinear.apply(2 * x, w, b)
     assert torch.equal(kept, expected)
+
+
+def test_decoder_rows_are_padded_to_64_bytes_and_equal_linear():
+    """The tied decoder writes its (n, V) logits into rows padded to 16 floats (BLAS is ~1.7x
+    faster there than into 30522-float rows); values and gradients equal ``F.linear``'s."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 8, generator=g, requires_grad=True)
+    w = torch.randn(37, 8, generator=g, requires_grad=True)
+    b = torch.randn(37, generator=g, requires_grad=True)
+    logits = ops.DecoderLinear.apply(x, w, b)
+    assert logits.shape == (6, 37) and logits.stride() == (48, 1)
+    grad = torch.randn(6, 37, generator=g)
+    logits.backward(grad)
+    fast = [t.grad.clone() for t in (x, w, b)]
+    for t in (x, w, b):
+        t.grad = None
+    plain = torch.nn.functional.linear(x, w, b)
+    plain.backward(grad)
+    torch.testing.assert_close(logits, plain, atol=1e-6, rtol=1e-6)
+    for got, t in zip(fast, (x, w, b)):
+        torch.testing.assert_close(got, t.grad, atol=1e-6, rtol=1e-6)
+    assert fast[1].is_contiguous()  # the tied embedding's gradient is summed into it in place

@@ -67,12 +67,12 @@ _SIGNATURES = {
     "bertforge_dropout_f32": _DROPOUT,
     "bertforge_dropout_bf16": _DROPOUT,
     # x, target, lse, row_loss, n, V, threads
-    "bertforge_ce_forward_f32": [_P, _P, _P, _P, _I64, _I64, _INT],
+    "bertforge_ce_forward_f32": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
     # x, target, lse, row_loss, work, n, V, threads
-    "bertforge_ce_forward_bf16": [_P, _P, _P, _P, _P, _I64, _I64, _INT],
+    "bertforge_ce_forward_bf16": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],
     # x, target, lse, grad, n, V, scale, threads
-    "bertforge_ce_backward_f32": [_P, _P, _P, _P, _I64, _I64, _F, _INT],
-    "bertforge_ce_backward_bf16": [_P, _P, _P, _P, _I64, _I64, _F, _INT],
+    "bertforge_ce_backward_f32": [_P, _P, _P, _P, _I64, _I64, _I64, _F, _INT],
+    "bertforge_ce_backward_bf16": [_P, _P, _P, _P, _I64, _I64, _I64, _F, _INT],
     # y (overwritten: h), bias, residual, gamma, beta, out, mean, rstd, n, H, seed, threshold,
     # scale, eps, threads
     "bertforge_add_norm_forward_f32": [_P] * 8 + [_I64, _I64, _U64, _U32, _F, _F, _INT],
@@ -225,13 +225,14 @@ def dropout_kernel(dtype: torch.dtype) -> Callable[[Tensor, Tensor, int, float],
 def cross_entropy_kernels(
     dtype: torch.dtype,
 ) -> tuple[Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], Callable[..., Tensor]] | None:
-    """``(forward, backward)`` for contiguous CPU (n, V) logits of ``dtype`` and (n,) int64
-    targets, or None when no kernel serves ``dtype`` here.
+    """``(forward, backward)`` for CPU (n, V) logits of ``dtype`` whose rows are contiguous
+    (``stride(1) == 1``; rows may lie further apart than V, as the decoder's padded rows do) and
+    (n,) int64 targets, or None when no kernel serves ``dtype`` here.
 
     ``forward(logits, target)`` -> ``(lse, row_loss)``, both (n,) fp32: each row's log-sum-exp
     and ``lse - logits[i, target[i]]``. ``backward(logits, target, lse, scale, out=None)`` -> the
-    (n, V) gradient ``(softmax - onehot(target)) * scale`` in the logits' dtype, written into
-    ``out`` when given.
+    (n, V) gradient ``(softmax - onehot(target)) * scale`` in the logits' dtype and row layout,
+    written into ``out`` when given (``out`` must have the logits' strides).
     """
     fwd, bwd = _function("ce_forward", dtype), _function("ce_backward", dtype)
     if fwd is None or bwd is None:
@@ -245,19 +246,31 @@ def cross_entropy_kernels(
         if dtype == torch.bfloat16:  # one fp32 row per thread to widen bf16 rows into
             work = torch.empty(_threads(), V, dtype=torch.float32)
             args.append(work.data_ptr())
-        fwd(*args, n, V, _threads())
+        fwd(*args, n, V, _row_stride(logits), _threads())
         return lse, row_loss
 
     def backward(
         logits: Tensor, target: Tensor, lse: Tensor, scale: float, out: Tensor | None = None
     ) -> Tensor:
         n, V = logits.shape
-        grad = torch.empty_like(logits) if out is None else out
-        ptrs = (logits.data_ptr(), target.data_ptr(), lse.data_ptr(), grad.data_ptr())
-        bwd(*ptrs, n, V, scale, _threads())
-        return grad
+        if out is None:
+            out = torch.empty_strided(logits.shape, logits.stride(), dtype=logits.dtype)
+        if out.stride() != logits.stride():
+            raise ValueError(
+                f"out strides {out.stride()} differ from the logits' {logits.stride()}"
+            )
+        ptrs = (logits.data_ptr(), target.data_ptr(), lse.data_ptr(), out.data_ptr())
+        bwd(*ptrs, n, V, _row_stride(logits), scale, _threads())
+        return out
 
     return forward, backward
+
+
+def _row_stride(logits: Tensor) -> int:
+    """Elements from one row of (n, V) logits to the next (V when contiguous)."""
+    if logits.stride(1) != 1 and logits.shape[1] > 1:
+        raise ValueError(f"logits rows must be contiguous, got strides {logits.stride()}")
+    return logits.stride(0) if logits.shape[0] > 1 else logits.shape[1]
 
 
 @functools.cache

@@ -267,8 +267,8 @@ class KernelAttention(torch.autograd.Function):
 def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
     """Mean cross-entropy of (n, V) logits of any float dtype against (n,) int64 targets, in
     fp32: ``F.cross_entropy(logits.float(), target)`` in value and gradient, through the C
-    kernel of :mod:`bertforge.kernels` for contiguous CPU fp32/bf16 logits, else
-    :class:`CrossEntropy`."""
+    kernel of :mod:`bertforge.kernels` for CPU fp32/bf16 logits with contiguous rows (such as
+    :class:`DecoderLinear`'s padded ones), else :class:`CrossEntropy`."""
     kernels = cross_entropy_kernels(logits.dtype) if _kernel_takes(logits, target) else None
     if kernels is None:
         return CrossEntropy.apply(logits, target)
@@ -276,10 +276,14 @@ def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
 
 
 def _kernel_takes(logits: Tensor, target: Tensor) -> bool:
-    """Whether the C loss kernel may run: contiguous CPU logits, at least one row, and int64
-    targets inside [0, V). The kernel indexes rows by target unchecked; the torch form handles
-    the rest (an empty batch's nan loss, an out-of-range target's error) as it always did."""
-    if logits.device.type != "cpu" or not logits.is_contiguous() or logits.shape[0] == 0:
+    """Whether the C loss kernel may run: CPU logits with contiguous, non-overlapping rows, at
+    least one row, and int64 targets inside [0, V). The kernel indexes rows by target
+    unchecked; the torch form handles the rest (an empty batch's nan loss, an out-of-range
+    target's error) as it always did."""
+    if logits.device.type != "cpu" or logits.dim() != 2 or logits.shape[0] == 0:
+        return False
+    rows_ok = logits.stride(1) == 1 and logits.stride(0) >= logits.shape[1]
+    if not (rows_ok or logits.is_contiguous()):
         return False
     if target.dtype != torch.int64 or torch.compiler.is_compiling():
         return False
@@ -301,7 +305,7 @@ class KernelCrossEntropy(torch.autograd.Function):
     def backward(ctx: Any, grad_loss: Tensor) -> tuple[Tensor, None, None]:
         logits, target, lse = ctx.saved_tensors
         scale = float(grad_loss) / logits.shape[0]
-        out = scratch("logits.grad", logits.shape, logits.dtype)
+        out = padded_rows("logits.grad", logits.shape, logits.stride(0), logits.dtype)
         return ctx.backward_kernel(logits, target, lse, scale, out), None, None
 
 
@@ -329,18 +333,23 @@ class CrossEntropy(torch.autograd.Function):
 
 
 class DecoderLinear(torch.autograd.Function):
-    """``F.linear`` on (n, in) rows whose weight gradient comes out contiguous (out, in).
+    """``F.linear`` on (n, in) rows whose weight gradient comes out contiguous (out, in), and
+    whose output rows start 64 bytes apart.
 
     Autograd's ``F.linear`` yields the weight gradient as the transpose of an (in, out) product;
     for the tied decoder, the word-embedding gradient then cannot be summed into it in place and
-    costs a fresh 30k x H tensor per step.
+    costs a fresh 30k x H tensor per step. The output is a view of rows padded to a multiple of
+    16 floats (:func:`padded_rows`): BLAS wrote 30522-float rows at about half its speed
+    (fp32 on an AMD EPYC Zen 4: 85-95 GFLOP/s against 155-160 into padded rows; the backward's
+    products read such a gradient ~10% faster too). ``cross_entropy`` reads that layout as is.
     """
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         ctx.save_for_backward(x, weight)
-        out = scratch("logits", (x.shape[0], weight.shape[0]), x.dtype)
-        return torch.addmm(bias, x, weight.t(), out=out)  # (n, out)
+        n, V = x.shape[0], weight.shape[0]
+        out = padded_rows("logits", (n, V), _padded(V), x.dtype)
+        return torch.addmm(bias, x, weight.t(), out=out)  # (n, out), rows _padded(V) apart
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -370,6 +379,19 @@ def scratch(name: str, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) 
             buf = torch.empty(numel + numel // 8, dtype=dtype)
             _SCRATCH[(name, dtype)] = buf
         return buf[:numel].view(shape)
+
+
+def _padded(width: int, multiple: int = 16) -> int:
+    """``width`` rounded up to a multiple of ``multiple`` elements (16 floats = 64 bytes)."""
+    return -(-width // multiple) * multiple
+
+
+def padded_rows(
+    name: str, shape: tuple[int, int] | torch.Size, ld: int, dtype: torch.dtype
+) -> Tensor:
+    """A :func:`scratch` (n, V) view whose rows start ``ld`` >= V elements apart."""
+    n, V = shape
+    return scratch(name, (n, ld), dtype)[:, :V]
 
 
 def _unshared(buf: Tensor) -> bool:
