@@ -56,12 +56,18 @@ def assert_grads_close(a: dict, b: dict, atol: float = 1e-6) -> None:
         torch.testing.assert_close(a[name], b[name], atol=atol, rtol=1e-4, msg=name)
 
 
-def test_sparse_prediction_and_skipped_padding_equal_the_plain_pretraining_loss(tiny_config):
-    """Fast: labels given -> padding skipped + head on masked rows. Plain: dense (B, T, V) logits
-    over the padded batch, cross-entropy with ignore_index. Same loss, same gradients."""
+@pytest.mark.parametrize("padded", [True, False])
+def test_sparse_prediction_and_skipped_padding_equal_the_plain_pretraining_loss(
+    tiny_config, padded
+):
+    """Fast: labels given -> padding skipped + head on masked rows, the last layer's queries and
+    attention at those rows only. Plain: dense (B, T, V) logits over the batch, cross-entropy
+    with ignore_index. Same loss, same gradients; with and without padding."""
     torch.manual_seed(0)
     model = BertForPreTraining(tiny_config).eval()
     batch = padded_batch(tiny_config.vocab_size)
+    if not padded:  # every position a real token (the ids there are [PAD]'s: just another token)
+        batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
     fast = model(**batch)
     fast.loss.backward()
     fast_grads = grads(model)

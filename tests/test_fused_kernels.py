@@ -205,6 +205,43 @@ def test_attention_equals_float64(B, nh, T, hs, p, masked):
     torch.testing.assert_close(qkv.grad.double(), exact_qkv.grad, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("form", ["kernel", "torch"])
+@pytest.mark.parametrize(("B", "nh", "R", "T", "hs"), [(2, 3, 1, 1, 4), (3, 2, 5, 19, 8)])
+@pytest.mark.parametrize("p", [0.0, 0.25])
+def test_query_attention_equals_float64(monkeypatch, form, B, nh, R, T, hs, p):
+    """Queries apart from keys and values (the last layer of sparse prediction): value and the
+    gradients of q and of k, v against float64, padded keys, dropout's mask read back from the
+    kernel as in the test above (the torch form: checked without drops)."""
+    if form == "kernel" and softmax_dropout_kernels() is None:
+        pytest.skip("no C compiler here: the kernel form is not built")
+    if form == "torch":
+        if p > 0:
+            pytest.skip("the torch form draws its own mask")
+        monkeypatch.setattr(ops, "softmax_dropout_kernels", lambda: None)
+    kv, mask = attention_inputs(B, nh, T, hs, seed=R + T)
+    kv = kv.detach()[..., : 2 * nh * hs].contiguous().requires_grad_()  # (B, T, 2H)
+    q = torch.randn(B, R, nh * hs, generator=torch.Generator().manual_seed(5)).requires_grad_()
+    torch.manual_seed(9)
+    y = ops.query_attention(q, kv, nh, mask, p, training=True)
+    assert y.shape == (B, R, nh * hs)
+    grad = torch.randn(R, B, nh * hs).transpose(0, 1)  # non-contiguous incoming gradient
+    y.backward(grad)
+
+    keep = torch.ones(B, nh, R, T)
+    if p > 0:
+        flat = torch.zeros(B, nh, R, T)
+        keep = softmax_dropout_kernels()[0](flat, None, 1.0, next_seed(9), p) / flat
+    q64, kv64 = (t.detach().double().requires_grad_() for t in (q, kv))
+    qh = q64.view(B, R, nh, hs).transpose(1, 2)
+    k64, v64 = kv64.view(B, T, 2, nh, hs).permute(2, 0, 3, 1, 4).unbind(0)
+    scores = (qh @ k64.transpose(-2, -1) / math.sqrt(hs)).masked_fill(~mask, float("-inf"))
+    exact = ((scores.softmax(-1) * keep.double()) @ v64).transpose(1, 2).reshape(B, R, -1)
+    exact.backward(grad.double())
+    torch.testing.assert_close(y.double(), exact, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(q.grad.double(), q64.grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(kv.grad.double(), kv64.grad, atol=1e-5, rtol=1e-4)
+
+
 def sdpa(qkv: torch.Tensor, nh: int, mask: torch.Tensor | None) -> torch.Tensor:
     q, k, v = split_heads(qkv, nh)
     y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, nh, T, hs)

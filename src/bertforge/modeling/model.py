@@ -8,8 +8,9 @@ for speed only and never changes the function (``tests/test_fast_paths.py`` chec
 * attention goes through ``F.scaled_dot_product_attention`` (fused kernels), and q, k and v come
   from one GEMM;
 * when MLM labels are given, the prediction head runs only on the masked positions ("sparse
-  prediction", as NVIDIA's BERT and Cramming do) and the last layer finishes only those rows:
-  the loss is identical, the 30k-wide decoder does ~15% of the work;
+  prediction", as NVIDIA's BERT and Cramming do) and the last layer computes its queries,
+  attention and the rest only at those rows (and [CLS]), keys and values everywhere: the loss
+  is identical, the 30k-wide decoder does ~15% of the work;
 * task models skip the padding: projections, feed-forward, LayerNorm and dropout run on the real
   tokens only, attention alone on the (B, T) grid (``skip_padding``);
 * dropout, the MLM cross-entropy, and in fp32 training the block ends (bias + dropout +
@@ -44,6 +45,7 @@ from bertforge.modeling.ops import (
     dense_activation,
     dense_dropout_norm,
     dropout,
+    query_attention,
     repad,
     unpad,
 )
@@ -193,6 +195,33 @@ class BertSelfAttention(nn.Module):
             y = y.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
         return (y if layout.index is None else unpad(y, layout.index)), probs
 
+    def forward_rows(self, x: Tensor, layout: Layout, rows: Tensor) -> Tensor:
+        """The attention output at ``rows`` only (flat positions of ``x``'s rows): (n_rows, H).
+        Keys and values are computed at every token, queries and their attention only at the
+        rows; each sequence's queries sit in a (B, R, H) block, R its largest count of rows.
+        Equals ``forward(x, layout)[0]`` at those rows."""
+        H, nh = x.shape[-1], self.num_heads
+        B, T, mask = layout.B, layout.T, layout.mask
+        w = torch.cat([self.key.weight, self.value.weight])  # (2H, H)
+        b = torch.cat([self.key.bias, self.value.bias])  # (2H,)
+        kv = F.linear(x, w, b)  # (B, T, 2H) or (N, 2H)
+        flat = x.reshape(-1, H)
+        q = self.query(flat[rows])  # (n, H)
+        grid = rows if layout.index is None else layout.index[rows]  # positions in (B, T)
+        if layout.index is not None:
+            kv = repad(kv, layout.index, B, T)  # (B, T, 2H)
+        seq = torch.div(grid, T, rounding_mode="floor")  # (n,) the sequence of each row
+        counts = torch.bincount(seq, minlength=B)  # (B,)
+        order = torch.argsort(seq, stable=True)
+        slot = torch.empty_like(seq)  # each row's place among its sequence's rows
+        slot[order] = (
+            torch.arange(seq.numel(), device=seq.device) - (counts.cumsum(0) - counts)[seq[order]]
+        )
+        R = int(counts.max()) if seq.numel() else 0
+        queries = q.new_zeros(B, R, H).index_put((seq, slot), q)  # (B, R, H)
+        y = query_attention(queries, kv.view(B, T, 2 * H), nh, mask, self.dropout_p, self.training)
+        return y[seq, slot]  # (n, H)
+
 
 class BertOutput(nn.Module):
     """Projection back to the hidden size, dropout, residual add and post-LN: closes both the
@@ -247,9 +276,14 @@ class BertLayer(nn.Module):
         self, x: Tensor, layout: Layout, rows: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None]:
         """``rows``: flat positions of the only outputs wanted; the result is then (n_rows, H)."""
-        y, probs = self.attention.self(x, layout)
-        if rows is not None:  # k and v were needed at every token, the rest only here
-            y, x = y.reshape(-1, y.shape[-1])[rows], x.reshape(-1, x.shape[-1])[rows]  # (n, H)
+        if rows is not None and not layout.output_attentions:
+            # k and v are needed at every token, queries and the rest only at the rows
+            y, probs = self.attention.self.forward_rows(x, layout, rows), None  # (n, H)
+            x = x.reshape(-1, x.shape[-1])[rows]  # (n, H)
+        else:
+            y, probs = self.attention.self(x, layout)
+            if rows is not None:
+                y, x = y.reshape(-1, y.shape[-1])[rows], x.reshape(-1, x.shape[-1])[rows]
         x = self.attention.output(y, x)
         return self.output(self.intermediate(x), x), probs
 

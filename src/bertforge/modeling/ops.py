@@ -215,53 +215,96 @@ def attention(qkv: Tensor, num_heads: int, mask: Tensor | None, p: float, traini
         y = dropout(scores.softmax(-1), p, True) @ v  # (B, nh, T, hs)
         return y.transpose(1, 2).reshape(B, T, H3 // 3)  # (B, T, H)
     keys = None if mask is None else mask.reshape(B, T).to(torch.uint8).contiguous()  # (B, T)
-    return KernelAttention.apply(qkv, num_heads, keys, p, scale, kernels)
+    return KernelAttention.apply(qkv, None, num_heads, keys, p, scale, kernels)
 
 
 class KernelAttention(torch.autograd.Function):
     """Attention with dropout through the C kernels of
-    :func:`bertforge.modeling.kernels.softmax_dropout_kernels`. q, k and v are laid out head by
-    head in one copy of ``qkv`` (the batched products need contiguous heads), the scores' buffer
-    becomes the probabilities and the dropped probabilities get a second one (both kept: softmax's
-    backward needs the probabilities, the value gradient the dropped ones); the backward
-    overwrites the gradient of the dropped probabilities with that of the scores and writes the
-    three gradients into one buffer, laid out back as ``qkv`` in one copy."""
+    :func:`bertforge.modeling.kernels.softmax_dropout_kernels`, from a packed (B, T, 3H) ``qkv``
+    (``kv`` None) or from queries (B, R, H) apart from keys and values (B, T, 2H). The inputs are
+    laid out head by head in one copy each (the batched products need contiguous heads), the
+    scores' buffer becomes the probabilities and the dropped probabilities get a second one
+    (both kept: softmax's backward needs the probabilities, the value gradient the dropped ones);
+    the backward overwrites the gradient of the dropped probabilities with that of the scores
+    and writes the gradients into buffers laid out back as the inputs, one copy each."""
 
     @staticmethod
     def forward(
         ctx: Any,
-        qkv: Tensor,
+        q: Tensor,
+        kv: Tensor | None,
         num_heads: int,
         keys: Tensor | None,
         p: float,
         scale: float,
         kernels: Any,
     ) -> Tensor:
-        B, T, H3 = qkv.shape
-        heads = qkv.reshape(B, T, 3, num_heads, -1).permute(2, 0, 3, 1, 4).contiguous()
-        q, k, v = heads.unbind(0)  # 3 x (B, nh, T, hs), contiguous
-        probs = torch.matmul(q, k.transpose(-2, -1))  # (B, nh, T, T) scores, a new buffer
+        B, R = q.shape[:2]
+        if kv is None:  # q is the packed qkv: (3, B, nh, T, hs), contiguous
+            heads = q.reshape(B, R, 3, num_heads, -1).permute(2, 0, 3, 1, 4).contiguous()
+            qh, k, v = heads.unbind(0)
+        else:
+            qh = q.view(B, R, num_heads, -1).transpose(1, 2).contiguous()  # (B, nh, R, hs)
+            T = kv.shape[1]
+            heads = kv.view(B, T, 2, num_heads, -1).permute(2, 0, 3, 1, 4).contiguous()
+            k, v = heads.unbind(0)  # (B, nh, T, hs)
+        probs = torch.matmul(qh, k.transpose(-2, -1))  # (B, nh, R, T) scores, a new buffer
         dropped = kernels[0](probs, keys, scale, _seed() if p > 0 else 0, p)
         dropped = probs if dropped is None else dropped
-        ctx.save_for_backward(heads, probs, dropped)
+        ctx.save_for_backward(qh, heads, probs, dropped)
+        ctx.packed = kv is None
         ctx.scale, ctx.backward_kernel = scale, kernels[1]
-        y = torch.matmul(dropped, v)  # (B, nh, T, hs)
-        return y.transpose(1, 2).reshape(B, T, H3 // 3)  # (B, T, H)
+        y = torch.matmul(dropped, v)  # (B, nh, R, hs)
+        return y.transpose(1, 2).reshape(B, R, -1)  # (B, R, H)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple:
-        heads, probs, dropped = ctx.saved_tensors
-        q, k, v = heads.unbind(0)
-        three, B, nh, T, hs = heads.shape
-        grad = grad.view(B, T, nh, hs).transpose(1, 2).contiguous()  # (B, nh, T, hs)
-        grad_heads = torch.empty_like(heads)  # (3, B, nh, T, hs)
-        torch.matmul(dropped.transpose(-2, -1), grad, out=grad_heads[2])  # value
-        grad_scores = torch.matmul(grad, v.transpose(-2, -1))  # (B, nh, T, T), a new buffer
+        qh, heads, probs, dropped = ctx.saved_tensors
+        k, v = heads.unbind(0)[-2:]
+        B, nh, R, hs = qh.shape
+        grad = grad.view(B, R, nh, hs).transpose(1, 2).contiguous()  # (B, nh, R, hs)
+        grad_heads = torch.empty_like(heads)  # (3 or 2, B, nh, T, hs): [q,] k, v
+        torch.matmul(dropped.transpose(-2, -1), grad, out=grad_heads[-1])  # value
+        grad_scores = torch.matmul(grad, v.transpose(-2, -1))  # (B, nh, R, T), a new buffer
         ctx.backward_kernel(grad_scores, probs, dropped, ctx.scale)  # scaled by 1/sqrt(hs) too
-        torch.matmul(grad_scores, k, out=grad_heads[0])  # query
-        torch.matmul(grad_scores.transpose(-2, -1), q, out=grad_heads[1])  # key
-        grad_qkv = grad_heads.permute(1, 3, 0, 2, 4).reshape(B, T, three * nh * hs)  # (B, T, 3H)
-        return grad_qkv, None, None, None, None, None
+        grad_q = grad_heads[0] if ctx.packed else None
+        grad_q = torch.matmul(grad_scores, k, out=grad_q)  # query (B, nh, R, hs)
+        torch.matmul(grad_scores.transpose(-2, -1), qh, out=grad_heads[-2])  # key
+        n, T = grad_heads.shape[0], grad_heads.shape[3]
+        grad_in = grad_heads.permute(1, 3, 0, 2, 4).reshape(B, T, n * nh * hs)  # as the input
+        if ctx.packed:
+            return grad_in, None, None, None, None, None, None
+        grad_q = grad_q.transpose(1, 2).reshape(B, R, nh * hs)  # (B, R, H)
+        return grad_q, grad_in, None, None, None, None, None
+
+
+def query_attention(
+    q: Tensor, kv: Tensor, num_heads: int, mask: Tensor | None, p: float, training: bool
+) -> Tensor:
+    """:func:`attention` for queries at some positions only: ``q`` (B, R, H) against keys and
+    values at every position, ``kv`` (B, T, 2H) (k and v side by side, heads inside each);
+    returns (B, R, H). The last layer of sparse MLM prediction needs its attention output at the
+    masked tokens and [CLS] only (:meth:`BertSelfAttention.forward_rows`).
+
+    fp32 CPU training with dropout: :class:`KernelAttention` (the C softmax + dropout);
+    otherwise torch's fused attention, or with dropout the explicit form with :func:`dropout`."""
+    p = p if training else 0.0
+    B, R, H = q.shape
+    T, hs = kv.shape[1], H // num_heads
+    kernels = softmax_dropout_kernels() if p > 0 and _fp32_cpu(q, kv) and q.numel() else None
+    if kernels is not None:
+        keys = None if mask is None else mask.reshape(B, T).to(torch.uint8).contiguous()
+        return KernelAttention.apply(q, kv, num_heads, keys, p, 1.0 / math.sqrt(hs), kernels)
+    qh = q.view(B, R, num_heads, hs).transpose(1, 2)  # (B, nh, R, hs)
+    k, v = kv.view(B, T, 2, num_heads, hs).permute(2, 0, 3, 1, 4).unbind(0)  # (B, nh, T, hs)
+    if p > 0:
+        scores = (qh / math.sqrt(hs)) @ k.transpose(-2, -1)  # (B, nh, R, T)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        y = dropout(scores.softmax(-1), p, True) @ v  # (B, nh, R, hs)
+    else:
+        y = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask)  # (B, nh, R, hs)
+    return y.transpose(1, 2).reshape(B, R, H)  # (B, R, H)
 
 
 def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
