@@ -7,6 +7,7 @@ per-repetition ratios, which is robust to the machine drifting during the run.
 
     python benchmarks/ab_step.py --base HEAD~1 --case pretrain --precision bf16 --reps 9
     python benchmarks/ab_step.py --base c260361 --case encode
+    python benchmarks/ab_step.py --base HEAD~1 --case classify   # `classify`, 64 IMDB reviews
 """
 
 from __future__ import annotations
@@ -89,10 +90,34 @@ def encode_cases(packages: dict[str, str]) -> dict[str, Callable]:
     return cases
 
 
+def classify_cases(packages: dict[str, str]) -> dict[str, Callable]:
+    """Each side's ``classify`` (batch 32, 256 tokens at most) of 64 real IMDB test reviews,
+    all-MiniLM-L6-v2 with a fresh two-label head (the same head on both sides)."""
+    from bench_onnx import MAX_LENGTH, imdb
+
+    texts, _ = imdb("test", 64)
+    cases, state = {}, None
+    for side, name in packages.items():
+        model_cls = module(name, "modeling.model", "model").BertForSequenceClassification
+        torch.manual_seed(0)
+        model = model_cls.from_pretrained(minilm_dir(), num_labels=2).eval()
+        if state is None:
+            state = model.state_dict()
+        model.load_state_dict(state)
+        tok = module(name, "tokenizer.wordpiece", "tokenizer").Tokenizer.from_file(minilm_dir())
+        classify = module(name, "inference.predict", "predict").classify
+
+        def run(model: Any = model, tok: Any = tok, classify: Any = classify) -> None:
+            classify(model, tok, texts, batch_size=32, max_length=MAX_LENGTH, precision="fp32")
+
+        cases[side] = run
+    return cases
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base", required=True, help="git revision to compare against")
-    p.add_argument("--case", choices=["pretrain", "encode"], default="pretrain")
+    p.add_argument("--case", choices=["pretrain", "encode", "classify"], default="pretrain")
     p.add_argument("--size", default="mini")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--reps", type=int, default=9)
@@ -112,6 +137,8 @@ def main() -> None:
         packages = {"base": export_base(args.base, Path(tmp)), "this checkout": "bertforge"}
         if args.case == "pretrain":
             cases = pretrain_cases(packages, args.size, args.precision)
+        elif args.case == "classify":
+            cases = classify_cases(packages)
         else:
             cases = encode_cases(packages)
         names = list(cases)
@@ -125,7 +152,7 @@ def main() -> None:
                 cases[name]()
                 times[name].append(clock() - t0)
     base, new = times["base"], times["this checkout"]
-    what = f"{args.case} {args.size} {args.precision}" if args.case == "pretrain" else "encode"
+    what = f"{args.case} {args.size} {args.precision}" if args.case == "pretrain" else args.case
     what += f", {torch.get_num_threads()} threads, {args.clock} time"
     print(
         f"{what}: base {statistics.median(base) * 1e3:.1f} ms, "

@@ -146,6 +146,13 @@ def test_classifier_gradients_with_skipped_padding_equal_the_padded_model(tiny_c
     torch.testing.assert_close(fast.logits, logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(fast.loss, loss, atol=1e-6, rtol=1e-5)
     assert_grads_close(fast_grads, grads(model), atol=1e-5)
+    # inference with the last layer at [CLS] only (what `classify` runs): the same logits
+    with torch.inference_mode():
+        full, cls_only = model(*args), model(*args, cls_only=True)
+    assert full.hidden_states.shape == (*args[0].shape, tiny_config.hidden_size)
+    assert cls_only.hidden_states is None
+    torch.testing.assert_close(cls_only.logits, full.logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(cls_only.logits, logits.detach(), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("act", ["gelu", "gelu_new", "relu"])

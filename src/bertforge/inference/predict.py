@@ -88,7 +88,7 @@ def sequence_logits(
     with _evaluating(model) as device, item_bar(len(encoded), desc, enabled=progress) as bar:
         for index, batch in _batches(encoded, pad_id, batch_size, device):
             with autocast(device, precision):
-                logits = model(**batch).logits  # (B, num_labels)
+                logits = model(**batch, cls_only=True).logits  # (B, num_labels)
             out[index] = logits.float().cpu().numpy()
             bar.update(len(index))
     return out

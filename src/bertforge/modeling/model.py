@@ -838,10 +838,14 @@ class BertForSequenceClassification(BertPreTrainedModel):
         token_type_ids: Tensor | None = None,
         labels: Tensor | None = None,
         output_attentions: bool = False,
+        cls_only: bool | None = None,
     ) -> SequenceClassifierOutput:
-        # The head reads [CLS] only: skip the padding, and when training (labels given) let the
-        # last layer compute the [CLS] rows only (then no hidden states are returned).
-        rows = None if labels is None else input_ids.new_empty(0)
+        """``cls_only``: the last layer computes [CLS] only, the only row the head reads (then
+        no hidden states are returned); by default when labels are given (training). Inference
+        that wants the logits alone passes True (``bertforge classify`` does)."""
+        # The head reads [CLS] only: skip the padding, and let the last layer attend from [CLS]
+        cls_only = labels is not None if cls_only is None else cls_only
+        rows = input_ids.new_empty(0) if cls_only else None
         out = self.bert(input_ids, attention_mask, token_type_ids, output_attentions, True, rows)
         logits = self.classifier(self.dropout(out.pooler_output))  # (B, num_labels)
         loss = None
