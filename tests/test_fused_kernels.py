@@ -395,6 +395,6 @@ def test_decoder_rows_are_padded_to_64_bytes_and_equal_linear():
     plain = torch.nn.functional.linear(x, w, b)
     plain.backward(grad)
     torch.testing.assert_close(logits, plain, atol=1e-6, rtol=1e-6)
-    for got, t in zip(fast, (x, w, b)):
+    for got, t in zip(fast, (x, w, b), strict=True):
         torch.testing.assert_close(got, t.grad, atol=1e-6, rtol=1e-6)
     assert fast[1].is_contiguous()  # the tied embedding's gradient is summed into it in place
