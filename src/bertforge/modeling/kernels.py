@@ -66,11 +66,11 @@ _DROPOUT = [_P, _P, _I64, _U64, _U32, _F, _INT]  # x, out, n, seed, threshold, s
 _SIGNATURES = {
     "bertforge_dropout_f32": _DROPOUT,
     "bertforge_dropout_bf16": _DROPOUT,
-    # x, target, lse, row_loss, n, V, threads
+    # x, target, lse, row_loss, n, V, ld (row stride), threads
     "bertforge_ce_forward_f32": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
-    # x, target, lse, row_loss, work, n, V, threads
+    # x, target, lse, row_loss, work, n, V, ld, threads
     "bertforge_ce_forward_bf16": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _INT],
-    # x, target, lse, grad, n, V, scale, threads
+    # x, target, lse, grad, n, V, ld, scale, threads
     "bertforge_ce_backward_f32": [_P, _P, _P, _P, _I64, _I64, _I64, _F, _INT],
     "bertforge_ce_backward_bf16": [_P, _P, _P, _P, _I64, _I64, _I64, _F, _INT],
     # y (overwritten: h), bias, residual, gamma, beta, out, mean, rstd, n, H, seed, threshold,

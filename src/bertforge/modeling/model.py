@@ -211,13 +211,13 @@ class BertSelfAttention(nn.Module):
         if layout.index is not None:
             kv = repad(kv, layout.index, B, T)  # (B, T, 2H)
         seq = torch.div(grid, T, rounding_mode="floor")  # (n,) the sequence of each row
-        counts = torch.bincount(seq, minlength=B)  # (B,)
         order = torch.argsort(seq, stable=True)
+        in_order = seq[order]  # sorted: a row's place is its distance from its run's start
         slot = torch.empty_like(seq)  # each row's place among its sequence's rows
-        slot[order] = (
-            torch.arange(seq.numel(), device=seq.device) - (counts.cumsum(0) - counts)[seq[order]]
+        slot[order] = torch.arange(seq.numel(), device=seq.device) - torch.searchsorted(
+            in_order, in_order
         )
-        R = int(counts.max()) if seq.numel() else 0
+        R = int(slot.max()) + 1 if seq.numel() else 0
         queries = q.new_zeros(B, R, H).index_put((seq, slot), q)  # (B, R, H)
         y = query_attention(queries, kv.view(B, T, 2 * H), nh, mask, self.dropout_p, self.training)
         return y[seq, slot]  # (n, H)
