@@ -62,8 +62,9 @@ def run_bertforge(args: argparse.Namespace, out: Path) -> list[dict[str, float]]
         "--train.precision", args.precision, "--train.num_threads", str(args.threads),
         "--train.progress", "false",
         # transformers' DataCollatorForLanguageModeling trains MLM only, so both sides do (the
-        # 20-minute recipe's NSP would need sentence-pair data and cost steps transformers skips)
-        "--train.objective", "mlm",
+        # 20-minute recipe's NSP would need sentence-pair data and cost steps transformers skips;
+        # its bag-of-words loss trains the pooler through those pairs, so it goes too)
+        "--train.objective", "mlm", "--train.bow_weight", "0",
     ]  # fmt: skip
     if args.word_init != "recipe":
         cmd += ["--train.word_init", args.word_init]
