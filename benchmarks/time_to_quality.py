@@ -321,6 +321,10 @@ def main() -> int:
     parser.add_argument("--calibration_steps", type=int, default=12)
     parser.add_argument("--output", type=Path, default=ROOT / "runs" / "time-to-quality")
     args = parser.parse_args()
+    # the runs start in the repository root: paths given from elsewhere must still point home
+    args.data, args.output, args.config = (
+        p.resolve() for p in (args.data, args.output, args.config)
+    )
     torch.set_num_threads(args.threads)
     budget = parse_duration(args.budget)
     args.output.mkdir(parents=True, exist_ok=True)
