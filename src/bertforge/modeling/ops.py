@@ -8,7 +8,9 @@
   post-LN block, attention with dropout, and the feed-forward's bias + GELU, each one C pass
   forward and one backward in fp32 training (:class:`AddNorm`, :class:`KernelAttention`,
   :class:`BiasGelu`), else torch ops;
-* :class:`DecoderLinear`: the tied decoder, its weight gradient contiguous;
+* :func:`query_attention`: attention from queries at some rows only (the sparse last layer);
+* :class:`DecoderLinear`: the tied decoder, its weight gradient contiguous, its logits in rows
+  padded to 64 bytes (:func:`padded_rows`);
 * :func:`scratch`: large per-step buffers reused once nobody holds them (no page faults);
 * :func:`unpad` / :func:`repad`: move between a padded (B, T) batch and its N real tokens;
 * :func:`activation` and :func:`autograd_free`: in inference, activations overwrite their input.
@@ -533,6 +535,8 @@ __all__ = [
     "cross_entropy",
     "dense_activation",
     "dropout",
+    "padded_rows",
+    "query_attention",
     "repad",
     "scratch",
     "torch_dropout",
