@@ -279,11 +279,12 @@ class BertLayer(nn.Module):
         if rows is not None and not layout.output_attentions:
             # k and v are needed at every token, queries and the rest only at the rows
             y, probs = self.attention.self.forward_rows(x, layout, rows), None  # (n, H)
-            x = x.reshape(-1, x.shape[-1])[rows]  # (n, H)
         else:
             y, probs = self.attention.self(x, layout)
             if rows is not None:
-                y, x = y.reshape(-1, y.shape[-1])[rows], x.reshape(-1, x.shape[-1])[rows]
+                y = y.reshape(-1, y.shape[-1])[rows]  # (n, H)
+        if rows is not None:
+            x = x.reshape(-1, x.shape[-1])[rows]  # (n, H)
         x = self.attention.output(y, x)
         return self.output(self.intermediate(x), x), probs
 

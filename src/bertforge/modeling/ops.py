@@ -211,13 +211,26 @@ def attention(qkv: Tensor, num_heads: int, mask: Tensor | None, p: float, traini
     kernels = softmax_dropout_kernels() if _fp32_cpu(qkv) and qkv.numel() else None
     if kernels is None:
         q, k, v = qkv.reshape(B, T, 3, num_heads, hs).permute(2, 0, 3, 1, 4).unbind(0)
-        scores = (q * scale) @ k.transpose(-2, -1)  # (B, nh, T, T)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        y = dropout(scores.softmax(-1), p, True) @ v  # (B, nh, T, hs)
+        y = explicit_attention(q, k, v, mask, p, scale)  # (B, nh, T, hs)
         return y.transpose(1, 2).reshape(B, T, H3 // 3)  # (B, T, H)
-    keys = None if mask is None else mask.reshape(B, T).to(torch.uint8).contiguous()  # (B, T)
-    return KernelAttention.apply(qkv, None, num_heads, keys, p, scale, kernels)
+    return KernelAttention.apply(qkv, None, num_heads, _key_mask(mask, B, T), p, scale, kernels)
+
+
+def explicit_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float, scale: float
+) -> Tensor:
+    """``dropout(softmax(q k^T * scale, keys masked), p) @ v`` over (B, nh, R, hs) queries and
+    (B, nh, T, hs) keys and values in torch ops: the form of :func:`attention` and
+    :func:`query_attention` where no kernel runs; (B, nh, R, hs)."""
+    scores = (q * scale) @ k.transpose(-2, -1)  # (B, nh, R, T)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    return dropout(scores.softmax(-1), p, True) @ v  # (B, nh, R, hs)
+
+
+def _key_mask(mask: Tensor | None, B: int, T: int) -> Tensor | None:
+    """The kernels' (B, T) uint8 key mask from a (B, 1, 1, T) boolean one."""
+    return None if mask is None else mask.reshape(B, T).to(torch.uint8).contiguous()
 
 
 class KernelAttention(torch.autograd.Function):
@@ -293,17 +306,14 @@ def query_attention(
     p = p if training else 0.0
     B, R, H = q.shape
     T, hs = kv.shape[1], H // num_heads
+    scale = 1.0 / math.sqrt(hs)
     kernels = softmax_dropout_kernels() if p > 0 and _fp32_cpu(q, kv) and q.numel() else None
     if kernels is not None:
-        keys = None if mask is None else mask.reshape(B, T).to(torch.uint8).contiguous()
-        return KernelAttention.apply(q, kv, num_heads, keys, p, 1.0 / math.sqrt(hs), kernels)
+        return KernelAttention.apply(q, kv, num_heads, _key_mask(mask, B, T), p, scale, kernels)
     qh = q.view(B, R, num_heads, hs).transpose(1, 2)  # (B, nh, R, hs)
     k, v = kv.view(B, T, 2, num_heads, hs).permute(2, 0, 3, 1, 4).unbind(0)  # (B, nh, T, hs)
     if p > 0:
-        scores = (qh / math.sqrt(hs)) @ k.transpose(-2, -1)  # (B, nh, R, T)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        y = dropout(scores.softmax(-1), p, True) @ v  # (B, nh, R, hs)
+        y = explicit_attention(qh, k, v, mask, p, scale)  # (B, nh, R, hs)
     else:
         y = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask)  # (B, nh, R, hs)
     return y.transpose(1, 2).reshape(B, R, H)  # (B, R, H)
@@ -535,6 +545,7 @@ __all__ = [
     "cross_entropy",
     "dense_activation",
     "dropout",
+    "explicit_attention",
     "padded_rows",
     "query_attention",
     "repad",
