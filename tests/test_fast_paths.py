@@ -310,3 +310,42 @@ def test_bf16_autocast_loss_and_gradients_close_to_fp32(tiny_config):
             continue  # softmax ignores a key bias: its true gradient is 0, both are rounding noise
         cos = F.cosine_similarity(g16[name].flatten(), g32[name].flatten(), dim=0)
         assert cos > 0.98, (name, cos.item())
+
+
+@pytest.mark.parametrize("decoder", [True, False])
+def test_word_embedding_gradient_equals_f_embedding_over_steps(decoder):
+    """The word lookup (and the tied decoder's weight it hands on) sums both weight gradients
+    in one reused buffer: over two steps, with the gradient accumulated in .grad and one kept by
+    the caller between steps, it equals F.embedding + F.linear's (the lookup adding nothing at
+    [PAD]), with the decoder or the lookup alone."""
+    from bertforge.modeling.ops import DecoderLinear, word_embedding
+
+    torch.manual_seed(3)
+    V, H, pad = 50, 8, 0
+    ids = torch.randint(0, V, (2, 4, 7))  # two steps of (4, 7) ids, [PAD] among them
+    ids[:, 0, -2:] = pad
+    grads_out = torch.randn(2, 4, 7, H)
+    h = torch.randn(2, 5, H)
+    bias = torch.zeros(V)
+
+    def run(fast):
+        weight = torch.randn(V, H, generator=torch.Generator().manual_seed(5)).requires_grad_()
+        kept = []
+        for step in range(2):
+            if fast:
+                x, tied = word_embedding(ids[step], weight, pad)
+                logits = DecoderLinear.apply(h[step], tied, bias)
+            else:
+                x, logits = F.embedding(ids[step], weight, pad), F.linear(h[step], weight, bias)
+            loss = (x * grads_out[step]).sum()
+            if decoder:
+                loss = loss + logits.pow(2).sum() / 10
+            loss.backward()
+            kept.append(weight.grad.clone())
+            held = weight.grad  # the caller keeps it: the next step must not write over it
+        torch.testing.assert_close(held, kept[1])
+        return kept
+
+    for ours, ref in zip(run(True), run(False), strict=True):
+        torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    assert decoder or run(True)[0][pad].abs().max() == 0

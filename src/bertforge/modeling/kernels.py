@@ -346,8 +346,9 @@ def softmax_dropout_kernels() -> tuple[Callable[..., Tensor | None], Callable[..
     """``(forward, backward)`` of dropout(softmax(scores * scale)) over contiguous fp32 CPU
     attention scores (B, nh, Tq, T), padded keys left out, or None when not built here.
 
-    ``forward(scores, mask, scale, seed, p)`` overwrites ``scores`` with the probabilities and
-    returns the dropped-out probabilities (None when nothing is dropped, ``p < 2^-17``);
+    ``forward(scores, mask, scale, seed, p, out=None)`` overwrites ``scores`` with the
+    probabilities and returns the dropped-out probabilities, written into ``out`` when given
+    (None when nothing is dropped, ``p < 2^-17``);
     ``mask`` is (B, T) uint8, 1 at real keys, or None. ``backward(grad, probs, dropped, scale)`` overwrites ``grad`` (the
     gradient of the dropped probabilities) with the gradient of the scores.
     """
@@ -359,11 +360,18 @@ def softmax_dropout_kernels() -> tuple[Callable[..., Tensor | None], Callable[..
         return None
 
     def forward(
-        scores: Tensor, mask: Tensor | None, scale: float, seed: int, p: float
+        scores: Tensor,
+        mask: Tensor | None,
+        scale: float,
+        seed: int,
+        p: float,
+        out: Tensor | None = None,
     ) -> Tensor | None:
         T = scores.shape[-1]
         rows = scores.numel() // T
-        dropped = torch.empty_like(scores) if _drop(p)[0] > 0 else None
+        dropped = None
+        if _drop(p)[0] > 0:
+            dropped = torch.empty_like(scores) if out is None else out
         per_batch = rows // scores.shape[0]
         ptrs = (
             scores.data_ptr(),
@@ -391,15 +399,15 @@ def softmax_dropout_kernels() -> tuple[Callable[..., Tensor | None], Callable[..
 @functools.cache
 def bias_gelu_kernels() -> tuple[Callable[[Tensor, Tensor], Tensor], Callable[..., tuple]] | None:
     """``(forward, backward)`` of the exact GELU of ``x + bias`` over contiguous fp32 (n, I) CPU
-    rows, or None when not built here. ``forward(x, bias)`` -> ``out``; ``backward(grad, x,
-    bias, into=None)`` -> ``(grad_x, grad_bias)``, ``grad_x`` written into ``into`` when given
-    (which may be ``x`` itself)."""
+    rows, or None when not built here. ``forward(x, bias, out=None)`` -> ``out`` (written into
+    ``out`` when given); ``backward(grad, x, bias, into=None)`` -> ``(grad_x, grad_bias)``,
+    ``grad_x`` written into ``into`` when given (which may be ``x`` itself)."""
     fwd, bwd = (_function(f"bias_gelu_{part}", torch.float32) for part in ("forward", "backward"))
     if fwd is None or bwd is None:
         return None
 
-    def forward(x: Tensor, bias: Tensor) -> Tensor:
-        out = torch.empty_like(x)
+    def forward(x: Tensor, bias: Tensor, out: Tensor | None = None) -> Tensor:
+        out = torch.empty_like(x) if out is None else out
         fwd(x.data_ptr(), bias.data_ptr(), out.data_ptr(), *x.shape, _threads())
         return out
 

@@ -45,9 +45,11 @@ from bertforge.modeling.ops import (
     dense_activation,
     dense_dropout_norm,
     dropout,
+    linear,
     query_attention,
     repad,
     unpad,
+    word_embedding,
 )
 
 IGNORE_INDEX = -100
@@ -140,9 +142,13 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(H, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None) -> Tensor:
+    def forward(
+        self, input_ids: Tensor, token_type_ids: Tensor | None, words: Tensor | None = None
+    ) -> Tensor:
+        """``words``: the (B, T, H) word vectors of ``input_ids`` when the caller looked them up
+        (a tensor of its own: the sums below go into it in place)."""
         T = input_ids.shape[1]
-        x = self.word_embeddings(input_ids)  # (B, T, H), a new tensor: the sums go in place
+        x = self.word_embeddings(input_ids) if words is None else words  # (B, T, H), a new tensor
         x += self.position_embeddings.weight[:T]
         if token_type_ids is None:
             x += self.token_type_embeddings.weight[0]
@@ -171,7 +177,7 @@ class BertSelfAttention(nn.Module):
         if x.numel() >= H * H:
             w = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
             b = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # (3H,)
-            qkv = F.linear(x, w, b)  # (B, T, 3H) or (N, 3H)
+            qkv = linear(x, w, b, "attention.qkv")  # (B, T, 3H) or (N, 3H)
         else:
             qkv = torch.cat([self.query(x), self.key(x), self.value(x)], -1)  # (B, T, 3H)
         B, T, mask = layout.B, layout.T, layout.mask
@@ -204,7 +210,7 @@ class BertSelfAttention(nn.Module):
         B, T, mask = layout.B, layout.T, layout.mask
         w = torch.cat([self.key.weight, self.value.weight])  # (2H, H)
         b = torch.cat([self.key.bias, self.value.bias])  # (2H,)
-        kv = F.linear(x, w, b)  # (B, T, 2H) or (N, 2H)
+        kv = linear(x, w, b, "attention.kv")  # (B, T, 2H) or (N, 2H)
         flat = x.reshape(-1, H)
         q = self.query(flat[rows])  # (n, H)
         grid = rows if layout.index is None else layout.index[rows]  # positions in (B, T)
@@ -472,6 +478,7 @@ class BertModel(BertPreTrainedModel):
         output_attentions: bool = False,
         skip_padding: bool = False,
         rows: Tensor | None = None,
+        words: Tensor | None = None,
     ) -> BertModelOutput:
         """``skip_padding`` runs every token-wise op on the real tokens only (faster on padded
         batches, same values at real tokens); hidden states at [PAD] positions are then zero,
@@ -480,6 +487,9 @@ class BertModel(BertPreTrainedModel):
         ``rows`` (flat positions in the (B, T) grid, e.g. the masked tokens) asks for the last
         hidden state there only: the last layer then skips its attention output and feed-forward
         elsewhere and ``last_hidden_state`` is (n_rows, H); the pooler still sees every [CLS].
+
+        ``words``: the (B, T, H) word vectors of ``input_ids``, looked up by the caller (a tensor
+        of its own, written in place; ``masked_lm`` passes them with its tied decoder's weight).
         """
         B, T = input_ids.shape
         if self.config.max_position_embeddings < T:
@@ -487,7 +497,7 @@ class BertModel(BertPreTrainedModel):
                 f"sequence length {T} exceeds max_position_embeddings="
                 f"{self.config.max_position_embeddings}; truncate the input (max_length)"
             )
-        x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        x = self.embeddings(input_ids, token_type_ids, words)  # (B, T, H)
         layout = Layout(B, T, None, None, output_attentions)
         if attention_mask is not None and not bool(attention_mask.all()):  # else SDPA's fastest
             layout.mask = attention_mask.to(x.device, torch.bool)[:, None, None, :]  # (B,1,1,T)
@@ -533,11 +543,14 @@ class BertLMPredictionHead(nn.Module):
         self.decoder.weight = word_embeddings.weight
         self.decoder.bias = self.bias
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, weight: Tensor | None = None) -> Tensor:
+        """``weight``: the decoder's (tied) weight as the caller's word lookup returned it
+        (:func:`~bertforge.modeling.ops.word_embedding`); default ``decoder.weight``."""
         h = self.transform(x)
+        weight = self.decoder.weight if weight is None else weight
         if h.dim() == 2 and torch.is_grad_enabled() and h.dtype == self.bias.dtype:
-            return DecoderLinear.apply(h, self.decoder.weight, self.bias)  # (n, V)
-        return self.decoder(h)
+            return DecoderLinear.apply(h, weight, self.bias)  # (n, V)
+        return F.linear(h, weight, self.bias)
 
 
 class BertOnlyMLMHead(nn.Module):
@@ -583,8 +596,14 @@ def masked_lm(
     positions only (row-major order: logits (n_masked, V)) and the loss is their mean CE."""
     rows = None if labels is None else (labels.flatten() != IGNORE_INDEX).nonzero().squeeze(1)
     sparse = labels is not None
-    out = model.bert(input_ids, attention_mask, token_type_ids, output_attentions, sparse, rows)
-    logits = model.cls.predictions(out.last_hidden_state)
+    words, weight = None, None
+    table = model.bert.embeddings.word_embeddings
+    if sparse and model.cls.predictions.decoder.weight is table.weight:  # tied, as always built
+        # the decoder's weight gradient and the lookup's then sum in one buffer (CPU training)
+        words, weight = word_embedding(input_ids, table.weight, table.padding_idx)
+    args = (input_ids, attention_mask, token_type_ids, output_attentions, sparse, rows, words)
+    out = model.bert(*args)
+    logits = model.cls.predictions(out.last_hidden_state, weight)
     loss = None if rows is None else cross_entropy(logits, labels.flatten()[rows])
     return out, logits, loss
 

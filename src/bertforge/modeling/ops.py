@@ -11,6 +11,8 @@
 * :func:`query_attention`: attention from queries at some rows only (the sparse last layer);
 * :class:`DecoderLinear`: the tied decoder, its weight gradient contiguous, its logits in rows
   padded to 64 bytes (:func:`padded_rows`);
+* :func:`word_embedding`: the word lookup, and the weight for a tied decoder whose gradient
+  then sums with the lookup's in one buffer (:class:`WordEmbedding`);
 * :func:`scratch`: large per-step buffers reused once nobody holds them (no page faults);
 * :func:`unpad` / :func:`repad`: move between a padded (B, T) batch and its N real tokens;
 * :func:`activation` and :func:`autograd_free`: in inference, activations overwrite their input.
@@ -131,7 +133,9 @@ def dense_dropout_norm(
         h = dropout(dense(x), p, True)  # a new tensor autograd keeps nothing of: add in place
         h = h.add_(residual) if h.dtype == residual.dtype else h + residual
         return norm(h)
-    y = F.linear(x.reshape(-1, x.shape[-1]), w)  # (rows, H): a new tensor, not a view
+    # (rows, H): a new tensor, not a view (AddNorm writes over it); x's gradient is consumed by
+    # the op before (attention, GELU) and goes into a reused buffer
+    y = ScratchLinear.apply(x.reshape(-1, x.shape[-1]), w, None, None, "dense.grad_input")
     res = residual.reshape(y.shape)
     out, _ = AddNorm.apply(y, b, res, norm.weight, norm.bias, p, norm.eps, kernels)
     return out.view(residual.shape)
@@ -255,42 +259,97 @@ class KernelAttention(torch.autograd.Function):
         kernels: Any,
     ) -> Tensor:
         B, R = q.shape[:2]
+        nh, hs, dt = num_heads, q.shape[2] // num_heads // (3 if kv is None else 1), q.dtype
         if kv is None:  # q is the packed qkv: (3, B, nh, T, hs), contiguous
-            heads = q.reshape(B, R, 3, num_heads, -1).permute(2, 0, 3, 1, 4).contiguous()
+            heads = _laid_out("attention.heads", q.view(B, R, 3, nh, hs).permute(2, 0, 3, 1, 4))
             qh, k, v = heads.unbind(0)
         else:
-            qh = q.view(B, R, num_heads, -1).transpose(1, 2).contiguous()  # (B, nh, R, hs)
+            qh = _laid_out("attention.queries", q.view(B, R, nh, hs).transpose(1, 2))
             T = kv.shape[1]
-            heads = kv.view(B, T, 2, num_heads, -1).permute(2, 0, 3, 1, 4).contiguous()
+            heads = _laid_out("attention.heads", kv.view(B, T, 2, nh, hs).permute(2, 0, 3, 1, 4))
             k, v = heads.unbind(0)  # (B, nh, T, hs)
-        probs = torch.matmul(qh, k.transpose(-2, -1))  # (B, nh, R, T) scores, a new buffer
-        dropped = kernels[0](probs, keys, scale, _seed() if p > 0 else 0, p)
+        T = k.shape[2]
+        probs = scratch("attention.probs", (B, nh, R, T), dt)  # the scores, then probabilities
+        torch.matmul(qh, k.transpose(-2, -1), out=probs)
+        dropped_out = scratch("attention.dropped", probs.shape, dt) if p > 0 else None
+        dropped = kernels[0](probs, keys, scale, _seed() if p > 0 else 0, p, dropped_out)
         dropped = probs if dropped is None else dropped
         ctx.save_for_backward(qh, heads, probs, dropped)
         ctx.packed = kv is None
         ctx.scale, ctx.backward_kernel = scale, kernels[1]
-        y = torch.matmul(dropped, v)  # (B, nh, R, hs)
-        return y.transpose(1, 2).reshape(B, R, -1)  # (B, R, H)
+        y = torch.matmul(dropped, v, out=scratch("attention.context", (B, nh, R, hs), dt))
+        return _laid_out("attention.out", y.transpose(1, 2)).view(B, R, nh * hs)  # (B, R, H)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple:
         qh, heads, probs, dropped = ctx.saved_tensors
         k, v = heads.unbind(0)[-2:]
         B, nh, R, hs = qh.shape
-        grad = grad.view(B, R, nh, hs).transpose(1, 2).contiguous()  # (B, nh, R, hs)
-        grad_heads = torch.empty_like(heads)  # (3 or 2, B, nh, T, hs): [q,] k, v
+        grad = _laid_out("attention.grad", grad.view(B, R, nh, hs).transpose(1, 2))
+        grad_heads = scratch("attention.grad_heads", heads.shape, heads.dtype)  # [q,] k, v
         torch.matmul(dropped.transpose(-2, -1), grad, out=grad_heads[-1])  # value
-        grad_scores = torch.matmul(grad, v.transpose(-2, -1))  # (B, nh, R, T), a new buffer
+        grad_scores = scratch("attention.grad_scores", probs.shape, probs.dtype)
+        torch.matmul(grad, v.transpose(-2, -1), out=grad_scores)  # (B, nh, R, T)
         ctx.backward_kernel(grad_scores, probs, dropped, ctx.scale)  # scaled by 1/sqrt(hs) too
         grad_q = grad_heads[0] if ctx.packed else None
         grad_q = torch.matmul(grad_scores, k, out=grad_q)  # query (B, nh, R, hs)
         torch.matmul(grad_scores.transpose(-2, -1), qh, out=grad_heads[-2])  # key
         n, T = grad_heads.shape[0], grad_heads.shape[3]
-        grad_in = grad_heads.permute(1, 3, 0, 2, 4).reshape(B, T, n * nh * hs)  # as the input
+        grad_in = _laid_out("attention.grad_in", grad_heads.permute(1, 3, 0, 2, 4))  # as input
+        grad_in = grad_in.view(B, T, n * nh * hs)
         if ctx.packed:
             return grad_in, None, None, None, None, None, None
         grad_q = grad_q.transpose(1, 2).reshape(B, R, nh * hs)  # (B, R, H)
         return grad_q, grad_in, None, None, None, None, None
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor, name: str) -> Tensor:
+    """``F.linear(x, weight, bias)``; when training in fp32 on the CPU, through
+    :class:`ScratchLinear`, its output in the :func:`scratch` buffer ``name``."""
+    if not (torch.is_grad_enabled() and _fp32_cpu(x, weight, bias)) or x.numel() == 0:
+        return F.linear(x, weight, bias)
+    if torch.is_autocast_enabled("cpu"):
+        return F.linear(x, weight, bias)
+    flat = x.reshape(-1, x.shape[-1])
+    return ScratchLinear.apply(flat, weight, bias, name, None).view(*x.shape[:-1], -1)
+
+
+class ScratchLinear(torch.autograd.Function):
+    """``F.linear`` on (n, in) rows, ``bias`` optional, with its output in the :func:`scratch`
+    buffer ``name`` (None: a new tensor) and its input's gradient in the buffer ``grad_name``
+    (None: a new tensor). For the activations and gradients a layer makes and the next op
+    consumes: the attention's q/k/v projection (12 MB of fresh pages a layer in the mini step
+    otherwise), the feed-forward's input gradient (16 MB)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        name: str | None,
+        grad_name: str | None,
+    ) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.with_bias, ctx.grad_name = bias is not None, grad_name
+        shape = (x.shape[0], weight.shape[0])
+        out = x.new_empty(shape) if name is None else scratch(name, shape, x.dtype)
+        if bias is None:
+            return torch.mm(x, weight.t(), out=out)
+        return torch.addmm(bias, x, weight.t(), out=out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple:
+        x, weight = ctx.saved_tensors
+        into = None if ctx.grad_name is None else scratch(ctx.grad_name, x.shape, x.dtype)
+        grad_x = grad.mm(weight) if into is None else torch.mm(grad, weight, out=into)
+        grad_bias = grad.sum(0) if ctx.with_bias else None
+        return grad_x, grad.t().mm(x), grad_bias, None, None
+
+
+def _laid_out(name: str, x: Tensor) -> Tensor:
+    """``x.contiguous()`` in the :func:`scratch` buffer ``name``."""
+    return scratch(name, x.shape, x.dtype).copy_(x)
 
 
 def query_attention(
@@ -392,8 +451,8 @@ class DecoderLinear(torch.autograd.Function):
     whose output rows start 64 bytes apart.
 
     Autograd's ``F.linear`` yields the weight gradient as the transpose of an (in, out) product;
-    for the tied decoder, the word-embedding gradient then cannot be summed into it in place and
-    costs a fresh 30k x H tensor per step. The output is a view of rows padded to a multiple of
+    here it is a contiguous :func:`scratch` buffer, into which :class:`WordEmbedding` adds the
+    tied word lookup's gradient in place. The output is a view of rows padded to a multiple of
     16 floats (:func:`padded_rows`): BLAS wrote 30522-float rows at about half its speed
     (fp32 on an AMD EPYC Zen 4: 85-95 GFLOP/s against 155-160 into padded rows; the backward's
     products read such a gradient ~10% faster too). ``cross_entropy`` reads that layout as is.
@@ -409,30 +468,41 @@ class DecoderLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         x, weight = ctx.saved_tensors
-        # a new tensor (not scratch): the engine sums the word-embedding gradient into it in place
-        return grad.mm(weight), grad.t().mm(x), grad.sum(0)
+        # reused (no page faults): :class:`WordEmbedding` adds the lookup's rows into it in place
+        grad_weight = torch.mm(grad.t(), x, out=scratch("decoder.grad", weight.shape, x.dtype))
+        return grad.mm(weight), grad_weight, grad.sum(0)
 
 
-# Large per-step buffers (the MLM logits and their gradient, the feed-forward's gradient: tens of
-# MB each) are above glibc's mmap threshold: each step's fresh one comes from the kernel as
-# zeroed pages, whose first touch costs more than the kernel writing it (~50 ms of page faults
-# per 72 MB at 1 thread on a busy machine). Such a buffer is reused once nobody holds it. Not for
-# a gradient that autograd sums with another (the tied decoder's): it adds in place only into a
-# tensor nobody else holds.
-_SCRATCH: dict[tuple[str, torch.dtype], Tensor] = {}
+# Large per-step buffers (the MLM logits and their gradient, each layer's feed-forward and q/k/v
+# activations: MBs to tens of MBs each) come back from glibc as fresh pages every step: freed at
+# the end of a step, the top of the heap is returned to the kernel, and the next step's first
+# touch of each page faults (~7,000 faults, ~25 ms of the mini fp32 step on an AMD EPYC Zen 4;
+# keeping the heap, a process-wide malloc setting, made the step ~4% faster). Buffers taken
+# from :func:`scratch` are kept and handed out again once no tensor holds them any more: a pool
+# per name, as long as the most buffers of that name alive at once (one per layer for an
+# activation autograd saves, one for a gradient the layers take turns with).
+_SCRATCH: dict[tuple[str, torch.dtype], list[Tensor]] = {}
 _SCRATCH_LOCK = threading.Lock()
 
 
 def scratch(name: str, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> Tensor:
     """An uninitialised CPU tensor of ``shape`` for the per-step buffer ``name``: the memory of
-    the previous call's when no tensor holds it any more (checked by the storage's reference
-    count), else a new allocation (1/8 larger, for batches that vary) kept for the next call."""
+    a buffer of that name that no tensor holds any more (checked by the storage's reference
+    count), else a new allocation (1/8 larger, for batches that vary) kept for the next calls;
+    a free buffer too small for ``shape`` is replaced."""
     numel = math.prod(shape)
     with _SCRATCH_LOCK:
-        buf = _SCRATCH.get((name, dtype))
-        if buf is None or buf.numel() < numel or not _unshared(buf):
+        pool = _SCRATCH.setdefault((name, dtype), [])
+        free = [i for i, buf in enumerate(pool) if _unshared(buf)]
+        fits = [i for i in free if pool[i].numel() >= numel]
+        if fits:
+            buf = pool[fits[0]]
+        else:
             buf = torch.empty(numel + numel // 8, dtype=dtype)
-            _SCRATCH[(name, dtype)] = buf
+            if free:
+                pool[free[0]] = buf
+            else:
+                pool.append(buf)
         return buf[:numel].view(shape)
 
 
@@ -455,6 +525,57 @@ def _unshared(buf: Tensor) -> bool:
     if use_count is None:  # a torch without it: never reuse
         return False
     return use_count(buf.untyped_storage()._cdata) <= 2  # buf + the temporary storage object
+
+
+def word_embedding(ids: Tensor, weight: Tensor, padding_idx: int | None) -> tuple[Tensor, Tensor]:
+    """``(F.embedding(ids, weight, padding_idx), weight)``: the word vectors, and the weight for
+    a decoder tied to it. When training on the CPU both come from :class:`WordEmbedding`, and a
+    tied decoder that takes the second gets its weight gradient summed with the lookup's in
+    one buffer (the :class:`DecoderLinear` head, ``masked_lm``)."""
+    training = weight.requires_grad and torch.is_grad_enabled()
+    if training and weight.device.type == "cpu" and not torch.compiler.is_compiling():
+        return WordEmbedding.apply(ids, weight, padding_idx)
+    return F.embedding(ids, weight, padding_idx), weight
+
+
+class WordEmbedding(torch.autograd.Function):
+    """The word lookup, returning the weight too (a view of it) for a tied decoder. The
+    decoder's weight gradient reaches this backward as the second output's; the lookup's rows
+    are added into it in place and the sum goes to the weight as one gradient. Through autograd
+    the two would each be a fresh 30k x H tensor a step (a zero-filled one for the lookup) plus
+    a third pass to add them: ~9 ms of page faults and passes in the mini fp32 step (AMD EPYC
+    Zen 4). Without a decoder gradient the rows go into a zeroed :func:`scratch` buffer. The
+    row of ``padding_idx`` gets no gradient from the lookup, as in ``nn.Embedding``."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, ids: Tensor, weight: Tensor, padding_idx: int | None
+    ) -> tuple[Tensor, Tensor]:
+        flat = ids.reshape(-1)
+        ctx.save_for_backward(flat)
+        ctx.shape, ctx.padding_idx = weight.shape, padding_idx
+        ctx.set_materialize_grads(False)
+        out = weight.new_empty(*ids.shape, weight.shape[1])  # not a view: callers add into it
+        torch.index_select(weight, 0, flat, out=out.view(-1, weight.shape[1]))
+        return out, weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor | None, grad_weight: Tensor | None) -> tuple:
+        (flat,) = ctx.saved_tensors
+        if grad_weight is None:
+            out = scratch(
+                "embedding.grad", ctx.shape, torch.float32 if grad is None else grad.dtype
+            )
+            out.zero_()
+        else:  # the decoder's gradient, this backward's alone: the rows are added in place
+            out = grad_weight.contiguous()
+        if grad is not None:
+            rows = grad.reshape(-1, ctx.shape[1])
+            if ctx.padding_idx is not None:
+                real = flat != ctx.padding_idx
+                flat, rows = flat[real], rows[real]
+            out.index_add_(0, flat, rows.to(out.dtype))
+        return None, out, None
 
 
 # Unpadding: with padding in the batch, every token-wise op (projections, feed-forward, LayerNorm,
@@ -500,27 +621,30 @@ def dense_activation(x: Tensor, dense: nn.Linear, name: str) -> Tensor:
     if kernels is None or x.numel() == 0:
         h = F.linear(x, w, b)
         return activation(name, h, inplace=autograd_free(h))
-    h = F.linear(x.reshape(-1, x.shape[-1]), w)  # (rows, I), bias-free
-    return BiasGelu.apply(h, b, kernels).view(*x.shape[:-1], -1)
+    return BiasGelu.apply(x.reshape(-1, x.shape[-1]), w, b, kernels).view(*x.shape[:-1], -1)
 
 
 class BiasGelu(torch.autograd.Function):
-    """``gelu(x + bias)`` (exact GELU) over (n, I) rows through the C kernels of
-    :func:`bertforge.modeling.kernels.bias_gelu_kernels`; keeps ``x`` (the sum is recomputed in
-    the backward's single pass, which also sums the bias gradient)."""
+    """``gelu(x @ weight.T + bias)`` (exact GELU) over (n, in) rows: the bias-free product, then
+    bias and GELU in one pass of the C kernels of
+    :func:`bertforge.modeling.kernels.bias_gelu_kernels`. Keeps the product (the sum is
+    recomputed in the backward's single pass, which also sums the bias gradient); the product
+    and the activation are :func:`scratch` buffers (one pair per layer, reused each step)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, bias: Tensor, kernels: Any) -> Tensor:
-        ctx.save_for_backward(x, bias)
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor, kernels: Any) -> Tensor:
+        shape = (x.shape[0], weight.shape[0])
+        h = torch.mm(x, weight.t(), out=scratch("intermediate.in", shape, x.dtype))  # (n, I)
+        ctx.save_for_backward(x, weight, h, bias)
         ctx.backward_kernel = kernels[1]
-        return kernels[0](x, bias)
+        return kernels[0](h, bias, scratch("intermediate.out", shape, x.dtype))
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
-        x, bias = ctx.saved_tensors
-        into = scratch("intermediate.grad", x.shape, x.dtype)  # the layers take turns with it
-        grad_x, grad_bias = ctx.backward_kernel(grad.contiguous(), x, bias, into)
-        return grad_x, grad_bias, None
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+        x, weight, h, bias = ctx.saved_tensors
+        into = scratch("intermediate.grad", h.shape, h.dtype)  # the layers take turns with it
+        grad_h, grad_bias = ctx.backward_kernel(grad.contiguous(), h, bias, into)
+        return grad_h.mm(weight), grad_h.t().mm(x), grad_bias, None
 
 
 def autograd_free(*tensors: Tensor) -> bool:
@@ -535,6 +659,7 @@ __all__ = [
     "CrossEntropy",
     "KernelAttention",
     "KernelCrossEntropy",
+    "ScratchLinear",
     "Dropout",
     "DecoderLinear",
     "SeededDropout",
@@ -546,10 +671,13 @@ __all__ = [
     "dense_activation",
     "dropout",
     "explicit_attention",
+    "linear",
     "padded_rows",
     "query_attention",
     "repad",
     "scratch",
     "torch_dropout",
     "unpad",
+    "word_embedding",
+    "WordEmbedding",
 ]
