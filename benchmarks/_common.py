@@ -7,6 +7,7 @@ Every measurement times bertforge and transformers in the same process, alternat
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -63,8 +64,8 @@ def auto_precision() -> str:
 def machine_description() -> dict[str, str]:
     import transformers
 
-    from bertforge.modeling.kernels import vector_width
-    from bertforge.runtime import cpu_has_fast_bf16
+    from bertforge.modeling.kernels import gemm_library, vector_width
+    from bertforge.runtime import cpu_has_fast_bf16, cpu_vendor
 
     width = vector_width()
     return {
@@ -74,6 +75,7 @@ def machine_description() -> dict[str, str]:
         "native bf16 (AVX512-BF16/AMX)": "yes" if cpu_has_fast_bf16() else "no",
         "precision `auto` picks": auto_precision(),
         "C kernels": f"{width}-float vectors" if width else "off (torch forms)",
+        "fp32 training products (BERTFORGE_GEMM)": f"{gemm_library()} ({cpu_vendor() or '?'})",
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
@@ -158,6 +160,12 @@ def _addmm_inplace_flops(self_shape: Any, a_shape: Any, b_shape: Any, *args: Any
     return 2 * a_shape[0] * a_shape[1] * b_shape[1]
 
 
+def _onednn_linear_flops(x_shape, w_shape, *args: Any, **kwargs: Any) -> int:
+    """``mkldnn._linear_pointwise(x, w, ...)``: x (.., in) @ w (out, in).T."""
+    rows = math.prod(x_shape[:-1])
+    return 2 * rows * x_shape[-1] * w_shape[0]
+
+
 def matmul_flops(fn: Callable[[], Any]) -> float:
     """FLOPs of the matrix products (mm, addmm, bmm, attention kernels) that one call of ``fn``
     executes, counted by ``torch.utils.flop_counter`` (forward and backward)."""
@@ -169,6 +177,8 @@ def matmul_flops(fn: Callable[[], Any]) -> float:
         aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_attention_backward_flops,
         aten.addmm_: _addmm_inplace_flops,
     }
+    if hasattr(torch.ops.mkldnn, "_linear_pointwise"):  # oneDNN's products (ops.gemm)
+        missing[torch.ops.mkldnn._linear_pointwise] = _onednn_linear_flops
     with FlopCounterMode(display=False, custom_mapping=missing) as counter:
         fn()
     return float(counter.get_total_flops())

@@ -78,6 +78,15 @@ def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
     return frozenset()
 
 
+def cpu_vendor(cpuinfo: str | None = None) -> str:
+    """The CPU's vendor as Linux names it (``AuthenticAMD``, ``GenuineIntel``; the first
+    ``vendor_id`` line of ``/proc/cpuinfo``), else an empty string."""
+    for line in (_read_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
+        if line.startswith("vendor_id"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
 def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
     """True when the CPU computes bf16 natively (AVX512-BF16 or AMX); elsewhere bf16 autocast is
     emulated and several times slower than fp32."""

@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from bertforge.runtime import cpu_flags, cpu_model
+from bertforge.runtime import cpu_flags, cpu_model, cpu_vendor
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = sorted(CSRC.glob("*.c"))
@@ -424,6 +424,33 @@ def bias_gelu_kernels() -> tuple[Callable[[Tensor, Tensor], Tensor], Callable[..
     return forward, backward
 
 
+GEMM_LIBRARIES = ("auto", "blas", "onednn")
+
+
+@functools.cache
+def gemm_library() -> str:
+    """The library the fp32 training step's products run in: ``"onednn"`` (torch's bundled
+    oneDNN, through ``torch.ops.mkldnn._linear_pointwise``) or ``"blas"`` (``torch.mm``: MKL in
+    torch's x86 wheels). ``BERTFORGE_GEMM`` = ``auto`` (default), ``blas`` or ``onednn``.
+
+    ``auto`` picks oneDNN on AMD CPUs, where MKL runs its generic code path (the
+    ``mkl_blas_def_*`` kernels) and oneDNN's JIT kernels are 15-50% faster on the step's shapes
+    (fp32 on an AMD EPYC Zen 4: 4096 x 256 x 1024 at 205-211 GFLOP/s against 139-163), and BLAS
+    elsewhere. The choice depends on the CPU only, never on a timing, so that a resumed run
+    computes with the same library as the run it continues."""
+    choice = os.environ.get("BERTFORGE_GEMM", "auto").strip().lower() or "auto"
+    if choice not in GEMM_LIBRARIES:
+        warnings.warn(
+            f"BERTFORGE_GEMM={choice!r} is not one of {', '.join(GEMM_LIBRARIES)}; using auto",
+            stacklevel=2,
+        )
+        choice = "auto"
+    usable = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    if choice == "auto":
+        choice = "onednn" if cpu_vendor() == "AuthenticAMD" else "blas"
+    return "onednn" if choice == "onednn" and usable else "blas"
+
+
 def _drop(p: float) -> tuple[int, float]:
     """(threshold, scale) of dropout with probability ``p`` in [0, 1): keep a 16-bit uniform
     when it is >= threshold, and scale the kept values."""
@@ -441,6 +468,7 @@ __all__ = [
     "cross_entropy_kernels",
     "dropout_kernel",
     "flag_sets",
+    "gemm_library",
     "softmax_dropout_kernels",
     "vector_width",
 ]

@@ -36,6 +36,7 @@ from bertforge.modeling.kernels import (
     bias_gelu_kernels,
     cross_entropy_kernels,
     dropout_kernel,
+    gemm_library,
     softmax_dropout_kernels,
 )
 
@@ -109,6 +110,18 @@ def _fp32_cpu(*tensors: Tensor) -> bool:
     if torch.compiler.is_compiling():
         return False
     return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+
+
+# ---- the products ------------------------------------------------------------------------------
+def gemm(a: Tensor, b: Tensor, bias: Tensor | None = None, out: Tensor | None = None) -> Tensor:
+    """``a @ b.T (+ bias)`` for 2-D fp32 CPU tensors (transposed views welcome): in oneDNN where
+    :func:`~bertforge.modeling.kernels.gemm_library` picks it (a new tensor; ``out`` unused),
+    else ``torch.mm``/``torch.addmm`` into ``out`` when given."""
+    if gemm_library() == "onednn":
+        return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
+    if bias is None:
+        return torch.mm(a, b.t()) if out is None else torch.mm(a, b.t(), out=out)
+    return torch.addmm(bias, a, b.t()) if out is None else torch.addmm(bias, a, b.t(), out=out)
 
 
 # ---- bias + dropout + residual add + LayerNorm ------------------------------------------------
@@ -333,16 +346,13 @@ class ScratchLinear(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         ctx.with_bias, ctx.grad_name = bias is not None, grad_name
         shape = (x.shape[0], weight.shape[0])
-        out = x.new_empty(shape) if name is None else scratch(name, shape, x.dtype)
-        if bias is None:
-            return torch.mm(x, weight.t(), out=out)
-        return torch.addmm(bias, x, weight.t(), out=out)
+        return gemm(x, weight, bias, None if name is None else scratch(name, shape, x.dtype))
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple:
         x, weight = ctx.saved_tensors
         into = None if ctx.grad_name is None else scratch(ctx.grad_name, x.shape, x.dtype)
-        grad_x = grad.mm(weight) if into is None else torch.mm(grad, weight, out=into)
+        grad_x = gemm(grad, weight.t(), out=into)
         grad_bias = grad.sum(0) if ctx.with_bias else None
         return grad_x, grad.t().mm(x), grad_bias, None, None
 
@@ -634,7 +644,7 @@ class BiasGelu(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor, kernels: Any) -> Tensor:
         shape = (x.shape[0], weight.shape[0])
-        h = torch.mm(x, weight.t(), out=scratch("intermediate.in", shape, x.dtype))  # (n, I)
+        h = gemm(x, weight, out=scratch("intermediate.in", shape, x.dtype))  # (n, I)
         ctx.save_for_backward(x, weight, h, bias)
         ctx.backward_kernel = kernels[1]
         return kernels[0](h, bias, scratch("intermediate.out", shape, x.dtype))
@@ -644,7 +654,7 @@ class BiasGelu(torch.autograd.Function):
         x, weight, h, bias = ctx.saved_tensors
         into = scratch("intermediate.grad", h.shape, h.dtype)  # the layers take turns with it
         grad_h, grad_bias = ctx.backward_kernel(grad.contiguous(), h, bias, into)
-        return grad_h.mm(weight), grad_h.t().mm(x), grad_bias, None
+        return gemm(grad_h, weight.t()), grad_h.t().mm(x), grad_bias, None
 
 
 def autograd_free(*tensors: Tensor) -> bool:
@@ -671,6 +681,7 @@ __all__ = [
     "dense_activation",
     "dropout",
     "explicit_attention",
+    "gemm",
     "linear",
     "padded_rows",
     "query_attention",
