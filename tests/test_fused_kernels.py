@@ -444,3 +444,40 @@ def test_gemm_library_setting_is_checked(monkeypatch):
             assert kernels.gemm_library() in ("blas", "onednn")
     finally:
         kernels.gemm_library.cache_clear()
+
+
+@needs_kernels
+@pytest.mark.parametrize("case", ["plain", "scaled", "logits used", "twice"])
+def test_decoder_cross_entropy_equals_float64(case):
+    """The tied decoder + loss in one (the gradient and the bias's written in the forward's pass
+    over the logits): loss and every gradient as float64 autograd's, with the loss scaled (as
+    under accumulation), with the logits also used by another loss, and run backward twice."""
+    g = torch.Generator().manual_seed(4)
+    n, H, V = 9, 16, 1003  # V not a multiple of the vector width: tails; rows padded
+    h = torch.randn(n, H, generator=g, requires_grad=True)
+    w = torch.randn(V, H, generator=g, requires_grad=True)
+    b = torch.randn(V, generator=g, requires_grad=True)
+    target = torch.randint(0, V, (n,), generator=g)
+    extra = torch.randn(n, V, generator=g)
+
+    def objective(loss, logits):
+        total = loss * (0.5 if case == "scaled" else 1.0)
+        return total + (logits * extra).mean() if case == "logits used" else total
+
+    loss, logits = ops.decoder_cross_entropy(h, w, b, target)
+    objective(loss, logits).backward(retain_graph=case == "twice")
+    if case == "twice":
+        for t in (h, w, b):
+            t.grad = None
+        objective(loss, logits).backward()
+    ours = [t.grad.clone() for t in (h, w, b)]
+
+    h64, w64, b64 = (t.detach().double().requires_grad_() for t in (h, w, b))
+    logits64 = h64 @ w64.t() + b64
+    loss64 = F.cross_entropy(logits64, target)
+    objective(loss64, logits64).backward()
+    torch.testing.assert_close(loss.double(), loss64, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits.double(), logits64.detach(), atol=1e-4, rtol=1e-5)
+    for got, want in zip(ours, (h64.grad, w64.grad, b64.grad), strict=True):
+        torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-4)
+    assert type(loss.grad_fn).__name__ == "DecoderCrossEntropyBackward"

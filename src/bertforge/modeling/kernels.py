@@ -73,6 +73,8 @@ _SIGNATURES = {
     # x, target, lse, grad, n, V, ld, scale, threads
     "bertforge_ce_backward_f32": [_P, _P, _P, _P, _I64, _I64, _I64, _F, _INT],
     "bertforge_ce_backward_bf16": [_P, _P, _P, _P, _I64, _I64, _I64, _F, _INT],
+    # x, target, lse, row_loss, grad, colsum, work, n, V, ld, scale, threads
+    "bertforge_ce_forward_backward_f32": [_P] * 7 + [_I64, _I64, _I64, _F, _INT],
     # y (overwritten: h), bias, residual, gamma, beta, out, mean, rstd, n, H, seed, threshold,
     # scale, eps, threads
     "bertforge_add_norm_forward_f32": [_P] * 8 + [_I64, _I64, _U64, _U32, _F, _F, _INT],
@@ -264,6 +266,34 @@ def cross_entropy_kernels(
         return out
 
     return forward, backward
+
+
+@functools.cache
+def cross_entropy_with_gradient_kernel() -> Callable[..., tuple[Tensor, Tensor, Tensor]] | None:
+    """``f(logits, target, scale, out)`` for CPU fp32 (n, V) logits with contiguous rows (rows
+    may lie further apart than V) and (n,) int64 targets -> ``(row_loss, grad, colsum)``: each
+    row's ``lse - logits[i, target[i]]``, the gradient ``(softmax - onehot(target)) * scale``
+    written into ``out`` (the logits' strides) and its (V,) column sums, in one pass over the
+    logits; or None when not built here."""
+    fn = _function("ce_forward_backward", torch.float32)
+    if fn is None:
+        return None
+
+    def run(
+        logits: Tensor, target: Tensor, scale: float, out: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        n, V = logits.shape
+        if out.stride() != logits.stride():
+            raise ValueError(
+                f"out strides {out.stride()} differ from the logits' {logits.stride()}"
+            )
+        lse, row_loss = torch.empty(n), torch.empty(n)
+        colsum, work = torch.empty(V), torch.empty(_threads(), V)
+        ptrs = (logits, target, lse, row_loss, out, colsum, work)
+        fn(*(t.data_ptr() for t in ptrs), n, V, _row_stride(logits), scale, _threads())
+        return row_loss, out, colsum
+
+    return run
 
 
 def _row_stride(logits: Tensor) -> int:
@@ -466,6 +496,7 @@ __all__ = [
     "bias_gelu_kernels",
     "cache_dir",
     "cross_entropy_kernels",
+    "cross_entropy_with_gradient_kernel",
     "dropout_kernel",
     "flag_sets",
     "gemm_library",

@@ -41,7 +41,7 @@ from bertforge.modeling.ops import (
     activation,
     attention,
     autograd_free,
-    cross_entropy,
+    decoder_cross_entropy,
     dense_activation,
     dense_dropout_norm,
     dropout,
@@ -552,6 +552,15 @@ class BertLMPredictionHead(nn.Module):
             return DecoderLinear.apply(h, weight, self.bias)  # (n, V)
         return F.linear(h, weight, self.bias)
 
+    def loss(
+        self, x: Tensor, target: Tensor, weight: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """(mean cross-entropy against ``target``, the (n, V) logits) of (n, H) rows ``x``:
+        ``cross_entropy(self(x, weight), target)``, the decoder and the loss fused in training
+        (:func:`~bertforge.modeling.ops.decoder_cross_entropy`)."""
+        weight = self.decoder.weight if weight is None else weight
+        return decoder_cross_entropy(self.transform(x), weight, self.bias, target)
+
 
 class BertOnlyMLMHead(nn.Module):
     """The MLM head under HF's name (``cls.predictions``)."""
@@ -603,8 +612,9 @@ def masked_lm(
         words, weight = word_embedding(input_ids, table.weight, table.padding_idx)
     args = (input_ids, attention_mask, token_type_ids, output_attentions, sparse, rows, words)
     out = model.bert(*args)
-    logits = model.cls.predictions(out.last_hidden_state, weight)
-    loss = None if rows is None else cross_entropy(logits, labels.flatten()[rows])
+    if rows is None:
+        return out, model.cls.predictions(out.last_hidden_state, weight), None
+    loss, logits = model.cls.predictions.loss(out.last_hidden_state, labels.flatten()[rows], weight)
     return out, logits, loss
 
 

@@ -35,6 +35,7 @@ from bertforge.modeling.kernels import (
     add_norm_kernels,
     bias_gelu_kernels,
     cross_entropy_kernels,
+    cross_entropy_with_gradient_kernel,
     dropout_kernel,
     gemm_library,
     softmax_dropout_kernels,
@@ -409,9 +410,14 @@ def _kernel_takes(logits: Tensor, target: Tensor) -> bool:
     rows_ok = logits.stride(1) == 1 and logits.stride(0) >= logits.shape[1]
     if not (rows_ok or logits.is_contiguous()):
         return False
+    return _targets_take(target, logits.shape[1])
+
+
+def _targets_take(target: Tensor, V: int) -> bool:
+    """int64 targets, all inside [0, V): what the C loss kernels index by, unchecked."""
     if target.dtype != torch.int64 or torch.compiler.is_compiling():
         return False
-    return bool(((target >= 0) & (target < logits.shape[1])).all())
+    return bool(((target >= 0) & (target < V)).all())
 
 
 class KernelCrossEntropy(torch.autograd.Function):
@@ -481,6 +487,56 @@ class DecoderLinear(torch.autograd.Function):
         # reused (no page faults): :class:`WordEmbedding` adds the lookup's rows into it in place
         grad_weight = torch.mm(grad.t(), x, out=scratch("decoder.grad", weight.shape, x.dtype))
         return grad.mm(weight), grad_weight, grad.sum(0)
+
+
+def decoder_cross_entropy(
+    h: Tensor, weight: Tensor, bias: Tensor, target: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``(cross_entropy(logits, target), logits)`` of the tied decoder's ``logits = h @
+    weight.T + bias`` over (n, H) rows: :class:`DecoderCrossEntropy` when training in fp32 on
+    the CPU with the C kernel, else :class:`DecoderLinear` (or ``F.linear``) and
+    :func:`cross_entropy`."""
+    grad = torch.is_grad_enabled() and h.dim() == 2 and h.dtype == bias.dtype
+    kernel = None
+    if grad and _fp32_cpu(h, weight, bias) and not torch.is_autocast_enabled("cpu"):
+        kernel = cross_entropy_with_gradient_kernel()
+    if kernel is not None and h.shape[0] > 0 and _targets_take(target, weight.shape[0]):
+        return DecoderCrossEntropy.apply(h, weight, bias, target.contiguous(), kernel)
+    logits = DecoderLinear.apply(h, weight, bias) if grad else F.linear(h, weight, bias)
+    return cross_entropy(logits, target), logits
+
+
+class DecoderCrossEntropy(torch.autograd.Function):
+    """:class:`DecoderLinear` and the mean cross-entropy in one: the loss kernel writes the
+    logits' gradient (for a loss gradient of 1) and its column sums, the bias gradient, in the
+    forward's pass over the logits (``csrc/cross_entropy.c``), where a separate backward would
+    read the n x 30k logits again and then the gradient once more for the bias. Returns
+    ``(loss, logits)``; a gradient reaching the logits from elsewhere is added in the
+    backward. The saved gradient is never written over (a graph may be run backward twice)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, h: Tensor, weight: Tensor, bias: Tensor, target: Tensor, kernel: Any
+    ) -> tuple[Tensor, Tensor]:
+        n, V = h.shape[0], weight.shape[0]
+        logits = padded_rows("logits", (n, V), _padded(V), h.dtype)
+        torch.addmm(bias, h, weight.t(), out=logits)  # (n, V), rows _padded(V) apart
+        into = padded_rows("logits.grad", (n, V), logits.stride(0), h.dtype)
+        row_loss, grad, colsum = kernel(logits, target, 1.0 / n, into)
+        ctx.save_for_backward(h, weight, grad, colsum)
+        ctx.set_materialize_grads(False)
+        return row_loss.mean(), logits
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: Tensor | None, grad_logits: Tensor | None) -> tuple:
+        h, weight, grad, colsum = ctx.saved_tensors
+        if grad_loss is None or float(grad_loss) != 1.0:  # scaled (accumulation) or unused
+            s = 0.0 if grad_loss is None else float(grad_loss)
+            grad, colsum = grad * s, colsum * s
+        if grad_logits is not None:
+            grad, colsum = grad + grad_logits, colsum + grad_logits.sum(0)
+        grad_weight = torch.mm(grad.t(), h, out=scratch("decoder.grad", weight.shape, h.dtype))
+        return grad.mm(weight), grad_weight, colsum, None, None
 
 
 # Large per-step buffers (the MLM logits and their gradient, each layer's feed-forward and q/k/v
@@ -671,9 +727,11 @@ __all__ = [
     "KernelCrossEntropy",
     "ScratchLinear",
     "Dropout",
+    "DecoderCrossEntropy",
     "DecoderLinear",
     "SeededDropout",
     "activation",
+    "decoder_cross_entropy",
     "dense_dropout_norm",
     "attention",
     "autograd_free",

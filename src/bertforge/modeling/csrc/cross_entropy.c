@@ -3,7 +3,10 @@
  *
  *   forward:  per row, the log-sum-exp (a max pass, then a sum-of-exp pass while the row is
  *             still in cache) and row_loss = lse - x[target]; nothing of size n x V is written;
- *   backward: grad = (exp(x - lse) - onehot(target)) * scale in one pass, in the logits' dtype.
+ *   backward: grad = (exp(x - lse) - onehot(target)) * scale in one pass, in the logits' dtype;
+ *   both at once (fp32, training): per row the log-sum-exp, then the gradient while the row is
+ *             still in cache, and its column sums (the decoder bias's gradient) on the way,
+ *             instead of rereading the n x V logits in the backward and the gradient for the sum.
  *
  * torch's form writes the fp32 log-probabilities (n x V) in the forward and rereads them twice
  * in the backward, plus a cast for bf16 logits. Sums of exponentials go through a double per
@@ -102,4 +105,48 @@ void bertforge_ce_backward_bf16(const uint16_t *x, const int64_t *target, const 
                                 uint16_t *grad, int64_t n, int64_t V, int64_t ld, float scale,
                                 int threads) {
     ce_backward(x, target, lse, grad, n, V, ld, scale, threads, 1);
+}
+
+/* Forward and backward at once: lse, row_loss, grad = (softmax - onehot) * scale (rows `ld`
+ * apart, as x) and colsum = the column sums of grad (V floats). `work` holds threads x V
+ * partial column sums, each thread's over its own rows; summed in a second pass over V. */
+void bertforge_ce_forward_backward_f32(const float *x, const int64_t *target, float *lse,
+                                       float *row_loss, float *grad, float *colsum, float *work,
+                                       int64_t n, int64_t V, int64_t ld, float scale,
+                                       int threads) {
+    int64_t full = V / W * W;
+    for (int64_t k = 0; k < (int64_t)threads * V; k++) work[k] = 0.0f; /* any team size */
+#pragma omp parallel num_threads(threads)
+    {
+        int t = 0;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+#endif
+        float *sums = work + (int64_t)t * V;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            const float *row = x + i * ld;
+            float *g = grad + i * ld;
+            float l = row_lse(row, V);
+            lse[i] = l;
+            row_loss[i] = l - row[target[i]];
+            for (int64_t j = 0; j < full; j += W) {
+                f32v v = exp_v(get_v(row, 0, j) - l) * scale;
+                put_v(g, 0, j, v);
+                put_v(sums, 0, j, get_v(sums, 0, j) + v);
+            }
+            for (int64_t j = full; j < V; j++) {
+                g[j] = exp_s(row[j] - l) * scale;
+                sums[j] += g[j];
+            }
+            g[target[i]] -= scale;
+            sums[target[i]] -= scale;
+        }
+    }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t j = 0; j < V; j++) {
+        float total = 0.0f;
+        for (int t = 0; t < threads; t++) total += work[(int64_t)t * V + j];
+        colsum[j] = total;
+    }
 }
