@@ -3,6 +3,7 @@ metrics log and the signal handler."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -148,3 +149,32 @@ def test_graceful_stop_turns_a_signal_into_a_request_and_restores_handlers():
         with pytest.raises(KeyboardInterrupt):  # a second signal stops at once
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_keep_freed_memory_takes_on_glibc_and_can_be_left_off():
+    """In a process of its own (the setting is process-wide): glibc's mallopt accepts both
+    thresholds; ``BERTFORGE_MALLOC=default`` leaves malloc alone."""
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    code = "from bertforge.runtime import keep_freed_memory; print(keep_freed_memory())"
+    for setting, expected in (("", platform.libc_ver()[0] == "glibc"), ("default", False)):
+        env = {**os.environ, "BERTFORGE_MALLOC": setting}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == str(expected)
+
+
+def test_training_commands_keep_freed_memory_and_others_do_not(monkeypatch, capsys):
+    from bertforge import cli, runtime
+
+    calls = []
+    monkeypatch.setattr(runtime, "keep_freed_memory", lambda: calls.append(1) or True)
+    for name in ("pretrain", "tokenizer"):
+        with contextlib.suppress(SystemExit):
+            cli.main([name, "--help"])
+    capsys.readouterr()
+    assert calls == [1]  # pretrain only
+    assert set(cli.COMMANDS) >= cli.TRAINING_COMMANDS

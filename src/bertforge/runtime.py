@@ -1,5 +1,6 @@
 """Where and how tensors run, for training and inference alike: the device, the precision
-(autocast), seeds and the RNG state a bit-exact resume restores. Checkpoint rotation and the
+(autocast), seeds and the RNG state a bit-exact resume restores, and the training commands'
+allocator setting (:func:`keep_freed_memory`). Checkpoint rotation and the
 train-state file are in ``bertforge.training.checkpoints``; the progress bar, metrics log and
 durations in ``bertforge.progress``.
 """
@@ -7,8 +8,11 @@ durations in ``bertforge.progress``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
 import platform
 import random
+import sys
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -20,6 +24,35 @@ from bertforge.errors import BertforgeError
 Precision = Literal["auto", "bf16", "fp32"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 """Training precisions (:func:`pick_precision`)."""
+
+
+# ---- memory ---------------------------------------------------------------------------------
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+def keep_freed_memory(trim_threshold: int = 1 << 30) -> bool:
+    """Ask glibc's malloc to keep freed memory for reuse (up to ``trim_threshold`` bytes free at
+    the top of the heap) instead of handing it back to the kernel at each free; the training
+    commands call this at start (``BERTFORGE_MALLOC=default`` leaves malloc as it is). A
+    training step frees hundreds of MB and allocates them again: by default glibc returns the
+    top of its heap, and the next step's first touch of each page faults again (thousands of
+    faults a step). Measured on the mini fp32 step (AMD EPYC Zen 4, alone in its process):
+    ~620 ms -> ~604 ms, faults 15,000-20,000 -> ~400 a step. Allocations above 32 MB still
+    come from ``mmap`` (glibc's own ceiling for its adaptive threshold); the memory the process
+    holds between steps stays at the step's peak. Returns whether the setting took (False off
+    Linux, off glibc, or when disabled); it is process-wide, so the library never calls it
+    by itself."""
+    if os.environ.get("BERTFORGE_MALLOC", "").strip().lower() == "default":
+        return False
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    mmap_ok = mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # setting one turns off the adaptive ones
+    return bool(mmap_ok and mallopt(_M_TRIM_THRESHOLD, min(trim_threshold, 2**31 - 1)))
 
 
 # ---- device and precision -----------------------------------------------------------------

@@ -101,6 +101,10 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+#: commands that train: :func:`bertforge.runtime.keep_freed_memory` runs before them
+TRAINING_COMMANDS = frozenset({"pretrain", "finetune", "downstream", "recipe"})
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -114,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module_name, function_name, _ = COMMANDS[name]
+    if name in TRAINING_COMMANDS:  # a process of our own: malloc keeps what a step frees
+        from bertforge.runtime import keep_freed_memory
+
+        keep_freed_memory()
     entry = getattr(importlib.import_module(module_name), function_name)
     try:
         return int(entry(rest) or 0)
