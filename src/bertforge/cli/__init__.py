@@ -32,7 +32,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from bertforge import __version__
+from bertforge import __version__, runtime
 from bertforge.errors import BertforgeError
 
 __all__ = ["COMMANDS", "main"]
@@ -119,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module_name, function_name, _ = COMMANDS[name]
     if name in TRAINING_COMMANDS:  # a process of our own: malloc keeps what a step frees
-        from bertforge.runtime import keep_freed_memory
-
-        keep_freed_memory()
+        runtime.keep_freed_memory()
     entry = getattr(importlib.import_module(module_name), function_name)
     try:
         return int(entry(rest) or 0)
