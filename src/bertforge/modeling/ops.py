@@ -10,10 +10,15 @@
   :class:`BiasGelu`), else torch ops;
 * :func:`query_attention`: attention from queries at some rows only (the sparse last layer);
 * :class:`DecoderLinear`: the tied decoder, its weight gradient contiguous, its logits in rows
-  padded to 64 bytes (:func:`padded_rows`);
+  padded to 64 bytes (:func:`padded_rows`); :func:`decoder_cross_entropy`: the decoder and the
+  MLM loss in one, the gradients written in the loss's pass (:class:`DecoderCrossEntropy`);
+* :func:`gemm`: the fp32 training products, in oneDNN on AMD CPUs (``BERTFORGE_GEMM``);
+  :func:`linear` / :class:`ScratchLinear`: a product whose output or input gradient is a
+  :func:`scratch` buffer;
 * :func:`word_embedding`: the word lookup, and the weight for a tied decoder whose gradient
   then sums with the lookup's in one buffer (:class:`WordEmbedding`);
-* :func:`scratch`: large per-step buffers reused once nobody holds them (no page faults);
+* :func:`scratch`: large per-step buffers, pooled per name and reused once nobody holds them
+  (no page faults);
 * :func:`unpad` / :func:`repad`: move between a padded (B, T) batch and its N real tokens;
 * :func:`activation` and :func:`autograd_free`: in inference, activations overwrite their input.
 
