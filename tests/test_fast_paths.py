@@ -349,3 +349,45 @@ def test_word_embedding_gradient_equals_f_embedding_over_steps(decoder):
     for ours, ref in zip(run(True), run(False), strict=True):
         torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
     assert decoder or run(True)[0][pad].abs().max() == 0
+
+
+def test_training_step_agrees_in_both_product_libraries(tiny_config, monkeypatch):
+    """The fp32 training step (dropout on: every kernel path) with its products in BLAS and in
+    oneDNN (``BERTFORGE_GEMM``; oneDNN is what AMD CPUs get): the same loss and gradients up to
+    fp32 rounding, on a padded batch."""
+    import dataclasses
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from bertforge.modeling import kernels
+
+    class CountOneDNN(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "mkldnn::_linear_pointwise" in str(func.name()):
+                CountOneDNN.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    config = dataclasses.replace(tiny_config, hidden_dropout_prob=0.1)
+    results, calls = {}, {}
+    for library in ("blas", "onednn"):
+        monkeypatch.setenv("BERTFORGE_GEMM", library)
+        kernels.gemm_library.cache_clear()
+        try:
+            torch.manual_seed(0)
+            model = BertForPreTraining(config).train()
+            batch = padded_batch(config.vocab_size)
+            torch.manual_seed(1)  # the same dropout masks in both
+            CountOneDNN.calls = 0
+            with CountOneDNN():
+                out = model(**batch)
+                out.loss.backward()
+            results[library], calls[library] = (out.loss.detach(), grads(model)), CountOneDNN.calls
+        finally:
+            kernels.gemm_library.cache_clear()
+    assert calls["blas"] == 0
+    assert calls["onednn"] > 0 or not torch.backends.mkldnn.is_available()
+    (loss_a, grads_a), (loss_b, grads_b) = results.values()
+    torch.testing.assert_close(loss_a, loss_b, atol=1e-5, rtol=1e-5)
+    assert_grads_close(grads_a, grads_b, atol=1e-5)
