@@ -91,33 +91,33 @@ def _read_cpuinfo() -> str:
         return ""
 
 
+def _cpuinfo_field(name: str, cpuinfo: str | None) -> str | None:
+    """The value of the first ``name`` line of ``cpuinfo`` (default ``/proc/cpuinfo``), or None."""
+    for line in (_read_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
+        if line.startswith(name):
+            return line.split(":", 1)[-1].strip()
+    return None
+
+
 def cpu_model(cpuinfo: str | None = None) -> str:
     """The CPU's model name (the first ``model name`` line of ``/proc/cpuinfo``), else what
     :mod:`platform` knows (e.g. ``arm`` or ``x86_64``). Virtual machines often show a family name
     only (``AMD EPYC``) for CPUs of different generations: :func:`cpu_flags` tells them apart."""
-    for line in (_read_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    model = _cpuinfo_field("model name", cpuinfo)
+    return platform.processor() or platform.machine() if model is None else model
 
 
 def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
     """The CPU's feature flags as Linux lists them (the first ``flags`` line of ``/proc/cpuinfo``,
     e.g. ``avx2``, ``avx512f``, ``avx512_bf16``, ``amx_tile``); empty where there is no such file
     or line (macOS, Windows, ARM's ``Features`` line)."""
-    for line in (_read_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[-1].split())
-    return frozenset()
+    return frozenset((_cpuinfo_field("flags", cpuinfo) or "").split())
 
 
 def cpu_vendor(cpuinfo: str | None = None) -> str:
     """The CPU's vendor as Linux names it (``AuthenticAMD``, ``GenuineIntel``; the first
     ``vendor_id`` line of ``/proc/cpuinfo``), else an empty string."""
-    for line in (_read_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
-        if line.startswith("vendor_id"):
-            return line.split(":", 1)[1].strip()
-    return ""
+    return _cpuinfo_field("vendor_id", cpuinfo) or ""
 
 
 def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
