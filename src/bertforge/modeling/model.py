@@ -36,12 +36,12 @@ from torch import Tensor, nn
 from bertforge.modeling.checkpoint import load_pretrained, save_pretrained
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.ops import (
-    DecoderLinear,
     Dropout,
     activation,
     attention,
     autograd_free,
     decoder_cross_entropy,
+    decoder_logits,
     dense_activation,
     dense_dropout_norm,
     dropout,
@@ -546,11 +546,8 @@ class BertLMPredictionHead(nn.Module):
     def forward(self, x: Tensor, weight: Tensor | None = None) -> Tensor:
         """``weight``: the decoder's (tied) weight as the caller's word lookup returned it
         (:func:`~bertforge.modeling.ops.word_embedding`); default ``decoder.weight``."""
-        h = self.transform(x)
         weight = self.decoder.weight if weight is None else weight
-        if h.dim() == 2 and torch.is_grad_enabled() and h.dtype == self.bias.dtype:
-            return DecoderLinear.apply(h, weight, self.bias)  # (n, V)
-        return F.linear(h, weight, self.bias)
+        return decoder_logits(self.transform(x), weight, self.bias)
 
     def loss(
         self, x: Tensor, target: Tensor, weight: Tensor | None = None

@@ -482,16 +482,33 @@ class DecoderLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         ctx.save_for_backward(x, weight)
-        n, V = x.shape[0], weight.shape[0]
-        out = padded_rows("logits", (n, V), _padded(V), x.dtype)
-        return torch.addmm(bias, x, weight.t(), out=out)  # (n, out), rows _padded(V) apart
+        return _decoder_product(x, weight, bias)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         x, weight = ctx.saved_tensors
-        # reused (no page faults): :class:`WordEmbedding` adds the lookup's rows into it in place
-        grad_weight = torch.mm(grad.t(), x, out=scratch("decoder.grad", weight.shape, x.dtype))
-        return grad.mm(weight), grad_weight, grad.sum(0)
+        return *_decoder_products_back(grad, x, weight), grad.sum(0)
+
+
+def _decoder_product(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``x @ weight.T + bias`` into the :func:`scratch` logits, rows ``_padded(V)`` apart."""
+    out = padded_rows("logits", (x.shape[0], weight.shape[0]), _padded(weight.shape[0]), x.dtype)
+    return torch.addmm(bias, x, weight.t(), out=out)  # (n, V)
+
+
+def _decoder_products_back(grad: Tensor, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    """The decoder's input and weight gradients from the logits' ``grad``; the weight's in a
+    reused buffer (no page faults), into which :class:`WordEmbedding` adds the lookup's rows."""
+    grad_weight = torch.mm(grad.t(), x, out=scratch("decoder.grad", weight.shape, x.dtype))
+    return grad.mm(weight), grad_weight
+
+
+def decoder_logits(h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """The tied decoder's ``h @ weight.T + bias``: :class:`DecoderLinear` when autograd records
+    (n, H) rows of the bias's dtype, else ``F.linear``."""
+    if h.dim() == 2 and torch.is_grad_enabled() and h.dtype == bias.dtype:
+        return DecoderLinear.apply(h, weight, bias)  # (n, V)
+    return F.linear(h, weight, bias)
 
 
 def decoder_cross_entropy(
@@ -501,13 +518,13 @@ def decoder_cross_entropy(
     weight.T + bias`` over (n, H) rows: :class:`DecoderCrossEntropy` when training in fp32 on
     the CPU with the C kernel, else :class:`DecoderLinear` (or ``F.linear``) and
     :func:`cross_entropy`."""
-    grad = torch.is_grad_enabled() and h.dim() == 2 and h.dtype == bias.dtype
     kernel = None
-    if grad and _fp32_cpu(h, weight, bias) and not torch.is_autocast_enabled("cpu"):
+    fp32 = _fp32_cpu(h, weight, bias) and not torch.is_autocast_enabled("cpu")
+    if torch.is_grad_enabled() and h.dim() == 2 and fp32:
         kernel = cross_entropy_with_gradient_kernel()
     if kernel is not None and h.shape[0] > 0 and _targets_take(target, weight.shape[0]):
         return DecoderCrossEntropy.apply(h, weight, bias, target.contiguous(), kernel)
-    logits = DecoderLinear.apply(h, weight, bias) if grad else F.linear(h, weight, bias)
+    logits = decoder_logits(h, weight, bias)
     return cross_entropy(logits, target), logits
 
 
@@ -523,11 +540,9 @@ class DecoderCrossEntropy(torch.autograd.Function):
     def forward(
         ctx: Any, h: Tensor, weight: Tensor, bias: Tensor, target: Tensor, kernel: Any
     ) -> tuple[Tensor, Tensor]:
-        n, V = h.shape[0], weight.shape[0]
-        logits = padded_rows("logits", (n, V), _padded(V), h.dtype)
-        torch.addmm(bias, h, weight.t(), out=logits)  # (n, V), rows _padded(V) apart
-        into = padded_rows("logits.grad", (n, V), logits.stride(0), h.dtype)
-        row_loss, grad, colsum = kernel(logits, target, 1.0 / n, into)
+        logits = _decoder_product(h, weight, bias)  # (n, V), rows _padded(V) apart
+        into = padded_rows("logits.grad", logits.shape, logits.stride(0), h.dtype)
+        row_loss, grad, colsum = kernel(logits, target, 1.0 / h.shape[0], into)
         ctx.save_for_backward(h, weight, grad, colsum)
         ctx.set_materialize_grads(False)
         return row_loss.mean(), logits
@@ -540,8 +555,7 @@ class DecoderCrossEntropy(torch.autograd.Function):
             grad, colsum = grad * s, colsum * s
         if grad_logits is not None:
             grad, colsum = grad + grad_logits, colsum + grad_logits.sum(0)
-        grad_weight = torch.mm(grad.t(), h, out=scratch("decoder.grad", weight.shape, h.dtype))
-        return grad.mm(weight), grad_weight, colsum, None, None
+        return *_decoder_products_back(grad, h, weight), colsum, None, None
 
 
 # Large per-step buffers (the MLM logits and their gradient, each layer's feed-forward and q/k/v
@@ -737,6 +751,7 @@ __all__ = [
     "SeededDropout",
     "activation",
     "decoder_cross_entropy",
+    "decoder_logits",
     "dense_dropout_norm",
     "attention",
     "autograd_free",
