@@ -257,10 +257,7 @@ def cross_entropy_kernels(
         n, V = logits.shape
         if out is None:
             out = torch.empty_strided(logits.shape, logits.stride(), dtype=logits.dtype)
-        if out.stride() != logits.stride():
-            raise ValueError(
-                f"out strides {out.stride()} differ from the logits' {logits.stride()}"
-            )
+        _check_strides(out, logits)
         ptrs = (logits.data_ptr(), target.data_ptr(), lse.data_ptr(), out.data_ptr())
         bwd(*ptrs, n, V, _row_stride(logits), scale, _threads())
         return out
@@ -283,10 +280,7 @@ def cross_entropy_with_gradient_kernel() -> Callable[..., tuple[Tensor, Tensor, 
         logits: Tensor, target: Tensor, scale: float, out: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
         n, V = logits.shape
-        if out.stride() != logits.stride():
-            raise ValueError(
-                f"out strides {out.stride()} differ from the logits' {logits.stride()}"
-            )
+        _check_strides(out, logits)
         lse, row_loss = torch.empty(n), torch.empty(n)
         colsum, work = torch.empty(V), torch.empty(_threads(), V)
         ptrs = (logits, target, lse, row_loss, out, colsum, work)
@@ -294,6 +288,12 @@ def cross_entropy_with_gradient_kernel() -> Callable[..., tuple[Tensor, Tensor, 
         return row_loss, out, colsum
 
     return run
+
+
+def _check_strides(out: Tensor, logits: Tensor) -> None:
+    """The loss kernels write a gradient in the logits' row layout."""
+    if out.stride() != logits.stride():
+        raise ValueError(f"out strides {out.stride()} differ from the logits' {logits.stride()}")
 
 
 def _row_stride(logits: Tensor) -> int:

@@ -325,9 +325,8 @@ class KernelAttention(torch.autograd.Function):
 def linear(x: Tensor, weight: Tensor, bias: Tensor, name: str) -> Tensor:
     """``F.linear(x, weight, bias)``; when training in fp32 on the CPU, through
     :class:`ScratchLinear`, its output in the :func:`scratch` buffer ``name``."""
-    if not (torch.is_grad_enabled() and _fp32_cpu(x, weight, bias)) or x.numel() == 0:
-        return F.linear(x, weight, bias)
-    if torch.is_autocast_enabled("cpu"):
+    fp32 = _fp32_cpu(x, weight, bias) and not torch.is_autocast_enabled("cpu")
+    if not (torch.is_grad_enabled() and fp32) or x.numel() == 0:
         return F.linear(x, weight, bias)
     flat = x.reshape(-1, x.shape[-1])
     return ScratchLinear.apply(flat, weight, bias, name, None).view(*x.shape[:-1], -1)
