@@ -160,8 +160,10 @@ def _addmm_inplace_flops(self_shape: Any, a_shape: Any, b_shape: Any, *args: Any
     return 2 * a_shape[0] * a_shape[1] * b_shape[1]
 
 
-def _onednn_linear_flops(x_shape, w_shape, *args: Any, **kwargs: Any) -> int:
-    """``mkldnn._linear_pointwise(x, w, ...)``: x (.., in) @ w (out, in).T."""
+def _onednn_linear_flops(x_shape, second, *args: Any, **kwargs: Any) -> int:
+    """``mkldnn._linear_pointwise(x, w, bias, attr, ...)`` and its ``.binary(x, other, w, bias,
+    attr)`` (one entry for both overloads): x (.., in) @ w (out, in).T."""
+    w_shape = args[0] if len(args) >= 3 and isinstance(args[2], str) else second
     rows = math.prod(x_shape[:-1])
     return 2 * rows * x_shape[-1] * w_shape[0]
 

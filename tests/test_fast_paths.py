@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from bertforge import BertForPreTraining, BertForSequenceClassification, BertModel
 from bertforge.modeling.kernels import cross_entropy_kernels, dropout_kernel
@@ -351,23 +352,24 @@ def test_word_embedding_gradient_equals_f_embedding_over_steps(decoder):
     assert decoder or run(True)[0][pad].abs().max() == 0
 
 
+class CountOneDNN(TorchDispatchMode):
+    """Counts the oneDNN products (``mkldnn::_linear_pointwise`` and its ``.binary``) run inside."""
+
+    calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "mkldnn::_linear_pointwise" in str(func.name()):
+            CountOneDNN.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
 def test_training_step_agrees_in_both_product_libraries(tiny_config, monkeypatch):
     """The fp32 training step (dropout on: every kernel path) with its products in BLAS and in
     oneDNN (``BERTFORGE_GEMM``; oneDNN is what AMD CPUs get): the same loss and gradients up to
     fp32 rounding, on a padded batch."""
     import dataclasses
 
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from bertforge.modeling import kernels
-
-    class CountOneDNN(TorchDispatchMode):
-        calls = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if "mkldnn::_linear_pointwise" in str(func.name()):
-                CountOneDNN.calls += 1
-            return func(*args, **(kwargs or {}))
 
     config = dataclasses.replace(tiny_config, hidden_dropout_prob=0.1)
     results, calls = {}, {}
@@ -391,3 +393,45 @@ def test_training_step_agrees_in_both_product_libraries(tiny_config, monkeypatch
     (loss_a, grads_a), (loss_b, grads_b) = results.values()
     torch.testing.assert_close(loss_a, loss_b, atol=1e-5, rtol=1e-5)
     assert_grads_close(grads_a, grads_b, atol=1e-5)
+
+
+@pytest.mark.parametrize("skip_padding", [False, True])
+def test_inference_agrees_in_both_product_libraries(tiny_config, monkeypatch, skip_padding):
+    """Inference (no autograd) with the layers' products in BLAS and in oneDNN, bias and GELU or
+    the residual sum in oneDNN's call (``BERTFORGE_GEMM=onednn`` on a CPU with AVX-512; what AMD
+    Zen 4 gets): the same hidden states up to fp32 rounding, padded and with the padding
+    skipped. With autograd recording or under bf16 autocast the products stay in torch."""
+    from bertforge.modeling import kernels
+    from bertforge.modeling.ops import onednn_inference
+
+    torch.manual_seed(3)
+    model = BertModel(tiny_config).eval()
+    batch = padded_batch(tiny_config.vocab_size, seed=3)
+    args = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    real = batch["attention_mask"].bool()
+    results, calls, used = {}, {}, {}
+    for library in ("blas", "onednn"):
+        monkeypatch.setenv("BERTFORGE_GEMM", library)
+        kernels.gemm_library.cache_clear()
+        try:
+            CountOneDNN.calls = 0
+            with torch.no_grad(), CountOneDNN():
+                out = model(*args, skip_padding=skip_padding)
+            results[library], calls[library] = out, CountOneDNN.calls
+            x, w = torch.randn(4, 8), torch.randn(3, 8)
+            assert not onednn_inference(x, w)  # autograd records here
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+                assert not onednn_inference(x, w)
+            with torch.no_grad():
+                assert onednn_inference(x, w) == kernels.onednn_for_inference()
+            used[library] = kernels.onednn_for_inference()
+        finally:
+            kernels.gemm_library.cache_clear()
+    assert calls["blas"] == 0 and not used["blas"]
+    layers = tiny_config.num_hidden_layers  # per layer: GELU product, two sums (+ q/k/v)
+    assert calls["onednn"] >= 3 * layers if used["onednn"] else calls["onednn"] == 0
+    a, b = results["blas"], results["onednn"]
+    torch.testing.assert_close(
+        a.last_hidden_state[real], b.last_hidden_state[real], atol=1e-5, rtol=1e-5
+    )
+    torch.testing.assert_close(a.pooler_output, b.pooler_output, atol=1e-5, rtol=1e-5)

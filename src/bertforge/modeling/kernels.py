@@ -459,9 +459,12 @@ GEMM_LIBRARIES = ("auto", "blas", "onednn")
 
 @functools.cache
 def gemm_library() -> str:
-    """The library the fp32 training step's products run in: ``"onednn"`` (torch's bundled
+    """The library the fp32 products of the layers run in: ``"onednn"`` (torch's bundled
     oneDNN, through ``torch.ops.mkldnn._linear_pointwise``) or ``"blas"`` (``torch.mm``: MKL in
-    torch's x86 wheels). ``BERTFORGE_GEMM`` = ``auto`` (default), ``blas`` or ``onednn``.
+    torch's x86 wheels). ``BERTFORGE_GEMM`` = ``auto`` (default), ``blas`` or ``onednn``. In
+    training, oneDNN runs the forward and input-gradient products (:func:`bertforge.modeling.ops.gemm`);
+    in inference on CPUs with AVX-512, the layers' products with their bias and GELU or
+    residual sum (:func:`onednn_for_inference`).
 
     ``auto`` picks oneDNN on AMD CPUs, where MKL runs its generic code path (the
     ``mkl_blas_def_*`` kernels) and oneDNN's JIT kernels are 15-50% faster on the step's shapes
@@ -479,6 +482,21 @@ def gemm_library() -> str:
     if choice == "auto":
         choice = "onednn" if cpu_vendor() == "AuthenticAMD" else "blas"
     return "onednn" if choice == "onednn" and usable else "blas"
+
+
+def onednn_for_inference() -> bool:
+    """Whether inference runs the layers' fp32 products in oneDNN (with their bias and GELU or
+    residual sum in the same call, :func:`bertforge.modeling.ops.onednn_linear`): where
+    :func:`gemm_library` picks oneDNN and the CPU has AVX-512. Same-process A/B on an AMD EPYC
+    Zen 4 (``benchmarks/ab_step.py --case encode``: MiniLM, full windows, fp32): 1.047-1.050x
+    natively; 0.915-0.973x with oneDNN and MKL held to AVX2 (an AVX2-only EPYC's code), so
+    there MKL keeps them."""
+    return gemm_library() == "onednn" and _has_avx512()
+
+
+@functools.cache
+def _has_avx512() -> bool:
+    return "avx512f" in cpu_flags()
 
 
 def _drop(p: float) -> tuple[int, float]:
@@ -500,6 +518,7 @@ __all__ = [
     "dropout_kernel",
     "flag_sets",
     "gemm_library",
+    "onednn_for_inference",
     "softmax_dropout_kernels",
     "vector_width",
 ]

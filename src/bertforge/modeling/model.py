@@ -46,6 +46,8 @@ from bertforge.modeling.ops import (
     dense_dropout_norm,
     dropout,
     linear,
+    onednn_inference,
+    onednn_linear,
     query_attention,
     repad,
     unpad,
@@ -243,6 +245,8 @@ class BertOutput(nn.Module):
         """``y`` (.., in_features), ``residual`` (.., H). In inference the residual's buffer is
         reused for the result: callers pass a residual they no longer need."""
         w, b = self.dense.weight, self.dense.bias
+        if not self.training and onednn_inference(y, w, b, residual):
+            return self.LayerNorm(onednn_linear(y, w, b, add=residual))  # one oneDNN call
         if not self.training and autograd_free(y, residual, w) and residual.is_contiguous():
             # bias and product accumulate into the residual: one GEMM, no new (.., H) tensor
             out = residual.add_(b).view(-1, w.shape[0]).addmm_(y.reshape(-1, w.shape[1]), w.t())

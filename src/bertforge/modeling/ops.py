@@ -13,6 +13,8 @@
   padded to 64 bytes (:func:`padded_rows`); :func:`decoder_cross_entropy`: the decoder and the
   MLM loss in one, the gradients written in the loss's pass (:class:`DecoderCrossEntropy`);
 * :func:`gemm`: the fp32 training products, in oneDNN on AMD CPUs (``BERTFORGE_GEMM``);
+  :func:`onednn_linear`: an inference product with its bias and GELU or residual sum in one
+  oneDNN call (AMD CPUs with AVX-512, :func:`onednn_inference`);
   :func:`linear` / :class:`ScratchLinear`: a product whose output or input gradient is a
   :func:`scratch` buffer;
 * :func:`word_embedding`: the word lookup, and the weight for a tied decoder whose gradient
@@ -43,6 +45,7 @@ from bertforge.modeling.kernels import (
     cross_entropy_with_gradient_kernel,
     dropout_kernel,
     gemm_library,
+    onednn_for_inference,
     softmax_dropout_kernels,
 )
 
@@ -322,9 +325,39 @@ class KernelAttention(torch.autograd.Function):
         return grad_q, grad_in, None, None, None, None, None
 
 
+def onednn_inference(*tensors: Tensor | None) -> bool:
+    """Whether an inference product of these tensors runs in oneDNN (:func:`onednn_linear`):
+    no gradient recorded, fp32 CPU tensors outside autocast, and
+    :func:`~bertforge.modeling.kernels.onednn_for_inference` (AMD CPUs with AVX-512)."""
+    if torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
+        return False
+    present = [t for t in tensors if t is not None]
+    return _fp32_cpu(*present) and present[0].numel() > 0 and onednn_for_inference()
+
+
+def onednn_linear(
+    x: Tensor, weight: Tensor, bias: Tensor | None, post: str = "none", add: Tensor | None = None
+) -> Tensor:
+    """``F.linear(x, weight, bias)`` in one oneDNN call, followed by BERT's exact GELU
+    (``post="gelu"``) or plus ``add`` (shaped as the output) in the same pass over the output:
+    the layers' products in inference on AMD CPUs with AVX-512, where oneDNN runs them 10-25%
+    faster than MKL with GELU or the residual sum fused (see
+    :func:`onednn_inference`)."""
+    flat = x.reshape(-1, x.shape[-1])
+    if add is not None:
+        other = add.reshape(flat.shape[0], weight.shape[0])
+        y = torch.ops.mkldnn._linear_pointwise.binary(flat, other, weight, bias, "add")
+    else:
+        y = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, post, [], "none")
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor, name: str) -> Tensor:
     """``F.linear(x, weight, bias)``; when training in fp32 on the CPU, through
-    :class:`ScratchLinear`, its output in the :func:`scratch` buffer ``name``."""
+    :class:`ScratchLinear`, its output in the :func:`scratch` buffer ``name``; in inference, in
+    oneDNN where :func:`onednn_inference` says so."""
+    if onednn_inference(x, weight, bias):
+        return onednn_linear(x, weight, bias)
     fp32 = _fp32_cpu(x, weight, bias) and not torch.is_autocast_enabled("cpu")
     if not (torch.is_grad_enabled() and fp32) or x.numel() == 0:
         return F.linear(x, weight, bias)
@@ -689,7 +722,8 @@ def dense_activation(x: Tensor, dense: nn.Linear, name: str) -> Tensor:
     """``activation(name, dense(x))``: the feed-forward's first half. When training in fp32 on
     the CPU with BERT's exact GELU, the product runs without its bias and :class:`BiasGelu`
     adds it inside one C pass forward and one backward (the bias gradient included); in
-    inference (no autograd) the activation overwrites the product."""
+    inference (no autograd) the activation overwrites the product, or with exact GELU where
+    :func:`onednn_inference` says so, oneDNN applies it in the product's call."""
     w, b = dense.weight, dense.bias
     kernels = None
     if (
@@ -703,6 +737,8 @@ def dense_activation(x: Tensor, dense: nn.Linear, name: str) -> Tensor:
     ):
         kernels = bias_gelu_kernels()
     if kernels is None or x.numel() == 0:
+        if name == "gelu" and onednn_inference(x, w, b):
+            return onednn_linear(x, w, b, "gelu")
         h = F.linear(x, w, b)
         return activation(name, h, inplace=autograd_free(h))
     return BiasGelu.apply(x.reshape(-1, x.shape[-1]), w, b, kernels).view(*x.shape[:-1], -1)
@@ -760,6 +796,8 @@ __all__ = [
     "explicit_attention",
     "gemm",
     "linear",
+    "onednn_inference",
+    "onednn_linear",
     "padded_rows",
     "query_attention",
     "repad",
