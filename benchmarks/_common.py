@@ -64,7 +64,7 @@ def auto_precision() -> str:
 def machine_description() -> dict[str, str]:
     import transformers
 
-    from bertforge.modeling.kernels import gemm_library, vector_width
+    from bertforge.modeling.kernels import gemm_library, onednn_for_inference, vector_width
     from bertforge.runtime import cpu_has_fast_bf16, cpu_vendor
 
     width = vector_width()
@@ -76,6 +76,7 @@ def machine_description() -> dict[str, str]:
         "precision `auto` picks": auto_precision(),
         "C kernels": f"{width}-float vectors" if width else "off (torch forms)",
         "fp32 training products (BERTFORGE_GEMM)": f"{gemm_library()} ({cpu_vendor() or '?'})",
+        "fp32 inference products": "onednn" if onednn_for_inference() else "blas",
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
