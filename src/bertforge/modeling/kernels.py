@@ -461,10 +461,10 @@ GEMM_LIBRARIES = ("auto", "blas", "onednn")
 def gemm_library() -> str:
     """The library the fp32 products of the layers run in: ``"onednn"`` (torch's bundled
     oneDNN, through ``torch.ops.mkldnn._linear_pointwise``) or ``"blas"`` (``torch.mm``: MKL in
-    torch's x86 wheels). ``BERTFORGE_GEMM`` = ``auto`` (default), ``blas`` or ``onednn``. In
-    training, oneDNN runs the forward and input-gradient products (:func:`bertforge.modeling.ops.gemm`);
-    in inference on CPUs with AVX-512, the layers' products with their bias and GELU or
-    residual sum (:func:`onednn_for_inference`).
+    torch's x86 wheels). ``BERTFORGE_GEMM`` = ``auto`` (default), ``blas`` or ``onednn``.
+    In training, oneDNN runs the forward and input-gradient products
+    (:func:`bertforge.modeling.ops.gemm`); in inference on CPUs with AVX-512, the layers'
+    products with their bias and GELU or residual sum (:func:`onednn_for_inference`).
 
     ``auto`` picks oneDNN on AMD CPUs, where MKL runs its generic code path (the
     ``mkl_blas_def_*`` kernels) and oneDNN's JIT kernels are 15-50% faster on the step's shapes

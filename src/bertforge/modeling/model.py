@@ -243,7 +243,8 @@ class BertOutput(nn.Module):
 
     def forward(self, y: Tensor, residual: Tensor) -> Tensor:
         """``y`` (.., in_features), ``residual`` (.., H). In inference the residual's buffer is
-        reused for the result: callers pass a residual they no longer need."""
+        reused for the result (callers pass a residual they no longer need), or oneDNN adds the
+        residual in the product's call (:func:`~bertforge.modeling.ops.onednn_inference`)."""
         w, b = self.dense.weight, self.dense.bias
         if not self.training and onednn_inference(y, w, b, residual):
             return self.LayerNorm(onednn_linear(y, w, b, add=residual))  # one oneDNN call
