@@ -16,6 +16,7 @@ import torch
 
 from bertforge import cli
 from bertforge.data.shards import prepare
+from bertforge.modeling import kernels
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -41,6 +42,20 @@ TINY_MODEL = {
 def tiny_config() -> BertConfig:
     """:data:`TINY_MODEL` with a 120-token vocabulary."""
     return BertConfig(vocab_size=120, **TINY_MODEL)
+
+
+@pytest.fixture
+def use_gemm_library(monkeypatch):
+    """``use_gemm_library(name)`` sets ``BERTFORGE_GEMM`` for the rest of the test and clears
+    :func:`~bertforge.modeling.kernels.gemm_library`'s cached choice; cleared again at the end,
+    so that later tests choose from their own environment."""
+
+    def use(library: str) -> None:
+        monkeypatch.setenv("BERTFORGE_GEMM", library)
+        kernels.gemm_library.cache_clear()
+
+    yield use
+    kernels.gemm_library.cache_clear()
 
 
 @pytest.fixture(scope="session")

@@ -363,31 +363,25 @@ class CountOneDNN(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_training_step_agrees_in_both_product_libraries(tiny_config, monkeypatch):
+def test_training_step_agrees_in_both_product_libraries(tiny_config, use_gemm_library):
     """The fp32 training step (dropout on: every kernel path) with its products in BLAS and in
     oneDNN (``BERTFORGE_GEMM``; oneDNN is what AMD CPUs get): the same loss and gradients up to
     fp32 rounding, on a padded batch."""
     import dataclasses
 
-    from bertforge.modeling import kernels
-
     config = dataclasses.replace(tiny_config, hidden_dropout_prob=0.1)
     results, calls = {}, {}
     for library in ("blas", "onednn"):
-        monkeypatch.setenv("BERTFORGE_GEMM", library)
-        kernels.gemm_library.cache_clear()
-        try:
-            torch.manual_seed(0)
-            model = BertForPreTraining(config).train()
-            batch = padded_batch(config.vocab_size)
-            torch.manual_seed(1)  # the same dropout masks in both
-            CountOneDNN.calls = 0
-            with CountOneDNN():
-                out = model(**batch)
-                out.loss.backward()
-            results[library], calls[library] = (out.loss.detach(), grads(model)), CountOneDNN.calls
-        finally:
-            kernels.gemm_library.cache_clear()
+        use_gemm_library(library)
+        torch.manual_seed(0)
+        model = BertForPreTraining(config).train()
+        batch = padded_batch(config.vocab_size)
+        torch.manual_seed(1)  # the same dropout masks in both
+        CountOneDNN.calls = 0
+        with CountOneDNN():
+            out = model(**batch)
+            out.loss.backward()
+        results[library], calls[library] = (out.loss.detach(), grads(model)), CountOneDNN.calls
     assert calls["blas"] == 0
     assert calls["onednn"] > 0 or not torch.backends.mkldnn.is_available()
     (loss_a, grads_a), (loss_b, grads_b) = results.values()
@@ -396,7 +390,7 @@ def test_training_step_agrees_in_both_product_libraries(tiny_config, monkeypatch
 
 
 @pytest.mark.parametrize("skip_padding", [False, True])
-def test_inference_agrees_in_both_product_libraries(tiny_config, monkeypatch, skip_padding):
+def test_inference_agrees_in_both_product_libraries(tiny_config, use_gemm_library, skip_padding):
     """Inference (no autograd) with the layers' products in BLAS and in oneDNN, bias and GELU or
     the residual sum in oneDNN's call (``BERTFORGE_GEMM=onednn`` on a CPU with AVX-512; what AMD
     Zen 4 gets): the same hidden states up to fp32 rounding, padded and with the padding
@@ -411,22 +405,18 @@ def test_inference_agrees_in_both_product_libraries(tiny_config, monkeypatch, sk
     real = batch["attention_mask"].bool()
     results, calls, used = {}, {}, {}
     for library in ("blas", "onednn"):
-        monkeypatch.setenv("BERTFORGE_GEMM", library)
-        kernels.gemm_library.cache_clear()
-        try:
-            CountOneDNN.calls = 0
-            with torch.no_grad(), CountOneDNN():
-                out = model(*args, skip_padding=skip_padding)
-            results[library], calls[library] = out, CountOneDNN.calls
-            x, w = torch.randn(4, 8), torch.randn(3, 8)
-            assert not onednn_inference(x, w)  # autograd records here
-            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-                assert not onednn_inference(x, w)
-            with torch.no_grad():
-                assert onednn_inference(x, w) == kernels.onednn_for_inference()
-            used[library] = kernels.onednn_for_inference()
-        finally:
-            kernels.gemm_library.cache_clear()
+        use_gemm_library(library)
+        CountOneDNN.calls = 0
+        with torch.no_grad(), CountOneDNN():
+            out = model(*args, skip_padding=skip_padding)
+        results[library], calls[library] = out, CountOneDNN.calls
+        x, w = torch.randn(4, 8), torch.randn(3, 8)
+        assert not onednn_inference(x, w)  # autograd records here
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            assert not onednn_inference(x, w)
+        with torch.no_grad():
+            assert onednn_inference(x, w) == kernels.onednn_for_inference()
+        used[library] = kernels.onednn_for_inference()
     assert calls["blas"] == 0 and not used["blas"]
     layers = tiny_config.num_hidden_layers  # per layer: GELU product, two sums (+ q/k/v)
     assert calls["onednn"] >= 3 * layers if used["onednn"] else calls["onednn"] == 0

@@ -408,42 +408,34 @@ def test_decoder_rows_are_padded_to_64_bytes_and_equal_linear():
 
 
 @pytest.mark.parametrize("library", ["blas", "onednn"])
-def test_gemm_in_either_library_equals_float64(monkeypatch, library):
+def test_gemm_in_either_library_equals_float64(use_gemm_library, library):
     """``ops.gemm`` (a @ b.T + bias) in BLAS or oneDNN (``BERTFORGE_GEMM``), on the layouts the
     training step passes: contiguous rows, a transposed weight view (the input gradient), a
     bias; fp32 rounding of the float64 product."""
     from bertforge.modeling import kernels
 
-    monkeypatch.setenv("BERTFORGE_GEMM", library)
-    kernels.gemm_library.cache_clear()
-    try:
-        usable = torch.backends.mkldnn.is_available()
-        assert kernels.gemm_library() == (library if usable else "blas")
-        g = torch.Generator().manual_seed(0)
-        a, w = torch.randn(37, 24, generator=g), torch.randn(40, 24, generator=g)
-        bias, grad = torch.randn(40, generator=g), torch.randn(37, 40, generator=g)
-        out = torch.empty(37, 40)
-        for got, want in [
-            (ops.gemm(a, w), a.double() @ w.double().t()),
-            (ops.gemm(a, w, bias, out), a.double() @ w.double().t() + bias.double()),
-            (ops.gemm(grad, w.t()), grad.double() @ w.double()),  # the input gradient
-        ]:
-            assert got.dtype == torch.float32 and got.is_contiguous()
-            torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-5)
-    finally:
-        kernels.gemm_library.cache_clear()
+    use_gemm_library(library)
+    usable = torch.backends.mkldnn.is_available()
+    assert kernels.gemm_library() == (library if usable else "blas")
+    g = torch.Generator().manual_seed(0)
+    a, w = torch.randn(37, 24, generator=g), torch.randn(40, 24, generator=g)
+    bias, grad = torch.randn(40, generator=g), torch.randn(37, 40, generator=g)
+    out = torch.empty(37, 40)
+    for got, want in [
+        (ops.gemm(a, w), a.double() @ w.double().t()),
+        (ops.gemm(a, w, bias, out), a.double() @ w.double().t() + bias.double()),
+        (ops.gemm(grad, w.t()), grad.double() @ w.double()),  # the input gradient
+    ]:
+        assert got.dtype == torch.float32 and got.is_contiguous()
+        torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=1e-5)
 
 
-def test_gemm_library_setting_is_checked(monkeypatch):
+def test_gemm_library_setting_is_checked(use_gemm_library):
     from bertforge.modeling import kernels
 
-    monkeypatch.setenv("BERTFORGE_GEMM", "cublas")
-    kernels.gemm_library.cache_clear()
-    try:
-        with pytest.warns(UserWarning, match="BERTFORGE_GEMM='cublas' is not one of"):
-            assert kernels.gemm_library() in ("blas", "onednn")
-    finally:
-        kernels.gemm_library.cache_clear()
+    use_gemm_library("cublas")
+    with pytest.warns(UserWarning, match="BERTFORGE_GEMM='cublas' is not one of"):
+        assert kernels.gemm_library() in ("blas", "onednn")
 
 
 @needs_kernels
