@@ -1,6 +1,6 @@
 """`make bench`: every bertforge-vs-transformers measurement, as one markdown report.
 
-    python benchmarks/bench_all.py                # everything (~4 minutes on 2 cores)
+    python benchmarks/bench_all.py                # everything (~5 minutes on 2 cores)
     python benchmarks/bench_all.py --quick        # fewer repetitions, mini only
     python benchmarks/bench_all.py --out report.md
 
