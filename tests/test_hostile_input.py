@@ -279,3 +279,24 @@ def test_jsonl_cells_that_are_not_text(tmp_path):
     docs = seen(lambda: list(read_documents(path, text_column="text")))
     assert docs is None or all(isinstance(s, str) for d in docs for s in d)
     record("readers: edge-case files", examples=seen.total, tracebacks=0)
+
+
+def test_a_text_column_given_as_labels_is_quoted_short(tmp_path):
+    """Reviews in the label column (``--label_column text`` by mistake): the error is one short
+    line that quotes the start of the cell and its length, not the whole review."""
+    review = "This film " + "was long and slow, " * 60 + "the end."
+    rows = [{"text": f"odd {i}", "label": f"{review} {i}"} for i in range(8)]
+    rows += [{"text": f"review {i}", "label": "pos" if i % 2 else "neg"} for i in range(40)]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with pytest.raises(BertforgeError) as regression:
+        load_labelled(path, text_column="text", label_column="label", task="regression")
+    with pytest.raises(BertforgeError) as classification:
+        load_labelled(path, text_column="text", label_column="label")
+    for err in (regression.value, classification.value):
+        message = str(err)
+        assert "\n" not in message and len(message) < 700, message
+        assert "'This film was long and slow, was lon...' (1,16" in message
+        assert review not in message
+    assert "not a number" in str(regression.value)
+    assert "and 3 more" in str(classification.value)  # 8 odd labels: five shown

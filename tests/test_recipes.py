@@ -106,9 +106,18 @@ def test_wikitext_nsp_smoke(shared_data, tmp_path, capsys):
     assert table["start"]["perplexity"] > 100
 
 
+def test_recipe_alone_lists_the_recipes(capsys):
+    assert cli_main(["recipe"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[0] for line in out.splitlines()[1:]] == list(RECIPES)
+
+
 def test_unknown_recipe_and_missing_data_are_one_line_errors(tmp_path, capsys):
     assert cli_main(["recipe", "nope"]) == 2
-    assert "nope" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("error: bertforge recipe: 'nope' is not one recipe; name one of ")
+    assert err.count("bertforge recipe") == 2  # the prefix and the --help hint
+    assert err.count("\n") == 1
     assert (
         cli_main(
             [

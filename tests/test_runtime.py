@@ -87,6 +87,17 @@ def test_precision_choice_follows_cpu_flags():
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
 
 
+def test_device_errors_name_the_option_as_the_command_spells_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(BertforgeError) as err:
+        pick_device("cuda", option="--train.device")
+    assert str(err.value) == (
+        "--train.device cuda: CUDA is not available here; use --train.device cpu or auto"
+    )
+    with pytest.raises(BertforgeError, match=r"^--device 'gpu0' is not a device"):
+        pick_device("gpu0")
+
+
 def _draws() -> tuple:
     return random.random(), float(np.random.rand()), float(np.random.randn()), float(torch.rand(1))
 

@@ -58,8 +58,9 @@ def keep_freed_memory(trim_threshold: int = 1 << 30) -> bool:
 # ---- device and precision -----------------------------------------------------------------
 
 
-def pick_device(name: str = "auto") -> torch.device:
-    """``auto`` picks cuda > mps > cpu; any other name (``cpu``, ``cuda:1``) is checked and used."""
+def pick_device(name: str = "auto", option: str = "--device") -> torch.device:
+    """``auto`` picks cuda > mps > cpu; any other name (``cpu``, ``cuda:1``) is checked and used.
+    ``option`` is how the command spells the setting, for its errors."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -71,15 +72,15 @@ def pick_device(name: str = "auto") -> torch.device:
         device = torch.device(name)
     except RuntimeError as err:
         raise BertforgeError(
-            f"--device {name!r} is not a device; use auto, cpu, cuda or mps"
+            f"{option} {name!r} is not a device; use auto, cpu, cuda or mps"
         ) from err
     if device.type == "cuda" and not torch.cuda.is_available():
         raise BertforgeError(
-            f"--device {name}: CUDA is not available here; use --device cpu or auto"
+            f"{option} {name}: CUDA is not available here; use {option} cpu or auto"
         )
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise BertforgeError(
-            f"--device {name}: MPS is not available here; use --device cpu or auto"
+            f"{option} {name}: MPS is not available here; use {option} cpu or auto"
         )
     return device
 

@@ -41,14 +41,22 @@ class RecipeOptions:
 
     def __post_init__(self) -> None:
         if len(self.name) != 1 or self.name[0] not in RECIPES:
+            given = " ".join(self.name)
             raise BertforgeError(
-                f"bertforge recipe {' '.join(self.name) or '(no name)'}: name one recipe of "
-                f"{', '.join(RECIPES)}"
+                f"{given!r} is not one recipe; name one of {', '.join(RECIPES)}"
+                if given
+                else f"name one recipe of {', '.join(RECIPES)}"
             )
 
 
 def main(argv: list[str]) -> int:
-    """``bertforge recipe NAME [--smoke] [--data DIR] [--output DIR] [--budget 30m]``."""
+    """``bertforge recipe NAME [--smoke] [--data DIR] [--output DIR] [--budget 30m]``; with no
+    argument at all, the list of recipes."""
+    if not argv:
+        print("recipes (run one with: bertforge recipe NAME; options: bertforge recipe --help):")
+        for name, (_, help_) in RECIPES.items():
+            print(f"  {name:<18} {help_}")
+        return 0
     cfg = parse_config(
         RecipeOptions,
         argv,

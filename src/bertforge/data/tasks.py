@@ -75,20 +75,32 @@ def suspicious_labels(names: Sequence[str]) -> list[str]:
     return [n for n in counts if n in odd or n in rare]
 
 
+def quoted(value: Any, limit: int = 40) -> str:
+    """``repr(value)``, cut to about ``limit`` characters with the full length said, so an error
+    that quotes a cell (a whole review in the wrong column) stays one readable line."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    close = text[0] if text[0] in "'\"" else ""
+    return f"{text[: limit - 3]}...{close} ({len(str(value)):,} characters)"
+
+
 def _label_report(source: str, column: str, names: list[str], where: list[str]) -> str:
     """One line naming the suspicious labels with their counts and first rows."""
     odd = suspicious_labels(names)
     single_file = len({w.rsplit(":", 1)[0] for w in where}) == 1
     parts = []
-    for label in odd:
+    for label in odd[:5]:
         rows = [w for n, w in zip(names, where, strict=True) if n == label]
         shown = [f"line {w.rsplit(':', 1)[1]}" if single_file else w for w in rows[:3]]
         more = ", ..." if len(rows) > 3 else ""
         parts.append(
-            f"{label!r} ({len(rows)} row{'s' * (len(rows) != 1)}: {', '.join(shown)}{more})"
+            f"{quoted(label)} ({len(rows)} row{'s' * (len(rows) != 1)}: {', '.join(shown)}{more})"
         )
+    if len(odd) > 5:
+        parts.append(f"and {len(odd) - 5:,} more")
     others = sorted({n for n in names} - set(odd))
-    counts = ", ".join(f"{n!r} x{names.count(n)}" for n in others[:8])
+    counts = ", ".join(f"{quoted(n)} x{names.count(n)}" for n in others[:8]) or "no other labels"
     return (
         f"{source}: column {column!r} holds unexpected or rare labels {'; '.join(parts)} beside "
         f"{counts}; fix those rows, or pass --allow_rare_labels (allow_rare_labels=True in Python) to train "
@@ -106,7 +118,7 @@ def labels_to_ids(
         if name not in label2id:
             known = ", ".join(map(repr, label2id))
             raise BertforgeError(
-                f"{source}: row {i + 1} has label {name!r}, which the model does not know "
+                f"{source}: row {i + 1} has label {quoted(name)}, which the model does not know "
                 f"(its labels: {known}); fix the row or train with this label"
             )
         ids[i] = label2id[name]
@@ -121,12 +133,12 @@ def to_floats(values: Sequence[Any], column: str, source: str = "data") -> np.nd
             out[i] = float(value)
         except (TypeError, ValueError):
             raise BertforgeError(
-                f"{source}: row {i + 1}: column {column!r} holds {value!r}, not a number; "
+                f"{source}: row {i + 1}: column {column!r} holds {quoted(value)}, not a number; "
                 "regression needs a numeric label column"
             ) from None
         if not np.isfinite(out[i]):
             raise BertforgeError(
-                f"{source}: row {i + 1}: column {column!r} is {value!r}; use finite numbers"
+                f"{source}: row {i + 1}: column {column!r} is {quoted(value)}; use finite numbers"
             )
     return out
 
