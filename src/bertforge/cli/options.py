@@ -142,6 +142,40 @@ def build_parser(
     return parser
 
 
+_TYPE_WORDS = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "text",
+    "NoneType": "null",
+    "list": "a list",
+    "tuple": "a list",
+    "dict": "a mapping",
+}
+
+
+def _type_message(message: str) -> str | None:
+    """jsonargparse's report of a value of the wrong type (``Parser key "train.max_steps": Does
+    not validate against any of the Union subtypes ...``) as ``--train.max_steps takes an integer
+    (or null), not 'five'``; None for any other message."""
+    head = re.match(r'Parser key "([\w.]+)": (.*)$', message)
+    value = re.search(r"(?:Got value|Given value): (.*?)$", message)
+    if not head or not value:
+        return None
+    key, body = head.groups()
+    literal = re.match(r"Expected a typing\.Literal\[(.*?)\]\. Got value", body)
+    if literal:
+        choices = ", ".join(c.strip(" '\"") for c in literal.group(1).split(","))
+        return f"--{key} takes one of {choices}, not {value.group(1)!r}"
+    subtypes = re.search(r"Subtypes: \[(.*?)\]", body)
+    names = re.findall(r"<class '(\w+)'>", subtypes.group(1) if subtypes else body)
+    words = [_TYPE_WORDS.get(n, n) for n in dict.fromkeys(names) if n != "NoneType"]
+    if not words or any(w.startswith("a list") for w in words):
+        return None  # lists have their own message below
+    null = " (or null)" if "NoneType" in names else ""
+    return f"--{key} takes {' or '.join(words)}{null}, not {value.group(1)!r}"
+
+
 def _one_line(err: BaseException, prog: str, argv: Sequence[str]) -> BertforgeError:
     message = " ".join(str(err).split())
     head = "the following arguments are required: "
@@ -155,6 +189,8 @@ def _one_line(err: BaseException, prog: str, argv: Sequence[str]) -> BertforgeEr
         key, value = sequence.groups()
         items = ",".join(value.replace(",", " ").split()) or "..."
         message = f"--{key} takes a list: write --{key} '[{items}]', not {value}"
+    else:
+        message = _type_message(message) or message
     configs = [v for k, v in zip(argv, argv[1:], strict=False) if k == "--config"]
     where = f" (options from {', '.join(configs)} and the command line)" if configs else ""
     return BertforgeError(f"{prog}: {message}{where}; see {prog} --help")
