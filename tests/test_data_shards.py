@@ -309,3 +309,25 @@ def test_cooccurrence_counts_equal_the_pair_by_pair_definition(
     assert torch.equal(blocked, got)
     first = ds.cooccurrence_counts(vocab, every, 1, special, max_tokens=1000).sum()
     assert 0 < first < ds.cooccurrence_counts(vocab, every, 1, special).sum() / 10
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_prepare_draws_its_bar_only_on_a_terminal(
+    corpus: Path, tokenizer: Tokenizer, tmp_path: Path, monkeypatch, terminal: bool
+) -> None:
+    """A log file gets the summary, not tqdm's carriage-return redraws."""
+    import sys
+
+    import bertforge.data.shards as shards
+
+    seen: list[bool] = []
+
+    def recording_tqdm(*args, **kwargs):
+        seen.append(kwargs["disable"])
+        return shards_tqdm(*args, **kwargs)
+
+    shards_tqdm = shards.tqdm
+    monkeypatch.setattr(shards, "tqdm", recording_tqdm)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal, raising=False)
+    prepare([str(corpus)], tokenizer, tmp_path / "d", max_seq_length=32, mode="packed")
+    assert seen == [not terminal]

@@ -20,6 +20,7 @@ import hashlib
 import itertools
 import json
 import math
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -232,8 +233,15 @@ def prepare(
             for code, split in enumerate(SPLITS)
         }
         n_docs = n_sentences = 0
-        # delay: no bar for a run that fails or ends at once (no "prepare: 0 docs" before an error)
-        bar = tqdm(desc="prepare", unit=" docs", disable=not progress, mininterval=1.0, delay=1.0)
+        # delay: no bar for a run that fails or ends at once (no "prepare: 0 docs" before an error);
+        # none when stderr is a log file (its carriage returns would fill it), as item_bar
+        bar = tqdm(
+            desc="prepare",
+            unit=" docs",
+            disable=not (progress and sys.stderr.isatty()),
+            mininterval=1.0,
+            delay=1.0,
+        )
         tagged = _tagged_documents(inputs, validation_inputs, fraction, read, excluded, stats)
         try:
             for split, doc in tagged:
