@@ -6,8 +6,11 @@ sequential ones get."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,7 +22,7 @@ import torch
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from serve_helpers import Client, request, serve, tiny_models  # noqa: E402
+from serve_helpers import ROOT, Client, request, serve, tiny_models  # noqa: E402
 
 import bertforge  # noqa: E402
 from bertforge.inference.explain import attention_maps, integrated_gradients  # noqa: E402
@@ -497,3 +500,22 @@ def test_serve_command_errors_are_one_line(argv, says, capsys):
     assert main(["serve", *argv]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], lines
+
+
+def test_a_port_in_use_is_one_line_and_exit_2_before_serving(tmp_path):
+    """Another process listening on the port: refused before the models load and before
+    "serving on" is printed (uvicorn itself would log a traceback-like error and exit 3)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [sys.executable, "-m", "bertforge.cli", "serve", "--model", str(tmp_path)]
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        done = subprocess.run(
+            [*argv, "--port", str(port)], capture_output=True, text=True, env=env, timeout=120
+        )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: port {port} on 127.0.0.1 is in use; pass another --port"
+    ]
+    assert "serving on" not in done.stderr + done.stdout

@@ -3,6 +3,8 @@ over HTTP with uvicorn (an ASGI server: FastAPI's standard companion, one proces
 
 from __future__ import annotations
 
+import errno
+import socket
 import sys
 
 import torch
@@ -10,7 +12,28 @@ import torch
 from bertforge.cli.options import parse_config
 from bertforge.errors import BertforgeError
 from bertforge.serve.config import ServeConfig
-from bertforge.serve.models import load_served_model
+from bertforge.serve.models import check_served_directory, load_served_model
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` for uvicorn to serve on: bound here, before the models
+    load and before "serving on" is printed, so a taken port is one line and exit 2 (uvicorn
+    would log its own error and exit 3), and no other process can take the port in between."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn chooses
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # uvicorn's default too
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise BertforgeError(f"port {port} on {host} is in use; pass another --port") from None
+        reason = err.strerror or str(err)
+        raise BertforgeError(
+            f"cannot listen on {host}:{port} ({reason}); pass another --host or --port"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def main(argv: list[str]) -> int:
@@ -34,31 +57,35 @@ def main(argv: list[str]) -> int:
 
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
-    models = {}
     for name, directory in config.models.items():
-        served = load_served_model(name, directory, config.device, config.precision)
-        models[name] = served
-        print(
-            f"{name}: {served.kind} from {directory} ({served.options['precision']})",
-            file=sys.stderr,
+        check_served_directory(name, directory)
+    sock = listen(config.host, config.port)  # a taken port fails now, not after the loading
+    with sock:
+        models = {}
+        for name, directory in config.models.items():
+            served = load_served_model(name, directory, config.device, config.precision)
+            models[name] = served
+            print(
+                f"{name}: {served.kind} from {directory} ({served.options['precision']})",
+                file=sys.stderr,
+            )
+        app = create_app(config, models)
+        uvicorn_config = uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            http=timed_protocol(config.request_timeout),
+            timeout_keep_alive=5,
+            log_level="warning",
+            access_log=False,
         )
-    app = create_app(config, models)
-    uvicorn_config = uvicorn.Config(
-        app,
-        host=config.host,
-        port=config.port,
-        http=timed_protocol(config.request_timeout),
-        timeout_keep_alive=5,
-        log_level="warning",
-        access_log=False,
-    )
-    server = uvicorn.Server(uvicorn_config)
-    print(
-        f"serving on http://{config.host}:{config.port} (page at /, API docs at /docs)",
-        file=sys.stderr,
-        flush=True,
-    )
-    server.run()
+        server = uvicorn.Server(uvicorn_config)
+        print(
+            f"serving on http://{config.host}:{config.port} (page at /, API docs at /docs)",
+            file=sys.stderr,
+            flush=True,
+        )
+        server.run(sockets=[sock])
     return 0
 
 

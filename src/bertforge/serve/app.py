@@ -21,7 +21,8 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bertforge.errors import BertforgeError
@@ -37,6 +38,8 @@ from bertforge.serve.metrics import Metrics
 from bertforge.serve.models import ServedModel
 
 Texts = str | list[str]
+Pair = tuple[str, str]
+"""``[text, text_pair]`` in JSON: the two segments of one example, ``[CLS] a [SEP] b [SEP]``."""
 
 
 # ---- request bodies ----------------------------------------------------------------------------
@@ -55,8 +58,27 @@ class FillMaskRequest(_Request):
 
 
 class PredictRequest(_Request):
-    inputs: Texts
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"inputs": ["a good film", "a dull plot"]},
+                {"inputs": [["A man is eating.", "Someone eats."]], "model": "nli"},
+            ]
+        }
+    )
+    inputs: Texts | list[Pair] = Field(
+        description="a text or a list of texts; for a model fine-tuned on text pairs (/info: "
+        '"inputs": "pairs"), a list of [text, text_pair] pairs, e.g. [["premise", "hypothesis"]]'
+    )
     truncate: bool = Field(False, description="cut texts longer than the limit instead of 413")
+
+    @field_validator("inputs", mode="wrap")
+    @classmethod
+    def _texts_or_pairs(cls, value: Any, handler: Any) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:  # pydantic's answer lists every union member: say it in one
+            raise PydanticCustomError("inputs", _inputs_problem(value)) from None
 
 
 POOLING_HELP = (
@@ -95,8 +117,21 @@ class AttributeRequest(_Request):
 
 
 # ---- helpers -----------------------------------------------------------------------------------
-def _as_list(inputs: Texts) -> list[str]:
+def _as_list(inputs: Texts | list[Pair]) -> list[Any]:
     return [inputs] if isinstance(inputs, str) else list(inputs)
+
+
+def _inputs_problem(value: Any) -> str:
+    """What is wrong with /predict's ``inputs`` when it is none of text, texts, pairs."""
+    shapes = "send a text, a list of texts, or a list of [text, text_pair] pairs"
+    if not isinstance(value, list):
+        return f"{shapes}, not {type(value).__name__}"
+    for i, item in enumerate(value):
+        if isinstance(item, list) and (len(item) != 2 or not all(isinstance(t, str) for t in item)):
+            return f"item {i + 1} is not a pair of two texts [text, text_pair]; {shapes}"
+        if not isinstance(item, str | list):
+            return f"item {i + 1} is {type(item).__name__}, not a text; {shapes}"
+    return f"texts and pairs are mixed; {shapes}"
 
 
 def _round(array: np.ndarray, digits: int = 5) -> list[Any]:
@@ -152,43 +187,80 @@ class Server:
             )
         return served
 
-    def texts(self, inputs: Texts) -> list[str]:
+    def texts(self, inputs: Texts | list[Pair]) -> list[Any]:
+        """The request's texts (or ``(text, text_pair)`` pairs) as a list, checked: not empty,
+        valid Unicode, at most --max_client_batch_size of them."""
         texts = _as_list(inputs)
         if not texts:
             raise ApiError(422, "inputs is empty; send a text or a list of texts")
-        for i, text in enumerate(texts):
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as err:  # JSON may escape a lone surrogate: "\ud800"
-                raise ApiError(
-                    422,
-                    f"text {i + 1} is not valid Unicode ({err.reason} at character {err.start}); "
-                    "send UTF-8 text",
-                ) from err
+        noun = "pair" if isinstance(texts[0], tuple) else "text"
+        for i, item in enumerate(texts):
+            for text in item if isinstance(item, tuple) else (item,):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as err:  # JSON may escape a lone surrogate: "\ud800"
+                    raise ApiError(
+                        422,
+                        f"{noun} {i + 1} is not valid Unicode ({err.reason} at character "
+                        f"{err.start}); send UTF-8 text",
+                    ) from err
         limit = self.config.max_client_batch_size
         if len(texts) > limit:
             raise ApiError(
                 413,
-                f"{len(texts)} texts in one request exceed --max_client_batch_size={limit}; "
+                f"{len(texts)} {noun}s in one request exceed --max_client_batch_size={limit}; "
                 "split the request",
                 "max-client-batch-size",
             )
         return texts
+
+    def check_pairing(self, served: ServedModel, paired: bool, route: str) -> None:
+        """A model fine-tuned on text pairs takes pairs only, one fine-tuned on single texts
+        takes texts only (one ``bertforge finetune`` did not write takes either)."""
+        columns = served.pair_columns
+        if columns and not paired:
+            a, b = columns
+            fix = (
+                f'send "inputs": [["<{a}>", "<{b}>"], ...] (a list of two texts is two texts, '
+                "not one pair)"
+                if route == "/predict"
+                else f'{route} explains one text; send the pairs to /predict: "inputs": '
+                f'[["<{a}>", "<{b}>"], ...]'
+            )
+            raise ApiError(
+                422, f"model {served.name!r} was fine-tuned on text pairs ({a!r} + {b!r}): {fix}"
+            )
+        if paired and served.inputs == "texts":
+            column = served.finetuned.get("text_column") or "text"
+            raise ApiError(
+                422,
+                f"model {served.name!r} was fine-tuned on single texts ({column!r}), not pairs: "
+                'send "inputs": "<text>" or ["<text>", ...]',
+            )
 
     def length_limit(self, served: ServedModel) -> tuple[int, str]:
         if served.max_length < self.config.max_input_length:
             return served.max_length, f"model {served.name!r}'s max_position_embeddings"
         return self.config.max_input_length, "--max_input_length"
 
-    def lengths(self, served: ServedModel, texts: Sequence[str], truncate: bool) -> list[int]:
-        """Token counts (with [CLS] and [SEP]); a text over the limit is a 413 naming it."""
+    def lengths(self, served: ServedModel, texts: Sequence[Any], truncate: bool) -> list[int]:
+        """Token counts (with [CLS] and [SEP], for a ``(text, text_pair)`` pair of both and
+        three specials); a text or pair over the limit is a 413 naming it."""
         limit, name = self.length_limit(served)
-        lengths = [len(e.ids) + 2 for e in served.tokenizer.backend.encode_batch(list(texts))]
+        backend = served.tokenizer.backend
+        paired = bool(texts) and isinstance(texts[0], tuple)
+        if paired:
+            firsts = backend.encode_batch([a for a, _ in texts])
+            seconds = backend.encode_batch([b for _, b in texts])
+            lengths = [len(a.ids) + len(b.ids) + 3 for a, b in zip(firsts, seconds, strict=True)]
+        else:
+            lengths = [len(e.ids) + 2 for e in backend.encode_batch(list(texts))]
         for i, n in enumerate(lengths):
             if n > limit and not truncate:
                 raise ApiError(
                     413,
-                    f"text {i + 1} is {n} tokens long, more than {name}={limit}; shorten it"
+                    f"{'pair' if paired else 'text'} {i + 1} is {n} tokens long, more than "
+                    f"{name}={limit}; shorten it"
                     + ("" if name.startswith("model") else " or send truncate: true"),
                     "max-input-length",
                 )
@@ -324,20 +396,41 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
         results = await server.run(key, texts, sum(lengths), run)
         return JSONResponse(results)
 
-    @app.post("/predict", summary="labels with scores (or the value of a regressor)")
+    @app.post(
+        "/predict",
+        summary="labels with scores (or the value of a regressor), of texts or text pairs",
+        description="A model fine-tuned on text pairs (`bertforge finetune --text_pair_column`; "
+        '/info says `"inputs": "pairs"`) takes `{"inputs": [["<text>", "<text_pair>"], ...]}`, '
+        "as `classify(model, tokenizer, texts, pairs)` does in Python; any other takes a text "
+        "or a list of texts.",
+    )
     async def predict(body: PredictRequest) -> JSONResponse:
         served = server.model(body.model, "/predict")
-        texts = server.texts(body.inputs)
-        lengths = server.lengths(served, texts, body.truncate)
+        items = server.texts(body.inputs)
+        paired = isinstance(items[0], tuple)
+        server.check_pairing(served, paired, "/predict")
+        lengths = server.lengths(served, items, body.truncate)
         max_length = server.length_limit(served)[0]
+        # an ONNX model has no directory for classify() to read the fine-tuned truncation from
+        truncation = served.finetuned.get("truncation")
 
-        def run(batch: list[str]) -> list[dict[str, Any]]:
+        def run(batch: list[Any]) -> list[dict[str, Any]]:
             options = {**served.options, "batch_size": len(batch)}
+            texts, pairs = (
+                ([a for a, _ in batch], [b for _, b in batch]) if paired else (batch, None)
+            )
             return predict_classify(
-                served.model, served.tokenizer, batch, max_length=max_length, **options
+                served.model,
+                served.tokenizer,
+                texts,
+                pairs,
+                max_length=max_length,
+                truncation=truncation,
+                **options,
             )
 
-        results = await server.run((served.name, "predict"), texts, sum(lengths), run)
+        key = (served.name, "predict", paired)  # texts and pairs never share a forward pass
+        results = await server.run(key, items, sum(lengths), run)
         return JSONResponse(results)
 
     async def _vectors(
@@ -433,6 +526,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
     @app.post("/attribute", summary="integrated-gradients attribution of a classifier's output")
     async def attribute(body: AttributeRequest) -> JSONResponse:
         served = server.model(body.model, "/attribute")
+        server.check_pairing(served, False, "/attribute")
         if not 1 <= body.steps <= config.max_attribution_steps:
             raise ApiError(
                 422,

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import argparse
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from bertforge.errors import BertforgeError
-from bertforge.inference.loading import load_model, load_onnx_model
+from bertforge.inference.loading import finetune_defaults, load_model, load_onnx_model
 from bertforge.inference.onnx import ONNX_FILE
 from bertforge.inference.predict import declared_pooling
 from bertforge.modeling.checkpoint import read_safetensors
@@ -39,6 +39,9 @@ class ServedModel:
     """``batch_size`` and ``precision`` for the inference functions."""
     backend: str = "torch"
     """torch, or onnx for an exported directory run by ONNX Runtime."""
+    finetuned: dict[str, Any] = field(default_factory=dict)
+    """What ``bertforge finetune`` saved beside the weights (``finetune_config.json``: columns,
+    truncation), {} for a directory it did not write."""
 
     @functools.cached_property
     def declared_pooling(self) -> tuple[str | None, bool]:
@@ -68,6 +71,21 @@ class ServedModel:
             return ["/predict", "/attribute", *common]
         return common
 
+    @property
+    def pair_columns(self) -> tuple[str, str] | None:
+        """``(text_column, text_pair_column)`` of a classifier fine-tuned on text pairs, else None."""
+        pair = self.finetuned.get("text_pair_column")
+        return (self.finetuned.get("text_column") or "text", pair) if pair else None
+
+    @property
+    def inputs(self) -> str:
+        """What ``/predict`` takes: ``pairs`` (fine-tuned on pairs), ``texts`` (fine-tuned on
+        single texts), or ``texts or pairs`` (a classifier ``bertforge finetune`` did not write,
+        such as an imported cross-encoder: nothing says which it expects)."""
+        if self.pair_columns:
+            return "pairs"
+        return "texts" if self.finetuned else "texts or pairs"
+
     def describe(self) -> dict[str, Any]:
         """What ``/info`` says about the model."""
         config = self.model.config
@@ -92,6 +110,9 @@ class ServedModel:
         if self.kind == "classifier":
             info["task"] = "regression" if config.is_regression else "classification"
             info["labels"] = None if config.is_regression else self.labels()
+            info["inputs"] = self.inputs
+            if self.pair_columns:
+                info["pair_columns"] = list(self.pair_columns)
         return info
 
     def parameters(self) -> int:
@@ -117,11 +138,17 @@ def weights_kind(directory: str | Path) -> str:
     return "encoder"
 
 
+def check_served_directory(name: str, directory: str) -> None:
+    """Refuse a ``--model`` that names no directory (before anything slower runs)."""
+    if not Path(directory).is_dir():
+        raise BertforgeError(f"--model {name}={directory}: no such model directory")
+
+
 def load_served_model(name: str, directory: str, device: str, precision: str) -> ServedModel:
     """Load ``directory`` for serving under ``name`` (through the commands' own loader)."""
 
-    if not Path(directory).is_dir():
-        raise BertforgeError(f"--model {name}={directory}: no such model directory")
+    check_served_directory(name, directory)
+    finetuned = finetune_defaults(directory)
     args = argparse.Namespace(model=directory, device=device, precision=precision, batch_size=32)
     if (Path(directory) / ONNX_FILE).is_file() and not (
         Path(directory) / "model.safetensors"
@@ -130,7 +157,7 @@ def load_served_model(name: str, directory: str, device: str, precision: str) ->
             args.precision = "fp32"  # an export runs the precision it was exported with
         model, tokenizer, options = load_onnx_model(args, output="last_hidden_state")
         kind = "classifier" if "logits" in model.output_names else "encoder"
-        return ServedModel(name, str(directory), model, tokenizer, kind, options, backend="onnx")
+        return ServedModel(name, str(directory), model, tokenizer, kind, options, "onnx", finetuned)
     kind = weights_kind(directory)
     cls = {
         "classifier": BertForSequenceClassification,
@@ -139,7 +166,7 @@ def load_served_model(name: str, directory: str, device: str, precision: str) ->
     }[kind]
     model, tokenizer, options = load_model(cls, args)
     model.eval()
-    return ServedModel(name, str(directory), model, tokenizer, kind, options)
+    return ServedModel(name, str(directory), model, tokenizer, kind, options, "torch", finetuned)
 
 
-__all__ = ["ServedModel", "load_served_model", "weights_kind"]
+__all__ = ["ServedModel", "check_served_directory", "load_served_model", "weights_kind"]
