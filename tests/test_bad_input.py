@@ -224,7 +224,7 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
     (
         "tokenizer-non-integer-option",
         lambda fx, t: _tok(t, "--vocab_size", "lots"),
-        ("bertforge tokenizer train:", '"vocab_size"', "Got value: lots", "--help"),
+        ("bertforge tokenizer train:", "--vocab_size takes an integer, not 'lots'", "--help"),
     ),
     # prepare
     (
@@ -312,7 +312,7 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
         lambda fx, t: _pt(
             fx["data"], t, "--config", _write(t / "c.yaml", "train:\n  batch_size: lots\n")
         ),
-        ('"train.batch_size"', "Got value: lots", "c.yaml"),
+        ("--train.batch_size takes an integer, not 'lots'", "c.yaml"),
     ),
     (
         "yaml-not-yaml",
