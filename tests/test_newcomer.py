@@ -360,17 +360,24 @@ def test_version_flag(capsys):
     assert capsys.readouterr().out.strip() == f"bertforge {bertforge.__version__}"
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        ["embed", "--input", "x.txt", "--output", "v.npy"],
-        ["classify", "some text"],
-        ["fill-mask", "a [MASK] ."],
-        ["evaluate", "--data", "x.txt"],
-        ["finetune", "--train", "x.csv", "--output", "out"],
-    ],
-    ids=lambda c: c[0],
-)
+MODEL_COMMANDS = [
+    ["embed", "--input", "x.txt", "--output", "v.npy"],
+    ["embed", "--input", "x.txt", "--output", "v.npy", "--backend", "onnx"],
+    ["classify", "some text"],
+    ["classify", "some text", "--backend", "onnx"],
+    ["fill-mask", "a [MASK] ."],
+    ["evaluate", "--data", "x.txt"],
+    ["finetune", "--train", "x.csv", "--output", "out"],
+    ["export", "--format", "onnx", "--output", "out"],
+]
+"""Every command that loads a --model (in a directory holding x.txt and x.csv)."""
+
+
+def _command_id(command: list[str]) -> str:
+    return f"{command[0]}-onnx" if "onnx" in command[1:] else command[0]
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS, ids=_command_id)
 def test_one_message_for_a_missing_model_and_for_a_hub_id(command, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "x.txt").write_text("a text\n")
@@ -384,6 +391,31 @@ def test_one_message_for_a_missing_model_and_for_a_hub_id(command, tmp_path, cap
         and "a local directory is needed (no downloads)" in err
     )
     assert "--local-dir" in err
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS, ids=_command_id)
+def test_a_missing_local_model_and_a_training_run_are_named_as_such(
+    command, tiny_config, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.txt").write_text("a text\n")
+    write_rows(tmp_path / "x.csv", [{"text": "a", "label": "b"}] * 4)
+    (tmp_path / "runs" / "pretrain").mkdir(parents=True)
+    # a path under a local directory is a typo or a run not made yet, not a Hub id to download
+    for model in ("runs/nosuchmodel", "./nosuchmodel"):
+        code, _, err = _run([*command, "--model", model], capsys)
+        assert code == 2 and f"error: {model}: no such model directory" in err, err
+        assert "Hub" not in err and "huggingface-cli" not in err
+    code, _, err = _run([*command, "--model", "runs/pretrian"], capsys)
+    assert code == 2 and "no such model directory; did you mean runs/pretrain?" in err, err
+    # a pretraining run keeps its model in model/: say so instead of "no config.json"
+    tiny_config.save(tmp_path / "runs" / "pretrain" / "model")
+    code, _, err = _run([*command, "--model", "runs/pretrain"], capsys)
+    assert code == 2, err
+    assert (
+        "error: runs/pretrain: a training run, not a model directory; its model is "
+        "runs/pretrain/model" in err
+    )
 
 
 def test_evaluate_accepts_the_encoding_errors_it_suggests(mlm_dir, tmp_path, capsys):

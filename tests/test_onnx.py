@@ -21,6 +21,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 from bertforge.inference.onnx import export_onnx, load_onnx  # noqa: E402
+from bertforge.inference.predict import PoolingChoice, resolve_pooling  # noqa: E402
 
 TEXTS = [
     "good",
@@ -138,6 +139,47 @@ def test_encoder_export_and_embed_backend(classifier_dir: Path, tmp_path: Path, 
         cli.main(["classify", "--model", str(tmp_path / "onnx"), "--backend", "onnx", "good"]) == 2
     )
     assert "has no 'logits' output" in capsys.readouterr().err
+
+
+def test_minilm_export_keeps_the_pooling_it_declares(minilm_dir: Path, tmp_path: Path, capsys):
+    """The real all-MiniLM-L6-v2 declares mean pooling and a Normalize module (modules.json,
+    1_Pooling/): its export carries that declaration, so embed gives the eager model's vectors
+    by default on either backend (before, the export fell back to unnormalised cls)."""
+    out = tmp_path / "minilm-onnx"
+    argv = ["export", "--model", str(minilm_dir), "--format", "onnx", "--output", str(out)]
+    assert cli.main(argv) == 0
+    assert "pooling declaration for embed: 1_Pooling, modules.json" in capsys.readouterr().out
+    inputs = tmp_path / "texts.txt"
+    inputs.write_text("A man is eating food.\nThe new movie is awesome.\nhi\n")
+    vectors, said = {}, {}
+    for backend, model_dir in (("torch", minilm_dir), ("onnx", out)):
+        argv = ["embed", "--model", str(model_dir), "--backend", backend, "--input", str(inputs)]
+        argv += ["--output", str(tmp_path / f"{backend}.npy"), "--precision", "fp32"]
+        assert cli.main(argv) == 0
+        said[backend] = capsys.readouterr().err.split("; ", 1)[1]  # after "wrote FILE: N x H"
+        vectors[backend] = np.load(tmp_path / f"{backend}.npy")
+    assert said["onnx"] == said["torch"]
+    assert said["onnx"].startswith(
+        "mean pooling (declared in 1_Pooling/config.json), normalized (2_Normalize in modules.json)"
+    )
+    np.testing.assert_allclose(vectors["onnx"], vectors["torch"], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(np.linalg.norm(vectors["onnx"], axis=1), 1.0, atol=1e-5)
+    # the Python API reads the declaration beside an export as beside a PyTorch model
+    session = load_onnx(out)
+    declared = ("declared in 1_Pooling/config.json", "2_Normalize in modules.json")
+    assert resolve_pooling(session) == PoolingChoice("mean", True, *declared)
+    assert resolve_pooling(session, "cls").normalize  # a given pooling keeps the Normalize
+
+
+def test_an_export_without_backend_onnx_says_to_add_it(exported: Path, tmp_path: Path, capsys):
+    inputs = tmp_path / "texts.txt"
+    inputs.write_text("good\n")
+    embed = ["embed", "--input", str(inputs), "--output", str(tmp_path / "v.npy")]
+    for argv in (["classify", "good"], embed):
+        assert cli.main([*argv, "--model", str(exported)]) == 2
+        err = capsys.readouterr().err
+        assert f"{exported}: an ONNX export (model.onnx, no model.safetensors)" in err, err
+        assert "run it with --backend onnx" in err
 
 
 def test_classify_backend_onnx_matches_torch(

@@ -25,7 +25,8 @@ class ExportConfig:
     format: Literal["onnx"]
     """onnx (the only format so far)."""
     output: str
-    """Directory to create: model.onnx, config.json, tokenizer files, finetune_config.json."""
+    """Directory to create: model.onnx, config.json, tokenizer files, finetune_config.json, and a
+    sentence-transformers model's pooling declaration (modules.json, 1_Pooling/) for embed."""
     quantize: Quantization | None = None
     """int8: ONNX Runtime's dynamic quantization of the Linear layers' weights (default fp32)."""
     fuse: bool = False
@@ -45,8 +46,10 @@ def main(argv: list[str]) -> int:
     summary = export_onnx(cfg.model, cfg.output, quantize=cfg.quantize, fuse=cfg.fuse)
     fused = ", ".join(f"{n} {kind}" for kind, n in summary["fused"].items())
     fused = f"fused {fused}" if fused else "standard ONNX operators"
+    pooling = ", ".join(summary["pooling"])
+    pooling = f"; pooling declaration for embed: {pooling}" if pooling else ""
     print(
         f"wrote {summary['output']} ({summary['quantize']}, {fused}, {summary['megabytes']} MB; "
-        f"outputs: {', '.join(summary['outputs'])})"
+        f"outputs: {', '.join(summary['outputs'])}{pooling})"
     )
     return 0

@@ -13,7 +13,7 @@ from torch import nn
 from bertforge.errors import BertforgeError
 from bertforge.inference.onnx import OnnxModel, load_onnx
 from bertforge.io import read_json_object
-from bertforge.modeling.checkpoint import check_tokenizer_fits
+from bertforge.modeling.checkpoint import check_model_directory, check_tokenizer_fits
 from bertforge.runtime import pick_device, pick_precision
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.config import FINETUNE_CONFIG
@@ -62,6 +62,8 @@ def load_onnx_model(args: Any, output: str) -> tuple[OnnxModel, Any, dict[str, A
             "--backend onnx runs the precision it was exported with; drop --precision bf16 "
             "(for int8: bertforge export --quantize int8)"
         )
+    # the same "no such model directory" / "a training run" errors as the PyTorch backend
+    check_model_directory(args.model)
     model = load_onnx(args.model)
     if output not in model.output_names:
         raise BertforgeError(

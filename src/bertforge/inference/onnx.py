@@ -1,8 +1,10 @@
 """ONNX: export a model (``bertforge export --format onnx``) and run it with ONNX Runtime.
 
 :func:`export_onnx` writes ``model.onnx`` with dynamic batch and length axes beside the model's
-``config.json``, its tokenizer and (for a fine-tuned model) its fine-tuning config, so the
-directory is a complete inference model: ``bertforge classify --model DIR --backend onnx``.
+``config.json``, its tokenizer, (for a fine-tuned model) its fine-tuning config and (for a
+sentence-transformers model) its pooling declaration (``modules.json``, ``1_Pooling/``), so the
+directory is a complete inference model: ``bertforge classify --model DIR --backend onnx``, and
+``embed --backend onnx`` pools and normalises as ``embed`` on the eager model does.
 ``quantize="int8"`` adds ONNX Runtime's dynamic quantization of the weights of every MatMul (the
 Linear layers: int8 weights with a scale per output column, activations quantized per batch at
 run time); the embedding tables and LayerNorms stay float32.
@@ -31,6 +33,7 @@ PyTorch model. ``onnx`` and ``onnxruntime`` are an optional extra: ``pip install
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import warnings
@@ -44,13 +47,19 @@ from torch import Tensor, nn
 
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_directory
-from bertforge.modeling.checkpoint import check_tokenizer_fits, normalize_key, read_safetensors
+from bertforge.modeling.checkpoint import (
+    ONNX_EXPORT_FILE,
+    check_model_directory,
+    check_tokenizer_fits,
+    normalize_key,
+    read_safetensors,
+)
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForSequenceClassification, BertModel
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.config import FINETUNE_CONFIG
 
-ONNX_FILE = "model.onnx"
+ONNX_FILE = ONNX_EXPORT_FILE
 """File name of the exported graph inside an export directory."""
 Quantization = Literal["int8"]
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
@@ -145,6 +154,33 @@ def _load_for_export(model_dir: Path) -> nn.Module:
     return model.eval()
 
 
+def pooling_declaration(model_dir: Path) -> list[str]:
+    """The files and folders of ``model_dir`` that say how ``embed`` pools and normalises (read by
+    :func:`bertforge.inference.predict.declared_pooling`): a sentence-transformers model's
+    ``modules.json`` and the folders of its Pooling and Normalize modules (``1_Pooling``,
+    ``2_Normalize``); [] for a plain BERT directory. The export copies them, so that
+    ``embed --backend onnx`` pools and normalises as the eager model does."""
+    names = ["1_Pooling"]  # read even without a modules.json
+    if (model_dir / "modules.json").is_file():
+        names.append("modules.json")
+        try:
+            modules = json.loads((model_dir / "modules.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            modules = []  # copied as it is: embed reports it, on the export as on the model
+        for module in modules if isinstance(modules, list) else []:
+            kind = str(module.get("type", "")) if isinstance(module, dict) else ""
+            if kind.rsplit(".", 1)[-1] in ("Pooling", "Normalize") and module.get("path"):
+                names.append(str(module["path"]))
+    inside = model_dir.resolve()
+    return sorted(
+        {
+            name
+            for name in names
+            if (model_dir / name).exists() and (model_dir / name).resolve().is_relative_to(inside)
+        }
+    )
+
+
 def _sample_inputs(config: BertConfig) -> tuple[Tensor, Tensor, Tensor]:
     """A (2, 8) batch with padding in its second row (any shapes: the axes are dynamic)."""
     ids = torch.randint(5, config.vocab_size, (2, 8))
@@ -199,7 +235,9 @@ def export_onnx(
     fuse: bool = False,
 ) -> dict[str, Any]:
     """Export the model in ``model_dir`` to ``output/model.onnx`` (see the module docstring);
-    copies config, tokenizer and fine-tuning config beside it. Returns a summary dict."""
+    copies config, tokenizer, fine-tuning config and pooling declaration (:func:`pooling_declaration`)
+    beside it. Returns a summary dict."""
+    check_model_directory(model_dir)  # as given: Path() would drop the "./" that says "local"
     model_dir, output = Path(model_dir), Path(output)
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise BertforgeError(f"--quantize {quantize!r}: choose int8 (or leave it out for fp32)")
@@ -241,12 +279,19 @@ def export_onnx(
         tokenizer.save(tmp)
         if (model_dir / FINETUNE_CONFIG).is_file():  # classify's defaults (columns, max_length)
             shutil.copy2(model_dir / FINETUNE_CONFIG, tmp / FINETUNE_CONFIG)
+        declaration = pooling_declaration(model_dir)
+        for name in declaration:  # embed's pooling and normalisation
+            if (model_dir / name).is_dir():
+                shutil.copytree(model_dir / name, tmp / name)
+            else:
+                shutil.copy2(model_dir / name, tmp / name)
     size = (output / ONNX_FILE).stat().st_size
     return {
         "output": str(output / ONNX_FILE),
         "outputs": plain.output_names,
         "quantize": quantize or "none (fp32)",
         "fused": fused,  # {} for standard ONNX operators
+        "pooling": declaration,  # [] without a sentence-transformers pooling declaration
         "megabytes": round(size / 2**20, 1),
     }
 
@@ -269,6 +314,9 @@ class OnnxModel:
                 f"(bertforge export --model MODEL --format onnx --output {directory})"
             )
         self.directory = directory
+        # as a PyTorch model's: inference reads the settings saved beside the weights from here
+        # (finetune_config.json, the pooling declaration)
+        self.name_or_path = str(directory)
         self.config = BertConfig.load(directory / "config.json")
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -317,4 +365,5 @@ __all__ = [
     "fuse_graph",
     "quantize_int8",
     "load_onnx",
+    "pooling_declaration",
 ]

@@ -16,8 +16,10 @@ tools, older bertforge) load unchecked, as before.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Any, TypeVar
@@ -41,6 +43,10 @@ from bertforge.modeling.config import CONFIG_NAME, BertConfig
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 PICKLE_NAMES = ("pytorch_model.bin", "model.pt", "model.bin", "pytorch_model.bin.index.json")
+RUN_MODEL_DIR = "model"
+"""Where a pretraining run keeps its final model (``bertforge.training.pretrain.FINAL_DIR``)."""
+ONNX_EXPORT_FILE = "model.onnx"
+"""The graph of a ``bertforge export`` directory (``bertforge.inference.onnx.ONNX_FILE``)."""
 # parameters that alias others (tied), so they are stored once: keys ending so (the MLM head's
 # decoder, also inside an ELECTRA generator: ``generator.cls.predictions.decoder.weight``)
 TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
@@ -105,6 +111,12 @@ def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
             f"{directory / pickles[0]}: refusing to unpickle weights (a pickle can run code). If you "
             'trust the file, convert it once: python -c "import torch; from safetensors.torch import '
             f"save_file; save_file(torch.load('{pickles[0]}', weights_only=True), 'model.safetensors')\""
+        )
+    if (directory / ONNX_EXPORT_FILE).is_file():
+        raise BertforgeError(
+            f"{directory}: an ONNX export ({ONNX_EXPORT_FILE}, no {WEIGHTS_NAME}); run it with "
+            "--backend onnx (bertforge classify, embed), or give the PyTorch model it was "
+            "exported from"
         )
     raise BertforgeError(f"{directory}: no {WEIGHTS_NAME} found; a model directory needs one")
 
@@ -198,27 +210,62 @@ def load_state_dict_into(
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
-def check_model_directory(directory: str | Path) -> Path:
-    """``directory`` as a Path if it exists; else the one "no such model directory" error of
-    every command, which for a Hugging Face Hub id says how to get a local copy."""
-    path = Path(directory)
-    if path.exists():
-        return path
-    text = str(directory)
-    if "/" in text.strip("/") and _HUB_ID.fullmatch(text) and not text.startswith("."):
-        raise BertforgeError(
-            f"{text}: no such model directory; it looks like a Hugging Face Hub id, but a local "
-            "directory is needed (no downloads): fetch it once where there is internet "
-            f"(huggingface-cli download {text} --local-dir DIR) and give --model DIR"
-        )
-    raise BertforgeError(
-        f"{text.rstrip('/') or text}: no such model directory; give a directory holding "
-        "config.json, model.safetensors and the tokenizer (bertforge pretrain writes one)"
+def _looks_local(text: str) -> bool:
+    """Whether a missing ``--model`` is meant as a local path rather than a Hub id: it starts
+    with ``.``, ``/`` or ``~``, has a backslash, or its first component exists here."""
+    if text.startswith((".", "/", "~")) or "\\" in text:
+        return True
+    return Path(text.split("/", 1)[0]).exists()
+
+
+def _missing_model_message(text: str) -> str:
+    shown = text.rstrip("/") or text
+    hub_id = _HUB_ID.fullmatch(text) is not None and not _looks_local(text)
+    fetch = (
+        "fetch it once where there is internet "
+        f"(huggingface-cli download {text} --local-dir DIR) and give --model DIR"
     )
+    if hub_id and "/" in text:
+        return (
+            f"{text}: no such model directory; it looks like a Hugging Face Hub id, but a local "
+            f"directory is needed (no downloads): {fetch}"
+        )
+    path = Path(shown).expanduser()
+    if path.parent.is_dir():
+        siblings = [p.name for p in path.parent.iterdir() if p.is_dir()]
+        close = difflib.get_close_matches(path.name, siblings, n=1)
+        if close:
+            return f"{shown}: no such model directory; did you mean {path.parent / close[0]}?"
+    else:
+        parent = os.path.dirname(shown)  # as typed: Path would drop a leading "./"
+        return f"{shown}: no such model directory ({parent} does not exist either)"
+    message = (
+        f"{shown}: no such model directory; give a directory holding config.json, "
+        "model.safetensors and the tokenizer (bertforge pretrain writes one)"
+    )
+    # a bare name may also be a (legacy) Hub id such as bert-base-uncased
+    return f"{message}; for a Hugging Face Hub id, {fetch}" if hub_id else message
+
+
+def check_model_directory(directory: str | Path) -> Path:
+    """``directory`` as a Path if it exists and is not a training run; else the one error of
+    every command: "no such model directory" (with how to get a local copy of a Hugging Face Hub
+    id, or the close sibling meant), or, for a pretraining run, where its model is."""
+    path = Path(directory)
+    if not path.exists():
+        raise BertforgeError(_missing_model_message(str(directory)))
+    run_model = path / RUN_MODEL_DIR
+    if path.is_dir() and not (path / CONFIG_NAME).is_file() and (run_model / CONFIG_NAME).is_file():
+        raise BertforgeError(
+            f"{path}: a training run, not a model directory; its model is {run_model} "
+            "(give that directory)"
+        )
+    return path
 
 
 def load_pretrained(cls: type[M], directory: str | Path, **config_overrides: Any) -> M:
     """Build ``cls`` from a model directory's config.json and load its safetensors weights."""
+    check_model_directory(directory)  # as given: Path() would drop the "./" that says "local"
     directory = Path(directory)
     if directory.is_file() and directory.suffix in (".bin", ".pt", ".pth", ".ckpt"):
         raise BertforgeError(
@@ -227,7 +274,6 @@ def load_pretrained(cls: type[M], directory: str | Path, **config_overrides: Any
         )
     if directory.is_file():
         directory = directory.parent
-    check_model_directory(directory)
     verify_manifest(directory, [CONFIG_NAME])
     config = BertConfig.load(directory / CONFIG_NAME)
     if config_overrides:
