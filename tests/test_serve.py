@@ -502,6 +502,20 @@ def test_serve_command_errors_are_one_line(argv, says, capsys):
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], lines
 
 
+def test_a_training_run_given_to_serve_names_its_model(tmp_path, capsys):
+    from bertforge.cli import main
+
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    (run / "model" / "config.json").write_text("{}")
+    assert main(["serve", "--model", f"m={run}"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: --model m={run}: a training run, not a model directory; its model is "
+        f"{run / 'model'} (give that directory)\n"
+    )
+
+
 def test_a_port_in_use_is_one_line_and_exit_2_before_serving(tmp_path):
     """Another process listening on the port: refused before the models load and before
     "serving on" is printed (uvicorn itself would log a traceback-like error and exit 3)."""

@@ -19,7 +19,7 @@ from bertforge.errors import BertforgeError
 from bertforge.inference.loading import finetune_defaults, load_model, load_onnx_model
 from bertforge.inference.onnx import ONNX_FILE
 from bertforge.inference.predict import declared_pooling
-from bertforge.modeling.checkpoint import read_safetensors
+from bertforge.modeling.checkpoint import check_model_directory, read_safetensors
 from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
 
 
@@ -139,9 +139,14 @@ def weights_kind(directory: str | Path) -> str:
 
 
 def check_served_directory(name: str, directory: str) -> None:
-    """Refuse a ``--model`` that names no directory (before anything slower runs)."""
+    """Refuse a ``--model`` that names no directory, or a training run instead of its model
+    (before anything slower runs), with the commands' own message."""
     if not Path(directory).is_dir():
         raise BertforgeError(f"--model {name}={directory}: no such model directory")
+    try:
+        check_model_directory(directory)
+    except BertforgeError as err:
+        raise BertforgeError(f"--model {name}={err}") from None
 
 
 def load_served_model(name: str, directory: str, device: str, precision: str) -> ServedModel:
