@@ -250,3 +250,28 @@ def test_evaluate_command_on_an_mlm_model_compares_with_random_init(
         cli.main(["evaluate", "--model", str(mlm_dir), "--data", str(tmp_path / "none.txt")]) == 2
     )
     assert "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["fill-mask", "embed", "classify", "evaluate"])
+def test_model_commands_take_num_threads(command, mlm_dir, classifier_dir, tmp_path, capsys):
+    """``--num_threads N`` on every model-using command (1 on a shared machine), as on
+    pretrain and finetune; 0 is one line naming the option."""
+    texts = tmp_path / "t.txt"
+    texts.write_text("a film [MASK] good\nthe night\n")
+    model = classifier_dir if command == "classify" else mlm_dir
+    argv = {
+        "fill-mask": ["a film [MASK] good"],
+        "embed": ["--input", str(texts), "--output", str(tmp_path / "v.npy")],
+        "classify": ["a film", "the night"],
+        "evaluate": ["--data", str(texts)],
+    }[command]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert cli.main([command, "--model", str(model), *argv, "--num_threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    capsys.readouterr()
+    assert cli.main([command, "--model", str(model), *argv, "--num_threads", "0"]) == 2
+    assert "--num_threads 0 must be at least 1" in capsys.readouterr().err

@@ -30,10 +30,12 @@ class ModelOptions:
     """auto (bf16 where the hardware is fast at it), bf16 or fp32."""
     progress: bool = True
     """A progress bar on stderr while the texts run (drawn only when stderr is a terminal)."""
+    num_threads: int | None = None
+    """CPU threads (default: torch's, one per core; 1 on a machine other jobs share)."""
 
     def __post_init__(self) -> None:
         check_choice(self.precision, Precision, "--precision")
-        check_at_least(self, lambda name: f"--{name}", batch_size=1)
+        check_at_least(self, lambda name: f"--{name}", batch_size=1, num_threads=1)
 
 
 Backend = Literal["torch", "onnx"]

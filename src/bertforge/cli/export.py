@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
+
 from bertforge.cli.options import parse_config
 from bertforge.inference.onnx import Quantization, export_onnx
-from bertforge.training.config import check_choice
+from bertforge.training.config import check_at_least, check_choice
 
 DESCRIPTION = (
     "Export a model for ONNX Runtime: model.onnx (dynamic batch and length axes) with its config "
@@ -34,8 +36,12 @@ class ExportConfig:
     in ONNX Runtime only; measured no reliable speed-up on an AVX2 CPU); false keeps standard ONNX
     operators."""
 
+    num_threads: int | None = None
+    """CPU threads for the export and the quantization (default: torch's, one per core)."""
+
     def __post_init__(self) -> None:
         check_choice(self.format, Literal["onnx"], "--format")
+        check_at_least(self, lambda name: f"--{name}", num_threads=1)
         if self.quantize is not None:
             check_choice(self.quantize, Quantization, "--quantize")
 
@@ -43,6 +49,8 @@ class ExportConfig:
 def main(argv: list[str]) -> int:
     """``bertforge export --model DIR --format onnx --output DIR2 [--quantize int8]``."""
     cfg = parse_config(ExportConfig, argv, prog="bertforge export", description=DESCRIPTION)
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
     summary = export_onnx(cfg.model, cfg.output, quantize=cfg.quantize, fuse=cfg.fuse)
     fused = ", ".join(f"{n} {kind}" for kind, n in summary["fused"].items())
     fused = f"fused {fused}" if fused else "standard ONNX operators"

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from bertforge.errors import BertforgeError
@@ -36,6 +37,8 @@ def load_model(
     ``bertforge.cli.common.ModelOptions``. ``require = (prefix, message)`` names a head the command needs: a
     checkpoint without weights of that prefix (e.g. ``classifier.``) is an error saying message."""
 
+    if getattr(args, "num_threads", None):
+        torch.set_num_threads(args.num_threads)
     device = pick_device(args.device)
     model = cls.from_pretrained(args.model).to(device)
     missing = model.loading_info["missing"]
@@ -64,7 +67,7 @@ def load_onnx_model(args: Any, output: str) -> tuple[OnnxModel, Any, dict[str, A
         )
     # the same "no such model directory" / "a training run" errors as the PyTorch backend
     check_model_directory(args.model)
-    model = load_onnx(args.model)
+    model = load_onnx(args.model, threads=getattr(args, "num_threads", None))
     if output not in model.output_names:
         raise BertforgeError(
             f"{args.model}: the exported model has no {output!r} output (it has "
