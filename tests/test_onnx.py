@@ -202,9 +202,12 @@ def test_classify_backend_onnx_matches_torch(
     assert "no model.onnx; export the model first" in capsys.readouterr().err
 
 
-def test_int8_quantizes_the_linear_layers(exported: Path, classifier_dir: Path, tmp_path: Path):
+def test_int8_quantizes_the_linear_layers(
+    exported: Path, classifier_dir: Path, tmp_path: Path, caplog
+):
     out = tmp_path / "int8"
     summary = export_onnx(classifier_dir, out, quantize="int8")
+    assert not [r for r in caplog.records if "pre-processing" in r.getMessage()]  # ORT's advice
     assert summary["quantize"] == "int8"
     graph = onnx.load(str(out / "model.onnx")).graph
     ops = {node.op_type for node in graph.node}
