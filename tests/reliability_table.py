@@ -231,6 +231,15 @@ ROWS += [
         "a result or the one-line error",
     ),
     Row(
+        "a review in the label column",
+        "1,160-character reviews as labels, for regression (not a number) and for classification "
+        "(eight odd labels beside two classes)",
+        "test_hostile_input.py::test_a_text_column_given_as_labels_is_quoted_short",
+        "2 tables",
+        "one line under 700 characters: the cell's first 40 characters and its length, five odd "
+        "labels and how many more (it quoted every review whole before)",
+    ),
+    Row(
         "fill-mask input",
         "hypothesis: batches of hostile text with 0 to 12 `[MASK]`s; fixed: no mask, only masks, "
         "more masks than positions, 100k characters, empty",

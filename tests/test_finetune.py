@@ -225,6 +225,61 @@ def test_resume_with_changed_settings_is_refused(work, capsys):
     assert "--batch_size was 16, now 8" in capsys.readouterr().err
 
 
+def test_a_finished_run_is_kept_only_for_the_same_settings(work, capsys):
+    out = work["root"] / "finished"
+    argv = finetune_argv(work, out, "--max_steps", "2")
+    assert cli.main(argv) == 0
+    capsys.readouterr()
+    model = (out / "model.safetensors").read_bytes()
+    # settings that leave the model as it is: the finished run is the answer
+    assert cli.main([*argv, "--progress", "true", "--num_threads", "1"]) == 0
+    assert "holds a finished run of these settings" in capsys.readouterr().err
+    for changed, said in (
+        (["--lr", "0.5"], "--lr was 0.003, now 0.5"),
+        (["--max_steps", "30"], "--max_steps was 2, now 30"),
+        (["--warmup_ratio", "0", "--weight_decay", "0"], "--weight_decay was 0.01, now 0.0; "),
+    ):
+        assert cli.main([*argv, *changed]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err, err
+        assert f"error: {out} holds a finished run of other settings (" in err
+        assert f"choose another --output to train with these, or delete {out}" in err
+    assert "--warmup_ratio was 0.1, now 0.0)" in err  # every setting that differs
+    assert (out / "model.safetensors").read_bytes() == model
+
+
+def test_output_must_be_new_empty_or_a_fine_tuning_run(work, capsys):
+    """Someone's files, a tokenizer and a pretraining run are refused before anything is
+    written: the pretraining run's checkpoint is not read (nor called damaged)."""
+    root = work["root"] / "foreign"
+    mine, tok, pretraining = root / "mine", root / "tokenizer", root / "pt2"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("keep me")
+    Tokenizer.from_file(work["start"]).save(tok)
+    checkpoint = pretraining / checkpoint_name(300)  # a pretraining state: no epoch, batch, best
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "train_state.json").write_text('{"step": 300, "data": {"epoch": 0}}')
+    (checkpoint / "train_state.pt").write_bytes(b"")
+    (pretraining / "pretrain_config.yaml").write_text("train: {}\n")
+    shutil.copytree(work["start"], pretraining / "model")
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    for out, held in (
+        (mine, "a directory of other files (notes.txt)"),
+        (tok, "a tokenizer (vocab.txt, tokenizer.json, tokenizer_config.json)"),
+        (pretraining, "a pretraining run (pretrain_config.yaml, checkpoint-00000300/, model/)"),
+    ):
+        assert cli.main(finetune_argv(work, out, "--max_steps", "2")) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            f"error: {out} is {held}, not a fine-tuning run; choose another --output "
+            "(a new or empty directory)\n"
+        )
+    argv = finetune_argv(work, pretraining, "--max_steps", "2")
+    argv[argv.index("--model") + 1] = str(pretraining / "model")  # finetune runs/pt2/model
+    assert cli.main(argv) == 2 and "damaged" not in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+
+
 def test_micro_batches_split_rows_and_weight_by_share():
     assert training.micro_batches([7, 3, 5], 2) == [([7, 3], 2 / 3), ([5], 1 / 3)]
     assert training.micro_batches([7, 3, 5, 1], 4) == [([7, 3, 5, 1], 1.0)]

@@ -21,6 +21,7 @@ import torch
 from conftest import ROOT
 from safetensors.torch import load_file
 
+from bertforge import cli
 from bertforge.cli.pretrain import main
 from bertforge.errors import BertforgeError
 from bertforge.progress import read_metrics
@@ -177,6 +178,41 @@ def test_a_time_budget_resumes_with_the_time_it_has_left(pretraining_corpus, tmp
     assert resume("longer", max_steps=6)["step"] == 6
     with pytest.raises(BertforgeError, match="batch_size was 16, now 8"):
         resume("changed", batch_size=8)
+
+
+def test_output_must_be_new_empty_or_this_commands_own_run(pretraining_corpus, tmp_path, capsys):
+    """A finished classifier's directory (or anyone's files) is refused before anything is
+    written there; a pretraining run in its own directory resumes as before."""
+
+    def run(output: Path, steps: int) -> tuple[int, str]:
+        argv = tiny_argv(pretraining_corpus["nsp"], max_steps=steps)
+        code = cli.main(["pretrain", *argv, "--output", str(output)])
+        return code, capsys.readouterr().err
+
+    classifier = tmp_path / "classifier"  # what bertforge finetune leaves
+    classifier.mkdir()
+    for name in ("finetune_config.json", "eval_results.json", "metrics.jsonl", "curves.png"):
+        (classifier / name).write_text(f"{name} of the classifier")
+    code, err = run(classifier, 2)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"error: {classifier} is a fine-tuning run (finetune_config.json, curves.png" in err
+    assert "not a pretraining run to resume; choose another --output" in err
+    assert {p.name: p.read_text() for p in classifier.iterdir()} == {
+        name: f"{name} of the classifier"
+        for name in ("finetune_config.json", "eval_results.json", "metrics.jsonl", "curves.png")
+    }
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    code, err = run(mine, 2)
+    assert code == 2 and f"{mine} is a directory of other files (notes.txt)" in err
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+    own = tmp_path / "run"
+    assert run(own, 2)[0] == 0
+    code, err = run(own, 3)  # the same run with a larger budget: it continues
+    assert code == 0 and f"resuming from {own / 'checkpoint-00000002'} at step 2" in err
+    assert sorted(train_losses(own)) == [1, 2, 3]
 
 
 @pytest.mark.slow

@@ -292,3 +292,49 @@ def test_vocab_with_a_repeated_line_is_refused(tmp_path):
     (tmp_path / "vocab.txt").write_text("\n".join([*SPECIAL_TOKENS, "the", "a", "the"]) + "\n")
     with pytest.raises(BertforgeError, match=r"token 'the' appears on lines 6 and 8"):
         Tokenizer.from_file(tmp_path)
+
+
+def test_cli_refuses_an_existing_output_and_never_replaces_a_model(task_files, tmp_path, capsys):
+    corpus = tmp_path / "cats.txt"
+    corpus.write_text("the cat sat on the mat .\nthe dog ate a bone .\n" * 50)
+
+    def train(output: Path, vocab: int, *extra: str) -> tuple[int, str]:
+        argv = ["tokenizer", "train", "--input", str(corpus), "--vocab_size", str(vocab)]
+        code = cli_main([*argv, "--output", str(output), "--min_frequency", "1", *extra])
+        return code, capsys.readouterr().err
+
+    out = tmp_path / "tok"
+    assert train(out, 35) == (0, "")
+    code, err = train(out, 30)  # a second vocabulary into the same directory
+    assert code == 2 and err.count("\n") == 1
+    assert f"error: {out}: already exists and is a tokenizer (vocab.txt" in err
+    assert "choose another --output or pass --overwrite" in err
+    assert Tokenizer.from_file(out).vocab_size == 35  # untouched
+    assert train(out, 30, "--overwrite") == (0, "")
+    assert Tokenizer.from_file(out).vocab_size == 30
+    assert sorted(p.name for p in out.iterdir()) == [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.txt",
+    ]
+
+    model = task_files.tiny_start_model(tmp_path)  # a model's tokenizer matches its weights
+    before = {p.name: p.read_bytes() for p in model.iterdir()}
+    for extra in ((), ("--overwrite",)):
+        code, err = train(model, 30, *extra)
+        assert code == 2 and f"error: {model} is a model (model.safetensors, config.json" in err
+        assert "choose another --output" in err and "--overwrite only" not in err
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == before
+    assert cli_main(["verify", str(model)]) == 0
+
+    mine = tmp_path / "mine"  # someone's files, with --overwrite too
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    code, err = train(mine, 30, "--overwrite")
+    assert code == 2 and f"{mine} is a directory of other files (notes.txt)" in err
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+    empty = tmp_path / "empty"  # an empty directory is a new one
+    empty.mkdir()
+    assert train(empty, 30) == (0, "")
+    assert Tokenizer.from_file(empty).vocab_size == 30

@@ -16,6 +16,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -366,6 +367,49 @@ def read_json_object(path: Path, fix: str) -> dict[str, Any]:
     return value
 
 
+# ---- what an output directory already holds ----------------------------------------------------
+_OWN_HIDDEN = re.compile(r"\.bertforge\.lock|\..+\.(tmp|tmp-.*|old-\d+)")
+"""The lock file (``.bertforge.lock``) and the temporaries of the atomic writes above: what a
+running or killed bertforge command leaves in a directory it was only about to write."""
+_KINDS = (
+    ("a pretraining run", ("pretrain_config.yaml",)),
+    ("a fine-tuning run", ("finetune_config.json",)),
+    ("a prepared data set", ("meta.json",)),
+    ("a model", ("model.safetensors", "config.json", "pytorch_model.bin")),
+    ("a tokenizer", ("vocab.txt", "tokenizer.json")),
+)
+"""What bertforge writes, by the files that identify it; the first match names a directory."""
+
+
+def directory_entries(directory: str | Path) -> list[str]:
+    """The sorted names in ``directory`` (none if it does not exist), without bertforge's own
+    lock and temporaries: what makes an output directory not empty."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(p.name for p in directory.iterdir() if not _OWN_HIDDEN.fullmatch(p.name))
+
+
+def describe_directory(directory: str | Path) -> str | None:
+    """What a non-empty directory holds, for a refusal: ``"a pretraining run
+    (pretrain_config.yaml, checkpoint-00000300, ...)"`` or ``"a directory of other files (notes.txt,
+    ...)"``; None when it is missing or empty (see :func:`directory_entries`)."""
+    directory = Path(directory)
+    names = directory_entries(directory)
+    if not names:
+        return None
+    kind, markers = "a directory of other files", []
+    for what, identifying in _KINDS:
+        markers = [n for n in identifying if n in names]
+        if markers:
+            kind = what
+            break
+    shown = markers + [n for n in names if n not in markers]
+    shown = [n + "/" if (directory / n).is_dir() else n for n in shown]
+    more = f", +{len(shown) - 4} more" if len(shown) > 4 else ""
+    return f"{kind} ({', '.join(shown[:4])}{more})"
+
+
 def disk_size(path: str | Path) -> int:
     """Bytes of a file, or of every file under a directory."""
     path = Path(path)
@@ -389,6 +433,8 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "check_manifest",
+    "describe_directory",
+    "directory_entries",
     "file_sha256",
     "make_directory",
     "pause_point",

@@ -8,7 +8,12 @@ from pathlib import Path
 
 from bertforge.cli.options import parse_config
 from bertforge.errors import BertforgeError
+from bertforge.io import atomic_directory, describe_directory, directory_entries, make_directory
+from bertforge.tokenizer.files import CONFIG_FILE, TOKENIZER_FILE, VOCAB_FILE
 from bertforge.tokenizer.wordpiece import Tokenizer
+
+TOKENIZER_FILES = (VOCAB_FILE, TOKENIZER_FILE, CONFIG_FILE)
+"""What ``tokenizer train`` writes: all a directory may hold for --overwrite to replace it."""
 
 
 @dataclass
@@ -31,6 +36,8 @@ class TokenizerTrainConfig:
     """At most this many single characters in the vocabulary; rarer ones become [UNK]."""
     model_max_length: int | None = None
     """Record the longest sequence the model will take (e.g. 512) in tokenizer_config.json."""
+    overwrite: bool = False
+    """Replace an existing tokenizer directory (never a model or any other directory)."""
     progress: bool = False
     """Show the trainer's progress bars."""
 
@@ -50,6 +57,8 @@ def main(argv: list[str]) -> int:
         prog="bertforge tokenizer train",
         description="Train a WordPiece vocabulary on text files.",
     )
+    output = Path(cfg.output)
+    check_output(output, cfg.overwrite)  # before training, which may take minutes
     start = time.perf_counter()
     tok = Tokenizer.train(
         cfg.input,
@@ -61,7 +70,11 @@ def main(argv: list[str]) -> int:
         show_progress=cfg.progress,
         model_max_length=cfg.model_max_length,
     )
-    tok.save(cfg.output)
+    if output.is_dir() and not directory_entries(output):  # empty (e.g. --output .): filled
+        tok.save(output)
+    else:  # new or replaced whole: never a mix of the old vocabulary's files and the new one's
+        with atomic_directory(output, replace=cfg.overwrite) as tmp:
+            tok.save(tmp)
     size_mb = sum(Path(f).stat().st_size for f in cfg.input) / 1e6
     case = "lowercased" if cfg.lowercase else "cased"
     print(
@@ -70,3 +83,22 @@ def main(argv: list[str]) -> int:
         f"(fingerprint {tok.fingerprint})"
     )
     return 0
+
+
+def check_output(output: Path, overwrite: bool) -> None:
+    """Refuse an ``output`` that holds anything, unless ``overwrite`` and it is a tokenizer
+    directory (a model's tokenizer must match its weights and manifest: never replaced)."""
+    if output.exists() and not output.is_dir():
+        make_directory(output)  # raises: a file is in the way (the message of every command)
+    held = describe_directory(output)
+    if held is None:
+        return
+    if not set(directory_entries(output)) <= set(TOKENIZER_FILES):
+        raise BertforgeError(
+            f"{output} is {held}; tokenizer train replaces (with --overwrite) only a directory "
+            f"of nothing but {', '.join(TOKENIZER_FILES)}: choose another --output"
+        )
+    if not overwrite:
+        raise BertforgeError(
+            f"{output}: already exists and is {held}; choose another --output or pass --overwrite"
+        )

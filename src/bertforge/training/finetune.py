@@ -43,7 +43,13 @@ from bertforge.evaluation.tasks import (
     task_report,
     training_baseline,
 )
-from bertforge.io import atomic_write_text, disk_size, format_size, read_json_object
+from bertforge.io import (
+    atomic_write_text,
+    describe_directory,
+    disk_size,
+    format_size,
+    read_json_object,
+)
 from bertforge.modeling.checkpoint import check_model_directory, check_tokenizer_fits
 from bertforge.modeling.model import BertForSequenceClassification
 from bertforge.progress import MetricsLogger, format_duration, parse_duration
@@ -81,6 +87,17 @@ RUN_IDENTITY = (
     "validation_fraction",
 )
 """Settings a resumed run must share with the interrupted one (the data order depends on them)."""
+NOT_RESULT = (
+    "output",
+    "progress",
+    "num_threads",
+    "log_every",
+    "eval_batch_size",
+    "keep_checkpoints",
+    "keep_final_checkpoint",
+)
+"""Settings that leave the fine-tuned model and its scores as they are: a finished run with
+other values of these only is still a run of these settings."""
 
 
 @dataclass
@@ -155,6 +172,7 @@ def _offer_resume(good: Path, bad: Path) -> str:
 @locks_output
 def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     """Run (or resume) fine-tuning as configured; return the best validation results."""
+    check_output(Path(cfg.output))
     finished = _finished_run(cfg)
     if finished is not None:
         return finished
@@ -265,8 +283,9 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
         state, _ = FinetuneState.load(resume_dir, optimizer)
         check_same_run(resume_dir, state.run, identity, option=option)
         print(f"resuming from {resume_dir} at step {state.step}", file=sys.stderr, flush=True)
-    logger = MetricsLogger(out, resume_step=state.step if resume_dir is not None else None)
+    # first: the file that makes OUTPUT a fine-tuning run (check_output)
     atomic_write_text(out / FINETUNE_CONFIG, json.dumps(resolved, indent=2) + "\n")
+    logger = MetricsLogger(out, resume_step=state.step if resume_dir is not None else None)
     # the baseline printed beside every validation score: see evaluation.tasks.TRAINING_BASELINE
     baseline = training_baseline(data.train.labels, cfg.task == "regression")
     val_baseline = baseline_metrics(model.config, data.val.labels, baseline)
@@ -430,15 +449,36 @@ def _drop_finished_checkpoints(out: Path, keep: bool) -> str:
     return f"{out}: {format_size(disk_size(out))} on disk (model {format_size(model)}){note}"
 
 
+def check_output(out: Path) -> None:
+    """Refuse an ``out`` that holds anything but a fine-tuning run (the one to resume or the
+    finished one): a pretraining run, a tokenizer or someone's files would be overwritten."""
+    held = describe_directory(out)
+    if held is not None and not (out / FINETUNE_CONFIG).is_file():
+        raise BertforgeError(
+            f"{out} is {held}, not a fine-tuning run; choose another --output "
+            "(a new or empty directory)"
+        )
+
+
 def _finished_run(cfg: FinetuneConfig) -> dict[str, Any] | None:
     """The saved results when OUTPUT holds a finished run of these settings (its checkpoint
-    dropped): such a run is not trained again. Other settings are refused as on resume."""
+    dropped): such a run is not trained again. A finished run of other settings (any that
+    changes the model, see NOT_RESULT) is refused, naming each setting that differs."""
     out = Path(cfg.output)
     if latest_checkpoint(out) is not None or not (out / RESULTS_FILE).is_file():
         return None
     saved = read_json_object(out / FINETUNE_CONFIG, "restore it or delete the directory")
     resolved = steps.config_dict(cfg)
-    check_same_run(out, saved, {k: resolved[k] for k in RUN_IDENTITY}, option=option)
+    changed = [
+        f"{option(k)} was {saved[k]!r}, now {v!r}"
+        for k, v in resolved.items()
+        if k not in NOT_RESULT and k in saved and saved[k] != v  # older runs record fewer
+    ]
+    if changed:
+        raise BertforgeError(
+            f"{out} holds a finished run of other settings ({'; '.join(changed)}); choose another "
+            f"--output to train with these, or delete {out} to train there again"
+        )
     print(
         f"{out} holds a finished run of these settings ({RESULTS_FILE}); nothing to do. "
         "Choose another --output (or delete it) to train again",

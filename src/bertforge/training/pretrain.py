@@ -30,7 +30,7 @@ from bertforge.errors import BertforgeError
 from bertforge.evaluation.mlm import comparison_table, evaluate_mlm
 from bertforge.evaluation.plots import plot_training_curves
 from bertforge.evaluation.probe import LinearProbe
-from bertforge.io import atomic_directory, atomic_write_text
+from bertforge.io import atomic_directory, atomic_write_text, describe_directory
 from bertforge.modeling.model import (
     IGNORE_INDEX,
     BertForReplacedTokenDetection,
@@ -218,10 +218,11 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
     tc = cfg.train
     if tc.max_steps is None and tc.max_time is None:
         raise BertforgeError("set a budget: --train.max_steps N or --train.max_time 15m (or both)")
+    check_output(Path(cfg.output))  # every rank, before any of them writes there
     budget = parse_duration(tc.max_time)
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
-    device = pick_device(tc.device)
+    device = pick_device(tc.device, option="--train.device")
     info = D.init_distributed(device)
     device = D.local_device(device, info)
     precision = pick_precision(tc.precision, device)
@@ -276,6 +277,9 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
         data.sampler.load_state_dict(state.data)
     ddp = D.wrap_ddp(raw, device, info)
     out = Path(cfg.output)
+    if info.is_main:  # first: the file that makes OUTPUT a pretraining run (check_output)
+        resolved = steps.config_dict(cfg) | {"resume": None}  # rerunning this config auto-resumes
+        atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False))
     logger = MetricsLogger(
         out, enabled=info.is_main, resume_step=state.step if resume_dir is not None else None
     )
@@ -287,9 +291,6 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
     if resume_dir is not None:
         used = f" ({format_duration(state.elapsed)} of the budget used)" if budget else ""
         run.say(f"resuming from {resume_dir} at step {state.step}{used}")
-    if info.is_main:
-        resolved = steps.config_dict(cfg) | {"resume": None}  # rerunning this config auto-resumes
-        atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False))
     n_params = sum(p.numel() for p in raw.parameters())
     limits = (tc.max_steps and f"{tc.max_steps} steps", budget and format_duration(budget))
     run.say(
@@ -299,6 +300,17 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
         + " and ".join(x for x in limits if x)
     )
     return run, state
+
+
+def check_output(out: Path) -> None:
+    """Refuse an ``out`` that holds anything but a pretraining run (the run to resume): a
+    fine-tuned model, a tokenizer or someone's files would be mixed with this run's."""
+    held = describe_directory(out)
+    if held is not None and not (out / CONFIG_FILE).is_file():
+        raise BertforgeError(
+            f"{out} is {held}, not a pretraining run to resume; choose another --output "
+            "(a new or empty directory)"
+        )
 
 
 def train_step(
