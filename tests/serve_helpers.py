@@ -45,6 +45,43 @@ def tiny_models(root: Path) -> dict[str, Path]:
     return {"mlm": mlm, "clf": root / "clf", "reg": root / "reg"}
 
 
+def finetune(start: Path, train: Path, out: Path, *options: str) -> Path:
+    """``bertforge finetune`` for 3 steps from ``start`` on ``train`` into ``out``."""
+    import contextlib
+    import io
+
+    from bertforge import cli
+
+    argv = ["finetune", "--model", str(start), "--train", str(train), "--output", str(out)]
+    argv += ["--batch_size", "8", "--max_steps", "3", "--max_length", "64", "--precision", "fp32"]
+    argv += ["--validation_fraction", "0.25", *options]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    assert code == 0, err.getvalue()
+    return out
+
+
+def pair_model(root: Path, start: Path) -> Path:
+    """``root/nli``: a classifier fine-tuned (3 steps) from ``start`` on premise + hypothesis
+    pairs labelled entailment or contradiction, as ``--text_pair_column`` writes one."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import FILLER, TaskFiles
+
+    rng = random.Random(0)
+    rows = [
+        {
+            "premise": " ".join(rng.choice(FILLER) for _ in range(8)),
+            "hypothesis": " ".join(rng.choice(FILLER) for _ in range(6)),
+            "label": rng.choice(["entailment", "contradiction"]),
+        }
+        for _ in range(48)
+    ]
+    TaskFiles.write_rows(root / "pairs.csv", rows)
+    options = ("--text_column", "premise", "--text_pair_column", "hypothesis")
+    return finetune(start, root / "pairs.csv", root / "nli", *options)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

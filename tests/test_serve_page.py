@@ -2,7 +2,8 @@
 (headless, never ``playwright install``) against a real ``bertforge serve`` process. Types a
 sentence with [MASK], sees the predictions the API gives, masks a token by clicking it and by
 the keyboard, switches attention layer, head and view, compares two models, shows an API
-error in place, and saves the view as HTML and PNG. Screenshots go to tests/artifacts/serve/
+error in place, saves the view as HTML and PNG, and gives a classifier fine-tuned on text
+pairs its two texts (and one that may take either, an optional second). Screenshots go to tests/artifacts/serve/
 (ignored by git; ``BERTFORGE_ARTIFACTS`` moves them)."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 pytest.importorskip("fastapi")
 sync_api = pytest.importorskip("playwright.sync_api")
 
-from serve_helpers import ROOT, request, serve, tiny_models  # noqa: E402
+from serve_helpers import ROOT, pair_model, request, serve, tiny_models  # noqa: E402
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(os.environ.get("BERTFORGE_ARTIFACTS", ROOT / "tests" / "artifacts")) / "serve"
@@ -39,7 +40,8 @@ def port(tmp_path_factory):
     other = BertForMaskedLM.from_pretrained(models["mlm"])
     other.init_weights()
     other.save_pretrained(root / "mlm-b", tokenizer=Tokenizer.from_file(models["mlm"]))
-    served = {"mlm": models["mlm"], "mlm-b": root / "mlm-b", "clf": models["clf"]}
+    nli = pair_model(root, models["mlm"])  # premise + hypothesis
+    served = {"mlm": models["mlm"], "mlm-b": root / "mlm-b", "clf": models["clf"], "nli": nli}
     with serve(served, "--max_input_length", "40", log=root / "server.log") as (port, _):
         yield port
 
@@ -172,4 +174,77 @@ def test_classifier_attribution_errors_in_place_and_saving(page, port):
     page.goto(html_path.as_uri())
     assert page.locator(".panel").count() == 2
     shot(page, "7-saved-html-reopened")
+    assert not page.errors, page.errors
+
+
+def attributed(row) -> dict[str, str]:
+    """WordPiece -> its background colour, of one row of a panel's tokens."""
+    return {
+        b.inner_text(): b.evaluate("e => getComputedStyle(e).backgroundColor")
+        for b in row.locator(".tok").all()
+    }
+
+
+def test_a_pair_classifier_reads_both_texts(page, port):
+    page.goto(f"http://127.0.0.1:{port}/")
+    wait_done(page)
+    page.select_option("#model-b", "")
+    page.select_option("#model-a", "mlm")
+    assert page.locator("#pair-row").is_hidden()  # a masked LM reads one text
+    page.select_option("#model-a", "nli")
+    # the second box appears, both named after the columns the model was fine-tuned on
+    assert page.locator("#pair-row").is_visible()
+    assert page.locator('label[for="text"]').inner_text().startswith("premise")
+    assert page.locator('label[for="text-pair"]').inner_text().startswith("hypothesis")
+    pair = ["a story about people in town", "the music was good"]
+    page.fill("#text", pair[0])
+    page.fill("#text-pair", pair[1])
+    page.click("#run")
+    page.wait_for_function("!document.getElementById('run').disabled", timeout=30_000)
+    wait_done(page)
+    panel = page.locator('.panel[data-model="nli"]')
+    assert panel.locator(".error").inner_text() == ""
+    _, (predicted,) = request(port, "POST", "/predict", {"inputs": [pair], "model": "nli"})
+    assert panel.locator(".prediction strong").inner_text() == predicted["label"]
+    shown = sorted(panel.locator(".bar-row .name").all_inner_texts())
+    assert shown == sorted(predicted["scores"])  # entailment, contradiction
+    # attributions over the tokens of both texts: one row each, [CLS] a [SEP] / b [SEP]
+    rows = panel.locator(".segment")
+    assert rows.count() == 2
+    assert rows.nth(0).locator(".seg-name").inner_text() == "premise"
+    assert rows.nth(1).locator(".seg-name").inner_text() == "hypothesis"
+    first, second = attributed(rows.nth(0)), attributed(rows.nth(1))
+    assert list(first)[0] == "[CLS]" and list(first)[-1] == "[SEP]" and list(second)[-1] == "[SEP]"
+    assert {"story", "people", "town"} <= set(first) and {"music", "good"} <= set(second)
+    _, explained = request(port, "POST", "/attribute", {"inputs": pair, "model": "nli"})
+    assert explained["tokens"].count("[SEP]") == 2
+    for row in (first, second):  # coloured by attribution in both texts
+        words = [colour for token, colour in row.items() if not token.startswith("[")]
+        assert len(set(words)) > 1 and "rgba(0, 0, 0, 0)" not in words
+    assert "pushes towards" in panel.locator(".legend").inner_text()
+    # the head view marks the second text's tokens
+    assert panel.locator(".headview svg text.seg1").count() == 2 * (len(second))
+    page.screenshot(path="/tmp/pair-page.png", full_page=True)
+    shot(page, "8-pair-classifier")
+
+    # a classifier nothing says anything about ("texts or pairs"): the second box is optional
+    page.select_option("#model-a", "clf")
+    assert page.locator("#pair-row").is_visible()
+    assert "optional" in page.locator("#pair-hint").inner_text()
+    page.click("#run")
+    wait_done(page)
+    clf = page.locator('.panel[data-model="clf"]')
+    _, (as_pair,) = request(port, "POST", "/predict", {"inputs": [pair], "model": "clf"})
+    assert clf.locator(".segment").count() == 2
+    assert clf.locator(".bar-row.top .value").inner_text() == (
+        f"{max(as_pair['scores'].values()) * 100:.1f}%"
+    )
+    page.fill("#text-pair", "")
+    page.click("#run")
+    wait_done(page)
+    _, (alone,) = request(port, "POST", "/predict", {"inputs": [pair[0]], "model": "clf"})
+    assert clf.locator(".segment").count() == 0 and clf.locator("button.tok").count() == 6
+    assert clf.locator(".bar-row.top .value").inner_text() == (
+        f"{max(alone['scores'].values()) * 100:.1f}%"
+    )
     assert not page.errors, page.errors

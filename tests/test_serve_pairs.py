@@ -6,22 +6,22 @@ the API's own words."""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import random
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from conftest import FILLER, TaskFiles  # noqa: E402
-from serve_helpers import Client, request, serve, tiny_models  # noqa: E402
+from conftest import TaskFiles  # noqa: E402
+from serve_helpers import Client, finetune, pair_model, request, serve, tiny_models  # noqa: E402
 
 import bertforge  # noqa: E402
-from bertforge import cli  # noqa: E402
+from bertforge.data.tasks import encode_examples  # noqa: E402
+from bertforge.inference.explain import attention_maps, integrated_gradients  # noqa: E402
 from bertforge.modeling.model import BertForSequenceClassification  # noqa: E402
 from bertforge.tokenizer import Tokenizer  # noqa: E402
 
@@ -32,37 +32,15 @@ PAIRS = [
 ]
 
 
-def _finetune(start: Path, train: Path, out: Path, *options: str) -> Path:
-    argv = ["finetune", "--model", str(start), "--train", str(train), "--output", str(out)]
-    argv += ["--batch_size", "8", "--max_steps", "3", "--max_length", "64", "--precision", "fp32"]
-    argv += ["--validation_fraction", "0.25", *options]
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        code = cli.main(argv)
-    assert code == 0, err.getvalue()
-    return out
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
     """``nli``: fine-tuned (3 steps) on premise + hypothesis pairs; ``sst``: fine-tuned on single
     texts; ``clf``: a classifier saved without fine-tuning settings (nothing says which it takes)."""
     root = tmp_path_factory.mktemp("serve-pairs")
     made = tiny_models(root)
-    rng = random.Random(0)
-    rows = [
-        {
-            "premise": " ".join(rng.choice(FILLER) for _ in range(8)),
-            "hypothesis": " ".join(rng.choice(FILLER) for _ in range(6)),
-            "label": rng.choice(["entailment", "contradiction"]),
-        }
-        for _ in range(48)
-    ]
-    TaskFiles.write_rows(root / "pairs.csv", rows)
-    pair_options = ("--text_column", "premise", "--text_pair_column", "hypothesis")
-    nli = _finetune(made["mlm"], root / "pairs.csv", root / "nli", *pair_options)
+    nli = pair_model(root, made["mlm"])
     TaskFiles.write_sentiment(root / "sentiment.csv", 48, seed=1)
-    sst = _finetune(made["mlm"], root / "sentiment.csv", root / "sst")
+    sst = finetune(made["mlm"], root / "sentiment.csv", root / "sst")
     return {"nli": nli, "sst": sst, "clf": made["clf"]}
 
 
@@ -142,7 +120,11 @@ LONG = "the movie " * 10  # 20 tokens: a pair of two is 43 with [CLS] and two [S
         ({"inputs": "good", "model": "nli"}, 422, "fine-tuned on text pairs ('premise' + "),
         ({"inputs": "good", "model": "nli"}, 422, '"inputs": [["<premise>", "<hypothesis>"]'),
         ({"inputs": ["good", "bad"], "model": "nli"}, 422, "two texts, not one pair"),
-        ({"inputs": "good", "model": "nli", "steps": 4}, 422, "/attribute explains one text"),
+        # /attribute explains one text, or one pair
+        ({"inputs": "good", "model": "nli", "steps": 4}, 422, '["<premise>", "<hypothesis>"]'),
+        ({"inputs": ["a", "b"], "model": "sst", "steps": 4}, 422, 'not pairs: send "inputs": "'),
+        ({"inputs": ["a", "b"], "model": "nli", "steps": 4, "max_tokens": 3}, 422, "4 and"),
+        ({"inputs": ["a", "b", "c"], "model": "nli", "steps": 4}, 422, "inputs"),
         # a single-text model given pairs
         ({"inputs": PAIRS, "model": "sst"}, 422, "fine-tuned on single texts ('text'), not pairs"),
         # shapes that are none of text, texts, pairs
@@ -184,3 +166,86 @@ def test_openapi_documents_pairs(server):
     assert {"type": "array", "minItems": 2, "maxItems": 2}.items() <= pairs[-1].items()
     assert "text_pair" in schema["properties"]["inputs"]["description"]
     assert "pairs" in spec["paths"]["/predict"]["post"]["description"]
+
+
+# ---- explaining a pair: /attribute and /attention -------------------------------------------------
+def _pair_ids(directory: Path, pair: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(T,) ids of ``[CLS] a [SEP] b [SEP]`` and (T,) token types, as fine-tuning encodes them."""
+    ((ids, len_a),) = encode_examples(
+        Tokenizer.from_file(directory), [pair[0]], [pair[1]], max_length=64
+    )
+    types = torch.zeros(len(ids), dtype=torch.long)
+    types[len_a:] = 1
+    return torch.tensor(ids, dtype=torch.long), types
+
+
+def test_integrated_gradients_of_one_text_are_unchanged_by_token_types(models):
+    # the pair path adds token_type_ids; a single text (None, or all 0) is computed as before
+    model = BertForSequenceClassification.from_pretrained(models["clf"]).eval()
+    tok = Tokenizer.from_file(models["clf"])
+    ids = torch.tensor(tok.encode("a good film about people")["input_ids"])
+    baseline = torch.where(torch.isin(ids, torch.tensor(tok.special_ids)), ids, tok.pad_id)
+    plain = integrated_gradients(model, ids, baseline, 1, steps=8, chunk=3)
+    none = integrated_gradients(model, ids, baseline, 1, steps=8, chunk=3, token_type_ids=None)
+    zeros = torch.zeros_like(ids)
+    typed = integrated_gradients(model, ids, baseline, 1, steps=8, chunk=3, token_type_ids=zeros)
+    assert torch.equal(plain.attributions, none.attributions) and plain.delta == none.delta
+    torch.testing.assert_close(typed.attributions, plain.attributions, atol=1e-6, rtol=1e-5)
+    assert typed.output == pytest.approx(plain.output, abs=1e-6)
+    encoder = model.bert
+    torch.testing.assert_close(attention_maps(encoder, ids, zeros), attention_maps(encoder, ids))
+
+
+def test_attribute_explains_a_pair_over_both_texts(server, models):
+    pair = PAIRS[2]
+    body = {"inputs": pair, "model": "nli", "steps": 64}
+    status, answer = request(server, "POST", "/attribute", body)
+    assert status == 200, answer
+    ids, types = _pair_ids(models["nli"], pair)
+    tok = Tokenizer.from_file(models["nli"])
+    assert answer["tokens"] == [tok.id_to_token(int(i)) for i in ids]
+    assert answer["token_type_ids"] == types.tolist() and not answer["truncated"]
+    # [CLS] a [SEP] b [SEP]: the [SEP] between the texts closes the first segment
+    first = types.tolist().index(1)
+    assert answer["tokens"][first - 1] == answer["tokens"][-1] == "[SEP]"
+    assert answer["tokens"].count("[SEP]") == 2 and answer["tokens"][0] == "[CLS]"
+    # the label is /predict's for the same pair, the attributions a direct call's
+    _, (predicted,) = request(server, "POST", "/predict", {"inputs": [pair], "model": "nli"})
+    assert answer["label"] == answer["target"] == predicted["label"]
+    assert answer["scores"] == pytest.approx(predicted["scores"], abs=1e-5)
+    model = BertForSequenceClassification.from_pretrained(models["nli"]).eval()
+    baseline = torch.where(torch.isin(ids, torch.tensor(tok.special_ids)), ids, tok.pad_id)
+    target = model.config.label2id[answer["target"]]
+    direct = integrated_gradients(model, ids, baseline, target, steps=64, token_type_ids=types)
+    attributions = np.array(answer["attributions"])
+    scale = np.abs(attributions).max()  # a model fine-tuned for 3 steps: all of them are small
+    assert scale > 0
+    np.testing.assert_allclose(attributions, direct.attributions.numpy(), atol=1e-4 * scale)
+    assert answer["output"] == pytest.approx(direct.output, abs=1e-5)
+    # both texts are explained: every WordPiece of each has an attribution of its own
+    special = np.isin(ids.numpy(), tok.special_ids)
+    for segment in (0, 1):
+        words = (types.numpy() == segment) & ~special
+        assert words.any() and (np.abs(attributions[words]) > 0).all()
+    # the token types matter: the same tokens read as one text are explained otherwise
+    flat = integrated_gradients(model, ids, baseline, target, steps=64)
+    assert np.abs(flat.attributions.numpy() - attributions).max() > 0.05 * scale
+    assert "[SEP] [PAD]... [SEP]" in answer["baseline"]
+
+
+def test_attention_and_attribute_cut_a_long_pair(server, models):
+    body = {"inputs": [LONG, "good"], "model": "nli", "steps": 4, "max_tokens": 10}
+    status, answer = request(server, "POST", "/attribute", body)
+    assert status == 200, answer
+    # the longer text is cut first: [CLS] + 6 of LONG + [SEP] + good + [SEP]
+    assert answer["truncated"] and len(answer["tokens"]) == len(answer["attributions"]) == 10
+    assert answer["tokens"][-3:] == ["[SEP]", "good", "[SEP]"]
+    assert answer["token_type_ids"] == [0] * 8 + [1] * 2
+    status, attention = request(server, "POST", "/attention", {"inputs": PAIRS[0], "model": "nli"})
+    assert status == 200, attention
+    ids, types = _pair_ids(models["nli"], PAIRS[0])
+    assert attention["token_type_ids"] == types.tolist()
+    encoder = BertForSequenceClassification.from_pretrained(models["nli"]).bert
+    maps = attention_maps(encoder, ids, types).numpy()
+    assert np.allclose(attention["attentions"], maps, atol=1e-4)
+    assert not np.allclose(attention_maps(encoder, ids).numpy(), maps, atol=1e-4)

@@ -15,13 +15,18 @@ from torch import Tensor, nn
 
 
 @torch.inference_mode()
-def attention_maps(encoder: nn.Module, input_ids: Tensor) -> Tensor:
+def attention_maps(
+    encoder: nn.Module, input_ids: Tensor, token_type_ids: Tensor | None = None
+) -> Tensor:
     """(L, nh, T, T) attention probabilities of one sequence ``input_ids`` (T,): row i holds
-    how token i's query spreads over the keys, summing to 1. ``encoder`` is a ``BertModel``."""
+    how token i's query spreads over the keys, summing to 1. ``encoder`` is a ``BertModel``;
+    ``token_type_ids`` (T,) mark the second text of a pair (None: all 0, one text)."""
     was_training = encoder.training
     encoder.eval()
+    types = None if token_type_ids is None else token_type_ids[None]  # (1, T)
     try:
-        out = encoder(input_ids[None], output_attentions=True)  # attentions: L x (1, nh, T, T)
+        # attentions: L x (1, nh, T, T)
+        out = encoder(input_ids[None], token_type_ids=types, output_attentions=True)
     finally:
         encoder.train(was_training)
     return torch.stack(out.attentions)[:, 0].float()  # (L, nh, T, T)
@@ -49,12 +54,14 @@ def integrated_gradients(
     target: int,
     steps: int = 32,
     chunk: int = 32,
+    token_type_ids: Tensor | None = None,
 ) -> Attribution:
     """Integrated gradients (Sundararajan et al., 2017) over the word embeddings of a
     ``BertForSequenceClassification``: the straight path from the embeddings of ``baseline_ids``
     to those of ``input_ids`` (both (T,)), the gradient of logit ``target`` (column 0 for a
     regressor) averaged at ``steps`` midpoints, times the embedding difference, summed over the
-    hidden size. Positions and token types are the input's all along the path.
+    hidden size. Positions and token types (``token_type_ids`` (T,), 1 on the second text of a
+    pair; None: all 0) are the input's all along the path.
 
     The interpolated embeddings enter through a forward hook on ``word_embeddings`` that exists
     only during this call, so the model's own code stays untouched; ``chunk`` points of the path
@@ -71,6 +78,10 @@ def integrated_gradients(
     alphas = (torch.arange(steps, dtype=torch.float32) + 0.5) / steps  # midpoint rule
     grad_sum = torch.zeros_like(x)  # (T, H)
     T = input_ids.shape[0]
+
+    def types(b: int) -> Tensor | None:
+        return None if token_type_ids is None else token_type_ids.expand(b, T)  # (b, T)
+
     try:
         for start in range(0, steps, chunk):
             a = alphas[start : start + chunk].to(x.device)[:, None, None]  # (b, 1, 1)
@@ -79,14 +90,15 @@ def integrated_gradients(
             hook = word_embeddings.register_forward_hook(lambda m, i, o, z=path: z.clone())
             try:
                 with torch.enable_grad():
-                    logits = model(input_ids.expand(path.shape[0], T)).logits  # (b, labels)
+                    b = path.shape[0]
+                    logits = model(input_ids.expand(b, T), token_type_ids=types(b)).logits
                     (grad,) = torch.autograd.grad(logits[:, target].sum(), path)  # (b, T, H)
             finally:
                 hook.remove()
             grad_sum += grad.sum(0)
         with torch.no_grad():
             ends = torch.stack([input_ids, baseline_ids])  # (2, T)
-            out = model(ends).logits[:, target].float()  # (2,)
+            out = model(ends, token_type_ids=types(2)).logits[:, target].float()  # (2,)
     finally:
         model.train(was_training)
     attributions = ((x - x0) * grad_sum / steps).sum(-1)  # (T,)

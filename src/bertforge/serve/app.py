@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from bertforge.data.tasks import encode_examples
 from bertforge.errors import BertforgeError
 from bertforge.inference.explain import attention_maps, integrated_gradients
 from bertforge.inference.predict import PoolingMode
@@ -102,15 +103,32 @@ class SimilarityRequest(_Request):
     truncate: bool = False
 
 
+EXPLAINED_HELP = (
+    "one text, or one [text, text_pair] pair: [CLS] text [SEP] text_pair [SEP], the second "
+    'segment with token type 1 (a classifier fine-tuned on pairs, /info "inputs": "pairs", '
+    "takes a pair only)"
+)
+
+
 class AttentionRequest(_Request):
-    inputs: str
+    inputs: str | Pair = Field(description=EXPLAINED_HELP)
     max_tokens: int | None = Field(
-        None, description="cut the text to this many tokens (at most the server's limit)"
+        None,
+        description="cut the text to this many tokens (at most the server's limit; a pair: "
+        "the longer text first)",
     )
 
 
 class AttributeRequest(_Request):
-    inputs: str
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"inputs": "a good film", "steps": 32},
+                {"inputs": ["A man is eating.", "Someone eats."], "model": "nli"},
+            ]
+        }
+    )
+    inputs: str | Pair = Field(description=EXPLAINED_HELP)
     steps: int = Field(32, description="points on the integration path")
     target: str | None = Field(None, description="label to explain (default: the predicted one)")
     max_tokens: int | None = None
@@ -224,18 +242,18 @@ class Server:
                 f'send "inputs": [["<{a}>", "<{b}>"], ...] (a list of two texts is two texts, '
                 "not one pair)"
                 if route == "/predict"
-                else f'{route} explains one text; send the pairs to /predict: "inputs": '
-                f'[["<{a}>", "<{b}>"], ...]'
+                else f'{route} explains one pair: send "inputs": ["<{a}>", "<{b}>"]'
             )
             raise ApiError(
                 422, f"model {served.name!r} was fine-tuned on text pairs ({a!r} + {b!r}): {fix}"
             )
         if paired and served.inputs == "texts":
             column = served.finetuned.get("text_column") or "text"
+            one = '"<text>"' if route == "/attribute" else '"<text>" or ["<text>", ...]'
             raise ApiError(
                 422,
                 f"model {served.name!r} was fine-tuned on single texts ({column!r}), not pairs: "
-                'send "inputs": "<text>" or ["<text>", ...]',
+                f'send "inputs": {one}',
             )
 
     def length_limit(self, served: ServedModel) -> tuple[int, str]:
@@ -289,13 +307,30 @@ def _tokens(served: ServedModel, text: str) -> list[dict[str, Any]]:
     return pieces
 
 
-def _cut_ids(served: ServedModel, text: str, max_tokens: int) -> tuple[torch.Tensor, bool]:
-    """(T,) ids of ``[CLS] text [SEP]`` cut to ``max_tokens``, and whether it was cut."""
+def _cut_ids(
+    served: ServedModel, inputs: str | Pair, max_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+    """(T,) ids of ``[CLS] text [SEP]`` cut to ``max_tokens``, None for token types, and
+    whether it was cut; for a pair ``[CLS] a [SEP] b [SEP]`` (the longer text cut first, as
+    fine-tuning cuts a pair, each text keeping its first tokens) and its (T,) token types, 1
+    from ``b`` on."""
     tok = served.tokenizer
-    ids = tok.backend.encode(text).ids
-    cut = len(ids) + 2 > max_tokens
-    ids = [tok.cls_id, *ids[: max_tokens - 2], tok.sep_id]
-    return torch.tensor(ids, dtype=torch.long), cut
+    if isinstance(inputs, str):
+        ids = tok.backend.encode(inputs).ids
+        cut = len(ids) + 2 > max_tokens
+        ids = [tok.cls_id, *ids[: max_tokens - 2], tok.sep_id]
+        return torch.tensor(ids, dtype=torch.long), None, cut
+    a, b = inputs
+    ((pair_ids, len_a),) = encode_examples(tok, [a], [b], max_length=max_tokens)
+    ids = torch.tensor(pair_ids, dtype=torch.long)
+    types = (torch.arange(len(ids)) >= len_a).long()  # (T,) 0 on [CLS] a [SEP], 1 on b [SEP]
+    full = sum(len(e.ids) for e in tok.backend.encode_batch([a, b])) + 3
+    return ids, types, full > len(ids)
+
+
+def _segments(types: torch.Tensor | None) -> dict[str, list[int]]:
+    """An answer's ``token_type_ids`` (which text of a pair each token is of), none for a text."""
+    return {} if types is None else {"token_type_ids": types.tolist()}
 
 
 def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
@@ -483,35 +518,51 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
         return JSONResponse({"similarity": _round(vectors @ vectors.T)})
 
     def _explained_ids(
-        served: ServedModel, text: str, max_tokens: int | None
-    ) -> tuple[torch.Tensor, bool]:
-        server.texts(text)  # valid Unicode
+        served: ServedModel, inputs: str | Pair, max_tokens: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+        """Ids, token types (None for one text) and whether cut, of what /attention and
+        /attribute explain."""
+        paired = not isinstance(inputs, str)
+        server.texts([inputs] if paired else inputs)  # valid Unicode
         limit = min(config.max_attention_tokens, served.max_length)
-        if max_tokens is not None and not 2 <= max_tokens <= limit:
-            raise ApiError(422, f"max_tokens={max_tokens} must be between 2 and {limit}")
+        least = 4 if paired else 2  # [CLS] a [SEP] b [SEP] keeps a token of a text
+        if max_tokens is not None and not least <= max_tokens <= limit:
+            raise ApiError(
+                422,
+                f"max_tokens={max_tokens} must be between {least} and {limit}"
+                + (" for a pair" if paired else ""),
+            )
         if max_tokens is None:
-            n = len(served.tokenizer.backend.encode(text).ids) + 2
+            texts = list(inputs) if paired else [inputs]
+            n = sum(len(e.ids) for e in served.tokenizer.backend.encode_batch(texts))
+            n += len(texts) + 1  # [CLS] and a [SEP] after each text
             if n > limit:
                 raise ApiError(
                     413,
-                    f"the text is {n} tokens long, more than --max_attention_tokens={limit} "
-                    "(attention grows with the square of the length); shorten it or send "
-                    "max_tokens",
+                    f"the {'pair' if paired else 'text'} is {n} tokens long, more than "
+                    f"--max_attention_tokens={limit} (attention grows with the square of the "
+                    "length); shorten it or send max_tokens",
                     "max-attention-tokens",
                 )
-        return _cut_ids(served, text, max_tokens or limit)
+        return _cut_ids(served, inputs, max_tokens or limit)
 
-    @app.post("/attention", summary="tokens and attention probabilities per layer and head")
+    @app.post(
+        "/attention",
+        summary="tokens and attention probabilities per layer and head, of a text or a pair",
+    )
     async def attention(body: AttentionRequest) -> Response:
         served = server.model(body.model, "/attention")
-        ids, cut = _explained_ids(served, body.inputs, body.max_tokens)
+        ids, types, cut = _explained_ids(served, body.inputs, body.max_tokens)
 
         def run(batch: list[torch.Tensor]) -> list[bytes]:
-            maps = attention_maps(served.encoder, batch[0].to(_device(served)))  # (L, nh, T, T)
+            device = _device(served)
+            on_device = None if types is None else types.to(device)
+            maps = attention_maps(served.encoder, batch[0].to(device), on_device)  # (L, nh, T, T)
             tok = served.tokenizer
             answer = {
                 "model": served.name,
                 "tokens": [tok.id_to_token(int(i)) for i in batch[0]],
+                **_segments(types),
                 "truncated": cut,
                 "layers": int(maps.shape[0]),
                 "heads": int(maps.shape[1]),
@@ -523,10 +574,17 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
         (payload,) = await server.run(key, [ids], len(ids) ** 2, run)
         return Response(payload, media_type="application/json")
 
-    @app.post("/attribute", summary="integrated-gradients attribution of a classifier's output")
+    @app.post(
+        "/attribute",
+        summary="integrated-gradients attribution of a classifier's output, of a text or a pair",
+        description='A pair, `{"inputs": ["<text>", "<text_pair>"]}`, is explained over the '
+        "tokens of both texts, `[CLS] a [SEP] b [SEP]`, and the answer's `token_type_ids` "
+        "say which text each token is of (1: the second).",
+    )
     async def attribute(body: AttributeRequest) -> JSONResponse:
         served = server.model(body.model, "/attribute")
-        server.check_pairing(served, False, "/attribute")
+        paired = not isinstance(body.inputs, str)
+        server.check_pairing(served, paired, "/attribute")
         if not 1 <= body.steps <= config.max_attribution_steps:
             raise ApiError(
                 422,
@@ -534,7 +592,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
                 f"--max_attribution_steps={config.max_attribution_steps}",
                 "max-attribution-steps",
             )
-        ids, cut = _explained_ids(served, body.inputs, body.max_tokens)
+        ids, types, cut = _explained_ids(served, body.inputs, body.max_tokens)
         labels = served.labels()
         regression = served.model.config.is_regression
         target = None
@@ -549,9 +607,11 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
 
         def run(batch: list[torch.Tensor]) -> list[dict[str, Any]]:
             x = batch[0].to(_device(served))
+            x_types = None if types is None else types.to(x.device)
             tok = served.tokenizer
             with torch.inference_mode():
-                logits = served.model(x[None]).logits[0].float()  # (labels,)
+                type_batch = None if x_types is None else x_types[None]  # (1, T)
+                logits = served.model(x[None], token_type_ids=type_batch).logits[0].float()
             answer: dict[str, Any] = {"model": served.name, "truncated": cut}
             if regression:
                 answer["value"] = float(logits[0])
@@ -563,16 +623,20 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
                 index = int(probs.argmax()) if target is None else target
                 answer["target"] = labels[index]
             special = torch.tensor(np.isin(x.cpu().numpy(), tok.special_ids)).to(x.device)
-            baseline = torch.where(special, x, tok.pad_id)  # [CLS] [PAD] ... [PAD] [SEP]
-            result = integrated_gradients(served.model, x, baseline, index, steps, chunk)
+            # [CLS] [PAD] ... [PAD] [SEP] (a pair: [CLS] [PAD] ... [SEP] [PAD] ... [SEP])
+            baseline = torch.where(special, x, tok.pad_id)
+            result = integrated_gradients(
+                served.model, x, baseline, index, steps, chunk, token_type_ids=x_types
+            )
             answer.update(
                 tokens=[tok.id_to_token(int(i)) for i in x],
+                **_segments(types),
                 attributions=result.attributions.cpu().tolist(),
                 steps=steps,
                 output=result.output,
                 baseline_output=result.baseline_output,
                 delta=result.delta,
-                baseline="[CLS] [PAD]... [SEP]",
+                baseline="[CLS] [PAD]... [SEP]" + (" [PAD]... [SEP]" if paired else ""),
             )
             return [answer]
 

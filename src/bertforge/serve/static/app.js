@@ -1,5 +1,6 @@
 // bertforge explorer: asks the server's JSON API and draws what one or two models make of a
-// text. Hand-written, no dependencies; everything it loads comes from the same server.
+// text (or of a text pair, for a classifier fine-tuned on pairs). Hand-written, no
+// dependencies; everything it loads comes from the same server.
 "use strict";
 
 const CAP = 64; // most tokens shown per text (attention/attribution computed on these)
@@ -57,9 +58,14 @@ async function start() {
   const cap = Math.min(CAP, state.info.limits.max_attention_tokens);
   $("cap").textContent = cap;
   $("run").addEventListener("click", run);
-  $("text").addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); run(); }
-  });
+  for (const box of ["text", "text-pair"]) {
+    $(box).addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); run(); }
+    });
+  }
+  $("model-a").addEventListener("change", updatePairBox);
+  $("model-b").addEventListener("change", updatePairBox);
+  updatePairBox();
   $("view").addEventListener("change", () => { state.view = $("view").value; redrawAttention(); });
   $("layer").addEventListener("change", () => { state.layer = +$("layer").value; redrawAttention(); });
   $("head").addEventListener("change", () => { state.head = $("head").value; redrawAttention(); });
@@ -78,9 +84,42 @@ function selectedModels() {
   return names;
 }
 
+// ---- the second text of a pair -------------------------------------------------------------
+// A classifier fine-tuned on text pairs (/info "inputs": "pairs") reads [CLS] a [SEP] b [SEP];
+// one nothing says anything about ("texts or pairs") reads a pair when the second box is filled.
+function takes(info) {
+  return info.kind === "classifier" && info.inputs ? info.inputs : "texts";
+}
+
+function updatePairBox() {
+  const infos = selectedModels().map(modelInfo);
+  const paired = infos.find((m) => takes(m) === "pairs");
+  const optional = infos.find((m) => takes(m) === "texts or pairs");
+  $("pair-row").hidden = !paired && !optional;
+  const [a, b] = paired ? paired.pair_columns : ["Text", "Second text"];
+  $("text-name").textContent = a;
+  $("pair-name").textContent = b;
+  if (paired) {
+    $("pair-hint").textContent = `(${paired.name} was fine-tuned on ${a} + ${b} pairs and reads both: [CLS] ${a} [SEP] ${b} [SEP])`;
+  } else if (optional) {
+    $("pair-hint").textContent = `(optional: ${optional.name} then reads the pair [CLS] text [SEP] second text [SEP])`;
+  }
+}
+
+function pairText() {
+  return $("pair-row").hidden ? "" : $("text-pair").value;
+}
+
+function textsFor(info, text, pair) {
+  // what a model reads: [text] or [text, pair]
+  const kind = takes(info);
+  return kind === "pairs" || (kind === "texts or pairs" && pair.trim() !== "") ? [text, pair] : [text];
+}
+
 // ---- running a text through the models ------------------------------------------------------
 async function run() {
   const text = $("text").value;
+  const pair = pairText();
   const topK = Math.max(1, Math.min(20, +$("top-k").value || 5));
   const names = selectedModels();
   $("run").disabled = true;
@@ -93,32 +132,38 @@ async function run() {
     results.append(panel);
     return panel;
   });
-  await Promise.all(names.map((name, i) => runModel(name, text, topK, panels[i])));
+  await Promise.all(names.map((name, i) => runModel(name, text, pair, topK, panels[i])));
   setLayerHeadChoices();
   redrawAttention();
   $("run").disabled = false;
   $("status").textContent = "done";
 }
 
-async function runModel(name, text, topK, panel) {
+async function runModel(name, text, pair, topK, panel) {
   const info = modelInfo(name);
   const errors = el("div", { class: "error", role: "alert" });
   const meta = `${info.kind} · ${info.config.num_hidden_layers} layers × ${info.config.num_attention_heads} heads · hidden ${info.config.hidden_size} · ${info.parameters.toLocaleString()} parameters`;
   panel.append(el("h2", { text: name }), el("div", { class: "meta", text: meta }), errors);
   const fail = (err) => errors.append(el("div", { text: err.message }));
-  const r = (state.runs[name] = { name, text, info, panel });
+  const texts = textsFor(info, text, pair);
+  const paired = texts.length === 2;
+  const example = paired ? texts : text; // one text or one [text, text_pair] pair
+  const r = (state.runs[name] = { name, text, texts, info, panel });
   const cap = Math.min(tokenCap(), info.config.max_position_embeddings);
   try {
-    [r.tokens] = await api("/tokenize", { inputs: [text], model: name });
+    r.tokens = await api("/tokenize", { inputs: texts, model: name }); // WordPieces per text
   } catch (err) {
     fail(err);
     return;
   }
-  const tokenBox = el("div", { class: "tokens", role: "group", "aria-label": "WordPieces" });
+  const tokenBox = el("div", { class: "token-rows", role: "group", "aria-label": "WordPieces" });
   panel.append(el("h3", { text: "WordPieces (click one to mask its word)" }), tokenBox);
   const jobs = [];
   const outputs = el("div");
   panel.append(outputs);
+  if (!paired && pair.trim() !== "") {
+    outputs.append(el("p", { class: "hint", text: `${name} reads the first text only (it was not fine-tuned on pairs).` }));
+  }
   if (info.kind === "masked-lm") {
     if (!text.includes("[MASK]")) {
       outputs.append(el("p", { class: "hint", text: "No [MASK] in the text: click a token to mask it." }));
@@ -126,18 +171,29 @@ async function runModel(name, text, topK, panel) {
       jobs.push(api("/fill-mask", { inputs: [text], model: name, top_k: topK })
         .then(([answer]) => drawFillMask(outputs, answer)).catch(fail));
     }
+  } else if (info.kind === "classifier" && paired && pair.trim() === "") {
+    const [, b] = info.pair_columns;
+    outputs.append(el("p", { class: "hint", text: `${name} reads pairs: write the ${b} in the second box.` }));
   } else if (info.kind === "classifier") {
-    jobs.push(api("/attribute", { inputs: text, model: name, steps: 32, max_tokens: cap })
-      .then((answer) => { r.attribution = answer; drawPrediction(outputs, answer); })
-      .catch(fail));
+    const prediction = el("div"), legend = el("div");
+    outputs.append(prediction, legend);
+    jobs.push(api("/predict", { inputs: [paired ? texts : text], model: name, truncate: true })
+      .then(([answer]) => drawPrediction(prediction, answer)).catch(fail));
+    if (info.routes.includes("/attribute")) {
+      jobs.push(api("/attribute", { inputs: example, model: name, steps: 32, max_tokens: cap })
+        .then((answer) => { r.attribution = answer; drawLegend(legend, answer); })
+        .catch(fail));
+    }
   } else {
     outputs.append(el("p", { class: "hint", text: "An encoder without a head: tokens and attention only (its vectors: POST /embed)." }));
   }
   const attentionBox = el("div", { class: "attention" });
   panel.append(el("h3", { text: "Attention" }), attentionBox);
   r.attentionBox = attentionBox;
-  jobs.push(api("/attention", { inputs: text, model: name, max_tokens: cap })
-    .then((answer) => { r.attention = answer; }).catch(fail));
+  if (info.routes.includes("/attention")) {
+    jobs.push(api("/attention", { inputs: example, model: name, max_tokens: cap })
+      .then((answer) => { r.attention = answer; }).catch(fail));
+  }
   await Promise.all(jobs);
   drawTokens(tokenBox, r);
 }
@@ -151,41 +207,78 @@ function wordSpan(tokens, i) {
   return [tokens[a].start, tokens[b].stop];
 }
 
-function maskWord(r, i) {
-  const [start, stop] = wordSpan(r.tokens, i);
-  const text = r.text;
-  $("text").value = text.slice(0, start) + "[MASK]" + text.slice(stop);
+function maskWord(r, seg, i) {
+  const [start, stop] = wordSpan(r.tokens[seg], i);
+  const text = r.texts[seg];
+  $(seg === 0 ? "text" : "text-pair").value = text.slice(0, start) + "[MASK]" + text.slice(stop);
   run().then(() => { $("status").textContent = `masked “${text.slice(start, stop)}”`; });
 }
 
+function segmentPositions(tokens, seg, explained, budget) {
+  // For each WordPiece of text `seg` (/tokenize: [CLS] pieces [SEP]) its position in the
+  // explained sequence [CLS] a [SEP] (b [SEP]), or -1 where it was cut off; without an
+  // explained answer, the first `budget` tokens count as shown.
+  const last = tokens.length - 1;
+  const positions = tokens.map(() => -1);
+  if (explained) {
+    const types = explained.token_type_ids || explained.tokens.map(() => 0);
+    const at = types.flatMap((t, k) => (t === seg ? [k] : []));
+    if (at.length === 0) return positions;
+    const offset = seg === 0 ? 1 : 0; // the second text has no [CLS] of its own in a pair
+    if (seg === 0) positions[0] = at[0];
+    for (let i = 1; i < last && i - 1 + offset < at.length - 1; i++) positions[i] = at[i - 1 + offset];
+    positions[last] = at[at.length - 1];
+  } else {
+    const kept = Math.max(0, Math.min(last - 1, budget - (seg === 0 ? 2 : 1)));
+    for (let i = seg === 0 ? 0 : 1; i <= kept; i++) positions[i] = i;
+    positions[last] = last;
+  }
+  return positions;
+}
+
 function drawTokens(box, r) {
-  const tokens = r.tokens;
+  // both texts of a pair in one row each: [CLS] a [SEP] / b [SEP], as the model reads them
+  const explained = r.attribution || r.attention; // both cut to the same tokens
   const attr = r.attribution ? r.attribution.attributions : null;
   const scale = attr ? Math.max(...attr.map(Math.abs)) : 0;
-  tokens.slice(0, tokenCap()).forEach((t, i) => {
-    const mask = t.text === "[MASK]";
-    const cls = "tok" + (t.special ? " special" : "") + (mask ? " mask" : "");
-    let node;
-    if (t.special) {
-      node = el("span", { class: cls, text: t.text });
-    } else {
-      node = el("button", {
-        class: cls, type: "button", text: t.text,
-        title: `id ${t.id}, characters ${t.start}–${t.stop}` + (attr && i < attr.length ? `, attribution ${attr[i].toFixed(4)}` : ""),
-        "aria-label": `mask the word of ${t.text}`,
-        onclick: () => maskWord(r, i),
-      });
+  const names = r.texts.length === 2 ? (r.info.pair_columns || ["text", "second text"]) : null;
+  let budget = tokenCap();
+  r.tokens.forEach((tokens, seg) => {
+    const row = el("div", { class: "tokens", role: "group", "aria-label": names ? names[seg] : "text" });
+    const positions = segmentPositions(tokens, seg, explained, budget);
+    let shown = 0;
+    tokens.forEach((t, i) => {
+      const k = positions[i];
+      if (k < 0) return;
+      shown += 1;
+      const mask = t.text === "[MASK]";
+      const cls = "tok" + (t.special ? " special" : "") + (mask ? " mask" : "");
+      let node;
+      if (t.special) {
+        node = el("span", { class: cls, text: t.text });
+      } else {
+        node = el("button", {
+          class: cls, type: "button", text: t.text,
+          title: `id ${t.id}, characters ${t.start}–${t.stop}` + (attr ? `, attribution ${attr[k].toFixed(4)}` : ""),
+          "aria-label": `mask the word of ${t.text}`,
+          onclick: () => maskWord(r, seg, i),
+        });
+      }
+      if (attr) {
+        const [red, green, blue] = (attr[k] >= 0 ? "214,70,60" : "40,110,200").split(",");
+        const a = scale ? (Math.min(1, Math.abs(attr[k]) / scale) * 0.75).toFixed(3) : 0;
+        node.style.background = `rgba(${red},${green},${blue},${a})`;
+      }
+      row.append(node);
+    });
+    const hidden = tokens.length - (seg === 0 ? 0 : 1) - shown;
+    if (hidden > 0) {
+      row.append(el("span", { class: "more", text: `… ${hidden} more tokens not shown (cap ${tokenCap()})` }));
     }
-    if (attr && i < attr.length) {
-      const [r, g, b] = (attr[i] >= 0 ? "214,70,60" : "40,110,200").split(",");
-      const a = scale ? (Math.min(1, Math.abs(attr[i]) / scale) * 0.75).toFixed(3) : 0;
-      node.style.background = `rgba(${r},${g},${b},${a})`;
-    }
-    box.append(node);
+    budget -= shown;
+    if (names) box.append(el("div", { class: "segment" }, el("span", { class: "seg-name", text: names[seg] }), row));
+    else box.append(row);
   });
-  if (tokens.length > tokenCap()) {
-    box.append(el("span", { class: "more", text: `… ${tokens.length - tokenCap()} more tokens not shown (cap ${tokenCap()})` }));
-  }
 }
 
 // ---- fill-mask and classification -------------------------------------------------------------
@@ -211,6 +304,7 @@ function drawFillMask(box, answer) {
 }
 
 function drawPrediction(box, answer) {
+  // /predict's answer: {label, scores} or {value}
   box.append(el("h3", { text: "Prediction" }));
   if ("value" in answer) {
     box.append(el("p", { class: "prediction" }, "Value: ", el("strong", { text: answer.value.toFixed(4) })));
@@ -218,11 +312,16 @@ function drawPrediction(box, answer) {
     const rows = Object.entries(answer.scores).sort((a, b) => b[1] - a[1]);
     box.append(el("p", { class: "prediction" }, "Label: ", el("strong", { text: answer.label })), bars(rows));
   }
+}
+
+function drawLegend(box, answer) {
+  // what the token colours (/attribute's answer) mean
+  const cut = answer.truncated ? `; computed on the first ${answer.tokens.length} tokens` : "";
   box.append(el("p", { class: "legend" },
     el("span", { class: "sw", style: "background:rgba(214,70,60,.7)" }), " pushes towards ",
     el("strong", { text: answer.target || "the value" }), "  ",
     el("span", { class: "sw", style: "background:rgba(40,110,200,.7)" }), " pushes away",
-    ` (integrated gradients, ${answer.steps} steps, completeness gap ${answer.delta.toExponential(1)})`));
+    ` (integrated gradients, ${answer.steps} steps, completeness gap ${answer.delta.toExponential(1)}${cut})`));
 }
 
 // ---- attention --------------------------------------------------------------------------------
@@ -299,10 +398,12 @@ function drawHeadView(r) {
   };
   drawLines(null);
   picture.append(lines);
+  const types = r.attention.token_type_ids || [];
   tokens.forEach((t, i) => {
-    const a = svg("text", { x: left - 6, y: 14 + i * rowH, "text-anchor": "end", tabindex: 0 });
+    const seg = types[i] === 1 ? "seg1" : ""; // the second text of a pair
+    const a = svg("text", { x: left - 6, y: 14 + i * rowH, "text-anchor": "end", tabindex: 0, class: seg });
     a.textContent = t;
-    const b = svg("text", { x: right + 6, y: 14 + i * rowH });
+    const b = svg("text", { x: right + 6, y: 14 + i * rowH, class: seg });
     b.textContent = t;
     const show = () => { a.classList.add("active"); drawLines(i); };
     const hide = () => { a.classList.remove("active"); drawLines(null); };
@@ -372,7 +473,8 @@ function download(name, blob) {
 
 async function save(kind) {
   const stamp = new Date().toISOString().slice(0, 19).replace(/[:T]/g, "-");
-  const header = `<h1 style="font-size:1.15rem">bertforge explorer</h1><p class="meta">${escapeHtml($("text").value)}</p>`;
+  const texts = [$("text").value, pairText()].filter((t) => t !== "");
+  const header = `<h1 style="font-size:1.15rem">bertforge explorer</h1>${texts.map((t) => `<p class="meta">${escapeHtml(t)}</p>`).join("")}`;
   try {
     if (kind === "html") {
       const html = `<!doctype html><html lang="en"><head><meta charset="utf-8"><title>bertforge explorer: saved view</title><style>${state.css}</style></head><body><main>${header}<section id="results">${snapshot().innerHTML}</section></main></body></html>`;
