@@ -191,7 +191,9 @@ def test_a_pair_classifier_reads_both_texts(page, port):
     page.select_option("#model-b", "")
     page.select_option("#model-a", "mlm")
     assert page.locator("#pair-row").is_hidden()  # a masked LM reads one text
+    assert "[MASK]" in page.locator("#text-hint").inner_text()
     page.select_option("#model-a", "nli")
+    assert "[MASK]" not in page.locator("#text-hint").inner_text()  # no model predicts words
     # the second box appears, both named after the columns the model was fine-tuned on
     assert page.locator("#pair-row").is_visible()
     assert page.locator('label[for="text"]').inner_text().startswith("premise")

@@ -99,6 +99,13 @@ function updatePairBox() {
   const [a, b] = paired ? paired.pair_columns : ["Text", "Second text"];
   $("text-name").textContent = a;
   $("pair-name").textContent = b;
+  // [MASK] means something only to a masked-LM model among the selected ones
+  const predicts = infos.some((m) => m.kind === "masked-lm");
+  $("text-hint").replaceChildren(
+    "(",
+    ...(predicts ? ["write ", el("code", { text: "[MASK]" }), " where a word should be predicted; "] : []),
+    "click a token below to mask its word; Ctrl+Enter runs)",
+  );
   if (paired) {
     $("pair-hint").textContent = `(${paired.name} was fine-tuned on ${a} + ${b} pairs and reads both: [CLS] ${a} [SEP] ${b} [SEP])`;
   } else if (optional) {
