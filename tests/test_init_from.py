@@ -5,6 +5,7 @@ Hugging Face directory without an MLM head) or from one of ours, the settings it
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,8 +16,9 @@ from safetensors.torch import load_file
 from bertforge.cli import main as cli_main
 from bertforge.data.shards import prepare
 from bertforge.errors import BertforgeError
-from bertforge.inference.predict import fill_mask_side_by_side
+from bertforge.inference.predict import declared_pooling, fill_mask_side_by_side
 from bertforge.modeling.config import BertConfig
+from bertforge.modeling.model import BertForSequenceClassification
 from bertforge.progress import read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.config import (
@@ -151,6 +153,13 @@ def test_a_hugging_face_encoder_without_mlm_head_gets_fresh_heads_and_loads_in_t
     theirs = transformers.BertForMaskedLM.from_pretrained(model_dir).eval()
     ours = BertForMaskedLM.from_pretrained(model_dir).eval()
     assert ours.loading_info["missing"] == []
+    # MLM does not train the start's pooler, but the run keeps it for a classifier fine-tuned
+    # from the run (it had started random there before)
+    assert "kept from" in err and "pooler" in err
+    classifier = BertForSequenceClassification.from_pretrained(model_dir, num_labels=2)
+    assert sorted(classifier.loading_info["missing"]) == ["classifier.bias", "classifier.weight"]
+    torch.testing.assert_close(classifier.bert.pooler.dense.weight, hf.pooler.dense.weight)
+    torch.testing.assert_close(classifier.bert.pooler.dense.bias, hf.pooler.dense.bias)
     tokenizer = Tokenizer.from_file(model_dir)
     batch = tokenizer.encode_batch(["to be or not to [MASK]", "my lord"], return_tensors="pt")
     with torch.no_grad():
@@ -390,3 +399,37 @@ def test_fill_mask_side_by_side_table():
     assert lines[1].split() == ["[MASK]", "start", "adapted"]
     assert lines[2].split() == ["1", "good", "50.0%", "great", "75.0%"]
     assert lines[3].split() == ["2", "bad", "25.0%"]
+
+
+def test_a_sentence_transformers_start_keeps_its_pooling(hf_model, tmp_path, capsys):
+    """An MLM run from a sentence-transformers model (modules.json, 1_Pooling, 2_Normalize, as
+    all-MiniLM-L6-v2 ships) writes the declaration into its model: embed pools the adapted
+    model as it pooled the start (it fell back to [CLS], unnormalised, before)."""
+    start = tmp_path / "st-start"
+    shutil.copytree(hf_model["dir"], start)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+        {
+            "idx": 2,
+            "name": "2",
+            "path": "2_Normalize",
+            "type": "sentence_transformers.models.Normalize",
+        },
+    ]
+    (start / "modules.json").write_text(json.dumps(modules))
+    (start / "1_Pooling").mkdir()
+    pooling = {"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True}
+    (start / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    (start / "2_Normalize").mkdir()
+    result = pretrain(cfg(hf_model["data"], tmp_path / "run", start, max_steps=2))
+    assert "1_Pooling" in capsys.readouterr().err
+    model_dir = Path(result["model_dir"])
+    assert declared_pooling(model_dir) == declared_pooling(start)
+    assert declared_pooling(model_dir)[0] == "mean" and declared_pooling(model_dir)[2] is True
+    assert cli_main(["verify", str(model_dir)]) == 0  # the manifest still vouches for the rest

@@ -33,7 +33,6 @@ PyTorch model. ``onnx`` and ``onnxruntime`` are an optional extra: ``pip install
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import shutil
@@ -47,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertforge.errors import BertforgeError
+from bertforge.inference.predict import pooling_declaration
 from bertforge.io import atomic_directory
 from bertforge.modeling.checkpoint import (
     ONNX_EXPORT_FILE,
@@ -153,33 +153,6 @@ def _load_for_export(model_dir: Path) -> nn.Module:
     if any(k.startswith("pooler.") for k in model.loading_info["missing"]):
         model.pooler = None  # not in the checkpoint: export no (random) pooler output
     return model.eval()
-
-
-def pooling_declaration(model_dir: Path) -> list[str]:
-    """The files and folders of ``model_dir`` that say how ``embed`` pools and normalises (read by
-    :func:`bertforge.inference.predict.declared_pooling`): a sentence-transformers model's
-    ``modules.json`` and the folders of its Pooling and Normalize modules (``1_Pooling``,
-    ``2_Normalize``); [] for a plain BERT directory. The export copies them, so that
-    ``embed --backend onnx`` pools and normalises as the eager model does."""
-    names = ["1_Pooling"]  # read even without a modules.json
-    if (model_dir / "modules.json").is_file():
-        names.append("modules.json")
-        try:
-            modules = json.loads((model_dir / "modules.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            modules = []  # copied as it is: embed reports it, on the export as on the model
-        for module in modules if isinstance(modules, list) else []:
-            kind = str(module.get("type", "")) if isinstance(module, dict) else ""
-            if kind.rsplit(".", 1)[-1] in ("Pooling", "Normalize") and module.get("path"):
-                names.append(str(module["path"]))
-    inside = model_dir.resolve()
-    return sorted(
-        {
-            name
-            for name in names
-            if (model_dir / name).exists() and (model_dir / name).resolve().is_relative_to(inside)
-        }
-    )
 
 
 def _sample_inputs(config: BertConfig) -> tuple[Tensor, Tensor, Tensor]:

@@ -342,6 +342,34 @@ def declared_pooling(directory: str | Path) -> tuple[str | None, str | None, boo
     return modes[0], f"{folder}/config.json", normalize
 
 
+def pooling_declaration(model_dir: Path) -> list[str]:
+    """The files and folders of ``model_dir`` that say how ``embed`` pools and normalises (read by
+    :func:`bertforge.inference.predict.declared_pooling`): a sentence-transformers model's
+    ``modules.json`` and the folders of its Pooling and Normalize modules (``1_Pooling``,
+    ``2_Normalize``); [] for a plain BERT directory. An ONNX export copies them (so that
+    ``embed --backend onnx`` pools and normalises as the eager model does), and so does an
+    MLM run started from such a model (``--init_from``)."""
+    names = ["1_Pooling"]  # read even without a modules.json
+    if (model_dir / "modules.json").is_file():
+        names.append("modules.json")
+        try:
+            modules = json.loads((model_dir / "modules.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            modules = []  # copied as it is: embed reports it, on the export as on the model
+        for module in modules if isinstance(modules, list) else []:
+            kind = str(module.get("type", "")) if isinstance(module, dict) else ""
+            if kind.rsplit(".", 1)[-1] in ("Pooling", "Normalize") and module.get("path"):
+                names.append(str(module["path"]))
+    inside = model_dir.resolve()
+    return sorted(
+        {
+            name
+            for name in names
+            if (model_dir / name).exists() and (model_dir / name).resolve().is_relative_to(inside)
+        }
+    )
+
+
 def resolve_pooling(
     model: nn.Module, pooling: str | None = None, normalize: bool | None = None
 ) -> PoolingChoice:
@@ -440,6 +468,7 @@ __all__ = [
     "embed",
     "fill_mask",
     "fill_mask_side_by_side",
+    "pooling_declaration",
     "resolve_pooling",
     "saved_settings",
     "sequence_logits",

@@ -293,9 +293,15 @@ def load_pretrained(cls: type[M], directory: str | Path, **config_overrides: Any
     return model
 
 
-def save_pretrained(model: torch.nn.Module, directory: str | Path, tokenizer: Any = None) -> Path:
+def save_pretrained(
+    model: torch.nn.Module,
+    directory: str | Path,
+    tokenizer: Any = None,
+    extra_tensors: dict[str, torch.Tensor] | None = None,
+) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (+ tokenizer files) into ``directory``,
-    then ``manifest.json`` recording their sizes and SHA-256.
+    then ``manifest.json`` recording their sizes and SHA-256. ``extra_tensors`` are stored beside
+    the model's own (keys it does not have: e.g. the pooler an MLM-only run kept from its start).
 
     Each file is replaced atomically, weights first, so a reader never sees a half-written file;
     an old manifest is removed first, so a save interrupted half-way leaves no manifest vouching
@@ -308,6 +314,10 @@ def save_pretrained(model: torch.nn.Module, directory: str | Path, tokenizer: An
         for k, v in model.state_dict().items()
         if not k.endswith(TIED_KEYS)
     }
+    for k, v in (extra_tensors or {}).items():
+        if k in state:
+            raise ValueError(f"extra tensor {k!r} is one of the model's own")
+        state[k] = v.detach().to("cpu").contiguous().clone()
     with atomic_file(directory / WEIGHTS_NAME) as tmp:
         try:
             save_file(state, str(tmp), metadata={"format": "pt"})

@@ -458,9 +458,15 @@ class BertPreTrainedModel(nn.Module):
         """
         return load_pretrained(cls, directory, **config_overrides)
 
-    def save_pretrained(self, directory: str | Path, tokenizer: Any = None) -> Path:
-        """Write config.json + model.safetensors (+ tokenizer files) atomically into ``directory``."""
-        return save_pretrained(self, directory, tokenizer=tokenizer)
+    def save_pretrained(
+        self,
+        directory: str | Path,
+        tokenizer: Any = None,
+        extra_tensors: dict[str, Tensor] | None = None,
+    ) -> Path:
+        """Write config.json + model.safetensors (+ tokenizer files) atomically into ``directory``
+        (``extra_tensors``: more weights to store beside the model's own)."""
+        return save_pretrained(self, directory, tokenizer=tokenizer, extra_tensors=extra_tensors)
 
 
 class BertModel(BertPreTrainedModel):

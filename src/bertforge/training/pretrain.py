@@ -59,11 +59,13 @@ from bertforge.training.setup import (
     PretrainingData,
     bag_of_words_token_weights,
     build_model,
+    copy_pooling_declaration,
     find_resume,
     init_word_vectors,
     open_data,
     random_twin,
     run_identity,
+    start_pooler,
     start_report,
 )
 
@@ -483,8 +485,17 @@ def finish(run: Run, state: PretrainState) -> dict[str, Any]:
     if run.info.is_main:
         electra = isinstance(run.raw, BertForReplacedTokenDetection)
         with atomic_directory(out / FINAL_DIR) as tmp:  # an rtd run keeps its encoder
-            save = run.raw.save_encoder if electra else run.raw.save_pretrained
-            save(tmp, tokenizer=run.data.tokenizer)
+            if electra:
+                run.raw.save_encoder(tmp, tokenizer=run.data.tokenizer)
+            else:
+                start = run.cfg.init_from
+                kept = start_pooler(start, run.raw) if start else {}  # what MLM cannot train
+                run.raw.save_pretrained(tmp, tokenizer=run.data.tokenizer, extra_tensors=kept)
+                carried = (["pooler"] if kept else []) + (
+                    copy_pooling_declaration(start, Path(tmp)) if start else []
+                )
+                if carried:
+                    run.say(f"kept from {start}: {', '.join(carried)} (not trained by this run)")
         if electra:
             with atomic_directory(out / GENERATOR_DIR) as tmp:
                 run.raw.generator_model().save_pretrained(tmp, tokenizer=run.data.tokenizer)

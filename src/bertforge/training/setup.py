@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,8 @@ import torch
 from bertforge.data.loader import PretrainingCollator, PretrainingLoader, PretrainingSampler
 from bertforge.data.shards import TOKENIZER_DIR, PretrainingDataset, read_meta
 from bertforge.errors import BertforgeError
-from bertforge.modeling.checkpoint import check_tokenizer_fits
+from bertforge.inference.predict import pooling_declaration
+from bertforge.modeling.checkpoint import check_tokenizer_fits, read_safetensors
 from bertforge.modeling.config import CONFIG_NAME, BertConfig
 from bertforge.modeling.model import (
     BertForMaskedLM,
@@ -214,6 +217,44 @@ def fresh_modules(missing: list[str]) -> list[str]:
 PretrainingModel = BertForPreTraining | BertForMaskedLM | BertForReplacedTokenDetection
 PAIR_OBJECTIVES = ("mlm_nsp", "mlm_contrastive")
 """The objectives that read ``--mode nsp`` sentence pairs and train BERT's pretraining model."""
+
+
+_START_POOLER = re.compile(r"(?:bert\.)?pooler\.dense\.(weight|bias)")
+
+
+def start_pooler(directory: str | Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The pooler of the ``--init_from`` model in ``directory``, keyed for ``model``'s save, when
+    ``model`` has none of its own (an MLM-only run): MLM never trains it, but a classifier
+    fine-tuned from the run reads it, and all-MiniLM-L6-v2's is trained; without this the run's
+    model would hand the classifier a random pooler. {} when the start has none."""
+    own = model.state_dict()
+    if any(_START_POOLER.fullmatch(k) for k in own):
+        return {}
+    prefix = getattr(model, "base_prefix", "")
+    hidden = model.config.hidden_size  # type: ignore[union-attr]
+    shapes = {"weight": (hidden, hidden), "bias": (hidden,)}
+    found = {}
+    for key, tensor in read_safetensors(Path(directory)).items():
+        match = _START_POOLER.fullmatch(key)
+        if match and tuple(tensor.shape) == shapes[match.group(1)]:
+            found[f"{prefix}pooler.dense.{match.group(1)}"] = tensor
+    return found if len(found) == 2 else {}
+
+
+def copy_pooling_declaration(start: str | Path, model_dir: Path) -> list[str]:
+    """Copy a sentence-transformers start's pooling declaration (``modules.json``,
+    ``1_Pooling/``, ``2_Normalize/``) into the run's model directory, so ``embed`` pools the
+    adapted model as it pooled the start (mean, normalised for all-MiniLM-L6-v2). The names
+    copied ([] for a plain BERT start)."""
+    start = Path(start)
+    names = pooling_declaration(start)
+    for name in names:
+        source, target = start / name, model_dir / name
+        if source.is_dir():
+            shutil.copytree(source, target, dirs_exist_ok=True)
+        else:
+            shutil.copy2(source, target)
+    return names
 
 
 def pretraining_class(objective: str) -> type[PretrainingModel]:
@@ -453,6 +494,8 @@ def run_identity(cfg: PretrainConfig, meta: dict, n_train: int) -> dict[str, Any
 __all__ = [
     "PretrainingData",
     "build_model",
+    "copy_pooling_declaration",
+    "start_pooler",
     "init_word_vectors",
     "check_start_tokenizer",
     "find_resume",
