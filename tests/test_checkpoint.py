@@ -50,6 +50,18 @@ def test_our_directory_loads_in_transformers_with_identical_outputs(tiny_config,
     )
 
 
+def test_a_loaded_model_predicts_in_eval_mode_as_in_transformers(tiny_config, tmp_path):
+    torch.manual_seed(0)
+    BertForSequenceClassification(tiny_config).save_pretrained(tmp_path / "m")
+    model = BertForSequenceClassification.from_pretrained(tmp_path / "m")
+    theirs = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "m")
+    assert not model.training and not theirs.training
+    assert model.config.hidden_dropout_prob > 0
+    ids = torch.randint(5, tiny_config.vocab_size, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, model(ids).logits, rtol=0, atol=0)
+
+
 def test_hf_directory_loads_in_ours_with_identical_outputs(tiny_config, tmp_path):
     d = tiny_config.to_dict()
     d.pop("architectures", None)

@@ -29,7 +29,13 @@ from bertforge.training.config import (
     parse_freeze,
 )
 from bertforge.training.pretrain import pretrain
-from bertforge.training.setup import fresh_modules, model_contradictions, warm_fresh_head
+from bertforge.training.setup import (
+    build_model,
+    fresh_modules,
+    model_contradictions,
+    open_data,
+    warm_fresh_head,
+)
 
 TRAIN = dict(
     objective="mlm",
@@ -433,3 +439,14 @@ def test_a_sentence_transformers_start_keeps_its_pooling(hf_model, tmp_path, cap
     assert declared_pooling(model_dir) == declared_pooling(start)
     assert declared_pooling(model_dir)[0] == "mean" and declared_pooling(model_dir)[2] is True
     assert cli_main(["verify", str(model_dir)]) == 0  # the manifest still vouches for the rest
+
+
+def test_a_started_or_resumed_model_trains_with_dropout(hf_model, tmp_path):
+    """from_pretrained returns eval mode (as transformers); pretraining from --init_from, or
+    resuming, switches it back to training: dropout on."""
+    c = cfg(hf_model["data"], tmp_path / "run", hf_model["dir"], max_steps=1)
+    model = build_model(c, open_data(c), None)
+    assert all(m.training for m in model.modules())
+    model.save_pretrained(tmp_path / "checkpoint")
+    resumed = build_model(c, open_data(c), tmp_path / "checkpoint")
+    assert all(m.training for m in resumed.modules())

@@ -290,7 +290,7 @@ def load_pretrained(cls: type[M], directory: str | Path, **config_overrides: Any
     model.loading_info = info  # type: ignore[assignment]
     # as HF's name_or_path: inference reads the settings saved beside the weights from here
     model.name_or_path = str(directory)  # type: ignore[assignment]
-    return model
+    return model.eval()  # as transformers: a loaded model predicts; training calls .train()
 
 
 def save_pretrained(

@@ -454,7 +454,9 @@ class BertPreTrainedModel(nn.Module):
         """Load our or an HF BERT directory (config.json + model.safetensors) into this class.
 
         Heads the checkpoint lacks (e.g. a classifier on a pretrained encoder) keep their fresh
-        initialisation; ``config_overrides`` set fields such as ``num_labels`` or ``id2label``.
+        initialisation; keyword arguments set config fields (``num_labels=3``,
+        ``id2label={...}``). The model comes back in eval mode, as in transformers (call
+        ``.train()`` to train it).
         """
         return load_pretrained(cls, directory, **config_overrides)
 

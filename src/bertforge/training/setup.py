@@ -418,7 +418,7 @@ def build_model(
                 counts = head_warm_counts(data.train, data.tokenizer, model.config.vocab_size)
                 warm_fresh_head(model, WARM_HEAD_PARAMETERS, counts)
         freeze_parameters(model, cfg.train.freeze)
-        return model
+        return model.train()  # from_pretrained returns a model in eval mode
     model = model_cls.from_pretrained(resume_dir)
     if model.config.to_dict() | {"architectures": None} != model_config.to_dict() | {
         "architectures": None
@@ -428,7 +428,7 @@ def build_model(
             "with the original settings or start a new --output"
         )
     freeze_parameters(model, cfg.train.freeze)
-    return model
+    return model.train()
 
 
 def start_report(cfg: PretrainConfig, model: torch.nn.Module) -> str:
