@@ -217,6 +217,14 @@ def test_resume_from_a_checkpoint_continues_exactly(work, micro):
     assert losses[0] == losses[1] and losses[0]
 
 
+def test_max_steps_overrides_epochs_as_in_transformers(work):
+    """--epochs 0.1 is 3 steps of this data; --max_steps 5 trains 5 (into a second epoch)."""
+    out = work["root"] / "max-steps"
+    argv = finetune_argv(work, out, "--epochs", "0.1", "--max_steps", "5", "--log_every", "1")
+    assert cli.main(argv) == 0
+    assert max(r["step"] for r in read_metrics(out) if r["split"] == "train") == 5
+
+
 def test_resume_with_changed_settings_is_refused(work, capsys):
     out = work["root"] / "changed"
     argv = finetune_argv(work, out, "--max_steps", "2")

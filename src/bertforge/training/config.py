@@ -483,9 +483,10 @@ class FinetuneConfig(LoopOptions):
     warmup_ratio: float = 0.1
     """Fraction of training (steps or time) spent warming the LR up linearly from 0."""
     epochs: float = 3.0
-    """Passes over the training data (fractions allowed)."""
+    """Passes over the training data (fractions allowed); --max_steps overrides it."""
     max_steps: int | None = None
-    """Stop after this many optimizer steps (the LR schedule ends there)."""
+    """Train for this many optimizer steps, however many epochs that takes (overrides --epochs,
+    as transformers' max_steps; the LR schedule ends there)."""
     max_time: str | None = None
     """Wall-clock training budget such as 40m (evaluation time not counted); the LR schedule
     follows whichever of time and steps is further along."""

@@ -131,7 +131,7 @@ class Run:
     precision: str
     budget: float | None
     total: int
-    """Optimizer steps of the whole run (epochs, capped by --max_steps)."""
+    """Optimizer steps of the whole run: --max_steps, else --epochs of the training data."""
     steps_per_epoch: int
     tokenizer: Tokenizer
     data: TaskData
@@ -266,9 +266,9 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     for warning in data.warnings:
         print(warning, file=sys.stderr, flush=True)
     steps_per_epoch = math.ceil(len(data.encoded_train) / cfg.batch_size)
-    total = max(1, round(cfg.epochs * steps_per_epoch))
-    if cfg.max_steps is not None:
-        total = min(total, cfg.max_steps)
+    # --max_steps overrides --epochs, as transformers' max_steps does num_train_epochs (it capped
+    # them before: --max_steps 60 stopped at the default 3 epochs' 51 steps without a word)
+    total = cfg.max_steps or max(1, round(cfg.epochs * steps_per_epoch))
     seed_everything(cfg.seed)
     resume_dir = intact_checkpoint(latest_checkpoint(out), _offer_resume)
     model = load_model(cfg, tokenizer, data.id2label, resume_dir)
