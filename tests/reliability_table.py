@@ -172,9 +172,9 @@ ROWS = [
     ),
     Row(
         "`bertforge verify` on each kind of directory",
-        "a model, prepared data, a directory without manifest, a directory of nothing",
+        "a model, prepared data, a directory without manifest, a directory of nothing, a file",
         "test_integrity.py::test_verify_command_on_each_kind_of_directory",
-        "4",
+        "5",
         "OK / UNVERIFIED / one-line error",
     ),
     Row(
@@ -272,8 +272,8 @@ ROWS += [
     ),
     Row(
         "server: malformed requests and limits",
-        "malformed JSON, wrong types, unknown fields, too long, too many, wrong model (the "
-        "serve issue's tests)",
+        "malformed JSON, a body that is not UTF-8, wrong types, unknown fields, too long, too "
+        "many, wrong model (the serve issue's tests)",
         "test_serve.py::test_bad_requests_get_a_clear_4xx",
         str(_cases("test_serve.py", "test_bad_requests_get_a_clear_4xx")),
         "4xx naming the limit or field; the server stays up",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -154,6 +155,25 @@ def test_the_twin_is_a_fresh_initialisation_with_the_seed(result, work):
     }
 
 
+def test_verify_checks_every_run_of_a_downstream_output(result, work, tmp_path, capsys):
+    out = shutil.copytree(work["root"] / "ds", tmp_path / "ds")
+    assert cli.main(["verify", str(out)]) == 0
+    report = capsys.readouterr().out
+    for name in ("baseline", "pretrained", "random_init", TWIN_DIR):
+        assert f"OK         model      {out / name}  (" in report, report
+    assert report.count("\nchecked ") == 4  # one report per directory
+    weights = out / "random_init" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    assert cli.main(["verify", "--sizes_only", str(out)]) == 0  # same size, other bytes
+    capsys.readouterr()
+    assert cli.main(["verify", str(out)]) == 1
+    report = capsys.readouterr().out
+    assert f"DAMAGED    model      {out / 'random_init'}  (" in report, report
+    assert f"OK         model      {out / 'pretrained'}  (" in report
+
+
 def test_regression_reports_spearman(task_files, work, tmp_path, capsys):
     scores = tmp_path / "scores.csv"
     task_files.write_scores(scores, 200, seed=3)
@@ -194,4 +214,10 @@ def test_bad_input_gets_a_one_line_error_before_any_training(task_files, work, t
     assert "not a BERT" in _error(
         [*argv, "--model", str(work["pretrained"]), "--baseline", str(gpt)], capsys
     )
+    err = _error(
+        [*argv, "--model", str(work["pretrained"]), "--baseline", str(tmp_path / "nope")], capsys
+    )
+    assert err.startswith(f"error: --baseline {tmp_path / 'nope'}: no such directory"), err
+    err = _error([*argv, "--model", str(work["pretrained"]), "--baseline", str(empty)], capsys)
+    assert err.startswith(f"error: --baseline {empty}: no config.json"), err
     assert not (tmp_path / "b").exists()

@@ -174,7 +174,15 @@ def test_verify_command_on_each_kind_of_directory(art, tmp_path, capsys):
     assert cli.main(["verify", "--sizes_only", str(foreign)]) == 0
     assert "UNVERIFIED model" in capsys.readouterr().out
     assert cli.main(["verify", str(tmp_path)]) == 2
-    assert "not a model, checkpoint, run or prepared data directory" in _one_error_line(capsys)
+    line = _one_error_line(capsys)
+    assert "not a model, checkpoint, run, downstream output or prepared data directory" in line
+    text = tmp_path / "notes.txt"
+    text.write_text("not a directory")
+    assert cli.main(["verify", str(text)]) == 2
+    assert _one_error_line(capsys) == (
+        f"error: {text}: a file, not a directory; give a model, checkpoint, run, downstream "
+        "output or prepared data directory"
+    )
 
 
 def test_write_manifest_is_written_last_and_skips_hidden_files(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import date
 from pathlib import Path
 
 import numpy as np
@@ -27,14 +28,19 @@ def _restore_threads():
     torch.set_num_threads(threads)
 
 
-def run_smoke(name: str, shared_data: Path, output: Path, capsys) -> dict:
+def run_smoke(name: str, shared_data: Path, output: Path, capsys, *options: str) -> dict:
     argv = ["recipe", name, "--smoke", "--data", str(shared_data), "--output", str(output)]
+    argv += options
     assert cli_main(argv) == 0, capsys.readouterr().err
     captured = capsys.readouterr()
     results = json.loads((output / "results.json").read_text())
     assert results["smoke"] is True and results["commands"]
     assert all(c["command"].startswith("bertforge ") for c in results["commands"])
-    assert (output / "results.md").read_text() in captured.out
+    markdown = (output / "results.md").read_text()
+    assert markdown in captured.out
+    title, settings = markdown.splitlines()[0], markdown.splitlines()[2]
+    assert title == f"# bertforge recipe {name} --smoke"
+    assert settings.startswith(f"{date.today().isoformat()}; smoke run: a tiny model")
     return results
 
 
@@ -88,12 +94,26 @@ def test_review_scores_smoke(shared_data, tmp_path, capsys):
 
 
 def test_news_from_scratch_smoke(shared_data, tmp_path, capsys):
-    results = run_smoke("news-from-scratch", shared_data, tmp_path / "r", capsys)
+    options = ("--num_threads", "1", "--seeds", "[0, 3]")
+    results = run_smoke("news-from-scratch", shared_data, tmp_path / "r", capsys, *options)
     finite_mlm(results, "val:data-heldout", ("start", "final"))
     guess = results["mlm"]["frequency_guesser"]
     assert 0 < guess["loss"] < math.log(1000) and guess["tokens"] > 1000
     both = results["downstream"]["agnews"]
-    assert 0 <= both["pretrained"]["accuracy"] <= 1 and 0 <= both["random_init"]["accuracy"] <= 1
+    for name in ("pretrained", "random_init"):  # bertforge downstream once per seed
+        assert set(both[name]["seeds"]) == {"0", "3"}
+        assert 0 <= both[name]["mean"]["accuracy"] <= 1
+    commands = [c["command"] for c in results["commands"]]
+    assert sum(c.startswith("bertforge downstream") and "--seed 3" in c for c in commands) == 1
+    torch_bound = [c for c in commands if c.split()[1] in ("pretrain", "downstream")]
+    assert len(torch_bound) == 3
+    assert all(c.endswith("num_threads 1") for c in torch_bound), torch_bound
+    assert torch.get_num_threads() == 1
+    markdown = (tmp_path / "r" / "results.md").read_text()
+    assert "; fine-tuning seeds 0, 3; 1 CPU thread(s) per command" in markdown
+    rows = [line.split(" | ") for line in markdown.splitlines() if line.startswith("| agnews")]
+    assert len(rows) == 4  # 2 models x accuracy, macro-F1
+    assert all(len(row[3].split(", ")) == 2 for row in rows), rows  # one score per seed
     # the pretraining text and the held-out test rows do not overlap
     held = set((tmp_path / "r" / "heldout-text.txt").read_text().splitlines())
     assert not held & set((tmp_path / "r" / "pretrain-text.txt").read_text().splitlines())

@@ -60,7 +60,12 @@ def models(tmp_path_factory) -> dict[str, Path]:
         },
     ]
     (st / "modules.json").write_text(json.dumps(modules))
-    return {**made, "st": st}
+    # the encoder alone (no head): embeddings only
+    enc = made["mlm"].parent / "enc"
+    BertModel.from_pretrained(made["mlm"]).save_pretrained(
+        enc, tokenizer=Tokenizer.from_file(made["mlm"])
+    )
+    return {**made, "st": st, "enc": enc}
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +141,7 @@ def test_health_info_docs_and_page(server, models):
         "clf": "classifier",
         "reg": "classifier",
         "st": "masked-lm",
+        "enc": "encoder",
     }
     clf = BertForSequenceClassification.from_pretrained(models["clf"])
     assert by_name["clf"]["parameters"] == sum(p.numel() for p in clf.parameters())
@@ -248,12 +254,35 @@ LONG = "the movie " * 40  # 82 tokens with [CLS]/[SEP]: over --max_input_length 
     [
         ("POST", "/fill-mask", b'{"inputs": "the [MASK]",', 422, "malformed JSON"),
         ("POST", "/fill-mask", b"\xff\xfe garbage", 422, "JSON"),
+        (
+            "POST",
+            "/embed",
+            b'{"inputs": "\xff\xfe bad"}',
+            422,
+            "the body is not UTF-8 (byte 0xff at position 12); send a UTF-8 JSON object such as "
+            '{"inputs": "a text"}',
+        ),
+        ("POST", "/embed", b"[" * 100_000, 422, "nested too deeply"),
+        ("POST", "/embed", b'{"inputs": "a",', 422, "malformed JSON at character 15"),
         ("POST", "/fill-mask", b'{"inputs": "\\ud800 [MASK]"}', 422, "not valid Unicode"),
         ("POST", "/attention", b'{"inputs": "a \\udfff"}', 422, "not valid Unicode"),
         ("POST", "/fill-mask", [1, 2], 422, "dictionary"),
         ("POST", "/fill-mask", {"inputs": "no mask here"}, 422, "no [MASK]"),
         ("POST", "/fill-mask", {"inputs": "the [MASK]", "model": "gpt"}, 404, "not served"),
-        ("POST", "/fill-mask", {"inputs": "the [MASK]", "model": "clf"}, 422, "masked-lm"),
+        (
+            "POST",
+            "/fill-mask",
+            {"inputs": "the [MASK]", "model": "clf"},
+            422,
+            "model 'clf' is a classifier model: /fill-mask needs a masked-lm model (mlm, st",
+        ),
+        (
+            "POST",
+            "/predict",
+            {"inputs": "good", "model": "enc"},
+            422,
+            "model 'enc' is an encoder model: /predict needs a classifier model",
+        ),
         ("POST", "/fill-mask", {"inputs": "the [MASK]", "top_k": 0}, 422, "top_k"),
         ("POST", "/fill-mask", {"inputs": "the [MASK]", "top_k": "x"}, 422, "top_k"),
         ("POST", "/fill-mask", {"text": "the [MASK]"}, 422, "inputs: required"),
@@ -263,7 +292,7 @@ LONG = "the movie " * 40  # 82 tokens with [CLS]/[SEP]: over --max_input_length 
         ("POST", "/embed", {"inputs": ["a"] * 9}, 413, "--max_client_batch_size=8"),
         ("POST", "/embed", {"inputs": LONG}, 413, "truncate"),
         ("POST", "/embed", {"inputs": "a", "pooling": "median"}, 422, "pooling"),
-        ("POST", "/predict", {"inputs": "good"}, 422, "classifier"),
+        ("POST", "/predict", {"inputs": "good"}, 422, "is a masked-lm model: /predict needs a"),
         ("POST", "/similarity", {"inputs": ["one"]}, 422, "at least 2"),
         (
             "POST",

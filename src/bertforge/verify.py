@@ -1,10 +1,12 @@
 """Check what bertforge wrote against its manifests: a model, a checkpoint, a whole run (its
-checkpoints and final model) or a prepared data directory (``bertforge verify DIR``).
+checkpoints and final model), a ``bertforge downstream`` output (each of its runs and its random
+twin) or a prepared data directory (``bertforge verify DIR``).
 
 Each directory bertforge writes ends with ``manifest.json`` (size and SHA-256 of every file,
 see :func:`bertforge.io.write_manifest`). :func:`verify` finds the directories under a path,
 hashes their files and returns one :class:`Finding` per directory; for a run it also names the
 newest checkpoint that verifies, the one to resume from when a newer one is damaged.
+:func:`verify_all` splits a downstream output into its runs and verifies each.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from bertforge.training.checkpoints import (
     list_checkpoints,
     newest_verified_checkpoint,
 )
+from bertforge.training.downstream import RESULTS_FILE, TWIN_DIR
+
+WHAT_VERIFY_TAKES = "a model, checkpoint, run, downstream output or prepared data directory"
 
 
 @dataclass
@@ -85,15 +90,13 @@ def _check(kind: str, directory: Path, hashes: bool) -> Finding:
 def verify(path: str | Path, *, hashes: bool = True) -> Report:
     """Check every directory bertforge wrote at ``path`` against its manifest (``hashes=False``:
     sizes only). A path holding none of them is an error naming it."""
-    path = Path(path)
-    if not path.is_dir():
-        raise BertforgeError(f"{path}: no such directory")
+    path = _existing_directory(path)
     start = time.perf_counter()
     found = _directories(path)
     if not found:
         raise BertforgeError(
-            f"{path}: not a model, checkpoint, run or prepared data directory (no config.json, "
-            f"{TRAIN_STATE_JSON}, {META_FILE} or checkpoint-* found)"
+            f"{path}: not {WHAT_VERIFY_TAKES} (no {CONFIG_NAME}, {TRAIN_STATE_JSON}, "
+            f"{META_FILE}, {RESULTS_FILE} or checkpoint-* found)"
         )
     findings = [_check(kind, directory, hashes) for kind, directory in found]
     checkpoints = [f for f in findings if f.kind == "checkpoint"]
@@ -104,6 +107,31 @@ def verify(path: str | Path, *, hashes: bool = True) -> Report:
         # a single checkpoint given: its older siblings count too
         newest = ok[-1] if ok else newest_verified_checkpoint(run, before=checkpoints[-1].path)
     return Report(findings, newest, time.perf_counter() - start)
+
+
+def _existing_directory(path: str | Path) -> Path:
+    path = Path(path)
+    if path.is_file():
+        raise BertforgeError(f"{path}: a file, not a directory; give {WHAT_VERIFY_TAKES}")
+    if not path.is_dir():
+        raise BertforgeError(f"{path}: no such directory; give {WHAT_VERIFY_TAKES}")
+    return path
+
+
+def downstream_runs(path: Path) -> list[Path]:
+    """The model and run directories of a ``bertforge downstream`` output (``pretrained/``,
+    ``random_init/``, ``baseline/``, ``random_init_model/``), sorted; [] for anything else. An
+    interrupted output (its twin written, ``downstream.json`` not yet) counts too."""
+    if not ((path / RESULTS_FILE).is_file() or (path / TWIN_DIR / CONFIG_NAME).is_file()):
+        return []
+    return sorted(d for d in path.iterdir() if d.is_dir() and _directories(d))
+
+
+def verify_all(path: str | Path, *, hashes: bool = True) -> list[Report]:
+    """:func:`verify` of ``path``, or of each of its runs for a ``bertforge downstream`` output
+    (one :class:`Report` each)."""
+    path = _existing_directory(path)
+    return [verify(run, hashes=hashes) for run in downstream_runs(path) or [path]]
 
 
 def format_report(report: Report) -> str:
@@ -128,4 +156,4 @@ def format_report(report: Report) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Finding", "Report", "format_report", "verify"]
+__all__ = ["Finding", "Report", "downstream_runs", "format_report", "verify", "verify_all"]

@@ -7,10 +7,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from bertforge.cli.options import parse_config
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_write_text
 from bertforge.recipes import RECIPES, Recipe, default_data_root, summary
+from bertforge.training.config import check_at_least
 
 DESCRIPTION = (
     "Run a recipe: a chain of bertforge commands on the shared data sets, ending in a results "
@@ -38,6 +41,9 @@ class RecipeOptions:
     """The published model to start from (default all-MiniLM-L6-v2)."""
     seeds: list[int] | None = None
     """Fine-tuning seeds (default 0 1; with --smoke 0)."""
+    num_threads: int | None = None
+    """torch CPU threads of every pretrain, finetune, downstream, evaluate and fill-mask command
+    the recipe runs (default: torch's, one per core; 1 on a machine other jobs share)."""
 
     def __post_init__(self) -> None:
         if len(self.name) != 1 or self.name[0] not in RECIPES:
@@ -47,11 +53,12 @@ class RecipeOptions:
                 if given
                 else f"name one recipe of {', '.join(RECIPES)}"
             )
+        check_at_least(self, lambda name: f"--{name}", num_threads=1)
 
 
 def main(argv: list[str]) -> int:
-    """``bertforge recipe NAME [--smoke] [--data DIR] [--output DIR] [--budget 30m]``; with no
-    argument at all, the list of recipes."""
+    """``bertforge recipe NAME [--smoke] [--data DIR] [--output DIR] [--budget 30m]
+    [--num_threads 1]``; with no argument at all, the list of recipes."""
     if not argv:
         print("recipes (run one with: bertforge recipe NAME; options: bertforge recipe --help):")
         for name, (_, help_) in RECIPES.items():
@@ -74,7 +81,10 @@ def main(argv: list[str]) -> int:
         init=Path(cfg.init) if cfg.init else None,
         budget=cfg.budget,
         seeds=tuple(cfg.seeds or ([0] if cfg.smoke else [0, 1])),
+        num_threads=cfg.num_threads,
     )
+    if cfg.num_threads is not None:  # the recipe's own work between the commands too
+        torch.set_num_threads(cfg.num_threads)
     output.mkdir(parents=True, exist_ok=True)
     RECIPES[name][0](recipe)
     path = recipe.save()

@@ -1,6 +1,6 @@
-"""``bertforge verify DIR...``: check models, checkpoints, runs and prepared data against the
-manifests bertforge wrote with them (:mod:`bertforge.verify`). Exit status 0 when nothing is
-damaged, 1 when something is."""
+"""``bertforge verify DIR...``: check models, checkpoints, runs, downstream outputs and prepared
+data against the manifests bertforge wrote with them (:mod:`bertforge.verify`). Exit status 0 when
+nothing is damaged, 1 when something is."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from bertforge.cli.options import parse_config
 from bertforge.errors import BertforgeError
-from bertforge.verify import format_report, verify
+from bertforge.verify import format_report, verify_all
 
 
 @dataclass(kw_only=True)
@@ -16,7 +16,7 @@ class VerifyConfig:
     """Options of ``bertforge verify``."""
 
     directories: list[str] = field(default_factory=list)
-    """Model, checkpoint, run or prepared data directories to check."""
+    """Model, checkpoint, run, downstream output or prepared data directories to check."""
     sizes_only: bool = False
     """Compare sizes only (instant; hashing reads every byte, about 1 GB/s)."""
 
@@ -31,14 +31,14 @@ def main(argv: list[str]) -> int:
         VerifyConfig,
         argv,
         prog="bertforge verify",
-        description="Check every file of a model, checkpoint, run or prepared data directory "
-        "against the sizes and SHA-256 hashes recorded when it was written; name the newest "
-        "checkpoint that verifies.",
+        description="Check every file of a model, checkpoint, run, downstream output (each of "
+        "its runs) or prepared data directory against the sizes and SHA-256 hashes recorded "
+        "when it was written; name the newest checkpoint that verifies.",
         positional=("directories", "directories to check"),
     )
     damaged = False
     for directory in cfg.directories:
-        report = verify(directory, hashes=not cfg.sizes_only)
-        print(format_report(report), flush=True)
-        damaged = damaged or report.damaged
+        for report in verify_all(directory, hashes=not cfg.sizes_only):
+            print(format_report(report), flush=True)
+            damaged = damaged or report.damaged
     return 1 if damaged else 0

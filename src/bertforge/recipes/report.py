@@ -66,9 +66,26 @@ def downstream_table(downstream: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def heading(results: dict[str, Any]) -> str:
+    """The recipe, whether it was a ``--smoke`` run, its date and main settings."""
+    title = f"# bertforge recipe {results.get('recipe', '')}".rstrip()
+    title += " --smoke" if results.get("smoke") else ""
+    settings = [results.get("date")]
+    if results.get("smoke"):
+        settings.append("smoke run: a tiny model on a slice of the data, a few steps")
+    elif results.get("budget"):
+        settings.append(f"pretraining budget {results['budget']}")
+    if "downstream" in results and results.get("seeds"):
+        settings.append("fine-tuning seeds " + ", ".join(str(s) for s in results["seeds"]))
+    if results.get("num_threads"):
+        settings.append(f"{results['num_threads']} CPU thread(s) per command")
+    line = "; ".join(s for s in settings if s)
+    return f"{title}\n\n{line}" if line else title
+
+
 def summary(results: dict[str, Any]) -> str:
-    """All of a recipe's tables, Markdown."""
-    parts = []
+    """All of a recipe's tables under its heading, Markdown."""
+    parts = [heading(results)]
     if "mlm" in results:
         parts.append(mlm_table(results["mlm"]))
     if "downstream" in results:
@@ -78,4 +95,4 @@ def summary(results: dict[str, Any]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-__all__ = ["downstream_table", "mlm_table", "summary"]
+__all__ = ["downstream_table", "heading", "mlm_table", "summary"]

@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,15 @@ from bertforge.errors import BertforgeError
 from bertforge.io import atomic_write_text
 
 BREAK = re.compile(r"<br\s*/?>", re.IGNORECASE)
+
+THREADS_OPTION = {
+    "pretrain": "--train.num_threads",
+    "finetune": "--num_threads",
+    "downstream": "--num_threads",
+    "evaluate": "--num_threads",
+    "fill-mask": "--num_threads",
+}
+"""How each command a recipe runs takes ``--num_threads`` (the others are not torch-bound)."""
 
 
 def default_data_root() -> Path:
@@ -66,6 +76,8 @@ class Recipe:
     """The pretraining budget (each recipe has its own default)."""
     seeds: tuple[int, ...] = (0, 1)
     """Fine-tuning seeds (two: the run-to-run noise beside the difference)."""
+    num_threads: int | None = None
+    """torch CPU threads of every command that computes (None: torch's default)."""
     commands: list[dict[str, Any]] = field(default_factory=list)
     results: dict[str, Any] = field(default_factory=dict)
 
@@ -83,7 +95,10 @@ class Recipe:
         return path
 
     def run(self, argv: list[str], done: Path | None = None) -> float:
-        """Run ``bertforge ARGV`` in this process unless ``done`` exists; returns its seconds."""
+        """Run ``bertforge ARGV`` (with ``--num_threads`` when set) in this process unless
+        ``done`` exists; returns its seconds."""
+        if self.num_threads is not None and argv[0] in THREADS_OPTION:
+            argv = [*argv, THREADS_OPTION[argv[0]], self.num_threads]
         line = "bertforge " + " ".join(shlex.quote(str(a)) for a in argv)
         if done is not None and done.exists():
             print(f"== (done) {line}", file=sys.stderr, flush=True)
@@ -103,9 +118,15 @@ class Recipe:
         return seconds
 
     def save(self) -> Path:
-        """Write ``results.json`` (the numbers and every command with its wall time)."""
+        """Write ``results.json`` (the numbers, the settings and every command with its wall
+        time)."""
         self.results["commands"] = self.commands
+        self.results["recipe"] = self.name
         self.results["smoke"] = self.smoke
+        self.results["date"] = date.today().isoformat()
+        self.results["budget"] = self.budget
+        self.results["seeds"] = list(self.seeds)
+        self.results["num_threads"] = self.num_threads
         path = self.path("results.json")
         atomic_write_text(path, json.dumps(self.results, indent=2) + "\n")
         return path

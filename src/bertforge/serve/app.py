@@ -198,7 +198,7 @@ class Server:
             needed = need.get(route, "PyTorch")  # /attention of an ONNX Runtime model
             raise ApiError(
                 422,
-                f"model {name!r} is a {served.kind} model: {route} needs a {needed} model"
+                f"model {name!r} is {_a(served.kind)} model: {route} needs {_a(needed)} model"
                 f" ({', '.join(n for n, m in self.models.items() if route in m.routes) or 'none'}"
                 " served)",
                 "model",
@@ -362,6 +362,9 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        if err.status_code == 400 and err.__cause__ is not None:
+            # FastAPI's "There was an error parsing the body": say why, as for malformed JSON
+            return JSONResponse(error_body(_unreadable_body(err.__cause__), "validation"), 422)
         message = f"{request.method} {request.url.path}: {err.detail}"
         if err.status_code == 404:
             message += "; see /docs for the routes"
@@ -662,8 +665,26 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
     return app
 
 
+def _a(noun: str) -> str:
+    """``noun`` with its indefinite article: "a classifier", "an encoder"."""
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+
+
 def _device(served: ServedModel) -> torch.device:
     return next(served.model.parameters()).device
+
+
+SEND_JSON = 'send a UTF-8 JSON object such as {"inputs": "a text"} (fields per route: /docs)'
+
+
+def _unreadable_body(cause: BaseException) -> str:
+    """Why a body could not be parsed as JSON at all, and what to send instead."""
+    if isinstance(cause, UnicodeDecodeError):
+        byte = cause.object[cause.start : cause.start + 1].hex()
+        return f"the body is not UTF-8 (byte 0x{byte} at position {cause.start}); {SEND_JSON}"
+    if isinstance(cause, RecursionError):
+        return f"the body's JSON is nested too deeply to parse; {SEND_JSON}"
+    return f"the body could not be parsed as JSON ({type(cause).__name__}); {SEND_JSON}"
 
 
 def _validation_message(err: RequestValidationError) -> str:
@@ -673,7 +694,9 @@ def _validation_message(err: RequestValidationError) -> str:
         where = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
         if e.get("type") == "json_invalid":
             ctx = e.get("ctx") or {}
-            parts.append(f"malformed JSON at character {e['loc'][-1]}: {ctx.get('error', '')}")
+            parts.append(
+                f"malformed JSON at character {e['loc'][-1]}: {ctx.get('error', '')}; {SEND_JSON}"
+            )
         elif e.get("type") == "missing":
             parts.append(f"{where}: required field missing")
         elif e.get("type") == "extra_forbidden":

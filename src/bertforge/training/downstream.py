@@ -52,15 +52,20 @@ _TWIN_CLASSES: dict[str, type[torch.nn.Module]] = {
 }
 
 
-def load_encoder_dir(directory: str | Path) -> tuple[torch.nn.Module, Tokenizer]:
+def load_encoder_dir(
+    directory: str | Path, option: str = "--model"
+) -> tuple[torch.nn.Module, Tokenizer]:
     """The network and tokenizer of a BERT model directory (``BertForPreTraining``,
-    ``BertForMaskedLM`` or else the encoder), with a one-line error for anything that is not one."""
+    ``BertForMaskedLM`` or else the encoder), with a one-line error naming ``option`` for anything
+    that is not one."""
     path = Path(directory)
     if not path.is_dir():
-        raise BertforgeError(f"--model {directory}: no such directory; pass a BERT model directory")
+        raise BertforgeError(
+            f"{option} {directory}: no such directory; pass a BERT model directory"
+        )
     if not (path / CONFIG_NAME).is_file():
         raise BertforgeError(
-            f"--model {directory}: no {CONFIG_NAME}, so not a BERT model directory "
+            f"{option} {directory}: no {CONFIG_NAME}, so not a BERT model directory "
             "(a pretraining run keeps its model in RUN/model)"
         )
     config = BertConfig.load(path)
@@ -141,7 +146,7 @@ def downstream(
     read_test(cfg, test)  # bad input fails here, before minutes of training
     load_encoder_dir(cfg.model)
     if baseline is not None:
-        load_encoder_dir(baseline)
+        load_encoder_dir(baseline, option="--baseline")
     twin = out / TWIN_DIR
     make_random_twin(cfg.model, twin, seed=init_seed)
     say(f"random twin of {cfg.model} (initialisation seed {init_seed}) -> {twin}")
