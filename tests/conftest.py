@@ -187,6 +187,22 @@ class TaskFiles:
         return out
 
     @staticmethod
+    def declare_mean_pooling(directory: Path, dim: int) -> None:
+        """Write a sentence-transformers pooling declaration into a model ``directory``, as
+        all-MiniLM-L6-v2 ships one: modules.json, 1_Pooling/config.json (mean) and 2_Normalize."""
+        kinds = ("Transformer", "Pooling", "Normalize")
+        paths = ("", "1_Pooling", "2_Normalize")
+        modules = [
+            {"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
+            for i, (kind, path) in enumerate(zip(kinds, paths, strict=True))
+        ]
+        (directory / "modules.json").write_text(json.dumps(modules))
+        (directory / "1_Pooling").mkdir()
+        pooling = {"word_embedding_dimension": dim, "pooling_mode_mean_tokens": True}
+        (directory / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+        (directory / "2_Normalize").mkdir()
+
+    @staticmethod
     def evaluate_cli(model: Path, data: Path, output: Path, *options: str) -> int:
         """Run ``bertforge evaluate`` of ``model`` on ``data`` in fp32, the results JSON to
         ``output``; returns the exit code."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TaskFiles
 from safetensors.torch import load_file
 
 from bertforge.cli import main as cli_main
@@ -413,26 +414,7 @@ def test_a_sentence_transformers_start_keeps_its_pooling(hf_model, tmp_path, cap
     model as it pooled the start (it fell back to [CLS], unnormalised, before)."""
     start = tmp_path / "st-start"
     shutil.copytree(hf_model["dir"], start)
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.models.Pooling",
-        },
-        {
-            "idx": 2,
-            "name": "2",
-            "path": "2_Normalize",
-            "type": "sentence_transformers.models.Normalize",
-        },
-    ]
-    (start / "modules.json").write_text(json.dumps(modules))
-    (start / "1_Pooling").mkdir()
-    pooling = {"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True}
-    (start / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
-    (start / "2_Normalize").mkdir()
+    TaskFiles.declare_mean_pooling(start, dim=32)
     result = pretrain(cfg(hf_model["data"], tmp_path / "run", start, max_steps=2))
     assert "1_Pooling" in capsys.readouterr().err
     model_dir = Path(result["model_dir"])

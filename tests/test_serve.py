@@ -5,7 +5,6 @@ sequential ones get."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -22,6 +21,7 @@ import torch
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
+from conftest import TaskFiles  # noqa: E402
 from serve_helpers import ROOT, Client, request, serve, tiny_models  # noqa: E402
 
 import bertforge  # noqa: E402
@@ -40,26 +40,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
     # the masked LM again, declaring mean pooling and normalisation as sentence-transformers does
     st = made["mlm"].parent / "st"
     shutil.copytree(made["mlm"], st)
-    (st / "1_Pooling").mkdir()
-    (st / "1_Pooling" / "config.json").write_text(
-        json.dumps({"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True})
-    )
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.models.Pooling",
-        },
-        {
-            "idx": 2,
-            "name": "2",
-            "path": "2_Normalize",
-            "type": "sentence_transformers.models.Normalize",
-        },
-    ]
-    (st / "modules.json").write_text(json.dumps(modules))
+    TaskFiles.declare_mean_pooling(st, dim=32)
     # the encoder alone (no head): embeddings only
     enc = made["mlm"].parent / "enc"
     BertModel.from_pretrained(made["mlm"]).save_pretrained(
