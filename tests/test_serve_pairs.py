@@ -41,7 +41,16 @@ def models(tmp_path_factory) -> dict[str, Path]:
     nli = pair_model(root, made["mlm"])
     TaskFiles.write_sentiment(root / "sentiment.csv", 48, seed=1)
     sst = finetune(made["mlm"], root / "sentiment.csv", root / "sst")
-    return {"nli": nli, "sst": sst, "clf": made["clf"]}
+    short = finetune(
+        made["mlm"],
+        root / "sentiment.csv",
+        root / "short",
+        "--max_length",
+        "12",
+        "--truncation",
+        "head_tail",
+    )
+    return {"nli": nli, "sst": sst, "clf": made["clf"], "short": short}
 
 
 @pytest.fixture(scope="module")
@@ -249,3 +258,19 @@ def test_attention_and_attribute_cut_a_long_pair(server, models):
     maps = attention_maps(encoder, ids, types).numpy()
     assert np.allclose(attention["attentions"], maps, atol=1e-4)
     assert not np.allclose(attention_maps(encoder, ids).numpy(), maps, atol=1e-4)
+
+
+def test_predict_cuts_texts_as_fine_tuning_did(server, models):
+    """A model fine-tuned with --max_length 12 --truncation head_tail: /predict scores a longer
+    text (within --max_input_length) as `bertforge classify` and classify() do, cut to 12 tokens
+    head and tail, not whole (it scored up to the server's limit before)."""
+    text = "the movie was a good film about people in town and the music was good at night ."
+    status, (served,) = request(server, "POST", "/predict", {"inputs": text, "model": "short"})
+    assert status == 200, served
+    model = BertForSequenceClassification.from_pretrained(models["short"])
+    tokenizer = Tokenizer.from_file(models["short"])
+    assert 12 < len(tokenizer.encode(text)["input_ids"]) <= 32
+    (direct,) = bertforge.classify(model, tokenizer, [text])
+    assert served["scores"] == direct["scores"]  # the same computation, bit for bit
+    (whole,) = bertforge.classify(model, tokenizer, [text], max_length=32)
+    assert whole["scores"] != direct["scores"]  # what the server answered before

@@ -448,8 +448,11 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
         paired = isinstance(items[0], tuple)
         server.check_pairing(served, paired, "/predict")
         lengths = server.lengths(served, items, body.truncate)
-        max_length = server.length_limit(served)[0]
-        # an ONNX model has no directory for classify() to read the fine-tuned truncation from
+        # texts are cut as fine-tuning cut them (its max_length and truncation, as `bertforge
+        # classify` does), within the server's own limit; an ONNX model has no directory for
+        # classify() to read them from, so they are passed
+        limit = server.length_limit(served)[0]
+        max_length = min(limit, served.finetuned.get("max_length") or limit)
         truncation = served.finetuned.get("truncation")
 
         def run(batch: list[Any]) -> list[dict[str, Any]]:
