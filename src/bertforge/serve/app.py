@@ -265,14 +265,8 @@ class Server:
         """Token counts (with [CLS] and [SEP], for a ``(text, text_pair)`` pair of both and
         three specials); a text or pair over the limit is a 413 naming it."""
         limit, name = self.length_limit(served)
-        backend = served.tokenizer.backend
         paired = bool(texts) and isinstance(texts[0], tuple)
-        if paired:
-            firsts = backend.encode_batch([a for a, _ in texts])
-            seconds = backend.encode_batch([b for _, b in texts])
-            lengths = [len(a.ids) + len(b.ids) + 3 for a, b in zip(firsts, seconds, strict=True)]
-        else:
-            lengths = [len(e.ids) + 2 for e in backend.encode_batch(list(texts))]
+        lengths = _token_counts(served, texts)
         for i, n in enumerate(lengths):
             if n > limit and not truncate:
                 raise ApiError(
@@ -307,25 +301,35 @@ def _tokens(served: ServedModel, text: str) -> list[dict[str, Any]]:
     return pieces
 
 
+def _token_counts(served: ServedModel, items: Sequence[Any]) -> list[int]:
+    """Tokens each text takes with [CLS] and [SEP], or each ``(text, text_pair)`` pair with
+    both texts and its three specials, uncut."""
+    backend = served.tokenizer.backend
+    if items and isinstance(items[0], tuple):
+        firsts = backend.encode_batch([a for a, _ in items])
+        seconds = backend.encode_batch([b for _, b in items])
+        return [len(a.ids) + len(b.ids) + 3 for a, b in zip(firsts, seconds, strict=True)]
+    return [len(e.ids) + 2 for e in backend.encode_batch(list(items))]
+
+
 def _cut_ids(
     served: ServedModel, inputs: str | Pair, max_tokens: int
-) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
-    """(T,) ids of ``[CLS] text [SEP]`` cut to ``max_tokens``, None for token types, and
-    whether it was cut; for a pair ``[CLS] a [SEP] b [SEP]`` (the longer text cut first, as
-    fine-tuning cuts a pair, each text keeping its first tokens) and its (T,) token types, 1
-    from ``b`` on."""
+) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """(T,) ids of ``[CLS] text [SEP]`` cut to ``max_tokens``, None for token types, and the
+    tokens the whole text takes; for a pair ``[CLS] a [SEP] b [SEP]`` (the longer text cut
+    first, as fine-tuning cuts a pair, each text keeping its first tokens) and its (T,) token
+    types, 1 from ``b`` on."""
     tok = served.tokenizer
     if isinstance(inputs, str):
         ids = tok.backend.encode(inputs).ids
-        cut = len(ids) + 2 > max_tokens
+        full = len(ids) + 2
         ids = [tok.cls_id, *ids[: max_tokens - 2], tok.sep_id]
-        return torch.tensor(ids, dtype=torch.long), None, cut
+        return torch.tensor(ids, dtype=torch.long), None, full
     a, b = inputs
     ((pair_ids, len_a),) = encode_examples(tok, [a], [b], max_length=max_tokens)
     ids = torch.tensor(pair_ids, dtype=torch.long)
     types = (torch.arange(len(ids)) >= len_a).long()  # (T,) 0 on [CLS] a [SEP], 1 on b [SEP]
-    full = sum(len(e.ids) for e in tok.backend.encode_batch([a, b])) + 3
-    return ids, types, full > len(ids)
+    return ids, types, _token_counts(served, [(a, b)])[0]
 
 
 def _segments(types: torch.Tensor | None) -> dict[str, list[int]]:
@@ -538,19 +542,16 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
                 f"max_tokens={max_tokens} must be between {least} and {limit}"
                 + (" for a pair" if paired else ""),
             )
-        if max_tokens is None:
-            texts = list(inputs) if paired else [inputs]
-            n = sum(len(e.ids) for e in served.tokenizer.backend.encode_batch(texts))
-            n += len(texts) + 1  # [CLS] and a [SEP] after each text
-            if n > limit:
-                raise ApiError(
-                    413,
-                    f"the {'pair' if paired else 'text'} is {n} tokens long, more than "
-                    f"--max_attention_tokens={limit} (attention grows with the square of the "
-                    "length); shorten it or send max_tokens",
-                    "max-attention-tokens",
-                )
-        return _cut_ids(served, inputs, max_tokens or limit)
+        ids, types, n = _cut_ids(served, inputs, max_tokens or limit)
+        if max_tokens is None and n > limit:
+            raise ApiError(
+                413,
+                f"the {'pair' if paired else 'text'} is {n} tokens long, more than "
+                f"--max_attention_tokens={limit} (attention grows with the square of the "
+                "length); shorten it or send max_tokens",
+                "max-attention-tokens",
+            )
+        return ids, types, n > len(ids)
 
     @app.post(
         "/attention",
