@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertforge.errors import BertforgeError
-from bertforge.inference.predict import pooling_declaration
+from bertforge.inference.predict import copy_pooling_declaration, pooling_declaration
 from bertforge.io import atomic_directory
 from bertforge.modeling.checkpoint import (
     ONNX_EXPORT_FILE,
@@ -271,12 +271,7 @@ def export_onnx(
         tokenizer.save(tmp)
         if (model_dir / FINETUNE_CONFIG).is_file():  # classify's defaults (columns, max_length)
             shutil.copy2(model_dir / FINETUNE_CONFIG, tmp / FINETUNE_CONFIG)
-        declaration = pooling_declaration(model_dir)
-        for name in declaration:  # embed's pooling and normalisation
-            if (model_dir / name).is_dir():
-                shutil.copytree(model_dir / name, tmp / name)
-            else:
-                shutil.copy2(model_dir / name, tmp / name)
+        declaration = copy_pooling_declaration(model_dir, tmp)  # embed's pooling, normalising
     size = (output / ONNX_FILE).stat().st_size
     return {
         "output": str(output / ONNX_FILE),

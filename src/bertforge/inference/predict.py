@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -370,6 +371,22 @@ def pooling_declaration(model_dir: Path) -> list[str]:
     )
 
 
+def copy_pooling_declaration(start: str | Path, model_dir: Path) -> list[str]:
+    """Copy a sentence-transformers model's pooling declaration (:func:`pooling_declaration`)
+    from ``start`` into ``model_dir``, so ``embed`` pools the model there as it pools ``start``
+    (mean, normalised for all-MiniLM-L6-v2): an ONNX export, or an MLM run from ``start``. The
+    names copied ([] for a plain BERT directory)."""
+    start = Path(start)
+    names = pooling_declaration(start)
+    for name in names:
+        source, target = start / name, model_dir / name
+        if source.is_dir():
+            shutil.copytree(source, target, dirs_exist_ok=True)
+        else:
+            shutil.copy2(source, target)
+    return names
+
+
 def resolve_pooling(
     model: nn.Module, pooling: str | None = None, normalize: bool | None = None
 ) -> PoolingChoice:
@@ -464,6 +481,7 @@ __all__ = [
     "PoolingChoice",
     "PoolingMode",
     "classify",
+    "copy_pooling_declaration",
     "declared_pooling",
     "embed",
     "fill_mask",

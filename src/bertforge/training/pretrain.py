@@ -30,6 +30,7 @@ from bertforge.errors import BertforgeError
 from bertforge.evaluation.mlm import comparison_table, evaluate_mlm
 from bertforge.evaluation.plots import plot_training_curves
 from bertforge.evaluation.probe import LinearProbe
+from bertforge.inference.predict import copy_pooling_declaration
 from bertforge.io import atomic_directory, atomic_write_text, describe_directory
 from bertforge.modeling.model import (
     IGNORE_INDEX,
@@ -59,7 +60,6 @@ from bertforge.training.setup import (
     PretrainingData,
     bag_of_words_token_weights,
     build_model,
-    copy_pooling_declaration,
     find_resume,
     init_word_vectors,
     open_data,

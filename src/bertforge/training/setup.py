@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,6 @@ import torch
 from bertforge.data.loader import PretrainingCollator, PretrainingLoader, PretrainingSampler
 from bertforge.data.shards import TOKENIZER_DIR, PretrainingDataset, read_meta
 from bertforge.errors import BertforgeError
-from bertforge.inference.predict import pooling_declaration
 from bertforge.modeling.checkpoint import check_tokenizer_fits, read_safetensors
 from bertforge.modeling.config import CONFIG_NAME, BertConfig
 from bertforge.modeling.model import (
@@ -239,22 +237,6 @@ def start_pooler(directory: str | Path, model: torch.nn.Module) -> dict[str, tor
         if match and tuple(tensor.shape) == shapes[match.group(1)]:
             found[f"{prefix}pooler.dense.{match.group(1)}"] = tensor
     return found if len(found) == 2 else {}
-
-
-def copy_pooling_declaration(start: str | Path, model_dir: Path) -> list[str]:
-    """Copy a sentence-transformers start's pooling declaration (``modules.json``,
-    ``1_Pooling/``, ``2_Normalize/``) into the run's model directory, so ``embed`` pools the
-    adapted model as it pooled the start (mean, normalised for all-MiniLM-L6-v2). The names
-    copied ([] for a plain BERT start)."""
-    start = Path(start)
-    names = pooling_declaration(start)
-    for name in names:
-        source, target = start / name, model_dir / name
-        if source.is_dir():
-            shutil.copytree(source, target, dirs_exist_ok=True)
-        else:
-            shutil.copy2(source, target)
-    return names
 
 
 def pretraining_class(objective: str) -> type[PretrainingModel]:
@@ -494,7 +476,6 @@ def run_identity(cfg: PretrainConfig, meta: dict, n_train: int) -> dict[str, Any
 __all__ = [
     "PretrainingData",
     "build_model",
-    "copy_pooling_declaration",
     "start_pooler",
     "init_word_vectors",
     "check_start_tokenizer",
