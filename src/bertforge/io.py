@@ -410,6 +410,18 @@ def describe_directory(directory: str | Path) -> str | None:
     return f"{kind} ({', '.join(shown[:4])}{more})"
 
 
+def check_run_directory(directory: str | Path, marker: str, run: str) -> None:
+    """Refuse an output ``directory`` that holds anything but a run of this command (``marker``,
+    the file its runs write first): a model, a tokenizer or someone's files would be mixed with
+    the run's or overwritten. ``run`` names it in the error ("a fine-tuning run")."""
+    directory = Path(directory)
+    held = describe_directory(directory)
+    if held is not None and not (directory / marker).is_file():
+        raise BertforgeError(
+            f"{directory} is {held}, not {run}; choose another --output (a new or empty directory)"
+        )
+
+
 def disk_size(path: str | Path) -> int:
     """Bytes of a file, or of every file under a directory."""
     path = Path(path)
@@ -433,6 +445,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "check_manifest",
+    "check_run_directory",
     "describe_directory",
     "directory_entries",
     "file_sha256",

@@ -45,7 +45,7 @@ from bertforge.evaluation.tasks import (
 )
 from bertforge.io import (
     atomic_write_text,
-    describe_directory,
+    check_run_directory,
     disk_size,
     format_size,
     read_json_object,
@@ -172,7 +172,7 @@ def _offer_resume(good: Path, bad: Path) -> str:
 @locks_output
 def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     """Run (or resume) fine-tuning as configured; return the best validation results."""
-    check_output(Path(cfg.output))
+    check_run_directory(cfg.output, FINETUNE_CONFIG, "a fine-tuning run")
     finished = _finished_run(cfg)
     if finished is not None:
         return finished
@@ -283,7 +283,7 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
         state, _ = FinetuneState.load(resume_dir, optimizer)
         check_same_run(resume_dir, state.run, identity, option=option)
         print(f"resuming from {resume_dir} at step {state.step}", file=sys.stderr, flush=True)
-    # first: the file that makes OUTPUT a fine-tuning run (check_output)
+    # first: the file that makes OUTPUT a fine-tuning run (check_run_directory)
     atomic_write_text(out / FINETUNE_CONFIG, json.dumps(resolved, indent=2) + "\n")
     logger = MetricsLogger(out, resume_step=state.step if resume_dir is not None else None)
     # the baseline printed beside every validation score: see evaluation.tasks.TRAINING_BASELINE
@@ -447,17 +447,6 @@ def _drop_finished_checkpoints(out: Path, keep: bool) -> str:
         note = ""
     model = disk_size(out / "model.safetensors")
     return f"{out}: {format_size(disk_size(out))} on disk (model {format_size(model)}){note}"
-
-
-def check_output(out: Path) -> None:
-    """Refuse an ``out`` that holds anything but a fine-tuning run (the one to resume or the
-    finished one): a pretraining run, a tokenizer or someone's files would be overwritten."""
-    held = describe_directory(out)
-    if held is not None and not (out / FINETUNE_CONFIG).is_file():
-        raise BertforgeError(
-            f"{out} is {held}, not a fine-tuning run; choose another --output "
-            "(a new or empty directory)"
-        )
 
 
 def _finished_run(cfg: FinetuneConfig) -> dict[str, Any] | None:

@@ -31,7 +31,7 @@ from bertforge.evaluation.mlm import comparison_table, evaluate_mlm
 from bertforge.evaluation.plots import plot_training_curves
 from bertforge.evaluation.probe import LinearProbe
 from bertforge.inference.predict import copy_pooling_declaration
-from bertforge.io import atomic_directory, atomic_write_text, describe_directory
+from bertforge.io import atomic_directory, atomic_write_text, check_run_directory
 from bertforge.modeling.model import (
     IGNORE_INDEX,
     BertForReplacedTokenDetection,
@@ -220,7 +220,8 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
     tc = cfg.train
     if tc.max_steps is None and tc.max_time is None:
         raise BertforgeError("set a budget: --train.max_steps N or --train.max_time 15m (or both)")
-    check_output(Path(cfg.output))  # every rank, before any of them writes there
+    # every rank, before any of them writes there
+    check_run_directory(cfg.output, CONFIG_FILE, "a pretraining run to resume")
     budget = parse_duration(tc.max_time)
     if tc.num_threads:
         torch.set_num_threads(tc.num_threads)
@@ -279,7 +280,7 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
         data.sampler.load_state_dict(state.data)
     ddp = D.wrap_ddp(raw, device, info)
     out = Path(cfg.output)
-    if info.is_main:  # first: the file that makes OUTPUT a pretraining run (check_output)
+    if info.is_main:  # first: the file that makes OUTPUT a pretraining run (check_run_directory)
         resolved = steps.config_dict(cfg) | {"resume": None}  # rerunning this config auto-resumes
         atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(resolved, sort_keys=False))
     logger = MetricsLogger(
@@ -302,17 +303,6 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
         + " and ".join(x for x in limits if x)
     )
     return run, state
-
-
-def check_output(out: Path) -> None:
-    """Refuse an ``out`` that holds anything but a pretraining run (the run to resume): a
-    fine-tuned model, a tokenizer or someone's files would be mixed with this run's."""
-    held = describe_directory(out)
-    if held is not None and not (out / CONFIG_FILE).is_file():
-        raise BertforgeError(
-            f"{out} is {held}, not a pretraining run to resume; choose another --output "
-            "(a new or empty directory)"
-        )
 
 
 def train_step(
