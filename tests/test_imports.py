@@ -1,12 +1,17 @@
 """The package's import graph, read statically from the source (``ast``, nothing imported):
 
-- no module-level import cycle among ``bertforge`` modules (a utility two rooms need lives in a
-  room of its own, e.g. ``bertforge.io``);
+- the rooms of ``bertforge`` stand in declared layers (:data:`LAYERS`, lowest first) and every
+  ``bertforge`` import -- at module level, inside a function or under ``if TYPE_CHECKING:`` --
+  points down that list: never up, never across to a sibling room of the same layer (a module may
+  import modules of its own room freely);
+- no import cycle among ``bertforge`` modules and none among its rooms (a utility two rooms need
+  lives in a room of its own, e.g. ``bertforge.io``);
 - no ``bertforge`` import inside a function (such imports exist only to dodge a cycle or to hide
   a dependency; the CLI's lazy loading goes through ``importlib`` in ``bertforge.cli``), except
   inside ``try: ... except ImportError`` around an optional extra such as ``bertforge[serve]``.
 
-Run alone: ``pytest tests/test_imports.py``; on failure the message prints the cycle.
+Run alone: ``pytest tests/test_imports.py``; on failure the message names each import and the
+layers, or prints the cycle.
 """
 
 from __future__ import annotations
@@ -16,6 +21,25 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "bertforge"
+
+# The rooms of ``bertforge`` (a subpackage or a top-level module), lowest layer first. An import
+# may only point to a room of a lower layer. "" is the package's front door
+# (``bertforge/__init__.py``, which re-exports the library); ``__main__`` runs the CLI.
+LAYERS: list[tuple[str, ...]] = [
+    ("errors",),  # the project's error types
+    ("io",),  # atomic writes, JSON files, manifests
+    ("runtime", "lock", "progress", "distributed"),  # device/precision, locks, bars, torchrun
+    ("tokenizer",),  # WordPiece training and loading
+    ("modeling",),  # config, the model, kernels, checkpoints, pooling declaration
+    ("data",),  # corpora -> shards, masking, labelled task files
+    ("inference",),  # using a trained model: fill-mask, classify, embed, explain, ONNX
+    ("evaluation",),  # scores a model through inference: MLM, task metrics, probes, plots
+    ("training",),  # the pretraining and fine-tuning loops
+    ("recipes", "serve", "verify"),  # chains of commands (runner passed in), the server, checks
+    ("",),  # bertforge/__init__.py: the library's public names
+    ("cli",),  # parses options and calls the layers below
+    ("__main__",),  # python -m bertforge
+]
 
 
 def _modules() -> dict[str, Path]:
@@ -117,6 +141,91 @@ def test_the_graph_sees_the_real_imports():
 
 def test_no_import_cycle():
     cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# ---- layers: every import points down ---------------------------------------------------------
+
+
+def room(module: str) -> str:
+    """The room of a dotted module name: ``bertforge.data.shards`` -> ``data``, ``bertforge`` -> ``""``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer_of() -> dict[str, int]:
+    """room -> its layer's index in :data:`LAYERS` (0 = lowest)."""
+    return {name: i for i, rooms in enumerate(LAYERS) for name in rooms}
+
+
+def all_imports() -> list[tuple[str, int, str]]:
+    """Every ``bertforge`` import of the package, wherever it stands (module level, function body,
+    ``if TYPE_CHECKING:``), as ``(importer, line, imported module)``."""
+    modules = _modules()
+    found = []
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found += [
+                    (name, node.lineno, t) for t in _targets(node, name, modules) if t != name
+                ]
+    return found
+
+
+def layer_violations(imports, layers: dict[str, int]) -> list[str]:
+    """The imports that point up or across the layers, one line each."""
+    bad = []
+    for importer, line, target in imports:
+        src, dst = room(importer), room(target)
+        if src == dst:
+            continue
+        if layers[dst] >= layers[src]:
+            way = "across" if layers[dst] == layers[src] else "up"
+            bad.append(f"{importer}:{line} imports {target} ({way}: {src or PACKAGE} -> {dst})")
+    return bad
+
+
+def test_every_room_has_a_layer():
+    rooms = {room(m) for m in _modules()}
+    declared = set(layer_of())
+    assert rooms == declared, f"undeclared rooms {rooms - declared}, stale {declared - rooms}"
+
+
+def test_layer_check_sees_up_and_across():
+    layers = {"io": 0, "data": 1, "serve": 2, "recipes": 2}
+    imports = [
+        ("bertforge.data.a", 1, "bertforge.io"),  # down: fine
+        ("bertforge.data.a", 2, "bertforge.data.b"),  # same room: fine
+        ("bertforge.io", 3, "bertforge.data.a"),  # up
+        ("bertforge.serve.x", 4, "bertforge.recipes.y"),  # across
+    ]
+    assert layer_violations(imports, layers) == [
+        "bertforge.io:3 imports bertforge.data.a (up: io -> data)",
+        "bertforge.serve.x:4 imports bertforge.recipes.y (across: serve -> recipes)",
+    ]
+
+
+def test_every_import_points_down_the_layers():
+    bad = layer_violations(all_imports(), layer_of())
+    assert not bad, "imports against the layers (LAYERS, lowest first):\n" + "\n".join(bad)
+
+
+def test_no_cycle_among_rooms():
+    graph: dict[str, set[str]] = {}
+    for importer, _, target in all_imports():
+        if room(importer) != room(target):
+            graph.setdefault(room(importer), set()).add(room(target))
+    cycle = find_cycle(graph)
+    assert cycle is None, "rooms in a cycle: " + " -> ".join(cycle)
+
+
+def test_no_module_cycle_even_for_type_checking():
+    graph: dict[str, set[str]] = {m: set() for m in _modules()}
+    for importer, _, target in all_imports():
+        graph[importer].add(target)
+    # function-level imports run late and cannot deadlock an import, but a cycle is a cycle
+    cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 

@@ -10,6 +10,11 @@ plots), ``inference`` (fill-mask, classify, embed) and ``cli`` (the ``bertforge`
 only place that parses arguments). Shared rooms: ``io`` (atomic writes, JSON files), ``runtime``
 (device, precision, seeds), ``progress`` (progress bars, metrics log), ``distributed`` (torchrun),
 ``errors``.
+
+Layers, lowest first; an import only points down (``LAYERS`` in ``tests/test_imports.py``
+declares them and the test enforces it): errors -> io -> runtime/lock/progress/distributed ->
+tokenizer -> modeling -> data -> inference -> evaluation -> training -> recipes/serve/verify ->
+this package's public names -> cli.
 """
 
 from bertforge.errors import BertforgeError

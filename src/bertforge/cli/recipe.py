@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from bertforge.cli import main as cli_main
 from bertforge.cli.options import parse_config
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_write_text
@@ -77,6 +78,7 @@ def main(argv: list[str]) -> int:
         name=name,
         output=output,
         data=Path(cfg.data) if cfg.data else default_data_root(),
+        command=cli_main,
         smoke=cfg.smoke,
         init=Path(cfg.init) if cfg.init else None,
         budget=cfg.budget,

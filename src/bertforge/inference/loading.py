@@ -5,7 +5,6 @@ recorded. Shared by the model-using commands (``bertforge.cli``) and the server
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,19 +12,13 @@ from torch import nn
 
 from bertforge.errors import BertforgeError
 from bertforge.inference.onnx import OnnxModel, load_onnx
-from bertforge.io import read_json_object
-from bertforge.modeling.checkpoint import check_model_directory, check_tokenizer_fits
+from bertforge.modeling.checkpoint import (
+    check_model_directory,
+    check_tokenizer_fits,
+    finetune_defaults,
+)
 from bertforge.runtime import pick_device, pick_precision
 from bertforge.tokenizer.wordpiece import Tokenizer
-from bertforge.training.config import FINETUNE_CONFIG
-
-
-def finetune_defaults(model_dir: str | Path) -> dict[str, Any]:
-    """The resolved ``bertforge finetune`` config saved with a fine-tuned model ({} if none)."""
-    path = Path(model_dir) / FINETUNE_CONFIG
-    if not path.is_file():
-        return {}
-    return read_json_object(path, "restore it or delete it")
 
 
 def load_model(

@@ -46,9 +46,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertforge.errors import BertforgeError
-from bertforge.inference.predict import copy_pooling_declaration, pooling_declaration
 from bertforge.io import atomic_directory
 from bertforge.modeling.checkpoint import (
+    FINETUNE_CONFIG,
     ONNX_EXPORT_FILE,
     check_model_directory,
     check_tokenizer_fits,
@@ -57,8 +57,8 @@ from bertforge.modeling.checkpoint import (
 )
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForSequenceClassification, BertModel
+from bertforge.modeling.pooling import copy_pooling_declaration, pooling_declaration
 from bertforge.tokenizer.wordpiece import Tokenizer
-from bertforge.training.config import FINETUNE_CONFIG
 
 ONNX_FILE = ONNX_EXPORT_FILE
 """File name of the exported graph inside an export directory."""

@@ -12,12 +12,9 @@ of the PyTorch one: same batching, ONNX Runtime runs the batches (anything that 
 from __future__ import annotations
 
 import contextlib
-import json
-import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,16 +22,17 @@ from torch import nn
 
 from bertforge.data.tasks import batch_order, encode_examples, iterate_batches
 from bertforge.errors import BertforgeError
-from bertforge.io import read_json_object
+from bertforge.modeling.checkpoint import finetune_defaults
+from bertforge.modeling.pooling import (
+    POOLINGS,
+    PoolingMode,
+    copy_pooling_declaration,
+    declared_pooling,
+    pooling_declaration,
+)
 from bertforge.progress import item_bar
 from bertforge.runtime import autocast
 from bertforge.tokenizer.wordpiece import valid_unicode
-
-SETTINGS_FILE = "finetune_config.json"
-"""What ``bertforge finetune`` saved beside a fine-tuned model: its columns, length, truncation."""
-PoolingMode = Literal["cls", "mean", "max", "mean_sqrt_len"]
-"""Sentence-vector poolings (sentence-transformers' names without ``pooling_mode_``)."""
-POOLINGS: tuple[str, ...] = get_args(PoolingMode)
 
 
 @contextlib.contextmanager
@@ -97,12 +95,10 @@ def sequence_logits(
 
 def saved_settings(model: nn.Module) -> dict[str, Any]:
     """The fine-tuning settings saved beside the model's weights (``finetune_config.json`` in the
-    directory it was loaded from), or {} for a model without them."""
+    directory it was loaded from, read by :func:`~bertforge.modeling.checkpoint.finetune_defaults`),
+    or {} for a model without them."""
     directory = getattr(model, "name_or_path", None)
-    if directory is None:
-        return {}
-    path = Path(directory) / SETTINGS_FILE
-    return read_json_object(path, "restore it or delete it") if path.is_file() else {}
+    return {} if directory is None else finetune_defaults(directory)
 
 
 def _max_length(model: nn.Module, max_length: int | None) -> int:
@@ -308,83 +304,6 @@ class PoolingChoice:
     """``given``, ``declared in 1_Pooling/config.json`` or ``the default: ...``."""
     normalize_source: str
     """``given``, ``2_Normalize in modules.json`` or ``the default: ...``."""
-
-
-def declared_pooling(directory: str | Path) -> tuple[str | None, str | None, bool]:
-    """``(pooling, file it is declared in, normalize)`` as a sentence-transformers model
-    directory declares them (``modules.json``, ``1_Pooling/config.json``); ``(None, None,
-    False)`` for a plain BERT directory."""
-    directory = Path(directory)
-    modules: list[Any] = []
-    if (directory / "modules.json").is_file():
-        try:
-            modules = json.loads((directory / "modules.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise BertforgeError(
-                f"{directory / 'modules.json'}: not readable JSON ({err})"
-            ) from None
-    kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)}
-    folder = str(kinds["Pooling"].get("path", "1_Pooling")) if "Pooling" in kinds else "1_Pooling"
-    path = directory / folder / "config.json"
-    normalize = "Normalize" in kinds
-    if not path.is_file():
-        return None, None, normalize
-    config = read_json_object(path, "restore it or pass --pooling")
-    modes = [
-        k.removeprefix("pooling_mode_").removesuffix("_tokens").removesuffix("_token")
-        for k, v in config.items()
-        if k.startswith("pooling_mode_") and v is True
-    ]
-    if len(modes) != 1 or modes[0] not in POOLINGS:
-        raise BertforgeError(
-            f"{path}: pooling {' + '.join(modes) or 'none'} is not supported; choose one of "
-            f"{', '.join(POOLINGS)} with --pooling (pooling= in Python)"
-        )
-    return modes[0], f"{folder}/config.json", normalize
-
-
-def pooling_declaration(model_dir: Path) -> list[str]:
-    """The files and folders of ``model_dir`` that say how ``embed`` pools and normalises (read by
-    :func:`bertforge.inference.predict.declared_pooling`): a sentence-transformers model's
-    ``modules.json`` and the folders of its Pooling and Normalize modules (``1_Pooling``,
-    ``2_Normalize``); [] for a plain BERT directory. An ONNX export copies them (so that
-    ``embed --backend onnx`` pools and normalises as the eager model does), and so does an
-    MLM run started from such a model (``--init_from``)."""
-    names = ["1_Pooling"]  # read even without a modules.json
-    if (model_dir / "modules.json").is_file():
-        names.append("modules.json")
-        try:
-            modules = json.loads((model_dir / "modules.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            modules = []  # copied as it is: embed reports it, on the export as on the model
-        for module in modules if isinstance(modules, list) else []:
-            kind = str(module.get("type", "")) if isinstance(module, dict) else ""
-            if kind.rsplit(".", 1)[-1] in ("Pooling", "Normalize") and module.get("path"):
-                names.append(str(module["path"]))
-    inside = model_dir.resolve()
-    return sorted(
-        {
-            name
-            for name in names
-            if (model_dir / name).exists() and (model_dir / name).resolve().is_relative_to(inside)
-        }
-    )
-
-
-def copy_pooling_declaration(start: str | Path, model_dir: Path) -> list[str]:
-    """Copy a sentence-transformers model's pooling declaration (:func:`pooling_declaration`)
-    from ``start`` into ``model_dir``, so ``embed`` pools the model there as it pools ``start``
-    (mean, normalised for all-MiniLM-L6-v2): an ONNX export, or an MLM run from ``start``. The
-    names copied ([] for a plain BERT directory)."""
-    start = Path(start)
-    names = pooling_declaration(start)
-    for name in names:
-        source, target = start / name, model_dir / name
-        if source.is_dir():
-            shutil.copytree(source, target, dirs_exist_ok=True)
-        else:
-            shutil.copy2(source, target)
-    return names
 
 
 def resolve_pooling(

@@ -33,6 +33,7 @@ from bertforge.io import (
     atomic_file,
     make_directory,
     pause_point,
+    read_json_object,
     remove_manifest,
     verify_manifest,
     write_error,
@@ -47,6 +48,9 @@ RUN_MODEL_DIR = "model"
 """Where a pretraining run keeps its final model (``bertforge.training.pretrain.FINAL_DIR``)."""
 ONNX_EXPORT_FILE = "model.onnx"
 """The graph of a ``bertforge export`` directory (``bertforge.inference.onnx.ONNX_FILE``)."""
+FINETUNE_CONFIG = "finetune_config.json"
+"""The resolved ``bertforge finetune`` config, written next to the fine-tuned model; the commands
+that use the model read its data columns, length and truncation from there."""
 # parameters that alias others (tied), so they are stored once: keys ending so (the MLM head's
 # decoder, also inside an ELECTRA generator: ``generator.cls.predictions.decoder.weight``)
 TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
@@ -73,6 +77,15 @@ def check_tokenizer_fits(tokenizer: Any, config: BertConfig, source: str | Path)
             f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model's "
             f"vocab_size is {config.vocab_size}; put the model's own tokenizer files beside it"
         )
+
+
+def finetune_defaults(model_dir: str | Path) -> dict[str, Any]:
+    """The resolved ``bertforge finetune`` config saved with a fine-tuned model ({} if none): the
+    one reader of :data:`FINETUNE_CONFIG`."""
+    path = Path(model_dir) / FINETUNE_CONFIG
+    if not path.is_file():
+        return {}
+    return read_json_object(path, "restore it or delete it")
 
 
 # ---- state dicts ------------------------------------------------------------------------------
@@ -338,8 +351,10 @@ def save_pretrained(
 
 
 __all__ = [
+    "FINETUNE_CONFIG",
     "check_model_directory",
     "check_tokenizer_fits",
+    "finetune_defaults",
     "load_pretrained",
     "save_pretrained",
     "read_safetensors",

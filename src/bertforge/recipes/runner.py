@@ -16,7 +16,7 @@ import re
 import shlex
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from bertforge.cli import main as cli_main
 from bertforge.data.dataset import PretrainingDataset
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_write_text
@@ -69,6 +68,9 @@ class Recipe:
     name: str
     output: Path
     data: Path
+    command: Callable[[list[str]], int]
+    """Runs one ``bertforge`` command line in this process and returns its exit status (the CLI
+    passes its own ``main``: a recipe sits below the CLI and does not import it)."""
     smoke: bool = False
     init: Path | None = None
     """The published model to start from (default all-MiniLM-L6-v2)."""
@@ -105,7 +107,7 @@ class Recipe:
             return 0.0
         print(f"== {line}", file=sys.stderr, flush=True)
         start = time.perf_counter()
-        code = cli_main([str(a) for a in argv])
+        code = self.command([str(a) for a in argv])
         seconds = time.perf_counter() - start
         if code != 0:
             raise BertforgeError(f"recipe {self.name}: step failed (exit {code}): {line}")

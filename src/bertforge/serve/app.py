@@ -167,8 +167,6 @@ class Server:
         self.default = next(iter(models))
         self.metrics = Metrics()
         self.batcher: Batcher | None = None
-        self.in_flight = 0
-        """Inference requests being answered (counted by :class:`Limits`)."""
 
     def start(self) -> None:
         self.batcher = Batcher(
@@ -358,7 +356,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
         redoc_url=None,
     )
     app.state.server = server
-    app.add_middleware(Limits, server=server)
+    app.add_middleware(Limits, config=server.config, metrics=server.metrics)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, err: ApiError) -> JSONResponse:
@@ -403,7 +401,7 @@ def create_app(config: ServeConfig, models: dict[str, ServedModel]) -> FastAPI:
 
     @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus text format")
     async def metrics(request: Request) -> PlainTextResponse:
-        text = server.metrics.render(server.batcher.queue_length, server.in_flight)
+        text = server.metrics.render(server.batcher.queue_length, server.metrics.in_flight)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     # ---- inference routes ----

@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from bertforge.serve.app import Server
+from bertforge.serve.config import ServeConfig
+from bertforge.serve.metrics import Metrics
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -73,17 +73,19 @@ class _TooLarge(Exception):
 
 
 class Limits:
-    """ASGI middleware enforcing the server's request limits."""
+    """ASGI middleware enforcing the server's request limits (``config``) and counting each
+    answer and the requests in flight in ``metrics``."""
 
-    def __init__(self, app: Any, server: Server) -> None:
+    def __init__(self, app: Any, config: ServeConfig, metrics: Metrics) -> None:
         self.app = app
-        self.server = server
+        self.config = config
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        config = self.server.config
+        config = self.config
         start = time.perf_counter()
         deadline = start + config.request_timeout
         status = [0]
@@ -111,7 +113,7 @@ class Limits:
         counted = False
         try:
             if scope["method"] == "POST":
-                if self.server.in_flight >= config.max_concurrent_requests:
+                if self.metrics.in_flight >= config.max_concurrent_requests:
                     await refuse(
                         429,
                         f"too many requests in flight: --max_concurrent_requests="
@@ -120,7 +122,7 @@ class Limits:
                         retry_after="1",
                     )
                     return
-                self.server.in_flight += 1
+                self.metrics.in_flight += 1
                 counted = True
                 # every POST route takes JSON: read the body as JSON whatever the client declared
                 # (curl -d says form-urlencoded)
@@ -169,8 +171,8 @@ class Limits:
                 # else the answer had started: the connection closes mid-answer
         finally:
             if counted:
-                self.server.in_flight -= 1
-            self.server.metrics.request(
+                self.metrics.in_flight -= 1
+            self.metrics.request(
                 route_label(scope["path"]), status[0] or 500, time.perf_counter() - start
             )
 

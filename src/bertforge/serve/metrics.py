@@ -49,6 +49,8 @@ class Metrics:
         self.batch_tokens = Histogram(TOKEN_BUCKETS)
         self.queue_wait = Histogram(LATENCY_BUCKETS)
         self.inference = Histogram(LATENCY_BUCKETS)
+        self.in_flight = 0
+        """Inference requests being answered (counted by ``bertforge.serve.limits.Limits``)."""
 
     def request(self, route: str, status: int, seconds: float) -> None:
         with self._lock:

@@ -18,9 +18,9 @@ from torch import nn
 from bertforge.errors import BertforgeError
 from bertforge.inference.loading import finetune_defaults, load_model, load_onnx_model
 from bertforge.inference.onnx import ONNX_FILE
-from bertforge.inference.predict import declared_pooling
 from bertforge.modeling.checkpoint import check_model_directory, read_safetensors
 from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
+from bertforge.modeling.pooling import declared_pooling
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Any, Literal, get_args
 
 from bertforge.data.tasks import Truncation, check_max_length
 from bertforge.errors import BertforgeError
+from bertforge.modeling.checkpoint import FINETUNE_CONFIG
 from bertforge.modeling.config import BertConfig
 from bertforge.runtime import Precision
 from bertforge.training.optim import Schedule
@@ -431,11 +432,6 @@ class PretrainConfig:
 def option(name: str) -> str:
     """How ``bertforge finetune`` spells a ``FinetuneConfig`` field on the command line."""
     return "--" + name
-
-
-FINETUNE_CONFIG = "finetune_config.json"
-"""The resolved config, written next to the fine-tuned model; the commands that use the model
-read its data columns, length and truncation from there."""
 
 
 @dataclass

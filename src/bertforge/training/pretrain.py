@@ -30,7 +30,6 @@ from bertforge.errors import BertforgeError
 from bertforge.evaluation.mlm import comparison_table, evaluate_mlm
 from bertforge.evaluation.plots import plot_training_curves
 from bertforge.evaluation.probe import LinearProbe
-from bertforge.inference.predict import copy_pooling_declaration
 from bertforge.io import atomic_directory, atomic_write_text, check_run_directory
 from bertforge.modeling.model import (
     IGNORE_INDEX,
@@ -38,6 +37,7 @@ from bertforge.modeling.model import (
     bag_of_words_loss,
     contrastive_loss,
 )
+from bertforge.modeling.pooling import copy_pooling_declaration
 from bertforge.progress import MetricsLogger, format_duration, parse_duration
 from bertforge.runtime import (
     autocast,
