@@ -29,7 +29,7 @@ import torch
 from _common import ROOT, SHARED_DATA, cpu_model, log, markdown_table, minilm_dir
 
 sys.path.insert(0, str(ROOT / "tests"))
-from serve_helpers import Client, serve  # noqa: E402
+from support.serve import Client, serve  # noqa: E402
 
 from bertforge.inference.predict import embed, fill_mask  # noqa: E402
 from bertforge.modeling.model import BertForMaskedLM, BertModel  # noqa: E402

@@ -1,5 +1,5 @@
 """10,000 requests of random garbage against a real ``bertforge serve`` on localhost (the fuzzer
-of tests/serve_helpers.py: random bytes, malformed or deeply nested JSON, wrong types, hostile
+of tests/support/serve.py: random bytes, malformed or deeply nested JSON, wrong types, hostile
 text, random methods/paths/headers, over-size bodies, raw non-HTTP bytes), with the server's
 RSS after every 2,000: the server must stay up, answer everything with a 4xx (never a 5xx), give
 the same answer to a real request before and after, and its memory must level off.
@@ -20,7 +20,7 @@ import psutil
 from _common import ROOT, cpu_model, markdown_table
 
 sys.path.insert(0, str(ROOT / "tests"))
-from serve_helpers import fuzz, request, serve, tiny_models  # noqa: E402
+from support.serve import fuzz, request, serve, tiny_models  # noqa: E402
 
 
 def main() -> None:

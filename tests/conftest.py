@@ -4,8 +4,10 @@ fine-tuning, inference and server tests (the ``task_files`` fixture)."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
+import io
 import json
 import os
 import random
@@ -237,3 +239,39 @@ def pretraining_corpus(shakespeare_file: Path, tmp_path_factory) -> dict[str, Pa
             progress=False,
         )
     return out
+
+
+# ---- a tiny masked LM and a pair-task fine-tune of it, shared by the CLI and inference tests -----
+
+
+@pytest.fixture(scope="session")
+def mlm_dir(tmp_path_factory) -> Path:
+    """A tiny masked LM with its tokenizer (:meth:`TaskFiles.tiny_start_model`, ``kind="mlm"``)."""
+    return TaskFiles.tiny_start_model(tmp_path_factory.mktemp("mlm"), kind="mlm")
+
+
+@pytest.fixture(scope="session")
+def pair_run(mlm_dir, tmp_path_factory) -> dict:
+    """A real (tiny) fine-tune of a *pair* task whose labels are 3 and 4 only (like the first
+    400 AG News rows), 80 % label 4, texts without signal, --max_length 12: the model cannot
+    beat the majority baseline and must say so. Keys: root, out (the model), argv, rows, err."""
+    root = tmp_path_factory.mktemp("pair_run")
+    rng = random.Random(0)
+
+    def filler(n: int = 8) -> str:
+        return " ".join(rng.choice(FILLER) for _ in range(n)) + " ."
+
+    rows = [{"title": filler(), "body": filler(20), "label": 4 if i % 5 else 3} for i in range(60)]
+    TaskFiles.write_rows(root / "train.csv", rows)
+    out = root / "model"
+    argv = [
+        *("finetune", "--model", str(mlm_dir), "--train", str(root / "train.csv")),
+        *("--output", str(out), "--text_column", "title", "--text_pair_column", "body"),
+        *("--max_length", "12", "--batch_size", "8", "--max_steps", "3"),
+        *("--precision", "fp32", "--validation_fraction", "0.25"),
+    ]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    assert code == 0, err.getvalue()
+    return {"root": root, "out": out, "argv": argv, "rows": rows, "err": err.getvalue()}

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import TaskFiles
+from support.cli import run_cli
 
 from bertforge import cli
 from bertforge.data.shards import prepare
@@ -512,3 +514,95 @@ def test_bad_input_gives_one_line_and_leaves_nothing(fx, tmp_path, capsys, build
     for part in expected:
         assert part in lines[0], lines[0]
     assert _files(tmp_path) == before  # no output, no temporary file or directory
+
+
+# ---- --max_length 0 and a missing --model, in every command --------------------------------------
+
+
+def test_max_length_zero_is_refused_by_every_command(pair_run, mlm_dir, tmp_path, capsys):
+    out, train = str(pair_run["out"]), str(pair_run["root"] / "train.csv")
+    text = tmp_path / "in.txt"
+    text.write_text("the film\n")
+    commands = {
+        "classify": ["classify", "--model", out, "--input", train],
+        "evaluate": ["evaluate", "--model", out, "--data", train],
+        "evaluate-mlm": ["evaluate", "--model", str(mlm_dir), "--data", str(text)],
+        "embed": [
+            "embed",
+            "--model",
+            out,
+            "--input",
+            str(text),
+            "--output",
+            str(tmp_path / "v.npy"),
+        ],
+        "finetune": [
+            *pair_run["argv"][:5],
+            "--output",
+            str(tmp_path / "ft"),
+            "--progress",
+            "false",
+        ],
+    }
+    for name, argv in commands.items():
+        code, _, err = run_cli([*argv, "--max_length", "0"], capsys)
+        assert code == 2, name
+        assert "--max_length 0: must be at least" in err, (name, err)
+
+
+MODEL_COMMANDS = [
+    ["embed", "--input", "x.txt", "--output", "v.npy"],
+    ["embed", "--input", "x.txt", "--output", "v.npy", "--backend", "onnx"],
+    ["classify", "some text"],
+    ["classify", "some text", "--backend", "onnx"],
+    ["fill-mask", "a [MASK] ."],
+    ["evaluate", "--data", "x.txt"],
+    ["finetune", "--train", "x.csv", "--output", "out"],
+    ["export", "--format", "onnx", "--output", "out"],
+]
+"""Every command that loads a --model (in a directory holding x.txt and x.csv)."""
+
+
+def _command_id(command: list[str]) -> str:
+    return f"{command[0]}-onnx" if "onnx" in command[1:] else command[0]
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS, ids=_command_id)
+def test_one_message_for_a_missing_model_and_for_a_hub_id(command, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.txt").write_text("a text\n")
+    TaskFiles.write_rows(tmp_path / "x.csv", [{"text": "a", "label": "b"}] * 4)
+    code, _, err = run_cli([*command, "--model", "nope/"], capsys)
+    assert code == 2 and "error: nope: no such model directory" in err, err
+    code, _, err = run_cli([*command, "--model", "sentence-transformers/all-MiniLM-L6-v2"], capsys)
+    assert code == 2
+    assert (
+        "looks like a Hugging Face Hub id" in err
+        and "a local directory is needed (no downloads)" in err
+    )
+    assert "--local-dir" in err
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS, ids=_command_id)
+def test_a_missing_local_model_and_a_training_run_are_named_as_such(
+    command, tiny_config, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.txt").write_text("a text\n")
+    TaskFiles.write_rows(tmp_path / "x.csv", [{"text": "a", "label": "b"}] * 4)
+    (tmp_path / "runs" / "pretrain").mkdir(parents=True)
+    # a path under a local directory is a typo or a run not made yet, not a Hub id to download
+    for model in ("runs/nosuchmodel", "./nosuchmodel"):
+        code, _, err = run_cli([*command, "--model", model], capsys)
+        assert code == 2 and f"error: {model}: no such model directory" in err, err
+        assert "Hub" not in err and "huggingface-cli" not in err
+    code, _, err = run_cli([*command, "--model", "runs/pretrian"], capsys)
+    assert code == 2 and "no such model directory; did you mean runs/pretrain?" in err, err
+    # a pretraining run keeps its model in model/: say so instead of "no config.json"
+    tiny_config.save(tmp_path / "runs" / "pretrain" / "model")
+    code, _, err = run_cli([*command, "--model", "runs/pretrain"], capsys)
+    assert code == 2, err
+    assert (
+        "error: runs/pretrain: a training run, not a model directory; its model is "
+        "runs/pretrain/model" in err
+    )

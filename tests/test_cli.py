@@ -6,7 +6,10 @@ import subprocess
 import sys
 
 import pytest
+from support.cli import Terminal
 
+import bertforge
+from bertforge import cli
 from bertforge.cli import COMMANDS, main
 
 
@@ -192,3 +195,50 @@ def test_a_list_option_without_brackets_says_how_to_write_it(capsys):
 
     cfg = parse_config(PretrainConfig, argv[1:], prog="p", description="")
     assert cfg.train.betas == (0.9, 0.98)
+
+
+# ---- progress bars and --version -----------------------------------------------------------------
+
+
+def test_long_commands_draw_a_progress_bar_on_a_terminal_unless_told_not_to(
+    pair_run, mlm_dir, tmp_path, monkeypatch, capsys
+):
+    out, train = str(pair_run["out"]), str(pair_run["root"] / "train.csv")
+    text = tmp_path / "in.txt"
+    text.write_text("the film was good .\na story about people .\n" * 20)
+    result = tmp_path / "rows.jsonl"
+    commands = {
+        "classify": ["classify", "--model", out, "--input", train, "--output", str(result)],
+        "evaluate": ["evaluate", "--model", out, "--data", train],
+        "evaluate-mlm": ["evaluate", "--model", str(mlm_dir), "--data", str(text)],
+        "embed": [
+            "embed",
+            "--model",
+            out,
+            "--input",
+            str(text),
+            "--output",
+            str(tmp_path / "v.npy"),
+        ],
+        "fill-mask": ["fill-mask", "--model", str(mlm_dir), "a [MASK] ."],
+    }
+    for name, argv in commands.items():
+        terminal = Terminal()
+        monkeypatch.setattr("sys.stderr", terminal)
+        assert cli.main(argv) == 0, name
+        assert "100%" in terminal.text, (name, terminal.text)
+        terminal = Terminal()
+        monkeypatch.setattr("sys.stderr", terminal)
+        assert cli.main([*argv, "--progress", "false"]) == 0, name
+        assert "%|" not in terminal.text, (name, terminal.text)
+    monkeypatch.undo()
+    capsys.readouterr()
+    # not a terminal (a log file, CI): no bar, but the file written is named with its size
+    assert cli.main(commands["classify"]) == 0
+    err = capsys.readouterr().err
+    assert "%|" not in err and f"wrote 60 rows to {result}" in err
+
+
+def test_version_flag(capsys):
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"bertforge {bertforge.__version__}"

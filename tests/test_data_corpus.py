@@ -16,6 +16,7 @@ from bertforge.data.corpus import (
     split_sentences,
 )
 from bertforge.errors import BertforgeError
+from bertforge.tokenizer.wordpiece import Tokenizer
 
 
 @pytest.mark.parametrize(
@@ -164,3 +165,16 @@ def test_csv_without_the_column_lists_the_columns(tmp_path: Path) -> None:
     jsonl.write_text('{"a": "x"}\n', encoding="utf-8")
     with pytest.raises(BertforgeError, match=r"the keys are \['a'\]"):
         list(read_documents(jsonl, text_column="text"))
+
+
+# ---- wikitext ------------------------------------------------------------------------------------
+
+
+def test_wikitext_unk_becomes_one_unk_token(tmp_path, mlm_dir):
+    wiki = tmp_path / "wiki.valid.tokens"
+    wiki.write_text(" = Title = \n\n The <unk> was in 1990 and <unk> @-@ like . \n")
+    docs = list(read_documents(wiki))
+    assert docs == [["The [UNK] was in 1990 and [UNK]-like ."]]
+    tok = Tokenizer.from_file(mlm_dir)
+    ids = tok.backend.encode(docs[0][0], add_special_tokens=False).ids
+    assert ids.count(tok.unk_id) >= 2 and "unk" not in tok.decode(ids)

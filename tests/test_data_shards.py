@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import random
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import FILLER
+from support.cli import Terminal, run_cli
 
 from bertforge.cli import main as cli_main
+from bertforge.data import shards
 from bertforge.data.corpus import iter_documents
 from bertforge.data.shards import PretrainingDataset, prepare
 from bertforge.errors import BertforgeError
@@ -331,3 +337,72 @@ def test_prepare_draws_its_bar_only_on_a_terminal(
     monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal, raising=False)
     prepare([str(corpus)], tokenizer, tmp_path / "d", max_seq_length=32, mode="packed")
     assert seen == [not terminal]
+
+
+# ---- bertforge prepare: one error, small validation splits ---------------------------------------
+
+
+def _filler(rng: random.Random, n: int = 8) -> str:
+    return " ".join(rng.choice(FILLER) for _ in range(n)) + " ."
+
+
+def test_prepare_errors_and_small_validation_splits(mlm_dir, tmp_path, capsys, monkeypatch):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    base = ["prepare", "--tokenizer", str(mlm_dir)]
+    assert cli_main([*base, "--input", str(empty), "--output", str(tmp_path / "d0")]) == 2
+    monkeypatch.undo()
+    assert "prepare: 0 docs" not in terminal.text and terminal.text.count("error:") == 1
+    # packed mode, 1 % of 60 documents: a validation split of one document
+    rng = random.Random(0)
+    docs = "\n\n".join(" ".join(_filler(rng) for _ in range(3)) for _ in range(60))
+    (tmp_path / "c.txt").write_text(docs + "\n")
+    argv = [*base, "--input", str(tmp_path / "c.txt"), "--mode", "packed", "--progress", "false"]
+    code, out, _ = run_cli(
+        [*argv, "--output", str(tmp_path / "d1"), "--max_seq_length", "16"], capsys
+    )
+    assert code == 0
+    assert "warning: the validation split holds 1 document of 60" in out
+    assert "--validation_fraction 0.09" in out  # about 5 documents
+
+
+# ---- a killed prepare's temporary directory ---------------------------------------------------
+
+
+def test_the_next_prepare_removes_what_a_killed_one_left_and_says_so(
+    tokenizer, tmp_path, capsys, monkeypatch
+):
+    text = tmp_path / "c.txt"
+    text.write_text("The film was good. It was long.\n\nA story about people. They went home.\n")
+    out = tmp_path / "data"
+    killed = tmp_path / ".data.tmp-k1ll3d"  # as atomic_directory names it; its writer is dead
+    (killed / "tokenizer").mkdir(parents=True)
+    (killed / "train-00000.bin").write_bytes(b"half")
+    live = tmp_path / ".data.tmp-l1ve"  # another prepare into data/, still running: holds a lock
+    live.mkdir()
+    other = tmp_path / ".other.tmp-x"  # another output's: not this run's to judge
+    other.mkdir()
+    fd = os.open(live, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    seen = []
+
+    def manifest_then_look(directory):  # inside the block: this run's own temporary is alive
+        seen.extend(shards.remove_killed_temporaries(out))
+        return write_manifest(directory)
+
+    monkeypatch.setattr(shards, "write_manifest", manifest_then_look)
+    try:
+        prepare_quietly(text, tokenizer, out, max_seq_length=16, mode="packed")
+    finally:
+        os.close(fd)
+    assert seen == []  # neither its own temporary nor the live one
+    assert (
+        not killed.exists() and live.exists() and other.exists() and (out / "meta.json").is_file()
+    )
+    err = capsys.readouterr().err
+    assert f"prepare: removed {killed}, left by a killed run" in err
+    assert "l1ve" not in err and "other" not in err
+    # the lock is released with the process (here: the descriptor): now it is debris too
+    assert shards.remove_killed_temporaries(out) == [live] and not live.exists()

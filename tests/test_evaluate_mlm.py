@@ -6,11 +6,14 @@ import math
 
 import torch
 import torch.nn.functional as F
+from support.cli import run_cli
 
+from bertforge.evaluation import plots
 from bertforge.evaluation.mlm import comparison_table, evaluate_mlm, random_init_like
 from bertforge.evaluation.plots import eval_style, plot_training_curves
 from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
 from bertforge.progress import MetricsLogger
+from bertforge.tokenizer.wordpiece import Tokenizer
 
 
 def _batches(vocab: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
@@ -109,3 +112,72 @@ def test_plot_from_metrics_file(tmp_path):
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     assert not list((tmp_path / "plots").glob(".*tmp"))  # written atomically, no leftovers
+
+
+# ---- bertforge evaluate on an MLM, NSP without NotNext pairs, curves -----------------------------
+
+
+def test_evaluate_accepts_the_encoding_errors_it_suggests(mlm_dir, tmp_path, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"the film was good .\nthe \xff story about people .\n" * 4)
+    code, _, err = run_cli(["evaluate", "--model", str(mlm_dir), "--data", str(bad)], capsys)
+    assert code == 2 and "--encoding_errors replace" in err
+    code, _, err = run_cli(
+        ["evaluate", "--model", str(mlm_dir), "--data", str(bad), "--encoding_errors", "replace"],
+        capsys,
+    )
+    assert code == 0, err
+
+
+def test_nsp_accuracy_without_notnext_pairs_says_so():
+    row = {"loss": 2.0, "perplexity": 7.4, "accuracy": 0.1, "top5_accuracy": 0.3}
+    table = comparison_table(
+        {
+            "random init": {**row, "nsp_accuracy": None, "nsp_note": "no NotNext pairs"},
+            "this model": {**row, "nsp_accuracy": None, "nsp_note": "no NotNext pairs"},
+        }
+    )
+    nsp = next(line for line in table.splitlines() if line.startswith("NSP accuracy"))
+    assert "n/a" in nsp and "no NotNext pairs" in nsp and "%" not in nsp
+
+
+def test_evaluate_mlm_reports_no_notnext_pairs(mlm_dir):
+    torch_model = BertForPreTraining.from_pretrained(mlm_dir)
+    tok = Tokenizer.from_file(mlm_dir)
+    ids = tok.encode_batch(["the film was good", "a story about people"], padding=True)
+
+    batch = {k: torch.tensor(v) for k, v in ids.items()}
+    labels = torch.full_like(batch["input_ids"], -100)
+    labels[:, 1] = batch["input_ids"][:, 1]
+    batch["labels"] = labels
+    batch["next_sentence_label"] = torch.zeros(2, dtype=torch.long)  # IsNext only
+    result = evaluate_mlm(torch_model, [batch], torch.device("cpu"))
+    assert result["nsp_accuracy"] is None and result["nsp_note"] == "no NotNext pairs"
+
+
+def test_curves_plot_like_with_like_and_draw_points_for_short_runs(tmp_path):
+    logger = MetricsLogger(tmp_path)
+    for step in (1, 2, 3):
+        logger.log(step, "train", loss=9.0 + step, mlm_loss=8.0, nsp_loss=1.0 + step, lr=1e-4)
+    logger.log(3, "val", loss=8.5, accuracy=0.1, nsp_accuracy=0.5)
+    logger.close()
+    drawn = {}
+    real_save = plots._save
+
+    def spy(fig, output):
+        drawn.update({ax.get_title(): ax for ax in fig.axes})
+        return real_save(fig, output)
+
+    plots._save = spy
+    try:
+        plots.plot_training_curves(tmp_path, tmp_path / "curves.png")
+    finally:
+        plots._save = real_save
+    mlm = drawn["masked-LM loss"]
+    labels = {line.get_label(): line for line in mlm.lines}
+    # the train line is the MLM part, not MLM + NSP, on the axis of the validation MLM loss
+    assert list(labels["train"].get_ydata()) == [8.0, 8.0, 8.0]
+    assert labels["train"].get_marker() not in (None, "None", "")  # 3 points: drawn as points
+    nsp = drawn["NSP loss"]
+    assert list(nsp.lines[0].get_ydata()) == [2.0, 3.0, 4.0]
+    assert (tmp_path / "curves.png").stat().st_size > 0

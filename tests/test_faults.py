@@ -6,7 +6,7 @@ After every fault: each checkpoint that looks whole verifies against its manifes
 one never goes back (nothing saved is lost), no partial directory looks whole, and running the
 same command again ends on exactly the weights (or shards) of an uninterrupted run.
 
-The runs are children forked by ``fork_runner.py`` (real processes running the CLI, killed with
+The runs are children forked by ``support/fork_runner.py`` (real processes running the CLI, killed with
 a real SIGKILL) so the suite does not pay a torch import per run; the lock test also starts
 ``python -m bertforge`` itself. A save is caught half-way deterministically with the
 ``BERTFORGE_TEST_PAUSE`` hook (:func:`bertforge.io.pause_point`).
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from reliability import (
+from support.reliability import (
     finetune_argv,
     make_artefacts,
     prepare_argv,
@@ -36,7 +36,7 @@ from reliability import (
     record,
     same_weights,
 )
-from reliability_table import FINETUNE_KILLS, PREPARE_KILLS, PRETRAIN_KILLS
+from support.reliability_table import FINETUNE_KILLS, PREPARE_KILLS, PRETRAIN_KILLS
 
 from bertforge.errors import BertforgeError
 from bertforge.io import PAUSE_ENV, atomic_directory, check_manifest, read_manifest
@@ -64,7 +64,7 @@ class Forker:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "fork_runner.py")],
+            [sys.executable, str(HERE / "support" / "fork_runner.py")],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -278,6 +278,9 @@ def test_prepare_killed_at_random_moments_leaves_nothing_that_looks_whole(forker
             shutil.rmtree(out, ignore_errors=True)
     assert _run(forker, argv, tmp_path / "final.txt") == 0
     assert _data_fingerprint(out) == expected
+    # the killed runs' hidden temporaries are gone too, each named on a line by the last run
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".data.tmp-")]
+    assert "left by a killed run" in (tmp_path / "final.txt").read_text()
     record("SIGKILL prepare", injected=landed, survived=landed, lost=0)
 
 

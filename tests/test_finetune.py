@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import TaskFiles
+from support.cli import run_cli
 
 from bertforge import cli
 from bertforge.data import tasks
@@ -440,3 +442,45 @@ def test_bad_inputs_get_clear_messages(task_files, work, trained, tmp_path, caps
     assert "max_position_embeddings" in _error(
         [*base, "--train", str(work["train"]), "--max_length", "100"], capsys
     )
+
+
+# ---- the majority baseline and a finished run ----------------------------------------------------
+
+
+def test_finetune_prints_the_baseline_and_warns_when_the_model_does_not_beat_it(pair_run, capsys):
+    err = pair_run["err"]
+    # the training split holds 2 classes, labelled 3 and 4: 1 and 2 are probably missing
+    assert "warning: the training data holds 2 classes (3, 4)" in err
+    # every validation line carries the baseline: always the training split's majority class
+    assert "baseline 0.8000" in err.split("step 3: val")[1].splitlines()[0]
+    assert "warning: accuracy" in err and "does not beat the baseline 0.8000" in err
+    assert "always '4', the most frequent class of the training split" in err
+    # 3 steps with --log_every 10: the last step is still logged, so curves.png has points
+    assert [r["step"] for r in read_metrics(pair_run["out"]) if r["split"] == "train"] == [3]
+    result = json.loads((pair_run["out"] / "eval_results.json").read_text())
+    assert result["baseline"]["predicts"] == "4"
+    assert result["baseline"]["definition"] == "the most frequent class of the training split"
+
+
+def test_evaluate_uses_the_same_baseline_definition_as_finetune(pair_run, tmp_path, capsys):
+    # an evaluation file whose own majority (3) differs from the training majority (4)
+    rows = [{"title": "the film", "body": "a story", "label": 3 if i % 4 else 4} for i in range(8)]
+    TaskFiles.write_rows(tmp_path / "eval.csv", rows)
+    capsys.readouterr()
+    code, out, err = run_cli(
+        ["evaluate", "--model", str(pair_run["out"]), "--data", str(tmp_path / "eval.csv")], capsys
+    )
+    assert code == 0, err
+    assert "baseline (always '4', the most frequent class of the training split)" in out
+
+
+def test_a_finished_finetune_drops_its_checkpoint_and_prints_sizes(pair_run, capsys):
+    out, err = pair_run["out"], pair_run["err"]
+    assert not list(out.glob("checkpoint-*"))
+    assert "removed the finished run's resumable checkpoint" in err
+    assert "--keep_final_checkpoint" in err
+    assert f"{out}: " in err and " MB" in err  # the output's size on disk
+    code, _, err = run_cli(
+        [*pair_run["argv"], "--output", str(out.parent / "kept"), "--keep_final_checkpoint"], capsys
+    )
+    assert code == 0 and len(list((out.parent / "kept").glob("checkpoint-*"))) == 1

@@ -2,7 +2,7 @@
 table reader, fill-mask, classify and embed always give a result or bertforge's one-line error,
 never a traceback and never a hang (each case runs under an alarm).
 
-Example counts are bounded (reliability_table.py) and the search is derandomized, so the suite
+Example counts are bounded (support/reliability_table.py) and the search is derandomized, so the suite
 stays fast and a failure reproduces; hypothesis prints the smallest failing input.
 """
 
@@ -22,8 +22,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reliability import record
-from reliability_table import INFERENCE_EXAMPLES, READER_EXAMPLES, TEXT_EXAMPLES
+from support.reliability import record
+from support.reliability_table import INFERENCE_EXAMPLES, READER_EXAMPLES, TEXT_EXAMPLES
 
 from bertforge.data.corpus import read_documents
 from bertforge.data.tables import read_table, read_texts

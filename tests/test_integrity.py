@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from reliability import (
+from support.reliability import (
     finetune_argv,
     flip_bytes,
     make_artefacts,

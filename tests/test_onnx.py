@@ -244,7 +244,7 @@ def test_export_refuses_bad_requests(classifier_dir: Path, exported: Path, tmp_p
 def test_serve_runs_an_export_with_onnx_runtime(exported: Path, classifier_dir: Path, tmp_path):
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
-    from serve_helpers import request, serve
+    from support.serve import request, serve
 
     encoder_dir = tmp_path / "encoder"
     BertModel.from_pretrained(classifier_dir).save_pretrained(

@@ -9,17 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import TaskFiles
+from support.cli import run_cli
 
 import bertforge
 from bertforge import cli
 from bertforge.errors import BertforgeError
 from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
 from bertforge.tokenizer.wordpiece import Tokenizer
-
-
-@pytest.fixture(scope="module")
-def mlm_dir(task_files, tmp_path_factory) -> Path:
-    return task_files.tiny_start_model(tmp_path_factory.mktemp("predict"), kind="mlm")
 
 
 @pytest.fixture(scope="module")
@@ -275,3 +272,80 @@ def test_model_commands_take_num_threads(command, mlm_dir, classifier_dir, tmp_p
     capsys.readouterr()
     assert cli.main([command, "--model", str(model), *argv, "--num_threads", "0"]) == 2
     assert "--num_threads 0 must be at least 1" in capsys.readouterr().err
+
+
+# ---- what a first-time user tripped on: pooling, saved settings, [UNK] ---------------------------
+
+
+def test_embed_uses_the_pooling_and_normalisation_a_sentence_transformers_model_declares(
+    minilm_dir, mlm_dir, tmp_path, capsys
+):
+    texts = ["A man is eating food.", "The new movie is awesome.", "hi"]
+    inputs = tmp_path / "in.txt"
+    inputs.write_text("\n".join(texts) + "\n")
+    model, tok = BertModel.from_pretrained(minilm_dir), Tokenizer.from_file(minilm_dir)
+    mean = bertforge.embed(model, tok, texts, pooling="mean", normalize=True)
+    cls = bertforge.embed(model, tok, texts, pooling="cls", normalize=True)
+    # the Python API defaults to what 1_Pooling/config.json and modules.json declare
+    np.testing.assert_allclose(bertforge.embed(model, tok, texts), mean, atol=1e-6)
+
+    out = tmp_path / "v.npy"
+    # fp32 like the API: `auto` is bf16 on a CPU with AVX512-BF16/AMX, ~1e-3 from fp32
+    base = ["embed", "--model", str(minilm_dir), "--input", str(inputs), "--output", str(out)]
+    base += ["--precision", "fp32"]
+    code, _, err = run_cli(base, capsys)
+    assert code == 0
+    np.testing.assert_allclose(np.load(out), mean, atol=1e-6)
+    assert "mean pooling (declared in 1_Pooling/config.json)" in err
+    assert "normalized (2_Normalize in modules.json)" in err
+
+    code, _, err = run_cli([*base, "--pooling", "cls"], capsys)
+    assert code == 0 and "cls pooling (--pooling)" in err
+    np.testing.assert_allclose(np.load(out), cls, atol=1e-6)
+    code, _, err = run_cli([*base, "--pooling", "cls", "--normalize", "false"], capsys)
+    assert code == 0 and "not normalized (--normalize false)" in err
+    assert not np.allclose(np.linalg.norm(np.load(out), axis=1), 1.0)
+
+    # a model that declares nothing keeps the documented default (cls, not normalized)
+    code, _, err = run_cli(
+        ["embed", "--model", str(mlm_dir), "--input", str(inputs), "--output", str(out)], capsys
+    )
+    assert code == 0 and "cls pooling (the default: the model declares none" in err
+
+
+def test_classify_api_and_cli_use_the_saved_max_length_and_demand_pairs(pair_run, tmp_path, capsys):
+    out = pair_run["out"]
+    model, tok = BertForSequenceClassification.from_pretrained(out), Tokenizer.from_file(out)
+    title, body = "the movie was a film with some actors", "and a plot about people " * 5
+    api = bertforge.classify(model, tok, [title], [body])[0]
+    assert api == bertforge.classify(model, tok, [title], [body], max_length=12)[0]
+    assert api != bertforge.classify(model, tok, [title], [body], max_length=64)[0]
+    table = tmp_path / "in.csv"
+    TaskFiles.write_rows(table, [{"title": title, "body": body}])
+    # fp32 like the API (`auto` is bf16 on a CPU with AVX512-BF16/AMX)
+    argv = ["classify", "--model", str(out), "--input", str(table), "--precision", "fp32"]
+    code, printed, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert json.loads(printed)["scores"] == pytest.approx(api["scores"], abs=1e-6)
+
+    # positional texts (no pair) on a pair model: say what it expects
+    with pytest.raises(BertforgeError, match="fine-tuned on text pairs"):
+        bertforge.classify(model, tok, [title])
+    code, _, err = run_cli(["classify", "--model", str(out), title], capsys)
+    assert code == 2 and "fine-tuned on text pairs ('title' + 'body')" in err
+    text = tmp_path / "in.txt"
+    text.write_text(title + "\n")
+    code, _, err = run_cli(["classify", "--model", str(out), "--input", str(text)], capsys)
+    assert code == 2 and "--text_pair_column" not in err
+    assert "a .csv, .tsv or .jsonl file with columns 'title' and 'body'" in err
+
+
+def test_fill_mask_fills_the_input_text_and_keeps_unknown_words(mlm_dir):
+    model, tok = BertForMaskedLM.from_pretrained(mlm_dir), Tokenizer.from_file(mlm_dir)
+    text = "The [MASK] was in 1990 ."
+    assert tok.unk_id in tok.backend.encode(text).ids  # 1990 is not in the tiny vocabulary
+    result = bertforge.fill_mask(model, tok, [text, "a [MASK] [MASK]  story"])
+    top = result[0]["masks"][0][0]["token"].removeprefix("##")
+    assert result[0]["filled"] == f"The {top} was in 1990 ."
+    first, second = (m[0]["token"].removeprefix("##") for m in result[1]["masks"])
+    assert result[1]["filled"] == f"a {first} {second}  story"

@@ -1,14 +1,14 @@
 """docs/reliability.md cannot go stale: its table is the one reliability_table.py renders from
 the counts the tests use, it lists every test of the reliability files, and every test it
 names exists.
-After changing a test or a count: ``python tests/reliability_table.py --write``."""
+After changing a test or a count: ``python tests/support/reliability_table.py --write``."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from reliability_table import BEGIN, DOC, END, ROWS, render
+from support.reliability_table import BEGIN, DOC, END, ROWS, render
 
 HERE = Path(__file__).resolve().parent
 FILES = ("test_faults.py", "test_integrity.py", "test_hostile_input.py")
@@ -29,7 +29,7 @@ def _tests(name: str) -> set[str]:
 def test_the_table_in_the_doc_is_the_generated_one():
     text = DOC.read_text(encoding="utf-8")
     table = text[text.index(BEGIN) : text.index(END) + len(END)]
-    assert table == render(), "run: python tests/reliability_table.py --write"
+    assert table == render(), "run: python tests/support/reliability_table.py --write"
 
 
 def test_the_table_lists_every_reliability_test_and_only_those():

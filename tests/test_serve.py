@@ -22,7 +22,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from conftest import TaskFiles  # noqa: E402
-from serve_helpers import ROOT, Client, request, serve, tiny_models  # noqa: E402
+from support.serve import ROOT, Client, request, serve, tiny_models  # noqa: E402
 
 import bertforge  # noqa: E402
 from bertforge.inference.explain import attention_maps, integrated_gradients  # noqa: E402

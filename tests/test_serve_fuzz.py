@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("fastapi")
 psutil = pytest.importorskip("psutil")
 
-from serve_helpers import ROOT, fuzz, request, serve, tiny_models  # noqa: E402
+from support.serve import ROOT, fuzz, request, serve, tiny_models  # noqa: E402
 
 # benchmarks/fuzz_serve.py sends 10,000 with RSS at every 2,000; the suite sends fewer
 REQUESTS = int(os.environ.get("BERTFORGE_FUZZ_REQUESTS", "2000"))

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("fastapi")
 sync_api = pytest.importorskip("playwright.sync_api")
 
-from serve_helpers import ROOT, pair_model, request, serve, tiny_models  # noqa: E402
+from support.serve import ROOT, pair_model, request, serve, tiny_models  # noqa: E402
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(os.environ.get("BERTFORGE_ARTIFACTS", ROOT / "tests" / "artifacts")) / "serve"

@@ -17,7 +17,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from conftest import TaskFiles  # noqa: E402
-from serve_helpers import Client, finetune, pair_model, request, serve, tiny_models  # noqa: E402
+from support.serve import Client, finetune, pair_model, request, serve, tiny_models  # noqa: E402
 
 import bertforge  # noqa: E402
 from bertforge.data.tasks import encode_examples  # noqa: E402

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-from typing import NoReturn
-
 
 class BertforgeError(ValueError):
     """A user-facing error. The CLI prints its message on one line and exits with status 2.
@@ -14,15 +11,4 @@ class BertforgeError(ValueError):
     """
 
 
-class ArgumentParser(argparse.ArgumentParser):
-    """``argparse.ArgumentParser`` whose usage errors (unknown option, missing or malformed value)
-    are :class:`BertforgeError`: one line naming the option, instead of the usage text."""
-
-    def error(self, message: str) -> NoReturn:
-        raise BertforgeError(f"{self.prog}: {message}; see {self.prog} --help")
-
-
-__all__ = [
-    "ArgumentParser",
-    "BertforgeError",
-]
+__all__ = ["BertforgeError"]

@@ -1,7 +1,7 @@
 """What the reliability tests (test_integrity, test_faults, test_hostile_input) share: tiny real
 artefacts (a tokenizer and model trained here, prepared shards, labelled rows), the argument
 lists of tiny ``pretrain`` / ``finetune`` / ``prepare`` runs, byte flipping, weight comparison,
-and the counters behind docs/reliability.md (see reliability_table.py)."""
+and the counters behind docs/reliability.md (see support/reliability_table.py)."""
 
 from __future__ import annotations
 

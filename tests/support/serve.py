@@ -19,16 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from conftest import FILLER, TaskFiles  # the task_files fixture's class (used outside a test)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_models(root: Path) -> dict[str, Path]:
     """A tiny masked LM (tokenizer trained on the task fixtures' words), a 2-label classifier
     and a regressor on its encoder, saved as model directories."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from conftest import TaskFiles  # the task_files fixture's class (this runs outside a test)
-
     from bertforge.modeling.model import BertForSequenceClassification
     from bertforge.tokenizer import Tokenizer
 
@@ -65,9 +63,6 @@ def finetune(start: Path, train: Path, out: Path, *options: str) -> Path:
 def pair_model(root: Path, start: Path) -> Path:
     """``root/nli``: a classifier fine-tuned (3 steps) from ``start`` on premise + hypothesis
     pairs labelled entailment or contradiction, as ``--text_pair_column`` writes one."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from conftest import FILLER, TaskFiles
-
     rng = random.Random(0)
     rows = [
         {

@@ -16,10 +16,14 @@ The reader lives in :mod:`bertforge.data.dataset` and is re-exported here:
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import glob
 import hashlib
 import itertools
 import json
 import math
+import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -148,6 +152,40 @@ def _tagged_documents(
         yield split, doc
 
 
+@contextlib.contextmanager
+def _held(directory: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``directory`` for the block: marks a temporary directory as being
+    written by a live ``prepare`` (the kernel drops the lock when the process dies)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def remove_killed_temporaries(output: Path) -> list[Path]:
+    """Delete the hidden ``.NAME.tmp-*`` directories that killed ``prepare`` runs into ``output``
+    left beside it (:func:`bertforge.io.atomic_directory`'s temporaries); one whose ``flock`` is
+    held belongs to a ``prepare`` still running and is kept. Returns the deleted paths."""
+    removed = []
+    for debris in sorted(output.parent.glob(f".{glob.escape(output.name)}.tmp-*")):
+        try:
+            fd = os.open(debris, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:  # gone meanwhile, or not a directory
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # another prepare is writing it
+        else:
+            shutil.rmtree(debris, ignore_errors=True)
+            removed.append(debris)
+        finally:
+            os.close(fd)
+    return removed
+
+
 def prepare(
     inputs: list[str],
     tokenizer: Any,
@@ -200,6 +238,8 @@ def prepare(
         raise BertforgeError(
             f"{output}: exists and is not a prepared data set; refusing to replace it"
         )
+    for debris in remove_killed_temporaries(output):
+        print(f"prepare: removed {debris}, left by a killed run", file=sys.stderr)
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
     read = {"format": format, "text_column": text_column, "encoding_errors": encoding_errors}
     stats: dict[str, Any] = {}
@@ -214,7 +254,10 @@ def prepare(
         pool = None
         if workers > 1:
             pool = stack.enter_context(ChunkPool(tokenizer.backend.to_str(), workers))
+        held = stack.enter_context(contextlib.ExitStack())  # released after the rename below
         tmp = stack.enter_context(atomic_directory(output, replace=overwrite))
+        # locked until renamed into place: a later run's clean-up of killed runs leaves it alone
+        held.enter_context(_held(tmp))
         writers = {split: ShardWriter(tmp, split, dtype, shard_tokens) for split in SPLITS}
         builders = {
             split: InstanceBuilder(
