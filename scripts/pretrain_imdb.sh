@@ -4,6 +4,9 @@
 #
 #   flock /tmp/bertforge-heavy.lock bash scripts/pretrain_imdb.sh [OUT] [--train.max_time 60m ...]
 #
+# (flock is optional: a wall-clock budget buys fewer steps when another heavy job shares the
+# cores, so on a shared machine heavy runs take one lock and run one at a time.)
+#
 # The text: the 50,000 unlabelled + 25,000 train reviews, minus every review whose text equals a
 # test review (so the model can later be fine-tuned and tested on IMDB without having read the
 # test set), 1% of the reviews held out for validation; WikiText-2 validation as out-of-domain

@@ -1,10 +1,10 @@
-"""Every Python snippet of README.md runs as written (a doctest for the README).
+"""Every Python snippet of README.md and of docs/*.md runs as written (a doctest for the docs).
 
 Each ```python block is executed on its own, in a fresh namespace, in a working directory that
 holds what the snippets name: ``corpus.txt`` and ``more.txt.gz`` (real text), ``runs/data-imdb``
 (prepared shards), ``runs/sentiment`` (a fine-tuned classifier) and ``runs/pretrain/model`` (a
 pretrained MLM), each a tiny real artefact made here so the snippets stay fast. A block preceded
-by ``<!-- readme-test: skip (why) -->`` is not run (the reason is shown in the README source);
+by ``<!-- readme-test: skip (why) -->`` is not run (the reason is shown in the page's source);
 its imports still are, so a moved module breaks this test.
 """
 
@@ -22,20 +22,30 @@ from bertforge import cli
 from bertforge.data.shards import prepare
 from bertforge.tokenizer.wordpiece import Tokenizer
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(
     r"(?:<!-- readme-test: skip \((?P<why>[^)]*)\) -->\n)?```python\n(?P<code>.*?)^```",
     re.S | re.M,
 )
 
 
-def snippets() -> list[tuple[int, str, str | None]]:
-    """``(line, code, skip reason or None)`` of every Python block of the README."""
-    text = README.read_text(encoding="utf-8")
-    return [
-        (text.count("\n", 0, m.start("code")) + 1, m.group("code"), m.group("why"))
-        for m in BLOCK.finditer(text)
-    ]
+def snippets(pages: list[Path] = PAGES) -> list[tuple[str, str, str | None]]:
+    """``(page:line, code, skip reason or None)`` of every Python block of ``pages``."""
+    found = []
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        where = page.relative_to(ROOT)
+        found += [
+            (
+                f"{where}:{text.count(chr(10), 0, m.start('code')) + 1}",
+                m.group("code"),
+                m.group("why"),
+            )
+            for m in BLOCK.finditer(text)
+        ]
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -68,18 +78,18 @@ def workdir(tmp_path_factory, shakespeare_file) -> Path:
     return root
 
 
-def test_the_readme_has_python_snippets_and_explains_every_skip():
+def test_the_readme_and_docs_have_python_snippets_and_explain_every_skip():
     found = snippets()
-    assert len(found) >= 5
+    assert len(snippets([README])) >= 2 and len(found) >= 6
     assert all(why is None or len(why.split()) >= 3 for _, _, why in found)
 
 
-@pytest.mark.parametrize("line, code, skip", snippets(), ids=lambda v: str(v)[:12])
-def test_readme_snippet_runs_as_written(line, code, skip, workdir, monkeypatch):
+@pytest.mark.parametrize("where, code, skip", snippets(), ids=lambda v: str(v)[:24])
+def test_snippet_runs_as_written(where, code, skip, workdir, monkeypatch):
     monkeypatch.chdir(workdir)
-    tree = ast.parse(code, filename=f"README.md:{line}")
+    tree = ast.parse(code, filename=where)
     if skip is not None:  # not run: its imports still must resolve
         imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
-        exec(compile(ast.Module(imports, []), f"README.md:{line}", "exec"), {})
+        exec(compile(ast.Module(imports, []), where, "exec"), {})
         return
-    exec(compile(tree, f"README.md:{line}", "exec"), {"__name__": "readme"})
+    exec(compile(tree, where, "exec"), {"__name__": "readme"})

@@ -329,7 +329,7 @@ def prepare(
             "seconds": round(seconds, 3),
             "workers": workers,
             # where the time went: tokenising (summed over workers) and, with workers, the main
-            # process's idle wait for them (what the --workers cost model in the README uses)
+            # process's idle wait for them (what the --workers cost model in docs/pretraining.md uses)
             "tokenize_seconds": round(stats["tokenize_seconds"], 3),
             "waited_seconds": round(pool.waited, 3) if pool is not None else 0.0,
             "tokens_per_second": round(stats["text_tokens"] / max(seconds, 1e-9)),

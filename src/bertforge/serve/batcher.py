@@ -5,7 +5,7 @@ loop, so the server keeps accepting, validating and refusing requests meanwhile.
 
 One worker (the default) gives a lone request every core torch has. Under many concurrent
 clients on a small CPU, a pass over a few short texts leaves threads waiting; ``--workers 2``
-with ``--num_threads 1`` runs two passes side by side instead (measured in the README).
+with ``--num_threads 1`` runs two passes side by side instead (measured in docs/serving.md).
 ``max_wait`` holds a batch open for requests on their way (Triton's queue delay).
 """
 
