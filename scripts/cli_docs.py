@@ -37,14 +37,21 @@ def _help(argv: list[str]) -> str:
 
 def render() -> str:
     """The whole page."""
-    os.environ["COLUMNS"] = WIDTH
     from bertforge.cli import COMMANDS, _usage
 
     parts = [HEADER, "```\n" + _usage() + "\n```\n"]
-    for name, (_, _, summary) in COMMANDS.items():
-        argv = ["tokenizer", "train"] if name == "tokenizer" else [name]
-        parts.append(f"## bertforge {' '.join(argv)}\n\n{summary[0].upper()}{summary[1:]}.\n")
-        parts.append("```\n" + _help(argv) + "\n```\n")
+    saved = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = WIDTH
+    try:
+        for name, (_, _, summary) in COMMANDS.items():
+            argv = ["tokenizer", "train"] if name == "tokenizer" else [name]
+            parts.append(f"## bertforge {' '.join(argv)}\n\n{summary[0].upper()}{summary[1:]}.\n")
+            parts.append("```\n" + _help(argv) + "\n```\n")
+    finally:  # leave the caller's environment (a test process) as it was
+        if saved is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = saved
     return "\n".join(parts)
 
 
