@@ -432,7 +432,7 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
         lambda fx, t: (
             ["classify", "--model", fx["clf"], "--input"] + [_write(t / "b.txt", bytes(range(256)))]
         ),
-        ("b.txt: cannot read it as UTF-8 text",),
+        ("b.txt:2: not UTF-8 text", "--encoding_errors replace"),
     ),
     (
         "classify-finetune-config-not-json",
