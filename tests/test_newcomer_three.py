@@ -286,7 +286,7 @@ def test_a_from_scratch_table_names_its_columns_and_a_rerun_says_finished(
 @pytest.fixture(scope="module")
 def classifier(start, tmp_path_factory) -> Path:
     """A (tiny, briefly) fine-tuned pair classifier whose start declares mean pooling as
-    all-MiniLM-L6-v2 does; its training file was saved with a UTF-8 BOM."""
+    all-MiniLM-L6-v2 does."""
     root = tmp_path_factory.mktemp("nc3-clf")
     shutil.copytree(start, root / "start")
     TaskFiles.declare_mean_pooling(root / "start", 32)
@@ -300,7 +300,6 @@ def classifier(start, tmp_path_factory) -> Path:
         for i in range(40)
     ]
     write_rows(root / "train.csv", rows)
-    (root / "train.csv").write_bytes(b"\xef\xbb\xbf" + (root / "train.csv").read_bytes())
     argv = ["finetune", "--model", str(root / "start"), "--train", str(root / "train.csv")]
     argv += ["--output", str(root / "model"), "--text_pair_column", "second", *FAST]
     with contextlib.redirect_stderr(io.StringIO()):

@@ -101,7 +101,7 @@ def training_text(cfg: TokenizerTrainConfig) -> Iterator[str]:
     paths = [Path(f) for f in cfg.input]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
-        raise BertforgeError(f"--input {', '.join(missing)}: no such file")
+        raise BertforgeError(f"input file(s) not found: {', '.join(missing)}; check --input")
     for path in paths:
         if detect_format(path) in ("csv", "tsv", "jsonl"):
             for document in read_documents(
