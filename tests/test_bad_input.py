@@ -332,7 +332,7 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
     (
         "pretrain-unknown-option",
         lambda fx, t: _pt(fx["data"], t, "--train.lrr", "1"),
-        ("unrecognized arguments: --train.lrr 1",),
+        ("unknown option --train.lrr; did you mean --train.lr?",),
     ),
     (
         "pretrain-output-is-a-file",
