@@ -317,6 +317,12 @@ def test_classify_takes_a_text_pair_on_the_command_line(classifier, tmp_path, ca
     err = _error([*argv, "one", "two", "--text_pair", "only one"], capsys)
     assert "2 text(s) but 1 --text_pair value(s)" in err
     assert "--text_pair SECOND" in _error([*argv, "no pair"], capsys)
+    single = tmp_path / "single"
+    shutil.copytree(classifier, single)
+    settings = json.loads((single / "finetune_config.json").read_text())
+    (single / "finetune_config.json").write_text(json.dumps(settings | {"text_pair_column": None}))
+    argv = ["classify", "--model", str(single), "a", "--text_pair", "b"]
+    assert "fine-tuned on single texts, not pairs; drop --text_pair" in _error(argv, capsys)
 
 
 def test_a_fine_tuned_model_keeps_its_starts_pooling_for_embed(classifier, tmp_path, capsys):

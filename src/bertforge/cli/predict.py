@@ -187,6 +187,10 @@ def classify_main(argv: list[str]) -> int:
         cfg.text_pair_column = defaults.get("text_pair_column")
     texts, pairs = _inputs(cfg)
     if cfg.text_pair:
+        if defaults and not defaults.get("text_pair_column"):
+            raise BertforgeError(
+                f"{cfg.model} was fine-tuned on single texts, not pairs; drop --text_pair"
+            )
         pairs = list(cfg.text_pair)
     if cfg.backend == "onnx":
         model, tokenizer, options = load_onnx_model(cfg, output="logits")
