@@ -26,6 +26,7 @@ from bertforge.data.tables import read_texts
 from bertforge.data.tasks import load_labelled
 from bertforge.errors import BertforgeError
 from bertforge.progress import ProgressBar
+from bertforge.recipes.report import downstream_table as recipe_downstream_table
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.config import FinetuneConfig
 from bertforge.training.downstream import downstream_table
@@ -343,3 +344,12 @@ def test_evaluate_of_an_mlm_prints_the_word_count_guesser(start, tmp_path, capsy
     assert "word counts: a guesser without context" in out
     guess = json.loads((tmp_path / "r.json").read_text())["frequency_guesser"]
     assert 0 < guess["loss"] < math.log(len(FILLER)) + 0.5 and guess["tokens"] > 0
+
+
+def test_a_recipe_report_marks_a_seed_that_did_not_beat_the_baseline():
+    seeds = {"0": {"accuracy": 0.2612, "beats_baseline": False}, "1": {"accuracy": 0.56}}
+    table = recipe_downstream_table(
+        {"agnews": {"random_init": {"seeds": seeds, "mean": {"accuracy": 0.4106}}}}
+    )
+    assert "| 0.2612*, 0.5600 |" in table
+    assert "* did not beat the majority baseline" in table and "--lr" in table
