@@ -150,7 +150,7 @@ _SYNONYMS = {
 def unknown_option(flag: str, kinds: dict[str, str]) -> str:
     """The message for ``flag``, which the command does not have (``kinds``: its options),
     naming the option most likely meant."""
-    name = flag[2:]
+    name = flag[2:].replace("-", "_")
     leaf = name.rsplit(".", 1)[-1]
     nested = [k for k in kinds if k.endswith("." + leaf)]
     if "." in name and f"--{leaf}" in kinds:  # another command's nesting of a flat option
