@@ -334,7 +334,7 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
     (
         "pretrain-unknown-option",
         lambda fx, t: _pt(fx["data"], t, "--train.lrr", "1"),
-        ("unrecognized arguments: --train.lrr 1",),
+        ("unknown option --train.lrr; did you mean --train.lr?",),
     ),
     (
         "pretrain-output-is-a-file",
@@ -434,7 +434,7 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
         lambda fx, t: (
             ["classify", "--model", fx["clf"], "--input"] + [_write(t / "b.txt", bytes(range(256)))]
         ),
-        ("b.txt: cannot read it as UTF-8 text",),
+        ("b.txt:2: not UTF-8 text", "--encoding_errors replace"),
     ),
     (
         "classify-finetune-config-not-json",

@@ -142,11 +142,12 @@ def test_missing_input_names_the_path(tmp_path: Path) -> None:
         expand_inputs([str(tmp_path / "*.none")])
 
 
-def test_invalid_utf8_reports_file_and_byte_offset(tmp_path: Path) -> None:
+def test_invalid_utf8_reports_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.txt"
     path.write_bytes(b"Good line.\nBad \xff byte.\n")
     with pytest.raises(
-        BertforgeError, match=r"bad.txt: bytes at offset 15 .*--encoding_errors replace"
+        BertforgeError,
+        match=r"bad.txt:2: not UTF-8 text .*at character 5.*--encoding_errors replace",
     ):
         list(read_documents(path))
     assert list(read_documents(path, encoding_errors="replace")) == [

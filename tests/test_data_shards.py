@@ -108,7 +108,7 @@ def test_interrupted_prepare_leaves_nothing(
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"Fine text here.\n\nThen \xc3\x28 broken.\n")
     out = tmp_path / "data"
-    with pytest.raises(BertforgeError, match=r"bad.txt: bytes at offset 22"):
+    with pytest.raises(BertforgeError, match=r"bad.txt:3: not UTF-8 text"):
         prepare([str(corpus), str(bad)], tokenizer, out, progress=False)
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt"]  # no temporary left
@@ -204,7 +204,7 @@ def test_cli_bad_inputs_give_one_line_errors(tok_dir: Path, tmp_path: Path, caps
         b"It was fine. Really \xff good.\nAnd more here. Yes indeed.\n\nOther doc. With two.\n"
     )
     rc, err = _cli(capsys, "--input", str(bad), *base)
-    assert rc == 2 and "bad.txt: bytes at offset 20" in err
+    assert rc == 2 and "bad.txt:1: not UTF-8 text" in err
     rc, _ = _cli(
         capsys,
         "--input",

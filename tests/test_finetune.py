@@ -437,7 +437,7 @@ def test_bad_inputs_get_clear_messages(task_files, work, trained, tmp_path, caps
         unknown, [{"text": "a good one", "label": "pos"}, {"text": "so so", "label": "meh"}]
     )
     err = _error(["evaluate", "--model", str(trained), "--data", str(unknown)], capsys)
-    assert "row 2 has label 'meh'" in err and "'neg', 'pos'" in err
+    assert f"{unknown}:3 has label 'meh'" in err and "'neg', 'pos'" in err
     assert "unknown file type" in _error([*base, "--train", str(tmp_path / "data.xlsx")], capsys)
     assert "max_position_embeddings" in _error(
         [*base, "--train", str(work["train"]), "--max_length", "100"], capsys

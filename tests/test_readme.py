@@ -6,13 +6,21 @@ holds what the snippets name: ``corpus.txt`` and ``more.txt.gz`` (real text), ``
 pretrained MLM), each a tiny real artefact made here so the snippets stay fast. A block preceded
 by ``<!-- readme-test: skip (why) -->`` is not run (the reason is shown in the page's source);
 its imports still are, so a moved module breaks this test.
+
+The shell block after ``<!-- readme-test: commands (...) -->`` (the "your own data" path) runs
+too: each ``bertforge`` command as written, on a tiny labelled CSV, with :data:`TINY` settings
+appended (a later option wins), so the path a newcomer copies is the path that is tested.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import gzip
+import io
+import random
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -93,3 +101,62 @@ def test_snippet_runs_as_written(where, code, skip, workdir, monkeypatch):
         exec(compile(ast.Module(imports, []), where, "exec"), {})
         return
     exec(compile(tree, where, "exec"), {"__name__": "readme"})
+
+
+COMMANDS = re.compile(
+    r"<!-- readme-test: commands \([^)]*\) -->\n```bash\n(?P<code>.*?)^```", re.S | re.M
+)
+
+TINY = {
+    "tokenizer": ["--vocab_size", "300"],
+    "prepare": ["--max_seq_length", "32", "--progress", "false"],
+    "pretrain": [
+        *("--train.max_time", "0", "--train.max_steps", "3", "--train.batch_size", "8"),
+        *("--train.eval_examples", "16", "--train.eval_every", "0", "--train.save_every", "0"),
+        *("--train.num_threads", "1", "--train.progress", "false", "--train.precision", "fp32"),
+    ],
+    "downstream": [
+        *("--max_steps", "2", "--max_length", "32", "--batch_size", "8", "--num_threads", "1"),
+        *("--progress", "false", "--precision", "fp32"),
+    ],
+    "classify": ["--progress", "false"],
+}
+"""What each command of the README's own-data path gets appended in the test: seconds, not
+minutes (the README's settings are the real ones)."""
+
+
+def readme_commands() -> list[list[str]]:
+    """The ``bertforge`` commands of the README's own-data block, continuation lines joined."""
+    match = COMMANDS.search(README.read_text(encoding="utf-8"))
+    assert match, "README.md lost its own-data block (<!-- readme-test: commands (...) -->)"
+    lines = match.group("code").replace("\\\n", " ").splitlines()
+    return [shlex.split(line, comments=True)[1:] for line in lines if line.strip()]
+
+
+def test_the_own_data_path_runs_as_written(tmp_path, monkeypatch):
+    commands = readme_commands()
+    assert [c[0] for c in commands] == [
+        "tokenizer",
+        "prepare",
+        "pretrain",
+        "downstream",
+        "classify",
+    ]
+    rng = random.Random(0)
+    for name, n in (("my.csv", 120), ("my-test.csv", 40)):  # rows of two sentences, for NSP
+        rows = []
+        for _ in range(n):
+            label = rng.choice(["pos", "neg"])
+            word = "good" if label == "pos" else "bad"
+            first, second = TaskFiles.sentence(rng, word), TaskFiles.sentence(rng, "day")
+            text = f"{first[:-2].capitalize()}. {second[:-2].capitalize()}."
+            rows.append({"text": text, "label": label})
+        TaskFiles.write_rows(tmp_path / name, rows)
+    (tmp_path / "configs").symlink_to(README.parent / "configs")
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    for argv in commands:
+        with contextlib.redirect_stdout(out):
+            assert cli.main([*argv, *TINY[argv[0]]]) == 0, argv
+    assert (tmp_path / "runs/my/downstream/downstream.json").is_file()
+    assert '"label":' in out.getvalue().splitlines()[-1]  # classify's answer

@@ -43,7 +43,9 @@ def test_parse_duration():
     assert parse_duration("2.5h") == 9000
     assert parse_duration("120") == 120
     assert parse_duration(None) is None
-    for bad in ("15 minutes", "m15", "-5m", "0s"):
+    for unset in ("0", "0s", 0, "none", "None", "null", "off", ""):  # issue 43: no budget
+        assert parse_duration(unset) is None, unset
+    for bad in ("15 minutes", "m15", "-5m", "-1"):
         with pytest.raises(BertforgeError, match="duration"):
             parse_duration(bad)
 

@@ -1,5 +1,5 @@
 """Files written whole or not at all, integrity manifests, the one-writer lock of an output
-directory, and JSON files read with errors that say what to do.
+directory, and text and JSON files read with errors that say what to do.
 
 Every file bertforge writes goes through these helpers: a crash or a full disk leaves the
 previous file (or nothing), never a half-written one, and new files get the umask's ordinary
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import gzip
 import hashlib
 import json
 import os
@@ -356,6 +357,46 @@ def verify_manifest(
     return problems is not None
 
 
+ENCODING_ERRORS = ("strict", "replace")
+"""What a reader does with bytes that are not UTF-8: stop (naming file and line) or read U+FFFD."""
+
+
+def text_lines(path: str | Path, encoding_errors: str = "strict") -> Iterator[str]:
+    """The lines of a UTF-8 text file (``.gz`` read transparently), each with its newline; a
+    byte-order mark opening the file (Excel's "CSV UTF-8" writes one) is dropped. Bytes that
+    are not UTF-8 are the one error of every reader: the file, the line, the bytes and the fix
+    (``encoding_errors="replace"`` reads them as U+FFFD instead)."""
+    path = Path(path)
+    if encoding_errors not in ENCODING_ERRORS:
+        raise BertforgeError(f"--encoding_errors {encoding_errors!r}: choose strict or replace")
+    packed = path.name.lower().endswith(".gz")
+    try:
+        with gzip.open(path, "rb") if packed else open(path, "rb") as fh:  # noqa: SIM115
+            for number, raw in enumerate(fh, start=1):
+                try:
+                    text = raw.decode("utf-8", errors=encoding_errors)
+                except UnicodeDecodeError as err:
+                    raise BertforgeError(not_utf8(path, number, raw, err, packed)) from None
+                yield text.removeprefix("\ufeff") if number == 1 else text
+    except FileNotFoundError:
+        raise BertforgeError(f"{path}: no such file") from None
+    except (OSError, EOFError) as err:  # a truncated or corrupt gzip
+        raise BertforgeError(f"{path}: cannot read the file ({err}); check it") from None
+
+
+def not_utf8(
+    path: Path, line: int, raw: bytes, err: UnicodeDecodeError, packed: bool = False
+) -> str:
+    """The message of :func:`text_lines` for bytes of line ``line`` that are not UTF-8."""
+    where = " after decompression" if packed else ""
+    return (
+        f"{path}:{line}: not UTF-8 text ({raw[err.start : err.start + 4]!r} at character "
+        f"{len(raw[: err.start].decode('utf-8', 'replace')) + 1}{where}); convert the file "
+        "(e.g. iconv -f latin1 -t utf-8 IN > OUT) or pass --encoding_errors replace to read "
+        "such bytes as U+FFFD"
+    )
+
+
 def read_json_object(path: Path, fix: str) -> dict[str, Any]:
     """Read a file holding one JSON object; a damaged one raises one line naming it and ``fix``."""
     try:
@@ -436,6 +477,9 @@ def format_size(n_bytes: int) -> str:
 
 
 __all__ = [
+    "ENCODING_ERRORS",
+    "not_utf8",
+    "text_lines",
     "MANIFEST_NAME",
     "PAUSE_ENV",
     "disk_size",

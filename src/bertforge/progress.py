@@ -23,8 +23,9 @@ _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_duration(text: str | float | int | None) -> float | None:
-    """``"15m"``, ``"1h30m"``, ``"90s"``, ``"2.5h"`` or a number of seconds -> seconds."""
-    if text is None or text == "":
+    """``"15m"``, ``"1h30m"``, ``"90s"``, ``"2.5h"`` or a number of seconds -> seconds; None
+    for no budget: None, ``""``, 0 (in any unit), ``"none"``, ``"null"`` or ``"off"``."""
+    if text is None or str(text).strip().lower() in ("", "none", "null", "off"):
         return None
     if isinstance(text, int | float):
         seconds = float(text)
@@ -36,8 +37,10 @@ def parse_duration(text: str | float | int | None) -> float | None:
                 f"duration {text!r} is not understood; write e.g. 15m, 1h30m, 90s or 2.5h"
             )
         seconds = sum(float(n) * _UNITS[u or "s"] for n, u in parts)
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise BertforgeError(f"duration {text!r} must be positive")
+    if seconds == 0:
+        return None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise BertforgeError(f"duration {text!r} must be positive (0 or none: no time limit)")
     return seconds
 
 
@@ -176,11 +179,21 @@ class ProgressBar:
         )
 
     def update(
-        self, *, step: int, elapsed: float, loss: float, lr: float, tokens_per_s: float
+        self,
+        *,
+        step: int,
+        elapsed: float,
+        loss: float,
+        lr: float,
+        tokens_per_s: float,
+        mlm_loss: float | None = None,
     ) -> None:
-        """Move to ``step`` (or to ``elapsed`` seconds when the bar counts time)."""
+        """Move to ``step`` (or to ``elapsed`` seconds when the bar counts time). ``mlm_loss``,
+        when the loss sums more terms (NSP, bag of words), is shown beside it: the validation
+        loss a run prints is the MLM loss alone."""
         done = elapsed if self.by_time else step
-        status = f"step {step} loss {loss:.4f} lr {lr:.2e} {tokens_per_s:,.0f} tok/s"
+        mlm = f" (MLM {mlm_loss:.4f})" if mlm_loss is not None and mlm_loss != loss else ""
+        status = f"step {step} loss {loss:.4f}{mlm} lr {lr:.2e} {tokens_per_s:,.0f} tok/s"
         if self.plain:
             now = time.monotonic()
             if now - self._last_print >= self.log_interval or done >= self.total:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from bertforge.data.corpus import EncodingErrors
 from bertforge.data.tasks import Truncation
 from bertforge.errors import BertforgeError
 from bertforge.inference.loading import finetune_defaults, load_model, load_onnx_model
@@ -76,6 +77,9 @@ class TextInputs:
     """Texts given as arguments."""
     input: str | None = None
     """File of texts: one per line, or a CSV/TSV/JSONL table (with --text_column)."""
+    encoding_errors: EncodingErrors = "strict"
+    """strict: stop at bytes of --input that are not UTF-8 (naming the line); replace: read them
+    as U+FFFD."""
 
     def __post_init__(self) -> None:
         if bool(self.texts) == bool(self.input):

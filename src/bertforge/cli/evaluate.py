@@ -18,6 +18,7 @@ from bertforge.errors import BertforgeError
 from bertforge.evaluation.mlm import (
     comparison_table,
     evaluate_mlm,
+    frequency_guesser,
     mlm_text_batches,
     random_init_like,
 )
@@ -77,6 +78,7 @@ def _evaluate_task_model(args: EvaluateConfig, config: Any) -> dict[str, Any]:
         text_pair_column=args.text_pair_column or ft.get("text_pair_column"),
         task=task,
         label2id=None if config.is_regression else config.label2id,
+        encoding_errors=args.encoding_errors,
     )
     encoded = encode_examples(
         tokenizer,
@@ -186,17 +188,21 @@ def _evaluate_mlm_model(args: EvaluateConfig, config: Any) -> dict[str, Any]:
         progress=show,
         desc="random init",
     )
+    guesser = frequency_guesser(batches)
     print(
         comparison_table(
-            {"random init": baseline, "this model": trained},
+            {"random init": baseline, "word counts": guesser, "this model": trained},
             title=f"{args.data[0]} ({trained['sequences']:,} sequences of <= {max_len} tokens)",
         )
+        + "\nword counts: a guesser without context that predicts each masked token from how "
+        "often it occurs in this text; a model that learned language beats it"
     )
     return {
         "model": args.model,
         "data": args.data[0],
         "trained": trained,
         "random_init": baseline,
+        "frequency_guesser": guesser,
         "seconds": round(time.perf_counter() - start, 1),
     }
 

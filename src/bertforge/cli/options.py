@@ -12,6 +12,10 @@ Before parsing, the command line is brought to that spelling:
   ``nargs="+"`` did, and a repeated ``--input c.txt`` adds to it; ``--input '[a.txt, b.txt]'``
   and ``--input+ a.txt`` work as well;
 - a bare boolean flag (``--overwrite``) means ``--overwrite true``;
+- an option the command does not have is refused before parsing, with the one it most likely
+  means (:func:`unknown_option`): a misspelling, another tool's name for it (``--learning_rate``
+  -> ``--lr``), an abbreviation (never taken: ``--max_seq_len`` is not ``--max_seq_length``),
+  or another command's nesting (``finetune --train.max_time`` -> ``--max_time``);
 - the spellings of the argparse commands before 0.2 (``--warmup-ratio``, ``--no-progress``) are
   rewritten to ``--warmup_ratio`` and ``--progress false`` with one deprecation note on stderr;
   they stop working in the next release.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import re
 import sys
@@ -120,6 +125,76 @@ def normalize_argv(argv: Sequence[str], kinds: dict[str, str], prog: str) -> lis
     return out
 
 
+# other tools' names (transformers' Trainer and run_glue, PyTorch habits) for bertforge's options
+_SYNONYMS = {
+    "learning_rate": "lr",
+    "num_train_epochs": "epochs",
+    "num_epochs": "epochs",
+    "per_device_train_batch_size": "batch_size",
+    "train_batch_size": "batch_size",
+    "per_device_eval_batch_size": "eval_batch_size",
+    "output_dir": "output",
+    "out": "output",
+    "model_name_or_path": "model",
+    "train_file": "train",
+    "validation_file": "validation",
+    "test_file": "test",
+    "max_seq_length": "max_length",
+    "max_len": "max_length",
+    "seq_len": "max_seq_length",
+    "warmup": "warmup_ratio",
+    "threads": "num_threads",
+}
+
+
+def unknown_option(flag: str, kinds: dict[str, str]) -> str:
+    """The message for ``flag``, which the command does not have (``kinds``: its options),
+    naming the option most likely meant."""
+    name = flag[2:].replace("-", "_")
+    leaf = name.rsplit(".", 1)[-1]
+    nested = [k for k in kinds if k.endswith("." + leaf)]
+    if "." in name and f"--{leaf}" in kinds:  # another command's nesting of a flat option
+        section = name.rsplit(".", 1)[0]
+        return (
+            f"no --{section} group of options here ({flag} is how another command nests "
+            f"it); use --{leaf}"
+        )
+    target = _SYNONYMS.get(leaf)
+    synonyms = [f"--{target}"] + [k for k in kinds if target and k.endswith("." + target)]
+    longer = [k for k in kinds if k.startswith(flag) and k != flag]
+    if nested and "." not in name:  # a flat spelling of a nested option
+        guess = nested
+    elif target and (found := [k for k in synonyms if k in kinds]):
+        guess = found
+    elif longer:
+        return (
+            f"unknown option {flag} (options are never abbreviated); did you mean "
+            f"{' or '.join(sorted(longer)[:3])}?"
+        )
+    else:
+        guess = difflib.get_close_matches(flag, list(kinds), n=3, cutoff=0.75)
+    hint = f"; did you mean {' or '.join(guess[:3])}?" if guess else ""
+    return f"unknown option {flag}{hint}"
+
+
+def check_options(argv: Sequence[str], kinds: dict[str, str], prog: str) -> None:
+    """Refuse the first ``--option`` of (normalised) ``argv`` that ``prog`` does not have, with
+    :func:`unknown_option`'s message; values are skipped, so a text may start with ``--``."""
+    sections = {"--" + k[2:].split(".", 1)[0] for k in kinds if "." in k}
+    i = 0
+    while i < len(argv):
+        token = str(argv[i])
+        i += 1
+        flag, eq, _ = token.partition("=")
+        flag = flag.removesuffix("+")
+        if not flag.startswith("--") or flag in ("--print_config", "--help"):
+            continue
+        if flag in kinds or flag in sections or flag == "--config":
+            i += 0 if eq else 1  # its value (bool flags were given one by normalize_argv)
+            continue
+        raise BertforgeError(f"{prog}: {unknown_option(flag, kinds)} (all options: {prog} --help)")
+
+
 def build_parser(
     cls: type,
     prog: str,
@@ -128,7 +203,10 @@ def build_parser(
 ) -> ArgumentParser:
     """The jsonargparse parser of dataclass ``cls``: ``--config``, ``--print_config`` and one
     option per field; ``positional = (field, help)`` takes that list field from the bare words."""
-    parser = ArgumentParser(prog=prog, description=description, exit_on_error=False)
+    # never take an abbreviation: --max_seq_len must not silently mean --max_seq_length
+    parser = ArgumentParser(
+        prog=prog, description=description, exit_on_error=False, allow_abbrev=False
+    )
     parser.add_argument(
         "--config",
         action=ActionConfigFile,
@@ -209,7 +287,9 @@ def parse_config(
     ``--help`` and ``--print_config`` print and exit (``SystemExit(0)``); a usage error raises
     :class:`BertforgeError` with one line naming the option.
     """
-    argv = normalize_argv(argv, option_kinds(cls), prog)
+    kinds = option_kinds(cls)
+    argv = normalize_argv(argv, kinds, prog)
+    check_options(argv, kinds, prog)
     parser = build_parser(cls, prog, description, positional)
     try:
         parsed = parser.parse_args(argv)
@@ -227,4 +307,11 @@ def parse_config(
         raise BertforgeError(f"{prog}: {err}; see {prog} --help") from None
 
 
-__all__ = ["build_parser", "normalize_argv", "option_kinds", "parse_config"]
+__all__ = [
+    "build_parser",
+    "check_options",
+    "normalize_argv",
+    "option_kinds",
+    "parse_config",
+    "unknown_option",
+]

@@ -23,6 +23,7 @@ from bertforge.cli.common import (
     load_onnx_model,
 )
 from bertforge.cli.options import parse_config
+from bertforge.data.corpus import EncodingErrors
 from bertforge.data.tables import read_texts
 from bertforge.errors import BertforgeError
 from bertforge.inference.predict import (
@@ -73,11 +74,24 @@ class ClassifyConfig(ModelOptions, TaskOptions, TextInputs, BackendOption):
 
     output: str | None = None
     """Write the JSON lines here instead of standard output."""
+    text_pair: list[str] | None = None
+    """The second text of each text argument, for a model fine-tuned on pairs, in order:
+    classify --model M "first text" --text_pair "second text" (with --input: --text_pair_column)."""
 
     def __post_init__(self) -> None:
         ModelOptions.__post_init__(self)
         TextInputs.__post_init__(self)
         BackendOption.__post_init__(self)
+        if self.text_pair and self.input:
+            raise BertforgeError(
+                "--text_pair goes with texts given as arguments; with --input FILE name the "
+                "second text's column with --text_pair_column"
+            )
+        if self.text_pair and len(self.text_pair) != len(self.texts):
+            raise BertforgeError(
+                f"{len(self.texts)} text(s) but {len(self.text_pair)} --text_pair value(s); give "
+                "one second text per text, in order"
+            )
 
 
 @dataclass(kw_only=True)
@@ -90,6 +104,9 @@ class EmbedConfig(ModelOptions, BackendOption):
     """The .npy file to write: an (N, hidden) float32 matrix."""
     text_column: str | None = None
     """Column of a table input (default text)."""
+    encoding_errors: EncodingErrors = "strict"
+    """strict: stop at bytes of --input that are not UTF-8 (naming the line); replace: read them
+    as U+FFFD."""
     pooling: PoolingMode | None = None
     """cls (the [CLS] vector), mean (the mean over the real tokens), max or mean_sqrt_len;
     unset: what the model declares in 1_Pooling/config.json (sentence-transformers), else cls."""
@@ -117,7 +134,8 @@ def _write_lines(records: list[dict[str, Any]], output: str | None) -> None:
 
 def _inputs(cfg: FillMaskConfig | ClassifyConfig) -> tuple[list[str], list[str] | None]:
     if cfg.input:
-        return read_texts(cfg.input, cfg.text_column, getattr(cfg, "text_pair_column", None))
+        pair_column = getattr(cfg, "text_pair_column", None)
+        return read_texts(cfg.input, cfg.text_column, pair_column, cfg.encoding_errors)
     return list(cfg.texts), None
 
 
@@ -168,6 +186,12 @@ def classify_main(argv: list[str]) -> int:
     if cfg.input and cfg.text_pair_column is None:
         cfg.text_pair_column = defaults.get("text_pair_column")
     texts, pairs = _inputs(cfg)
+    if cfg.text_pair:
+        if defaults and not defaults.get("text_pair_column"):
+            raise BertforgeError(
+                f"{cfg.model} was fine-tuned on single texts, not pairs; drop --text_pair"
+            )
+        pairs = list(cfg.text_pair)
     if cfg.backend == "onnx":
         model, tokenizer, options = load_onnx_model(cfg, output="logits")
     else:
@@ -196,7 +220,7 @@ def embed_main(argv: list[str]) -> int:
         prog="bertforge embed",
         description="Embed texts into an (N, hidden) float32 .npy matrix.",
     )
-    texts, _ = read_texts(cfg.input, cfg.text_column)
+    texts, _ = read_texts(cfg.input, cfg.text_column, encoding_errors=cfg.encoding_errors)
     if cfg.backend == "onnx":
         model, tokenizer, options = load_onnx_model(cfg, output="last_hidden_state")
     else:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from bertforge.cli.options import parse_config
+from bertforge.data.corpus import EncodingErrors, detect_format, read_documents
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_directory, describe_directory, directory_entries, make_directory
-from bertforge.tokenizer.files import CONFIG_FILE, TOKENIZER_FILE, VOCAB_FILE
+from bertforge.tokenizer.files import CONFIG_FILE, TOKENIZER_FILE, VOCAB_FILE, iter_text_lines
 from bertforge.tokenizer.wordpiece import Tokenizer
 
 TOKENIZER_FILES = (VOCAB_FILE, TOKENIZER_FILE, CONFIG_FILE)
@@ -21,11 +23,17 @@ class TokenizerTrainConfig:
     """Options of ``bertforge tokenizer train`` (:meth:`Tokenizer.train` checks the values)."""
 
     input: list[str]
-    """UTF-8 text files (.gz is read transparently)."""
+    """UTF-8 text files, or csv/tsv/jsonl tables with --text_column (.gz is read transparently)."""
     vocab_size: int
     """Vocabulary size including the 5 special tokens (BERT: 30522)."""
     output: str
     """Directory for vocab.txt, tokenizer.json, tokenizer_config.json."""
+    text_column: str | None = None
+    """Column or key of csv/tsv/jsonl inputs (as bertforge prepare reads them): only its text
+    is trained on, never the header, the other columns or the quotes."""
+    encoding_errors: EncodingErrors = "strict"
+    """strict: stop at bytes that are not UTF-8 (naming file and line); replace: read them as
+    U+FFFD."""
     min_frequency: int = 2
     """Minimum count of a merged WordPiece."""
     lowercase: bool = True
@@ -60,9 +68,10 @@ def main(argv: list[str]) -> int:
     output = Path(cfg.output)
     check_output(output, cfg.overwrite)  # before training, which may take minutes
     start = time.perf_counter()
-    tok = Tokenizer.train(
-        cfg.input,
+    tok = Tokenizer.train_from_iterator(
+        training_text(cfg),
         cfg.vocab_size,
+        source=", ".join(cfg.input),
         min_frequency=cfg.min_frequency,
         lowercase=cfg.lowercase,
         strip_accents=cfg.strip_accents,
@@ -83,6 +92,24 @@ def main(argv: list[str]) -> int:
         f"(fingerprint {tok.fingerprint})"
     )
     return 0
+
+
+def training_text(cfg: TokenizerTrainConfig) -> Iterator[str]:
+    """The text to train on: the lines of text files, as :meth:`Tokenizer.train` reads them, or
+    the sentences of a table's ``--text_column`` (what ``bertforge prepare`` reads from it); a
+    table without ``--text_column`` is refused with its columns."""
+    paths = [Path(f) for f in cfg.input]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise BertforgeError(f"input file(s) not found: {', '.join(missing)}; check --input")
+    for path in paths:
+        if detect_format(path) in ("csv", "tsv", "jsonl"):
+            for document in read_documents(
+                path, text_column=cfg.text_column, encoding_errors=cfg.encoding_errors
+            ):
+                yield from document
+        else:
+            yield from iter_text_lines([path], cfg.encoding_errors)
 
 
 def check_output(output: Path, overwrite: bool) -> None:

@@ -32,6 +32,7 @@ from typing import Literal, get_args
 
 from bertforge.data.tables import BR_TAG, jsonl_rows
 from bertforge.errors import BertforgeError
+from bertforge.io import text_lines
 
 Format = Literal["auto", "text", "lines", "wikitext", "csv", "tsv", "jsonl"]
 """How an input file is read (``auto``: from its name; see the module docstring)."""
@@ -143,23 +144,9 @@ def _open_binary(path: Path):
 
 
 def iter_lines(path: Path, encoding_errors: str = "strict") -> Iterator[str]:
-    """Decoded lines of a (possibly gzip) file, newline kept; bad UTF-8 names the byte offset."""
-    offset = 0
-    with _open_binary(path) as fh:
-        try:
-            for raw in fh:
-                try:
-                    yield raw.decode("utf-8", errors=encoding_errors)
-                except UnicodeDecodeError as err:
-                    where = " (after decompression)" if path.suffix == ".gz" else ""
-                    raise BertforgeError(
-                        f"{path}: bytes at offset {offset + err.start}{where} are not UTF-8 "
-                        f"({raw[err.start : err.start + 4]!r}); fix the file or pass "
-                        "--encoding_errors replace"
-                    ) from None
-                offset += len(raw)
-        except (OSError, EOFError) as err:  # truncated or corrupt gzip
-            raise BertforgeError(f"{path}: cannot read the file ({err}); check it") from None
+    """Decoded lines of a (possibly gzip) file, newline kept (:func:`bertforge.io.text_lines`:
+    a BOM dropped, bytes that are not UTF-8 named by file and line)."""
+    return text_lines(path, encoding_errors)
 
 
 def detect_format(path: Path) -> str:

@@ -5,9 +5,8 @@ data sets from these; ``corpus`` streams JSON lines through :func:`jsonl_rows` t
 
 from __future__ import annotations
 
+import contextlib
 import csv
-import gzip
-import io
 import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
+from bertforge.io import text_lines
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".ndjson")
 BR_TAG = re.compile(r"<br\s*/?>", re.IGNORECASE)
@@ -30,14 +30,6 @@ def table_format(path: str | Path) -> str:
     raise BertforgeError(
         f"{path}: unknown file type; use .csv, .tsv or .jsonl (each optionally .gz)"
     )
-
-
-def _open_text(path: Path) -> io.TextIOBase:
-    if not path.is_file():
-        raise BertforgeError(f"{path}: no such file")
-    if path.name.lower().endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", newline="")  # type: ignore[return-value]
-    return open(path, encoding="utf-8", newline="")  # noqa: SIM115
 
 
 def jsonl_rows(lines: Iterable[str], path: str | Path) -> Iterator[tuple[int, Any]]:
@@ -91,26 +83,28 @@ def _csv_rows(
     return header, rows, lines
 
 
-def read_table_lines(path: str | Path) -> tuple[list[str], list[dict[str, Any]], list[int]]:
+def read_table_lines(
+    path: str | Path, encoding_errors: str = "strict"
+) -> tuple[list[str], list[dict[str, Any]], list[int]]:
     """Column names, rows (dicts) and the line each row starts on, of one CSV/TSV (with a header
-    row) or JSON-lines file."""
+    row) or JSON-lines file, read by :func:`bertforge.io.text_lines` (a BOM dropped, bytes that
+    are not UTF-8 named by line unless ``encoding_errors="replace"``)."""
     path = Path(path)
     fmt = table_format(path)
-    try:
-        with _open_text(path) as f:
-            if fmt == "jsonl":
-                rows, lines, columns = [], [], {}
-                for n, row in jsonl_rows(f, path):
-                    if not isinstance(row, dict):
-                        raise BertforgeError(f"{path}:{n}: not a JSON object; write one per line")
-                    rows.append(row)
-                    lines.append(n)
-                    columns.update(dict.fromkeys(row))
-                column_names = list(columns)
-            else:
-                column_names, rows, lines = _csv_rows(f, path, "\t" if fmt == "tsv" else ",")
-    except (UnicodeDecodeError, EOFError, gzip.BadGzipFile) as err:
-        raise BertforgeError(f"{path}: cannot read it as {fmt} ({err})") from err
+    if not path.is_file():
+        raise BertforgeError(f"{path}: no such file")
+    with contextlib.closing(text_lines(path, encoding_errors)) as f:
+        if fmt == "jsonl":
+            rows, lines, columns = [], [], {}
+            for n, row in jsonl_rows(f, path):
+                if not isinstance(row, dict):
+                    raise BertforgeError(f"{path}:{n}: not a JSON object; write one per line")
+                rows.append(row)
+                lines.append(n)
+                columns.update(dict.fromkeys(row))
+            column_names = list(columns)
+        else:
+            column_names, rows, lines = _csv_rows(f, path, "\t" if fmt == "tsv" else ",")
     if not rows:
         raise BertforgeError(f"{path}: the file is empty (no data rows); give a file with examples")
     return column_names, rows, lines
@@ -130,18 +124,22 @@ def clean_text(text: Any) -> str:
 
 
 def read_columns(
-    paths: str | Path | Sequence[str | Path], columns: Sequence[str | None]
+    paths: str | Path | Sequence[str | Path],
+    columns: Sequence[str | None],
+    encoding_errors: str = "strict",
 ) -> list[list[Any]]:
     """Read the named columns of one or more files (rows concatenated in order).
 
     ``None`` entries in ``columns`` are skipped (returned as an empty list). A missing column is
     an error that lists the columns the file has; so is a JSON-lines row without one of them.
     """
-    return read_columns_lines(paths, columns)[0]
+    return read_columns_lines(paths, columns, encoding_errors)[0]
 
 
 def read_columns_lines(
-    paths: str | Path | Sequence[str | Path], columns: Sequence[str | None]
+    paths: str | Path | Sequence[str | Path],
+    columns: Sequence[str | None],
+    encoding_errors: str = "strict",
 ) -> tuple[list[list[Any]], list[str]]:
     """:func:`read_columns` and, per row, where it is (``file:line``) for messages."""
     if isinstance(paths, str | Path):
@@ -151,7 +149,7 @@ def read_columns_lines(
     out: list[list[Any]] = [[] for _ in columns]
     where: list[str] = []
     for path in paths:
-        names, rows, lines = read_table_lines(path)
+        names, rows, lines = read_table_lines(path, encoding_errors)
         for col in columns:
             if col is not None and col not in names:
                 raise BertforgeError(
@@ -171,7 +169,10 @@ def read_columns_lines(
 
 
 def read_texts(
-    path: str | Path, text_column: str | None = None, text_pair_column: str | None = None
+    path: str | Path,
+    text_column: str | None = None,
+    text_pair_column: str | None = None,
+    encoding_errors: str = "strict",
 ) -> tuple[list[str], list[str] | None]:
     """Texts of an input file: a column of a CSV/TSV/JSONL file, or the non-empty lines of any
     other (plain-text) file."""
@@ -190,18 +191,12 @@ def read_texts(
             )
         if not path.is_file():
             raise BertforgeError(f"{path}: no such file")
-        opener = gzip.open if path.name.endswith(".gz") else open
-        try:
-            with opener(path, "rt", encoding="utf-8") as f:
-                texts = [clean_text(line.rstrip("\n")) for line in f if line.strip()]
-        except (UnicodeDecodeError, EOFError, gzip.BadGzipFile) as err:
-            raise BertforgeError(
-                f"{path}: cannot read it as UTF-8 text ({err}); fix the file"
-            ) from None
+        lines = text_lines(path, encoding_errors)
+        texts = [clean_text(line.rstrip("\r\n")) for line in lines if line.strip()]
         if not texts:
             raise BertforgeError(f"{path}: the file is empty (no non-blank line)")
         return texts, None
-    texts, pairs = read_columns(path, [text_column or "text", text_pair_column])
+    texts, pairs = read_columns(path, [text_column or "text", text_pair_column], encoding_errors)
     return [clean_text(t) for t in texts], [
         clean_text(t) for t in pairs
     ] if text_pair_column else None

@@ -108,37 +108,52 @@ def _label_report(source: str, column: str, names: list[str], where: list[str]) 
     )
 
 
+def _row(source: str, i: int, where: Sequence[str] | None) -> str:
+    """Where row ``i`` is: ``file:line`` when known (the line an editor shows), else the row."""
+    return where[i] if where is not None else f"{source}: row {i + 1}"
+
+
 def labels_to_ids(
-    values: Sequence[Any], label2id: dict[str, int], source: str = "data"
+    values: Sequence[Any],
+    label2id: dict[str, int],
+    source: str = "data",
+    where: Sequence[str] | None = None,
 ) -> np.ndarray:
-    """Label cells -> int64 ids; an unknown label names the row and the known labels."""
+    """Label cells -> int64 ids; an unknown label names the row (``where[i]``, its file and
+    line, when given) and the known labels."""
     ids = np.empty(len(values), dtype=np.int64)
     for i, value in enumerate(values):
         name = label_name(value)
         if name not in label2id:
             known = ", ".join(map(repr, label2id))
             raise BertforgeError(
-                f"{source}: row {i + 1} has label {quoted(name)}, which the model does not know "
+                f"{_row(source, i, where)} has label {quoted(name)}, which the model does not know "
                 f"(its labels: {known}); fix the row or train with this label"
             )
         ids[i] = label2id[name]
     return ids
 
 
-def to_floats(values: Sequence[Any], column: str, source: str = "data") -> np.ndarray:
-    """Numeric regression targets as float32; a non-number names the row and column."""
+def to_floats(
+    values: Sequence[Any],
+    column: str,
+    source: str = "data",
+    where: Sequence[str] | None = None,
+) -> np.ndarray:
+    """Numeric regression targets as float32; a non-number names the row (as
+    :func:`labels_to_ids`) and column."""
     out = np.empty(len(values), dtype=np.float32)
     for i, value in enumerate(values):
         try:
             out[i] = float(value)
         except (TypeError, ValueError):
             raise BertforgeError(
-                f"{source}: row {i + 1}: column {column!r} holds {quoted(value)}, not a number; "
+                f"{_row(source, i, where)}: column {column!r} holds {quoted(value)}, not a number; "
                 "regression needs a numeric label column"
             ) from None
         if not np.isfinite(out[i]):
             raise BertforgeError(
-                f"{source}: row {i + 1}: column {column!r} is {quoted(value)}; use finite numbers"
+                f"{_row(source, i, where)}: column {column!r} is {quoted(value)}; use finite numbers"
             )
     return out
 
@@ -175,6 +190,7 @@ def load_labelled(
     task: str = "classification",
     label2id: dict[str, int] | None = None,
     allow_rare_labels: bool = False,
+    encoding_errors: str = "strict",
 ) -> tuple[LabelledData, dict[int, str] | None]:
     """Read a labelled data set. Returns the data and, for classification, ``id2label``.
 
@@ -187,27 +203,29 @@ def load_labelled(
         raise BertforgeError(f"--task {task!r} is unknown; choose classification or regression")
     source = ", ".join(map(str, [paths] if isinstance(paths, str | Path) else paths))
     (texts, pairs, raw), where = read_columns_lines(
-        paths, [text_column, text_pair_column, label_column]
+        paths, [text_column, text_pair_column, label_column], encoding_errors
     )
     texts = [clean_text(t) for t in texts]
     pair_list = [clean_text(t) for t in pairs] if text_pair_column else None
     if label_column is None:
         return LabelledData(texts, pair_list, None), None
-    empty = [i for i, v in enumerate(raw) if v is None or str(v).strip() == ""]
-    if empty:
-        raise BertforgeError(
-            f"{source}: row {empty[0] + 1} has an empty {label_column!r} ({len(empty)} such rows); "
-            "fill in or drop unlabelled rows"
-        )
+    for column, cells in ((label_column, raw), (text_column, texts), (text_pair_column, pairs)):
+        empty = [i for i, v in enumerate(cells) if column and (v is None or str(v).strip() == "")]
+        if empty:  # an empty text would be trained (or scored) as [CLS] [SEP]
+            raise BertforgeError(
+                f"{where[empty[0]]}: empty {column!r} ({len(empty)} such row"
+                f"{'s' * (len(empty) > 1)} in {source}); fill in or drop those rows"
+            )
     if task == "regression":
-        return LabelledData(texts, pair_list, to_floats(raw, label_column, source)), None
+        labels = to_floats(raw, label_column, source, where)
+        return LabelledData(texts, pair_list, labels), None
     if label2id is None and not allow_rare_labels:
         names = [label_name(v) for v in raw]
         if suspicious_labels(names):
             raise BertforgeError(_label_report(source, label_column, names, where))
     id2label = {i: n for n, i in label2id.items()} if label2id else build_label_map(raw)
     label2id = {n: i for i, n in id2label.items()}
-    return LabelledData(texts, pair_list, labels_to_ids(raw, label2id, source)), id2label
+    return LabelledData(texts, pair_list, labels_to_ids(raw, label2id, source, where)), id2label
 
 
 # ---- validation split --------------------------------------------------------------------------
@@ -280,6 +298,7 @@ def load_task_data(
     max_length: int,
     truncation: str,
     allow_rare_labels: bool = False,
+    encoding_errors: str = "strict",
 ) -> TaskData:
     """Read, split and encode a fine-tuning data set. Without ``validation_paths`` a stratified
     ``validation_fraction`` of the training rows is held out (a pure function of ``seed``)."""
@@ -289,6 +308,7 @@ def load_task_data(
         label_column=label_column,
         text_pair_column=text_pair_column,
         task=task,
+        encoding_errors=encoding_errors,
     )
     train, id2label = load_labelled(train_paths, **columns, allow_rare_labels=allow_rare_labels)
     if validation_paths:
@@ -320,6 +340,17 @@ def load_task_data(
         encode_examples(tokenizer, val.texts, val.pairs, **encode),
         warnings,
     )
+
+
+def check_batch_fits(batch_size: int, examples: int, held_out: bool = False) -> None:
+    """Refuse a batch larger than the training set (it would be full-batch training under
+    another name), as pretraining refuses one larger than its data."""
+    if batch_size > examples:
+        split = " (after the validation share was held out)" if held_out else ""
+        raise BertforgeError(
+            f"--batch_size {batch_size} is larger than the {examples:,} training examples{split}; "
+            f"lower it (e.g. --batch_size {min(32, examples)}) or give more data"
+        )
 
 
 def missing_class_warnings(id2label: dict[int, str], train_labels: np.ndarray) -> list[str]:
@@ -510,6 +541,7 @@ __all__ = [
     "iterate_batches",
     "label_name",
     "labels_to_ids",
+    "check_batch_fits",
     "load_labelled",
     "load_task_data",
     "missing_class_warnings",

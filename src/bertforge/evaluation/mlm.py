@@ -7,7 +7,7 @@ command is ``bertforge.cli.evaluate``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +162,27 @@ def random_init_like(model: nn.Module, seed: int = 0) -> nn.Module:
     return fresh.to(next(model.parameters()).device)
 
 
+def frequency_guesser(batches: Sequence[Mapping[str, Tensor]]) -> dict[str, Any]:
+    """The best a guesser without context can do on these masked tokens: each predicted from
+    the masked tokens' own frequencies (so a lower bound on what it would score with the
+    training text's): loss is their entropy in nats; accuracy and top-5 accuracy always guess
+    the most frequent token(s). What a model must beat to have learned more than word counts."""
+    labels = torch.cat([batch["labels"].reshape(-1) for batch in batches])
+    counts = torch.bincount(labels[labels >= 0]).double()
+    counts = counts[counts > 0].sort(descending=True).values
+    n = float(counts.sum())
+    if not n:
+        return {}
+    loss = float(-(counts * (counts / n).log()).sum() / n)
+    return {
+        "loss": loss,
+        "perplexity": math.exp(loss),
+        "accuracy": float(counts[0]) / n,
+        "top5_accuracy": float(counts[:5].sum()) / n,
+        "tokens": int(n),
+    }
+
+
 def comparison_table(columns: Mapping[str, Mapping[str, Any]], title: str | None = None) -> str:
     """A plain-text table of MLM metrics, one column per run, e.g.
     ``{"random init": m0, "trained": m1}``; rows without a value anywhere are left out."""
@@ -262,6 +283,7 @@ def mlm_text_batches(
 
 __all__ = [
     "comparison_table",
+    "frequency_guesser",
     "evaluate_mlm",
     "mlm_text_batches",
     "random_init_like",

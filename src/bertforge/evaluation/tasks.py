@@ -111,6 +111,16 @@ def baseline_metrics(config: Any, y_true: np.ndarray, prediction: float | int) -
     return M.classification_metrics(y_true, constant, config.num_labels)
 
 
+def beats_baseline(metric: str, value: float, reference: float) -> bool:
+    """Whether ``value`` of ``metric`` is better than the baseline's ``reference`` (a constant
+    prediction's correlation, undefined, counts as 0; a value that is not finite never beats)."""
+    if not np.isfinite(value):
+        return False
+    if not np.isfinite(reference):
+        reference = 0.0
+    return bool(value > reference if HIGHER_IS_BETTER[metric] else value < reference)
+
+
 def baseline_warning(metric: str, value: float, baseline: dict[str, Any]) -> str | None:
     """A warning when ``value`` of ``metric`` does not beat the baseline's, else None."""
     reference = baseline.get(metric)
@@ -200,6 +210,7 @@ __all__ = [
     "TRAINING_BASELINE",
     "baseline_metrics",
     "baseline_warning",
+    "beats_baseline",
     "training_baseline",
     "class_names",
     "evaluate_sequence_model",

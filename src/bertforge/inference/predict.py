@@ -142,8 +142,8 @@ def classify(
         raise BertforgeError(
             f"{model.name_or_path}: the model was fine-tuned on text pairs ({first!r} + "
             f"{pair_column!r}) and needs both texts: pass pairs=[...] in Python, or give "
-            f"bertforge classify --input a .csv, .tsv or .jsonl file with columns {first!r} and "
-            f"{pair_column!r}"
+            "bertforge classify --text_pair SECOND for each text, or --input a .csv, .tsv or "
+            f".jsonl file with columns {first!r} and {pair_column!r}"
         )
     if not texts:
         return []

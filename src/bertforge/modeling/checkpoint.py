@@ -273,6 +273,13 @@ def check_model_directory(directory: str | Path) -> Path:
             f"{path}: a training run, not a model directory; its model is {run_model} "
             "(give that directory)"
         )
+    if path.is_dir() and not (path / CONFIG_NAME).is_file():
+        held = sorted(p.name for p in path.iterdir() if (p / CONFIG_NAME).is_file())
+        if held:  # e.g. a bertforge downstream output: one fine-tuned model per column
+            raise BertforgeError(
+                f"{path}: not a model directory, but it holds {len(held)}: "
+                f"{', '.join(held)}; give one of them, e.g. {path / held[0]}"
+            )
     return path
 
 

@@ -417,6 +417,8 @@ def news_from_scratch(r: Recipe) -> None:
         both = json.loads((out / "downstream.json").read_text())
         for name, runs in scores.items():
             runs[str(seed)] = {k: both[name][k] for k in task["metrics"]}
+            if "beats_baseline" in both[name]:  # a column that learned nothing is no comparison
+                runs[str(seed)]["beats_baseline"] = both[name]["beats_baseline"]
     r.results["downstream"] = {
         "agnews": {name: seeds_and_mean(runs, task["metrics"]) for name, runs in scores.items()}
     }

@@ -52,6 +52,7 @@ def downstream_table(downstream: dict[str, Any]) -> str:
     """Per task and model: each seed's scores and their mean."""
     lines = ["| task | model | metric | " + " | ".join(["per seed", "mean"]) + " |"]
     lines.append("|---|---|---|---|---|")
+    flagged = False
     for task, models in downstream.items():
         for name, result in models.items():
             if "seeds" not in result:  # bertforge downstream's layout: metric -> value
@@ -61,8 +62,18 @@ def downstream_table(downstream: dict[str, Any]) -> str:
                         lines.append(f"| {task} | {name} | {metric} | - | {metrics[metric]:.4f} |")
                 continue
             for metric, mean in result["mean"].items():
-                seeds = ", ".join(f"{v[metric]:.4f}" for v in result["seeds"].values())
+                seeds = ", ".join(
+                    f"{v[metric]:.4f}" + ("*" if v.get("beats_baseline") is False else "")
+                    for v in result["seeds"].values()
+                )
+                flagged = flagged or "*" in seeds
                 lines.append(f"| {task} | {name} | {metric} | {seeds} | {mean:.4f} |")
+    if flagged:
+        lines.append(
+            "\n\\* did not beat the majority baseline (always the most frequent training class): "
+            "that column learned nothing from the texts, so its comparison is not fair; run again "
+            "with a higher --lr or more --epochs"
+        )
     return "\n".join(lines)
 
 

@@ -6,7 +6,6 @@ and training text, and writing the three files a saved tokenizer consists of (``
 
 from __future__ import annotations
 
-import gzip
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -17,7 +16,7 @@ from tokenizers import decoders, normalizers, pre_tokenizers
 from tokenizers.models import WordPiece
 
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_write_text, make_directory, read_json_object
+from bertforge.io import atomic_write_text, make_directory, read_json_object, text_lines
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -68,19 +67,11 @@ def read_tokenizer_config(directory: Path) -> dict[str, Any]:
     return read_json_object(path, "fix or delete the file")
 
 
-def iter_text_lines(files: Sequence[Path]) -> Iterator[str]:
-    """The lines of UTF-8 text files (``.gz`` read transparently), one file after the other."""
+def iter_text_lines(files: Sequence[Path], encoding_errors: str = "strict") -> Iterator[str]:
+    """The lines of UTF-8 text files (``.gz`` read transparently), one file after the other
+    (:func:`bertforge.io.text_lines`)."""
     for path in files:
-        opener = gzip.open if path.suffix == ".gz" else open
-        try:
-            with opener(path, "rt", encoding="utf-8") as f:
-                yield from f
-        except UnicodeDecodeError as err:
-            raise BertforgeError(
-                f"{path}: not UTF-8 text ({err.reason}); convert it, e.g. iconv -t utf-8"
-            ) from err
-        except (gzip.BadGzipFile, EOFError) as err:
-            raise BertforgeError(f"{path}: not a complete gzip file ({err})") from err
+        yield from text_lines(path, encoding_errors)
 
 
 def write_tokenizer_files(

@@ -12,10 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from bertforge.data.corpus import EncodingErrors
 from bertforge.data.tasks import Truncation, check_max_length
 from bertforge.errors import BertforgeError
 from bertforge.modeling.checkpoint import FINETUNE_CONFIG
 from bertforge.modeling.config import BertConfig
+from bertforge.progress import parse_duration
 from bertforge.runtime import Precision
 from bertforge.training.optim import Schedule
 
@@ -55,6 +57,12 @@ def check_training_options(cfg: Any, option: Callable[[str], str]) -> None:
     if cfg.dropout is not None and not 0.0 <= cfg.dropout < 1.0:
         raise BertforgeError(f"{option('dropout')} {cfg.dropout} must lie in [0, 1)")
     check_at_least(cfg, option, log_every=1, max_nonfinite=1, num_threads=1, max_grad_norm=0)
+    try:  # 0, none, off or null: no time budget (unsets one a --config file gave)
+        budget = parse_duration(cfg.max_time)
+    except BertforgeError as err:
+        raise BertforgeError(f"{option('max_time')}: {err}") from None
+    if budget is None:
+        cfg.max_time = None
 
 
 def check_at_least(cfg: Any, option: Callable[[str], str], **minimums: float) -> None:
@@ -457,6 +465,9 @@ class FinetuneConfig(LoopOptions):
     """Train labels that look like typos (a class of one row beside classes of five or more, or
     under 20 rows and 1 % of the data, or a word among integer labels) as classes of their own
     instead of stopping."""
+    encoding_errors: EncodingErrors = "strict"
+    """strict: stop at bytes that are not UTF-8 (naming file and line); replace: read them as
+    U+FFFD."""
     validation: list[str] | None = None
     """Validation file(s); without them a stratified --validation_fraction of train is held out."""
     validation_fraction: float = 0.1
@@ -509,6 +520,7 @@ class FinetuneConfig(LoopOptions):
     def __post_init__(self) -> None:
         check_choice(self.task, Task, "--task")
         check_choice(self.truncation, Truncation, "--truncation")
+        check_choice(self.encoding_errors, EncodingErrors, "--encoding_errors")
         check_max_length(
             self.max_length, 4 if self.text_pair_column else 3, "[CLS], [SEP] and one token"
         )

@@ -9,6 +9,11 @@ the same treatment. The difference between the first two columns is what pretrai
 OUTPUT holds one fine-tuning run per column (``pretrained/``, ``random_init/``, ``baseline/``,
 each a ``bertforge finetune`` output), the twin itself (``random_init_model/``) and
 ``downstream.json``: ``{"pretrained": {...}, "random_init": {...}, ["baseline": {...}], ...}``.
+
+A column that does not beat the *majority baseline* (the training split's most frequent class,
+or mean target, predicted for every test example: ``"majority_baseline"``) learned nothing from
+the texts; it carries ``"beats_baseline": false``, and a difference against it measures the
+fine-tuning settings, not pretraining: the table says so, with the fix.
 """
 
 from __future__ import annotations
@@ -26,7 +31,12 @@ import torch
 from bertforge.data.tasks import LabelledData, encode_examples, load_labelled
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.mlm import random_init_like
-from bertforge.evaluation.tasks import evaluate_sequence_model
+from bertforge.evaluation.tasks import (
+    TRAINING_BASELINE,
+    baseline_metrics,
+    beats_baseline,
+    evaluate_sequence_model,
+)
 from bertforge.io import atomic_write_text
 from bertforge.modeling.config import CONFIG_NAME, BertConfig
 from bertforge.modeling.model import (
@@ -97,6 +107,7 @@ def score_on_file(
         label_column=cfg.label_column,
         text_pair_column=cfg.text_pair_column,
         task=cfg.task,
+        encoding_errors=cfg.encoding_errors,
         label2id=None if model.config.is_regression else model.config.label2id,
     )
     encoded = encode_examples(
@@ -113,6 +124,31 @@ def score_on_file(
     return metrics
 
 
+def majority_on_file(
+    model_dir: str | Path, test: Sequence[str], cfg: FinetuneConfig, predicts: Any
+) -> dict[str, Any]:
+    """The test metrics of predicting ``predicts`` (the training baseline a fine-tuning run
+    reported: a class name, or the mean target) for every test example."""
+    config = BertConfig.load(model_dir)
+    regression = config.is_regression
+    data, _ = load_labelled(
+        list(test),
+        text_column=cfg.text_column,
+        label_column=cfg.label_column,
+        text_pair_column=cfg.text_pair_column,
+        task=cfg.task,
+        encoding_errors=cfg.encoding_errors,
+        label2id=None if regression else config.label2id,
+    )
+    value = float(predicts) if regression else config.label2id[str(predicts)]
+    kind = "regression" if regression else "classification"
+    return {
+        "predicts": predicts,
+        "definition": TRAINING_BASELINE[kind],
+        **baseline_metrics(config, data.labels, value),
+    }
+
+
 def read_test(cfg: FinetuneConfig, test: Sequence[str]) -> LabelledData:
     """The test file(s), read with the fine-tuning columns; fails before any training if a column
     is missing or a label is empty."""
@@ -122,6 +158,7 @@ def read_test(cfg: FinetuneConfig, test: Sequence[str]) -> LabelledData:
         label_column=cfg.label_column,
         text_pair_column=cfg.text_pair_column,
         task=cfg.task,
+        encoding_errors=cfg.encoding_errors,
     )
     if not len(data):
         raise BertforgeError(f"--test {', '.join(test)}: no rows; pass a labelled test file")
@@ -155,6 +192,7 @@ def downstream(
     if baseline is not None:
         sources["baseline"] = baseline
     columns: dict[str, dict[str, Any]] = {}
+    majority: dict[str, Any] | None = None
     for name, model_dir in sources.items():
         say(f"== {COLUMNS[name]}: fine-tuning {model_dir}")
         run = finetune(replace(cfg, model=model_dir, output=str(out / name)))
@@ -164,6 +202,8 @@ def downstream(
                 "command again to resume"
             )
         metrics = score_on_file(out / name, test, cfg)
+        if majority is None:  # the same training split, so the same for every column
+            majority = majority_on_file(out / name, test, cfg, run["baseline"]["predicts"])
         columns[name] = {
             "model": model_dir,
             **metrics,
@@ -171,11 +211,14 @@ def downstream(
             "steps": run["steps"],
             "best_step": run["best_step"],
             "train_seconds": run["train_seconds"],
+            "beats_baseline": beats_baseline(cfg.metric, metrics[cfg.metric], majority[cfg.metric]),
         }
     result = {
         "task": cfg.task,
         "test": list(test),
         "init_seed": init_seed,
+        "metric": cfg.metric,
+        "majority_baseline": majority,
         **columns,
         "difference": {
             k: columns["pretrained"][k] - columns["random_init"][k] for k in _metric_keys(cfg)
@@ -205,6 +248,10 @@ _ROWS = {
 }
 
 
+def _beats(result: dict[str, Any], name: str) -> bool:
+    return result[name].get("beats_baseline", True)
+
+
 def downstream_table(result: dict[str, Any]) -> str:
     """The side-by-side table of a ``downstream`` result (test metrics, then the run facts)."""
     names = [n for n in COLUMNS if n in result]
@@ -225,6 +272,17 @@ def downstream_table(result: dict[str, Any]) -> str:
     ):
         cells = "".join(f"{fmt.format(result[n][key]):>{width + 2}}" for n in names)
         lines.append(f"{label:<22}{cells}")
+    majority = result.get("majority_baseline")  # absent from results written before it
+    if majority is not None:
+        metric = result.get("metric", keys[0])
+        cells = "".join(
+            f"{'yes' if result[n]['beats_baseline'] else 'NO':>{width + 2}}" for n in names
+        )
+        lines.append(f"{'beats majority baseline':<22}{cells}")
+        lines.append(
+            f"majority baseline (always {majority['predicts']!r}, {majority['definition']}): "
+            f"{_ROWS[metric]} {majority[metric]:.4f}"
+        )
     first = keys[0]
     diff = result["difference"][first]
     scale, unit = (100, " points") if first == "accuracy" else (1, "")
@@ -232,6 +290,14 @@ def downstream_table(result: dict[str, Any]) -> str:
         lines.append(
             f"pretraining vs random init: {_ROWS[first]} {diff * scale:+.2f}{unit}"
             + (" (lower is better)" if first in ("mse", "mae") else "")
+        )
+    failed = [COLUMNS[n] for n in ("pretrained", "random_init") if not _beats(result, n)]
+    if failed:
+        lines.append(
+            f"  NOT a fair comparison: {' and '.join(failed)} did not beat the majority baseline "
+            "(the model learned nothing from the texts), so the difference measures the "
+            "fine-tuning settings, not pretraining; run again with a higher --lr (e.g. 1e-3) "
+            "or more --epochs until both columns beat it"
         )
     return "\n".join(lines)
 
@@ -242,6 +308,7 @@ __all__ = [
     "downstream",
     "downstream_table",
     "load_encoder_dir",
+    "majority_on_file",
     "make_random_twin",
     "read_test",
     "score_on_file",

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertforge.data.tasks import TaskData, batch_order, collate, load_task_data
+from bertforge.data.tasks import TaskData, batch_order, check_batch_fits, collate, load_task_data
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.plots import plot_training_curves
 from bertforge.evaluation.tasks import (
@@ -43,6 +43,7 @@ from bertforge.evaluation.tasks import (
     task_report,
     training_baseline,
 )
+from bertforge.inference.predict import copy_pooling_declaration
 from bertforge.io import (
     atomic_write_text,
     check_run_directory,
@@ -262,9 +263,11 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
         max_length=cfg.max_length,
         truncation=cfg.truncation,
         allow_rare_labels=cfg.allow_rare_labels,
+        encoding_errors=cfg.encoding_errors,
     )
     for warning in data.warnings:
         print(warning, file=sys.stderr, flush=True)
+    check_batch_fits(cfg.batch_size, len(data.train), held_out=not cfg.validation)
     steps_per_epoch = math.ceil(len(data.encoded_train) / cfg.batch_size)
     # --max_steps overrides --epochs, as transformers' max_steps does num_train_epochs (it capped
     # them before: --max_steps 60 stopped at the default 3 epochs' 51 steps without a word)
@@ -426,6 +429,9 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     warning = baseline_warning(cfg.metric, metrics[cfg.metric], base)
     if warning:
         run.say(warning)
+    kept = copy_pooling_declaration(cfg.model, out)  # embed pools it as its start (MiniLM)
+    if kept:
+        run.say(f"kept from {cfg.model}: {', '.join(kept)} (how bertforge embed pools it)")
     run.say(_drop_finished_checkpoints(out, keep=cfg.keep_final_checkpoint))
     return result
 

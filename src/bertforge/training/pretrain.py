@@ -196,7 +196,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
                 val = results["val"]
                 probed = f"; probe accuracy {run.probes[-1]['accuracy']:.2%}" if run.probe else ""
                 bar.write(
-                    f"step {state.step}: val loss {val['loss']:.3f} "
+                    f"step {state.step}: val MLM loss {val['loss']:.3f} "
                     f"accuracy {val['accuracy']:.2%}{probed}"
                 )
             if stop_everywhere:
@@ -291,7 +291,13 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
         cfg, out, info, device, precision, budget, data, raw, ddp, forward, optimizer, logger, probe
     )
     run.bow_weights = None if bow_weights is None else bow_weights.to(device)
-    if resume_dir is not None:
+    if resume_dir is not None and run.done(state):  # rerun of a finished run: not a resume
+        run.say(
+            f"{out} holds a finished run ({state.step} steps, its budget reached): nothing left "
+            "to train; writing its final model and table again. To train further raise "
+            "--train.max_steps or --train.max_time; to start over choose another --output"
+        )
+    elif resume_dir is not None:
         used = f" ({format_duration(state.elapsed)} of the budget used)" if budget else ""
         run.say(f"resuming from {resume_dir} at step {state.step}{used}")
     n_params = sum(p.numel() for p in raw.parameters())
@@ -496,14 +502,20 @@ def finish(run: Run, state: PretrainState) -> dict[str, Any]:
             title = f"{name} ({'validation split' if name == 'val' else 'extra evaluation set'})"
             trained = f"trained ({state.step} steps)"
             columns = {"random init": state.initial_eval[name], trained: final[name]}
+            legend = ""
             if not starts_random(run.cfg):  # start vs trained, beside the random-init network
                 done = f"{'adapted' if run.cfg.init_from else 'trained'} ({state.step} steps)"
+                start = "step 0 (--init_from)" if run.cfg.init_from else "step 0 (own init)"
                 columns = {
-                    "random init": (state.random_eval or {}).get(name, {}),
-                    "start": state.initial_eval[name],
+                    "BERT random init": (state.random_eval or {}).get(name, {}),
+                    start: state.initial_eval[name],
                     done: final[name],
                 }
-            run.say("\n" + comparison_table(columns, title))
+                legend = (
+                    f"\n{start}: this run before its first step; BERT random init: the same "
+                    "network as BERT initialises it, never trained (for reference only)"
+                )
+            run.say("\n" + comparison_table(columns, title) + legend)
         if run.probes:
             probe_line = " -> ".join(f"{p['accuracy']:.2%} (step {p['step']})" for p in run.probes)
             run.say(

@@ -281,6 +281,7 @@ def record_step(
         loss=report.losses["loss"],
         lr=report.lr,
         tokens_per_s=window.tokens_per_s,
+        mlm_loss=report.losses.get("mlm_loss"),
     )
     if log():
         logger.log(
