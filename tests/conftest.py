@@ -11,6 +11,7 @@ import io
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,16 @@ FILLER = [
     "music",
     "time",
 ]
+
+
+def noise(rng: random.Random, n: int = 8) -> str:
+    """``n`` random :data:`FILLER` words and a full stop: a text with nothing to learn."""
+    return " ".join(rng.choice(FILLER) for _ in range(n)) + " ."
+
+
+QUICK_FINETUNE = ["--max_length", "16", "--batch_size", "8", "--num_threads", "1"]
+QUICK_FINETUNE += ["--precision", "fp32", "--progress", "false", "--dropout", "0"]
+"""Options of ``finetune`` and ``downstream`` for a quick, repeatable run of a tiny model."""
 
 
 class TaskFiles:
@@ -275,3 +286,38 @@ def pair_run(mlm_dir, tmp_path_factory) -> dict:
         code = cli.main(argv)
     assert code == 0, err.getvalue()
     return {"root": root, "out": out, "argv": argv, "rows": rows, "err": err.getvalue()}
+
+
+# ---- a tiny masked LM and a fine-tuned pair classifier of it that declares mean pooling ----------
+
+
+@pytest.fixture(scope="session")
+def start(tmp_path_factory) -> Path:
+    """A tiny masked LM with its tokenizer (:meth:`TaskFiles.tiny_start_model`, ``kind="mlm"``,
+    made as :func:`mlm_dir` is, but a directory of its own): what the fine-tuning, downstream and
+    evaluate tests start from, and :func:`classifier` too."""
+    return TaskFiles.tiny_start_model(tmp_path_factory.mktemp("start"), kind="mlm")
+
+
+@pytest.fixture(scope="session")
+def classifier(start, tmp_path_factory) -> Path:
+    """A (tiny, briefly) fine-tuned pair classifier whose start declares mean pooling as
+    all-MiniLM-L6-v2 does."""
+    root = tmp_path_factory.mktemp("pair-classifier")
+    shutil.copytree(start, root / "start")
+    TaskFiles.declare_mean_pooling(root / "start", 32)
+    rng = random.Random(6)
+    rows = [
+        {
+            "text": noise(rng),
+            "second": ("good " if i % 2 else "bad ") + noise(rng),
+            "label": i % 2,
+        }
+        for i in range(40)
+    ]
+    TaskFiles.write_rows(root / "train.csv", rows)
+    argv = ["finetune", "--model", str(root / "start"), "--train", str(root / "train.csv")]
+    argv += ["--output", str(root / "model"), "--text_pair_column", "second", *QUICK_FINETUNE]
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert cli.main([*argv, "--max_steps", "2"]) == 0
+    return root / "model"

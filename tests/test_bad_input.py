@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import TaskFiles
-from support.cli import run_cli
+from support.cli import one_line_error, run_cli
 
 from bertforge import cli
 from bertforge.data.shards import prepare
@@ -606,3 +606,27 @@ def test_a_missing_local_model_and_a_training_run_are_named_as_such(
         "error: runs/pretrain: a training run, not a model directory; its model is "
         "runs/pretrain/model" in err
     )
+
+
+# ---- bytes that are not UTF-8, in every command that reads text ---------------------------------
+
+
+def test_bytes_that_are_not_utf8_get_one_message_everywhere(classifier, tmp_path, capsys):
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes(b"text,second,label\na film,good one,1\nun caf\xe9,bad,0\n")
+    expected = f"{latin}:3: not UTF-8 text (b'\\xe9,ba' at character 7); convert the file"
+    for argv in (
+        ["classify", "--model", str(classifier), "--input", str(latin)],
+        ["evaluate", "--model", str(classifier), "--data", str(latin)],
+        ["tokenizer", "train", "--input", str(latin), "--text_column", "text"]
+        + ["--vocab_size", "100", "--output", str(tmp_path / "tok")],
+        ["prepare", "--input", str(latin), "--text_column", "text", "--tokenizer"]
+        + [str(classifier), "--output", str(tmp_path / "data")],
+        ["finetune", "--model", str(classifier), "--train", str(latin)]
+        + ["--output", str(tmp_path / "ft")],
+    ):
+        err = one_line_error(argv, capsys)
+        assert expected in err and "--encoding_errors replace" in err, argv
+    argv = ["classify", "--model", str(classifier), "--input", str(latin)]
+    assert cli.main([*argv, "--encoding_errors", "replace", "--progress", "false"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2

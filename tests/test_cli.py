@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from support.cli import Terminal
+from support.cli import Terminal, one_line_error
 
 import bertforge
 from bertforge import cli
 from bertforge.cli import COMMANDS, main
+from bertforge.cli.options import parse_config
+from bertforge.errors import BertforgeError
+from bertforge.training.config import FinetuneConfig
 
 
 def test_help_lists_every_command(capsys):
@@ -195,6 +199,48 @@ def test_a_list_option_without_brackets_says_how_to_write_it(capsys):
 
     cfg = parse_config(PretrainConfig, argv[1:], prog="p", description="")
     assert cfg.train.betas == (0.9, 0.98)
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["finetune", "--learning_rate", "1e-3"],
+            "unknown option --learning_rate; did you mean --lr?",
+        ),
+        (
+            ["prepare", "--max_seq_len", "64"],
+            "--max_seq_len (options are never abbreviated); did you mean --max_seq_length?",
+        ),
+        (["finetune", "--batch", "8"], "did you mean --batch_size?"),
+        (
+            ["finetune", "--train.max_time", "5m"],
+            "no --train group of options here (--train.max_time is how another command nests it); use --max_time",
+        ),
+        (
+            ["pretrain", "--max_time", "5m"],
+            "unknown option --max_time; did you mean --train.max_time?",
+        ),
+        (["classify", "--bach_size", "8"], "did you mean --batch_size?"),
+    ],
+)
+def test_unknown_options_name_the_one_meant(argv, expected, capsys):
+    err = one_line_error([*argv, "--output", "never-written"], capsys)
+    assert expected in err, err
+    assert not Path("never-written").exists()
+
+
+def test_max_time_zero_or_none_unsets_the_budget():
+    for value in ("0", "none", "null", "0m"):
+        cfg = parse_config(
+            FinetuneConfig,
+            ["--model", "m", "--train", "t.csv", "--output", "o", "--max_time", value],
+            prog="bertforge finetune",
+            description="",
+        )
+        assert cfg.max_time is None, value
+    with pytest.raises(BertforgeError, match="--max_time: duration '-5m'"):
+        FinetuneConfig(model="m", train=["t.csv"], output="o", max_time="-5m")
 
 
 # ---- progress bars and --version -----------------------------------------------------------------

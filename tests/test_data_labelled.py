@@ -3,12 +3,16 @@ broken quoting are reported with the file, the line and the fix, never trained o
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
-from conftest import TaskFiles
+from conftest import TaskFiles, noise
 
 from bertforge.data import tasks
+from bertforge.data.corpus import read_documents
+from bertforge.data.tables import read_texts
+from bertforge.data.tasks import load_labelled
 from bertforge.errors import BertforgeError
 
 
@@ -47,3 +51,19 @@ def test_ragged_rows_and_broken_quoting_name_the_file_and_line(tmp_path):
     path.write_text('{"text": "a", "label": 1}\n{"text": "b"}\n')
     with pytest.raises(BertforgeError, match=r"missing.jsonl:2: no 'label'"):
         tasks.load_labelled(path, text_column="text", label_column="label")
+
+
+def test_a_utf8_bom_is_read_as_nothing_everywhere(tmp_path):
+    rng = random.Random(5)
+    rows = [{"label": i % 2, "text": noise(rng)} for i in range(10)]
+    TaskFiles.write_rows(tmp_path / "plain.csv", rows)
+    bom = tmp_path / "excel.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + (tmp_path / "plain.csv").read_bytes())
+    data, _ = load_labelled(bom, text_column="text", label_column="label")
+    assert data.labels.tolist() == [r["label"] for r in rows]  # not "no column 'label'"
+    docs = list(read_documents(bom, text_column="label"))
+    assert docs[0] == ["0"]
+    text = tmp_path / "notes.txt"
+    text.write_bytes("\ufeffHello there.\n".encode())
+    assert read_texts(text)[0] == ["Hello there."]
+    assert list(read_documents(text)) == [["Hello there."]]

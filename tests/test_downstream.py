@@ -3,6 +3,8 @@ on the keyword-sentiment task and scored on a test file, side by side."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import random
 import shutil
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import QUICK_FINETUNE, TaskFiles, noise
 from safetensors.torch import load_file
 
 from bertforge import cli
@@ -221,3 +224,52 @@ def test_bad_input_gets_a_one_line_error_before_any_training(task_files, work, t
     err = _error([*argv, "--model", str(work["pretrained"]), "--baseline", str(empty)], capsys)
     assert err.startswith(f"error: --baseline {empty}: no config.json"), err
     assert not (tmp_path / "b").exists()
+
+
+# ---- a run where nothing can be learned ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def collapsed(start, tmp_path_factory) -> dict:
+    """A downstream run where nothing can be learned: texts without signal, 80 % one class."""
+    root = tmp_path_factory.mktemp("collapsed")
+    rng = random.Random(1)
+    rows = [{"text": noise(rng), "label": "a" if i % 5 else "b"} for i in range(50)]
+    TaskFiles.write_rows(root / "train.csv", rows)
+    TaskFiles.write_rows(root / "test.csv", rows[:20])
+    argv = ["downstream", "--model", str(start), "--train", str(root / "train.csv")]
+    argv += ["--test", str(root / "test.csv"), "--output", str(root / "ds")]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert cli.main([*argv, *QUICK_FINETUNE, "--max_steps", "2", "--lr", "1e-6"]) == 0
+    return {"out": root / "ds", "table": out.getvalue(), "root": root}
+
+
+def test_downstream_flags_a_column_that_does_not_beat_the_majority_baseline(collapsed):
+    """No column can beat always guessing the majority class. The table and downstream.json
+    must say so, and the headline difference is not a fair one."""
+    table = collapsed["table"]
+    result = json.loads((collapsed["out"] / "downstream.json").read_text())
+    assert result["pretrained"]["beats_baseline"] is False
+    assert result["random_init"]["beats_baseline"] is False
+    assert result["majority_baseline"]["predicts"] == "a"
+    assert result["majority_baseline"]["accuracy"] == pytest.approx(16 / 20)
+    assert "beats majority baseline" in table and "NO" in table
+    assert "NOT a fair comparison" in table and "--lr" in table and "--epochs" in table
+
+
+def test_the_fair_case_has_no_warning(collapsed):
+    result = json.loads((collapsed["out"] / "downstream.json").read_text())
+    for name in ("pretrained", "random_init"):
+        result[name]["beats_baseline"] = True
+    table = downstream_table(result)
+    assert "NOT a fair comparison" not in table and "NO" not in table
+    result["pretrained"]["beats_baseline"] = False  # one column is enough to say it
+    assert "NOT a fair comparison: pretrained did not beat" in downstream_table(result)
+
+
+def test_a_downstream_output_given_as_a_model_names_its_models(collapsed, capsys):
+    out = collapsed["out"]
+    err = _error(["classify", "--model", str(out), "some text"], capsys)
+    assert f"{out}: not a model directory, but it holds 3: pretrained, random_init, " in err
+    assert f"give one of them, e.g. {out / 'pretrained'}" in err

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
+import random
 
 import torch
 import torch.nn.functional as F
+from conftest import FILLER, TaskFiles, noise
 from support.cli import run_cli
 
 from bertforge.evaluation import plots
@@ -153,6 +156,18 @@ def test_evaluate_mlm_reports_no_notnext_pairs(mlm_dir):
     batch["next_sentence_label"] = torch.zeros(2, dtype=torch.long)  # IsNext only
     result = evaluate_mlm(torch_model, [batch], torch.device("cpu"))
     assert result["nsp_accuracy"] is None and result["nsp_note"] == "no NotNext pairs"
+
+
+def test_evaluate_of_an_mlm_prints_the_word_count_guesser(start, tmp_path, capsys):
+    text = tmp_path / "held_out.txt"
+    rng = random.Random(7)
+    text.write_text("\n".join(noise(rng, 10) for _ in range(60)) + "\n", encoding="utf-8")
+    assert TaskFiles.evaluate_cli(start, text, tmp_path / "r.json", "--progress", "false") == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].split() == ["random", "init", "word", "counts", "this", "model"]
+    assert "word counts: a guesser without context" in out
+    guess = json.loads((tmp_path / "r.json").read_text())["frequency_guesser"]
+    assert 0 < guess["loss"] < math.log(len(FILLER)) + 0.5 and guess["tokens"] > 0
 
 
 def test_curves_plot_like_with_like_and_draw_points_for_short_runs(tmp_path):

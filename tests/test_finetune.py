@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import TaskFiles
-from support.cli import run_cli
+from conftest import QUICK_FINETUNE, TaskFiles, noise
+from support.cli import one_line_error, run_cli
 
 from bertforge import cli
 from bertforge.data import tasks
@@ -442,6 +443,35 @@ def test_bad_inputs_get_clear_messages(task_files, work, trained, tmp_path, caps
     assert "max_position_embeddings" in _error(
         [*base, "--train", str(work["train"]), "--max_length", "100"], capsys
     )
+
+
+def test_finetune_refuses_a_batch_larger_than_the_training_set(start, tmp_path, capsys):
+    rng = random.Random(3)
+    TaskFiles.write_rows(
+        tmp_path / "t.csv", [{"text": noise(rng), "label": i % 2} for i in range(20)]
+    )
+    argv = ["finetune", "--model", str(start), "--train", str(tmp_path / "t.csv")]
+    err = one_line_error(
+        [*argv, "--output", str(tmp_path / "o"), "--batch_size", "1000000"], capsys
+    )
+    assert "--batch_size 1000000 is larger than the 18 training examples" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_empty_texts_and_labels_are_refused_naming_the_file_line(start, tmp_path, capsys):
+    """Row numbers are the lines an editor shows, also after a text that spans lines."""
+    rng = random.Random(4)
+    rows = [{"text": noise(rng), "label": i % 2} for i in range(20)]
+    rows[0]["text"] = "a text\nover two lines"  # quoted: one row, lines 2-3
+    rows[5]["text"] = "  "
+    TaskFiles.write_rows(tmp_path / "t.csv", rows)
+    argv = ["finetune", "--model", str(start), "--train", str(tmp_path / "t.csv")]
+    argv += ["--output", str(tmp_path / "o"), *QUICK_FINETUNE]
+    err = one_line_error(argv, capsys)
+    assert f"{tmp_path / 't.csv'}:8: empty 'text' (1 such row in" in err  # row 6 is on line 8
+    rows[5]["text"], rows[7]["label"] = "fine again", ""
+    TaskFiles.write_rows(tmp_path / "t.csv", rows)
+    assert f"{tmp_path / 't.csv'}:10: empty 'label'" in one_line_error(argv, capsys)
 
 
 # ---- the majority baseline and a finished run ----------------------------------------------------

@@ -4,13 +4,14 @@ input order whatever the batching, and reject bad input with a clear message."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from conftest import TaskFiles
-from support.cli import run_cli
+from support.cli import one_line_error, run_cli
 
 import bertforge
 from bertforge import cli
@@ -349,3 +350,29 @@ def test_fill_mask_fills_the_input_text_and_keeps_unknown_words(mlm_dir):
     assert result[0]["filled"] == f"The {top} was in 1990 ."
     first, second = (m[0]["token"].removeprefix("##") for m in result[1]["masks"])
     assert result[1]["filled"] == f"a {first} {second}  story"
+
+
+def test_classify_takes_a_text_pair_on_the_command_line(classifier, tmp_path, capsys):
+    argv = ["classify", "--model", str(classifier), "--progress", "false"]
+    assert cli.main([*argv, "first text", "--text_pair", "good second text"]) == 0
+    given = json.loads(capsys.readouterr().out)
+    TaskFiles.write_rows(tmp_path / "p.csv", [{"text": "first text", "second": "good second text"}])
+    assert cli.main([*argv, "--input", str(tmp_path / "p.csv")]) == 0
+    assert json.loads(capsys.readouterr().out) == given  # the same pair, the same answer
+    err = one_line_error([*argv, "one", "two", "--text_pair", "only one"], capsys)
+    assert "2 text(s) but 1 --text_pair value(s)" in err
+    assert "--text_pair SECOND" in one_line_error([*argv, "no pair"], capsys)
+    single = tmp_path / "single"
+    shutil.copytree(classifier, single)
+    settings = json.loads((single / "finetune_config.json").read_text())
+    (single / "finetune_config.json").write_text(json.dumps(settings | {"text_pair_column": None}))
+    argv = ["classify", "--model", str(single), "a", "--text_pair", "b"]
+    assert "fine-tuned on single texts, not pairs; drop --text_pair" in one_line_error(argv, capsys)
+
+
+def test_a_fine_tuned_model_keeps_its_starts_pooling_for_embed(classifier, tmp_path, capsys):
+    assert (classifier / "1_Pooling" / "config.json").is_file()
+    (tmp_path / "s.txt").write_text("a film\n", encoding="utf-8")
+    argv = ["embed", "--model", str(classifier), "--input", str(tmp_path / "s.txt")]
+    assert cli.main([*argv, "--output", str(tmp_path / "v.npy"), "--progress", "false"]) == 0
+    assert "mean pooling (declared in" in capsys.readouterr().err

@@ -23,8 +23,9 @@ from safetensors.torch import load_file
 
 from bertforge import cli
 from bertforge.cli.pretrain import main
+from bertforge.data.shards import prepare
 from bertforge.errors import BertforgeError
-from bertforge.progress import read_metrics
+from bertforge.progress import ProgressBar, read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import list_checkpoints
 from bertforge.training.config import ModelSection, PretrainConfig, TrainConfig
@@ -646,3 +647,54 @@ def test_identity_attention_starts_every_token_at_the_mean_of_its_sequence(
     assert not starts_random(ident)
     with pytest.raises(BertforgeError, match="--train.attention_init"):
         TrainConfig(**(TINY_TRAIN | {"max_steps": 2, "attention_init": "eye"}))
+
+
+# ---- the progress line and the from-scratch table -----------------------------------------------
+
+
+def test_the_progress_line_shows_the_mlm_loss_beside_the_total(capsys):
+    bar = ProgressBar(10, enabled=True, log_interval=0)
+    bar.update(step=10, elapsed=1.0, loss=11.9, lr=1e-4, tokens_per_s=100, mlm_loss=5.8)
+    bar.close()
+    assert "loss 11.9000 (MLM 5.8000)" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def pretrain_data(tmp_path_factory, shakespeare_file) -> Path:
+    root = tmp_path_factory.mktemp("pretrain-table")
+    text = root / "text.txt"
+    text.write_text(shakespeare_file.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+    prepare([str(text)], Tokenizer.train(text, vocab_size=200), root / "data",
+            max_seq_length=32, mode="nsp", progress=False)  # fmt: skip
+    return root / "data"
+
+
+def test_a_from_scratch_table_names_its_columns_and_a_rerun_says_finished(
+    pretrain_data, tmp_path, capsys
+):
+    argv = ["pretrain", "--data", str(pretrain_data), "--output", str(tmp_path / "run")]
+    argv += ["--model.preset", "tiny", "--model.hidden_size", "32", "--model.num_hidden_layers"]
+    argv += ["1", "--model.num_attention_heads", "2", "--model.intermediate_size", "64"]
+    argv += ["--train.max_steps", "2", "--train.batch_size", "8", "--train.eval_examples", "16"]
+    argv += ["--train.precision", "fp32", "--train.progress", "false", "--train.num_threads", "1"]
+    argv += ["--train.fresh_head", "warm"]  # a start of its own: the table has three columns
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    header = next(line for line in err.splitlines() if "BERT random init" in line)
+    assert header.split() == [
+        "BERT",
+        "random",
+        "init",
+        "step",
+        "0",
+        "(own",
+        "init)",
+        "trained",
+        "(2",
+        "steps)",
+    ]
+    assert "step 0 (own init): this run before its first step; BERT random init:" in err
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'run'} holds a finished run (2 steps, its budget reached)" in err
+    assert "resuming" not in err

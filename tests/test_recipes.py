@@ -17,6 +17,7 @@ from bertforge.cli import main as cli_main
 from bertforge.data.dataset import PretrainingDataset
 from bertforge.data.shards import prepare
 from bertforge.recipes import RECIPES
+from bertforge.recipes.report import downstream_table
 from bertforge.recipes.runner import fixed_split, sample, unigram_baseline
 from bertforge.tokenizer.wordpiece import Tokenizer
 
@@ -222,3 +223,12 @@ def test_unigram_baseline_counts_what_the_instances_hold(shakespeare_file, tmp_p
     assert result["tokens"] == int(seen.sum()) > 1000
     assert result["loss"] == pytest.approx(-(seen * np.log(probs)).sum() / seen.sum(), rel=1e-9)
     assert result["accuracy"] == pytest.approx(seen[np.argmax(probs)] / seen.sum())
+
+
+def test_a_recipe_report_marks_a_seed_that_did_not_beat_the_baseline():
+    seeds = {"0": {"accuracy": 0.2612, "beats_baseline": False}, "1": {"accuracy": 0.56}}
+    table = downstream_table(
+        {"agnews": {"random_init": {"seeds": seeds, "mean": {"accuracy": 0.4106}}}}
+    )
+    assert "| 0.2612*, 0.5600 |" in table
+    assert "* did not beat the majority baseline" in table and "--lr" in table

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import TaskFiles, noise
+from support.cli import one_line_error
 from transformers import BertTokenizerFast
 
+from bertforge import cli
 from bertforge.cli import main as cli_main
 from bertforge.errors import BertforgeError
 from bertforge.tokenizer.files import SPECIAL_TOKENS
@@ -338,3 +342,19 @@ def test_cli_refuses_an_existing_output_and_never_replaces_a_model(task_files, t
     empty.mkdir()
     assert train(empty, 30) == (0, "")
     assert Tokenizer.from_file(empty).vocab_size == 30
+
+
+def test_tokenizer_train_reads_the_text_column_of_a_table(tmp_path, capsys):
+    rng = random.Random(2)
+    rows = [{"label": "zqxlabel", "text": noise(rng, 12)} for _ in range(200)]
+    for fmt in ("csv", "jsonl"):
+        table = tmp_path / f"labelled.{fmt}"
+        TaskFiles.write_rows(table, rows, fmt)
+        out = tmp_path / f"tok-{fmt}"
+        base = ["tokenizer", "train", "--input", str(table), "--vocab_size", "200"]
+        err = one_line_error([*base, "--output", str(out)], capsys)
+        assert "--text_column" in err and "label" in err  # names the columns or keys
+        assert cli.main([*base, "--output", str(out), "--text_column", "text"]) == 0
+        vocab = (out / "vocab.txt").read_text().split()
+        assert "movie" in vocab  # a filler word of the texts
+        assert not {"zqxlabel", "label", '"', "{"} & set(vocab), fmt  # nothing but the texts

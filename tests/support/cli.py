@@ -13,6 +13,15 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
+def one_line_error(argv: list[str], capsys) -> str:
+    """The one-line error of a refused command: ``bertforge ARGV`` exits 2 and writes exactly one
+    line, ``error: ...``, to stderr (returned)."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
 class Terminal:
     """A stand-in for a terminal on stderr: what a progress bar draws lands in ``text``."""
 
@@ -34,4 +43,4 @@ class Terminal:
         return "".join(self.parts)
 
 
-__all__ = ["Terminal", "run_cli"]
+__all__ = ["Terminal", "one_line_error", "run_cli"]
