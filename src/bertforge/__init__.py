@@ -19,6 +19,7 @@ from bertforge.modeling.model import (
     BertForMaskedLM,
     BertForPreTraining,
     BertForSequenceClassification,
+    BertForTokenClassification,
     BertModel,
 )
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -33,6 +34,7 @@ __all__ = [
     "BertForMaskedLM",
     "BertForPreTraining",
     "BertForSequenceClassification",
+    "BertForTokenClassification",
     "BertModel",
     "BertforgeError",
     "FinetuneConfig",
