@@ -114,8 +114,8 @@ def tag(
     piece); see the module docstring.
     """
     texts = _check_texts(texts)
-    kind = type(model).__name__ if isinstance(model, nn.Module) else None
-    kind = kind or next(iter(model.config.architectures or []), "an unknown model")
+    # what config.json says it is (a sequence classifier's head would load into ours unnoticed)
+    kind = next(iter(model.config.architectures or []), type(model).__name__)
     if kind != "BertForTokenClassification":
         where = getattr(model, "name_or_path", "the model")
         raise BertforgeError(
