@@ -405,27 +405,6 @@ def word_predictions(
     return out
 
 
-__all__ = [
-    "DOCSTART",
-    "IGNORE",
-    "TaggedData",
-    "Windows",
-    "build_tag_map",
-    "check_tags",
-    "encode_tagged",
-    "TaggingTaskData",
-    "load_tagging_data",
-    "read_conll",
-    "texts_to_tag",
-    "read_tagged",
-    "read_tagged_jsonl",
-    "split_windows",
-    "tag_ids",
-    "word_pieces",
-    "word_predictions",
-]
-
-
 # ---- a fine-tuning data set, ready for the loop ------------------------------------------------
 
 
@@ -515,3 +494,24 @@ def load_tagging_data(
     warnings += _split_note("training", train_windows, max_length)
     warnings += _split_note("validation", val_windows, max_length)
     return TaggingTaskData(train, val, id2label, train_windows, val_windows, val_tags, warnings)
+
+
+__all__ = [
+    "DOCSTART",
+    "IGNORE",
+    "TaggedData",
+    "Windows",
+    "build_tag_map",
+    "check_tags",
+    "encode_tagged",
+    "TaggingTaskData",
+    "load_tagging_data",
+    "read_conll",
+    "texts_to_tag",
+    "read_tagged",
+    "read_tagged_jsonl",
+    "split_windows",
+    "tag_ids",
+    "word_pieces",
+    "word_predictions",
+]
