@@ -27,6 +27,7 @@ from bertforge.evaluation.entities import entities, entity_scores
 from bertforge.inference.tagging import tag
 from bertforge.modeling.model import BertForTokenClassification
 from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.config import FinetuneConfig
 
 # ---- a learnable tagging rule -------------------------------------------------------------------
 # Names are entities whatever surrounds them: "anna"/"tom" PER, "paris" LOC, "new york" a two-word
@@ -384,4 +385,19 @@ def test_onnx_export_gives_the_eager_logits(trained, tmp_path):
         ]
         assert [e["score"] for e in exported] == pytest.approx(
             [e["score"] for e in eager], abs=1e-4
+        )
+
+
+def test_held_out_sentences_and_label_all_tokens_run(work, tmp_path):
+    out = tmp_path / "held_out"
+    argv = ["finetune", "--task", "token_classification", "--model", str(work["start"])]
+    argv += ["--train", str(work["train"]), "--output", str(out), "--max_steps", "2"]
+    argv += ["--validation_fraction", "0.25", "--label_all_tokens", "true", *FAST]
+    assert cli.main(argv) == 0
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["validation"]["examples"] == 64  # a quarter of the 256 sentences
+    assert json.loads((out / "finetune_config.json").read_text())["label_all_tokens"] is True
+    with pytest.raises(BertforgeError, match="does not fit --task token_classification"):
+        FinetuneConfig(
+            model="m", train=["t"], output="o", task="token_classification", metric="mcc"
         )
