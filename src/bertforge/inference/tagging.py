@@ -94,6 +94,26 @@ def _group(
     return found
 
 
+def _text_windows(
+    tokenizer: Any, encodings: Sequence[Any], max_length: int
+) -> tuple[list[tuple[np.ndarray, int]], list[tuple[int, list[int]]]]:
+    """Windows ``[CLS] pieces [SEP]`` of whole words of each encoded text, and for each window
+    (its text, the positions of its pieces in that text's encoding)."""
+    encoded, origin = [], []
+    for t, enc in enumerate(encodings):
+        words = [w if w is not None else -1 for w in enc.word_ids]
+        starts = [i for i in range(len(words)) if i == 0 or words[i] != words[i - 1]]
+        ends = starts[1:] + [len(words)]
+        lengths = [e - s for s, e in zip(starts, ends, strict=True)]
+        for first, end in split_windows(lengths, max_length - 2):
+            positions = [p for w in range(first, end) for p in range(starts[w], ends[w])]
+            positions = positions[: max_length - 2]  # a single word longer than a window
+            ids = [tokenizer.cls_id, *(enc.ids[p] for p in positions), tokenizer.sep_id]
+            encoded.append((np.asarray(ids, dtype=np.int32), len(ids)))
+            origin.append((t, positions))
+    return encoded, origin
+
+
 def tag(
     model: nn.Module,
     tokenizer: Any,
@@ -137,21 +157,7 @@ def tag(
         encodings = tokenizer.backend.encode_batch(list(texts), add_special_tokens=False)
     except TypeError:
         encodings = tokenizer.backend.encode_batch(valid_unicode(texts), add_special_tokens=False)
-    # windows of whole words; (text, piece positions) of each
-    encoded, origin = [], []
-    for t, enc in enumerate(encodings):
-        words = [w if w is not None else -1 for w in enc.word_ids]
-        starts = [i for i in range(len(words)) if i == 0 or words[i] != words[i - 1]]
-        ends = starts[1:] + [len(words)]
-        for first, end in split_windows(
-            [e - s for s, e in zip(starts, ends, strict=True)], max_length - 2
-        ):
-            positions = [p for w in range(first, end) for p in range(starts[w], ends[w])][
-                : max_length - 2
-            ]
-            ids = [tokenizer.cls_id, *(enc.ids[p] for p in positions), tokenizer.sep_id]
-            encoded.append((np.asarray(ids, dtype=np.int32), len(ids)))
-            origin.append((t, positions))
+    encoded, origin = _text_windows(tokenizer, encodings, max_length)
     logits = token_logits(
         model,
         encoded,
