@@ -366,6 +366,8 @@ MODEL_COMMANDS = [
     ["classify", "some text"],
     ["classify", "some text", "--backend", "onnx"],
     ["fill-mask", "a [MASK] ."],
+    ["tag", "some text"],
+    ["tag", "--input", "x.txt", "--backend", "onnx"],
     ["evaluate", "--data", "x.txt"],
     ["finetune", "--train", "x.csv", "--output", "out"],
     ["export", "--format", "onnx", "--output", "out"],
