@@ -20,6 +20,7 @@ from bertforge.data.tagging import (
     encode_tagged,
     read_tagged,
     split_windows,
+    texts_to_tag,
     word_predictions,
 )
 from bertforge.errors import BertforgeError
@@ -401,3 +402,18 @@ def test_held_out_sentences_and_label_all_tokens_run(work, tmp_path):
         FinetuneConfig(
             model="m", train=["t"], output="o", task="token_classification", metric="mcc"
         )
+
+
+def test_texts_to_tag_reads_lines_columns_and_conll_as_written(tmp_path):
+    lines = tmp_path / "t.txt"
+    lines.write_text("  Anna <br /> went\r\n\nhome\n")
+    assert texts_to_tag(lines) == ["  Anna <br /> went", "home"]  # kept as written: offsets
+    table = tmp_path / "t.csv"
+    table.write_text("id,body\n1,Anna went\n2,to Paris\n")
+    assert texts_to_tag(table, "body") == ["Anna went", "to Paris"]
+    tokens = tmp_path / "t.jsonl"
+    tokens.write_text('{"tokens": ["Anna", "went"]}\n{"tokens": ["home"]}\n')
+    assert texts_to_tag(tokens) == ["Anna went", "home"]
+    conll = write_conll(tmp_path / "t.conll", [(["New", "York"], ["B-LOC", "I-LOC"])])
+    assert texts_to_tag(conll) == ["New York"]
+    assert texts_to_tag(conll, form="lines")[0] == "-DOCSTART-\tO"
