@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from bertforge.evaluation.entities import entities, entity_scores
 from bertforge.inference.tagging import tag
 from bertforge.modeling.model import BertForTokenClassification
 from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.checkpoints import list_checkpoints
 from bertforge.training.config import FinetuneConfig
 
 # ---- a learnable tagging rule -------------------------------------------------------------------
@@ -417,3 +419,21 @@ def test_texts_to_tag_reads_lines_columns_and_conll_as_written(tmp_path):
     conll = write_conll(tmp_path / "t.conll", [(["New", "York"], ["B-LOC", "I-LOC"])])
     assert texts_to_tag(conll) == ["New York"]
     assert texts_to_tag(conll, form="lines")[0] == "-DOCSTART-\tO"
+
+
+def test_resume_from_a_checkpoint_continues_exactly(work, tmp_path):
+    options = ["--max_steps", "6", "--eval_every", "3", "--keep_checkpoints", "0"]
+    options += ["--keep_final_checkpoint", "--validation", str(work["dev"]), *FAST]
+    argv = ["finetune", "--task", "token_classification", "--model", str(work["start"])]
+    argv += ["--train", str(work["train"])]
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    assert cli.main([*argv, "--output", str(full), *options]) == 0
+    first, last = list_checkpoints(full)
+    shutil.copytree(first, resumed / first.name)  # as if the run had been killed after step 3
+    for f in full.iterdir():  # ... leaving its best model so far next to the checkpoint
+        if f.is_file():
+            shutil.copy(f, resumed / f.name)
+    assert cli.main([*argv, "--output", str(resumed), *options]) == 0
+    a = BertForTokenClassification.from_pretrained(last).state_dict()
+    b = BertForTokenClassification.from_pretrained(list_checkpoints(resumed)[-1]).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
