@@ -23,7 +23,7 @@ from support.cli import one_line_error, run_cli
 
 from bertforge import cli
 from bertforge.data.shards import prepare
-from bertforge.modeling.model import BertForSequenceClassification
+from bertforge.modeling.model import BertForSequenceClassification, BertForTokenClassification
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import latest_checkpoint
 
@@ -58,6 +58,10 @@ def fx(task_files, tmp_path_factory) -> dict[str, Path]:
     BertForSequenceClassification.from_pretrained(
         mlm, num_labels=2, id2label={0: "neg", 1: "pos"}
     ).save_pretrained(clf, tokenizer=Tokenizer.from_file(mlm))
+    tagger = root / "tagger"
+    BertForTokenClassification.from_pretrained(
+        mlm, num_labels=3, id2label={0: "O", 1: "B-PER", 2: "I-PER"}
+    ).save_pretrained(tagger, tokenizer=Tokenizer.from_file(mlm))
     task_files.write_sentiment(root / "train.csv", 32, seed=0)
     data = root / "data"
     prepare(
@@ -74,7 +78,14 @@ def fx(task_files, tmp_path_factory) -> dict[str, Path]:
     assert cli.main(["pretrain", "--data", str(data), "--output", str(run), *TINY_PRETRAIN]) == 0
     torch.set_num_threads(threads)
     assert latest_checkpoint(run) is not None
-    return {"mlm": mlm, "clf": clf, "train": root / "train.csv", "data": data, "run": run}
+    return {
+        "mlm": mlm,
+        "clf": clf,
+        "tagger": tagger,
+        "train": root / "train.csv",
+        "data": data,
+        "run": run,
+    }
 
 
 def _files(root: Path) -> set[str]:
@@ -480,6 +491,36 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
         ),
         ("p.png: is a directory",),
     ),
+    # token classification
+    (
+        "tag-with-a-sequence-classifier",
+        lambda fx, t: ["tag", "--model", fx["clf"], "anna went home"],
+        (
+            "is a BertForSequenceClassification, not a token classifier",
+            "--task token_classification",
+        ),
+    ),
+    (
+        "tag-conll-input-without-sentences",
+        lambda fx, t: ["tag", "--model", fx["tagger"], "--input", _write(t / "x.conll", "\n\n")],
+        ("x.conll: holds no sentence",),
+    ),
+    (
+        "evaluate-tagger-on-an-unknown-tag",
+        lambda fx, t: (
+            ["evaluate", "--model", fx["tagger"], "--data"]
+            + [_write(t / "d.conll", "anna B-PER\nin O\nrome B-LOC\n")]
+        ),
+        ("d.conll:3: tag 'B-LOC' is not among the model's tags (O, B-PER, I-PER)",),
+    ),
+    (
+        "finetune-tags-not-iob",
+        lambda fx, t: (
+            ["finetune", "--model", fx["mlm"], "--train", _write(t / "n.conll", "anna PER\n")]
+            + ["--output", t / "out", "--task", "token_classification", *FAST_FINETUNE]
+        ),
+        ("n.conll:1: tag 'PER' is not IOB; write O, B-TYPE or I-TYPE",),
+    ),
     # finetune options
     (
         "finetune-lr-0",
@@ -556,6 +597,8 @@ MODEL_COMMANDS = [
     ["classify", "some text"],
     ["classify", "some text", "--backend", "onnx"],
     ["fill-mask", "a [MASK] ."],
+    ["tag", "some text"],
+    ["tag", "--input", "x.txt", "--backend", "onnx"],
     ["evaluate", "--data", "x.txt"],
     ["finetune", "--train", "x.csv", "--output", "out"],
     ["export", "--format", "onnx", "--output", "out"],

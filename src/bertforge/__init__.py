@@ -24,6 +24,7 @@ from bertforge.modeling.model import (
     BertForMaskedLM,
     BertForPreTraining,
     BertForSequenceClassification,
+    BertForTokenClassification,
     BertModel,
 )
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -38,6 +39,7 @@ __all__ = [
     "BertForMaskedLM",
     "BertForPreTraining",
     "BertForSequenceClassification",
+    "BertForTokenClassification",
     "BertModel",
     "BertforgeError",
     "FinetuneConfig",

@@ -53,7 +53,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "finetune": (
         "bertforge.cli.finetune",
         "main",
-        "fine-tune for classification or regression",
+        "fine-tune for classification, regression or token classification",
     ),
     "downstream": (
         "bertforge.cli.downstream",
@@ -70,6 +70,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "bertforge.cli.predict",
         "classify_main",
         "classify texts with a fine-tuned model",
+    ),
+    "tag": (
+        "bertforge.cli.tag",
+        "main",
+        "find named entities with a fine-tuned token classifier",
     ),
     "embed": ("bertforge.cli.predict", "embed_main", "embed texts into a .npy matrix"),
     "recipe": (

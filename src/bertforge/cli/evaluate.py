@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from bertforge.cli.common import ModelOptions, TaskOptions, finetune_defaults, load_model
 from bertforge.cli.options import parse_config
+from bertforge.data.tagging import encode_tagged, read_tagged, tag_ids
 from bertforge.data.tasks import encode_examples, load_labelled
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.mlm import (
@@ -22,6 +23,7 @@ from bertforge.evaluation.mlm import (
     mlm_text_batches,
     random_init_like,
 )
+from bertforge.evaluation.tagging import evaluate_tagging_model, tagging_report
 from bertforge.evaluation.tasks import baseline_warning, evaluate_sequence_model, task_report
 from bertforge.io import atomic_write_text, read_json_object
 from bertforge.modeling.checkpoint import check_model_directory
@@ -30,6 +32,7 @@ from bertforge.modeling.model import (
     BertForMaskedLM,
     BertForPreTraining,
     BertForSequenceClassification,
+    BertForTokenClassification,
 )
 from bertforge.training.finetune import RESULTS_FILE
 
@@ -39,7 +42,8 @@ class EvaluateConfig(ModelOptions, TaskOptions):
     """Options of ``bertforge evaluate``."""
 
     data: list[str]
-    """A text file (pretrained MLM) or labelled CSV/TSV/JSONL file(s) (fine-tuned model)."""
+    """A text file (pretrained MLM), labelled CSV/TSV/JSONL file(s) (fine-tuned classifier), or
+    CoNLL-style / tokens+tags JSONL file(s) (token classifier)."""
     batch_size: int = 64
     """Texts per forward pass."""
     label_column: str | None = None
@@ -61,7 +65,8 @@ DESCRIPTION = (
     "Evaluate a model. A masked-language model (pretrained): MLM loss, perplexity and "
     "masked-token accuracy on a text file, next to a random-initialised network of the same "
     "shape. A fine-tuned classifier/regressor: its metrics on a labelled file, with the "
-    "per-class report."
+    "per-class report. A token classifier: entity-level precision/recall/F1 (seqeval's default "
+    "mode), token accuracy and the per-type report on tagged files."
 )
 
 
@@ -128,6 +133,48 @@ def _evaluate_task_model(args: EvaluateConfig, config: Any) -> dict[str, Any]:
     metric = ft.get("metric") or ("spearman" if config.is_regression else "accuracy")
     warning = baseline_warning(metric, metrics[metric], base)
     print("\n".join(lines + ([warning] if warning else [])))
+    return result
+
+
+def _evaluate_tagging_model(args: EvaluateConfig, config: Any) -> dict[str, Any]:
+    start = time.perf_counter()
+    ft = finetune_defaults(args.model)
+    model, tokenizer, options = load_model(BertForTokenClassification, args)
+    data = read_tagged(args.data)
+    for note in data.notes:
+        print(note, file=sys.stderr)
+    true = tag_ids(data, config.label2id, train_source="model's")
+    max_length = next(
+        v
+        for v in (args.max_length, ft.get("max_length"), config.max_position_embeddings)
+        if v is not None
+    )
+    windows = encode_tagged(tokenizer, data.words, true, max_length=max_length)
+    metrics, predicted = evaluate_tagging_model(model, windows, true, tokenizer.pad_id, **options)
+    more = f" + {len(args.data) - 1} more" if len(args.data) > 1 else ""
+    report = tagging_report(
+        config, true, predicted, plot=args.plot, plot_title=Path(args.data[0]).name + more
+    )
+    result = {
+        "model": args.model,
+        "data": args.data,
+        "task": "token_classification",
+        **metrics,
+        "seconds": round(time.perf_counter() - start, 1),
+        **report,
+    }
+    lines = [f"{k}: {metrics[k]:.4f}" for k in metrics if k not in ("examples", "entities")]
+    lines.append(
+        f"sentences: {metrics['examples']:,} ({len(windows):,} windows), entities: "
+        f"{metrics['entities']:,} ({result['seconds']}s)"
+    )
+    lines += ["", report["report_text"]]
+    base = report["baseline"]
+    lines.append(
+        f"baseline ({base['definition']}): entity_f1 {base['entity_f1']:.4f}, token_accuracy "
+        f"{base['token_accuracy']:.4f}"
+    )
+    print("\n".join(lines))
     return result
 
 
@@ -212,7 +259,9 @@ def main(argv: list[str]) -> int:
 
     args = parse_config(EvaluateConfig, argv, prog="bertforge evaluate", description=DESCRIPTION)
     config = BertConfig.load(check_model_directory(args.model))
-    if "BertForSequenceClassification" in (config.architectures or []):
+    if "BertForTokenClassification" in (config.architectures or []):
+        result = _evaluate_tagging_model(args, config)
+    elif "BertForSequenceClassification" in (config.architectures or []):
         result = _evaluate_task_model(args, config)
     else:
         result = _evaluate_mlm_model(args, config)

@@ -282,6 +282,11 @@ class TaskData:
     warnings: list[str]
     """What looks wrong with the data without stopping the run (e.g. classes missing)."""
 
+    def batch_labels(self, rows: Sequence[int], length: int) -> torch.Tensor:
+        """The training labels of examples ``rows`` as trained on (``length``, the batch's padded
+        length, is for token labels: unused here)."""
+        return torch.as_tensor(self.targets[np.asarray(rows)])
+
 
 def load_task_data(
     tokenizer: Any,

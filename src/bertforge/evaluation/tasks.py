@@ -24,6 +24,8 @@ HIGHER_IS_BETTER = {
     "pearson": True,
     "mse": False,
     "mae": False,
+    "entity_f1": True,
+    "token_accuracy": True,
     "loss": False,
 }
 """Direction of each validation metric (which way is an improvement)."""

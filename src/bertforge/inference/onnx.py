@@ -27,8 +27,8 @@ kernels), which serve eager PyTorch and would bake one batch's shapes into a tra
 
 :class:`OnnxModel` is the inference-level interface: it loads such a directory into an
 ``onnxruntime.InferenceSession`` and offers ``sequence_logits`` and ``hidden_states`` on padded
-numpy batches; :func:`bertforge.inference.predict.classify` and ``embed`` take it in place of a
-PyTorch model. ``onnx`` and ``onnxruntime`` are an optional extra: ``pip install "bertforge[onnx]"``.
+numpy batches (``token_logits`` for a token classifier); :func:`bertforge.inference.predict.classify`,
+``embed`` and :func:`bertforge.inference.tagging.tag` take it in place of a PyTorch model. ``onnx`` and ``onnxruntime`` are an optional extra: ``pip install "bertforge[onnx]"``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,11 @@ from bertforge.modeling.checkpoint import (
     read_safetensors,
 )
 from bertforge.modeling.config import BertConfig
-from bertforge.modeling.model import BertForSequenceClassification, BertModel
+from bertforge.modeling.model import (
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
 from bertforge.modeling.pooling import copy_pooling_declaration, pooling_declaration
 from bertforge.tokenizer.wordpiece import Tokenizer
 
@@ -85,16 +89,18 @@ def _require(module: str) -> Any:
 
 # ---- the exported computation -----------------------------------------------------------------
 class PlainBert(nn.Module):
-    """The encoder (+ pooler and classifier of a sequence classifier) as one straight-line graph
-    over the parameters of a loaded bertforge model; ``forward`` returns the outputs named in
-    :attr:`output_names`."""
+    """The encoder (+ pooler and classifier of a sequence classifier, or the per-token classifier
+    of a token classifier) as one straight-line graph over the parameters of a loaded bertforge
+    model; ``forward`` returns the outputs named in :attr:`output_names`."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.bert = getattr(model, "bert", model)
         self.classifier = getattr(model, "classifier", None)
         self.config: BertConfig = self.bert.config
-        if self.classifier is not None and self.bert.pooler is None:
+        self.per_token = isinstance(model, BertForTokenClassification)
+        """The logits are (B, T, num_labels), one row per token."""
+        if self.classifier is not None and self.bert.pooler is None and not self.per_token:
             raise BertforgeError("a classifier without a pooler cannot be exported")
         self.output_names = ["last_hidden_state"]
         if self.bert.pooler is not None:
@@ -134,6 +140,8 @@ class PlainBert(nn.Module):
             h = self._activation(layer.intermediate.dense(x))  # (B, T, intermediate)
             x = layer.output.LayerNorm(layer.output.dense(h) + x)
         outputs = [x]
+        if self.per_token:
+            outputs.insert(0, self.classifier(x))  # (B, T, num_labels)
         if self.bert.pooler is not None:
             pooled = torch.tanh(self.bert.pooler.dense(x[:, 0]))  # (B, H)
             outputs.append(pooled)
@@ -147,6 +155,9 @@ def _load_for_export(model_dir: Path) -> nn.Module:
     """The richest model the checkpoint holds: a sequence classifier when it has classifier
     weights, else the encoder (with its pooler when the checkpoint has one)."""
     keys = {normalize_key(k) for k in read_safetensors(model_dir)}
+    config = BertConfig.load(model_dir / "config.json")
+    if "BertForTokenClassification" in (config.architectures or []):
+        return BertForTokenClassification.from_pretrained(model_dir).eval()
     if any(k.startswith("classifier.") for k in keys):
         return BertForSequenceClassification.from_pretrained(model_dir).eval()
     model = BertModel.from_pretrained(model_dir)
@@ -257,7 +268,9 @@ def export_onnx(
                 input_names=list(INPUT_NAMES),
                 output_names=plain.output_names,
                 dynamic_axes={
-                    name: {0: "batch", 1: "length"} if name in _BY_TOKEN else {0: "batch"}
+                    name: {0: "batch", 1: "length"}
+                    if name in _BY_TOKEN or (name == "logits" and plain.per_token)
+                    else {0: "batch"}
                     for name in (*INPUT_NAMES, *plain.output_names)
                 },
                 opset_version=OPSET,
@@ -329,6 +342,10 @@ class OnnxModel:
 
     def sequence_logits(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         """(B, num_labels) float32 logits of a padded batch of a sequence classifier."""
+        return self._run("logits", batch)
+
+    def token_logits(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        """(B, T, num_labels) float32 logits of a padded batch of a token classifier."""
         return self._run("logits", batch)
 
     def hidden_states(self, batch: dict[str, np.ndarray]) -> np.ndarray:

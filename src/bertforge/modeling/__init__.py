@@ -8,6 +8,7 @@ from bertforge.modeling.model import (
     BertForMaskedLM,
     BertForPreTraining,
     BertForSequenceClassification,
+    BertForTokenClassification,
     BertModel,
     BertPreTrainedModel,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "BertForMaskedLM",
     "BertForPreTraining",
     "BertForSequenceClassification",
+    "BertForTokenClassification",
     "BertModel",
     "BertPreTrainedModel",
     "load_pretrained",

@@ -12,7 +12,9 @@ for speed only and never changes the function (``tests/test_fast_paths.py`` chec
   attention and the rest only at those rows (and [CLS]), keys and values everywhere: the loss
   is identical, the 30k-wide decoder does ~15% of the work;
 * task models skip the padding: projections, feed-forward, LayerNorm and dropout run on the real
-  tokens only, attention alone on the (B, T) grid (``skip_padding``);
+  tokens only, attention alone on the (B, T) grid (``skip_padding``); the token classifier,
+  training, runs its last layer and head at the labelled positions only (a word's first piece),
+  as the MLM head does at the masked ones (``labelled_only``);
 * dropout, the MLM cross-entropy, and in fp32 training the block ends (bias + dropout +
   residual + LayerNorm), attention's softmax + dropout and the feed-forward's bias + GELU use
   the fused CPU forms of ``bertforge.modeling.ops`` (C kernels when a compiler is at hand), and
@@ -117,6 +119,15 @@ class SequenceClassifierOutput:
     """(B, num_labels); for regression (B, 1)."""
     hidden_states: Tensor | None = None
     """(B, T, H) last hidden state; None when labels are given (the last layer ran on [CLS])."""
+    attentions: tuple[Tensor, ...] | None = None
+
+
+@dataclass
+class TokenClassifierOutput:
+    loss: Tensor | None
+    logits: Tensor
+    """(B, T, num_labels); (n_labelled, num_labels) at the labelled positions with
+    ``labelled_only``."""
     attentions: tuple[Tensor, ...] | None = None
 
 
@@ -898,8 +909,51 @@ class BertForSequenceClassification(BertPreTrainedModel):
         return SequenceClassifierOutput(loss, logits, hidden, out.attentions)
 
 
+class BertForTokenClassification(BertPreTrainedModel):
+    """Encoder (no pooler, as transformers') + dropout + linear head on every token: a tag per
+    token (named entities), cross-entropy over the positions whose label is not -100."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config, add_pooling_layer=False)
+        p = config.classifier_dropout
+        self.dropout = Dropout(config.hidden_dropout_prob if p is None else p)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+        output_attentions: bool = False,
+        labelled_only: bool | None = None,
+    ) -> TokenClassifierOutput:
+        """``labelled_only`` (by default when labels are given: training): the last layer and the
+        head run at the labelled positions only (a word's first piece), the loss is the same, and
+        the logits are (n_labelled, num_labels) in row-major order of those positions."""
+        labelled_only = labels is not None if labelled_only is None else labelled_only
+        rows = None
+        if labelled_only:
+            if labels is None:
+                raise ValueError("labelled_only needs labels")
+            rows = (labels.flatten() != IGNORE_INDEX).nonzero().squeeze(1)  # (n,)
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_attentions, True, rows)
+        logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, T, C) or (n, C)
+        loss = None
+        if labels is not None:
+            target = labels.flatten() if rows is None else labels.flatten()[rows]
+            flat = logits.float().reshape(-1, self.num_labels)  # (B*T, C) or (n, C)
+            loss = F.cross_entropy(flat, target, ignore_index=IGNORE_INDEX)
+        return TokenClassifierOutput(loss, logits, out.attentions)
+
+
 __all__ = [
     "BertModel",
+    "BertForTokenClassification",
+    "TokenClassifierOutput",
     "BertForPreTraining",
     "BertForMaskedLM",
     "BertForReplacedTokenDetection",

@@ -27,10 +27,21 @@ PositionInit = Literal["normal", "sinusoidal"]
 WordInit = Literal["normal", "cooccurrence"]
 AttentionInit = Literal["normal", "identity"]
 Preset = Literal["tiny", "mini", "small", "medium", "base", "large"]
-Task = Literal["classification", "regression"]
-Metric = Literal["accuracy", "macro_f1", "mcc", "spearman", "pearson", "mse", "mae"]
+Task = Literal["classification", "regression", "token_classification"]
+Metric = Literal[
+    "accuracy",
+    "macro_f1",
+    "mcc",
+    "spearman",
+    "pearson",
+    "mse",
+    "mae",
+    "entity_f1",
+    "token_accuracy",
+]
 CLASSIFICATION_METRICS: tuple[str, ...] = ("accuracy", "macro_f1", "mcc")
 REGRESSION_METRICS: tuple[str, ...] = ("spearman", "pearson", "mse", "mae")
+TAGGING_METRICS: tuple[str, ...] = ("entity_f1", "token_accuracy")
 
 
 def check_choice(value: Any, choices: Any, option: str) -> None:
@@ -450,7 +461,9 @@ class FinetuneConfig(LoopOptions):
     """Starting model directory: our pretrained model or any BERT checkpoint (config.json,
     model.safetensors, vocab.txt or tokenizer.json), e.g. all-MiniLM-L6-v2."""
     train: list[str]
-    """Training file(s): .csv, .tsv or .jsonl, optionally .gz; several files are concatenated."""
+    """Training file(s): .csv, .tsv or .jsonl, optionally .gz; several files are concatenated.
+    token_classification: CoNLL-style files (a token and its tag per line) or JSONL with
+    ``tokens``/``tags`` lists (docs/tasks.md)."""
     output: str
     """Output directory for the fine-tuned model, metrics, plots and checkpoints."""
     text_column: str = "text"
@@ -460,7 +473,7 @@ class FinetuneConfig(LoopOptions):
     text_pair_column: str | None = None
     """Column holding the second text of a pair task (e.g. a title and its description)."""
     task: Task = "classification"
-    """classification or regression."""
+    """classification, regression, or token_classification (a tag per word: named entities)."""
     allow_rare_labels: bool = False
     """Train labels that look like typos (a class of one row beside classes of five or more, or
     under 20 rows and 1 % of the data, or a word among integer labels) as classes of their own
@@ -472,6 +485,10 @@ class FinetuneConfig(LoopOptions):
     """Validation file(s); without them a stratified --validation_fraction of train is held out."""
     validation_fraction: float = 0.1
     """Share of the training file held out for validation when no --validation file is given."""
+    label_all_tokens: bool = False
+    """token_classification: train every piece of a word on its tag (a ``B-X`` as ``I-X`` after
+    the first piece), not the first piece alone (transformers' run_ner --label_all_tokens);
+    predictions still read the first piece."""
     normalize_targets: bool = True
     """Regression: train on z-scored targets (the saved head is rescaled back to the original units)."""
     max_length: int = 256
@@ -506,7 +523,8 @@ class FinetuneConfig(LoopOptions):
     """Stop after this many evaluations without improvement of --metric (0 = never stop early)."""
     metric: Metric | None = None
     """Validation metric that picks the best model: accuracy, macro_f1, mcc (default accuracy),
-    or for regression spearman, pearson, mse, mae (default spearman)."""
+    for regression spearman, pearson, mse, mae (default spearman), for token_classification
+    entity_f1 (the default) or token_accuracy."""
     bucket: bool = True
     """Group examples of similar length into batches (less padding); batches stay shuffled."""
     seed: int = 0
@@ -534,9 +552,11 @@ class FinetuneConfig(LoopOptions):
                 f"--micro_batch_size {self.micro_batch_size} does not divide --batch_size "
                 f"{self.batch_size}; choose a divisor"
             )
-        default = "spearman" if self.task == "regression" else "accuracy"
-        self.metric = self.metric or default
-        allowed = REGRESSION_METRICS if self.task == "regression" else CLASSIFICATION_METRICS
+        default = {"regression": "spearman", "token_classification": "entity_f1"}
+        self.metric = self.metric or default.get(self.task, "accuracy")
+        allowed = {"regression": REGRESSION_METRICS, "token_classification": TAGGING_METRICS}.get(
+            self.task, CLASSIFICATION_METRICS
+        )
         if self.metric not in allowed:
             raise BertforgeError(
                 f"--metric {self.metric!r} does not fit --task {self.task}; "

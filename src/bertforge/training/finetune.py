@@ -9,7 +9,8 @@ checkpoint / stop on a signal. The progress bar, metrics log, checkpoints, resum
 handling are the pretraining loop's (``bertforge.progress``, ``bertforge.training.checkpoints``
 and ``bertforge.training.steps``).
 
-OUTPUT holds the best model by the validation metric (a ``BertForSequenceClassification`` with
+OUTPUT holds the best model by the validation metric (a ``BertForSequenceClassification``, or
+for ``--task token_classification`` a ``BertForTokenClassification`` scored by entity F1, with
 ``id2label``/``label2id`` in config.json, loadable by transformers too, plus the tokenizer),
 ``finetune_config.json``, ``metrics.jsonl``, ``curves.png``, ``eval_results.json``, a confusion
 matrix (classification) or predicted-vs-true scatter (regression) PNG, and the newest resumable
@@ -31,9 +32,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from bertforge.data.tagging import TaggingTaskData, load_tagging_data
 from bertforge.data.tasks import TaskData, batch_order, check_batch_fits, collate, load_task_data
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.plots import plot_training_curves
+from bertforge.evaluation.tagging import evaluate_tagging_model, tag_metrics, tagging_report
 from bertforge.evaluation.tasks import (
     HIGHER_IS_BETTER,
     baseline_metrics,
@@ -52,7 +55,7 @@ from bertforge.io import (
     read_json_object,
 )
 from bertforge.modeling.checkpoint import check_model_directory, check_tokenizer_fits
-from bertforge.modeling.model import BertForSequenceClassification
+from bertforge.modeling.model import BertForSequenceClassification, BertForTokenClassification
 from bertforge.progress import MetricsLogger, format_duration, parse_duration
 from bertforge.runtime import autocast, pick_device, pick_precision, seed_everything
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -135,8 +138,8 @@ class Run:
     """Optimizer steps of the whole run: --max_steps, else --epochs of the training data."""
     steps_per_epoch: int
     tokenizer: Tokenizer
-    data: TaskData
-    model: BertForSequenceClassification
+    data: TaskData | TaggingTaskData
+    model: BertForSequenceClassification | BertForTokenClassification
     optimizer: torch.optim.Optimizer
     logger: MetricsLogger
     baseline: float | int
@@ -153,8 +156,17 @@ class Run:
         )
         return state.finished or spent
 
-    def validate(self, model: torch.nn.Module, **kw: Any) -> tuple[dict[str, Any], np.ndarray]:
+    def validate(self, model: torch.nn.Module, **kw: Any) -> tuple[dict[str, Any], Any]:
         """Metrics and predictions of ``model`` on the validation examples."""
+        if isinstance(self.data, TaggingTaskData):
+            return evaluate_tagging_model(
+                model,
+                self.data.val_windows,
+                self.data.val_tags,
+                self.tokenizer.pad_id,
+                batch_size=self.cfg.eval_batch_size,
+                precision=self.precision,
+            )
         return evaluate_sequence_model(
             model,
             self.data.encoded_val,
@@ -249,22 +261,7 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     out = Path(cfg.output)
     tokenizer = Tokenizer.from_file(check_model_directory(cfg.model))
     t0 = time.perf_counter()
-    data = load_task_data(
-        tokenizer,
-        cfg.train,
-        cfg.validation,
-        text_column=cfg.text_column,
-        label_column=cfg.label_column,
-        text_pair_column=cfg.text_pair_column,
-        task=cfg.task,
-        validation_fraction=cfg.validation_fraction,
-        seed=cfg.seed,
-        normalize_targets=cfg.normalize_targets,
-        max_length=cfg.max_length,
-        truncation=cfg.truncation,
-        allow_rare_labels=cfg.allow_rare_labels,
-        encoding_errors=cfg.encoding_errors,
-    )
+    data = load_data(cfg, tokenizer)
     for warning in data.warnings:
         print(warning, file=sys.stderr, flush=True)
     check_batch_fits(cfg.batch_size, len(data.train), held_out=not cfg.validation)
@@ -290,14 +287,21 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     atomic_write_text(out / FINETUNE_CONFIG, json.dumps(resolved, indent=2) + "\n")
     logger = MetricsLogger(out, resume_step=state.step if resume_dir is not None else None)
     # the baseline printed beside every validation score: see evaluation.tasks.TRAINING_BASELINE
-    baseline = training_baseline(data.train.labels, cfg.task == "regression")
-    val_baseline = baseline_metrics(model.config, data.val.labels, baseline)
+    if isinstance(data, TaggingTaskData):  # the tag O everywhere: no entity found
+        baseline = 0
+        val_baseline = tag_metrics(
+            model.config, data.val_tags, [np.zeros_like(t) for t in data.val_tags]
+        )
+    else:
+        baseline = training_baseline(data.train.labels, cfg.task == "regression")
+        val_baseline = baseline_metrics(model.config, data.val.labels, baseline)
     run = Run(cfg, out, device, precision, budget, total, steps_per_epoch, tokenizer, data, model,
               optimizer, logger, baseline, val_baseline)  # fmt: skip
     micro, outputs = cfg.micro_batch, len(data.id2label) if data.id2label else 1
+    what = "windows" if isinstance(data, TaggingTaskData) else "examples"
     run.say(
         f"fine-tuning {cfg.model} for {cfg.task} ({outputs} output(s)) on "
-        f"{len(data.train):,} examples, validating on {len(data.val):,}; {precision} on {device}; "
+        f"{len(data.encoded_train):,} {what}, validating on {len(data.encoded_val):,}; {precision} on {device}; "
         f"{total} steps of batch {cfg.batch_size} = {cfg.batch_size // micro} x {micro}"
         + (f" or {format_duration(budget)}" if budget else "")
         + f"; encoded in {time.perf_counter() - t0:.1f}s"
@@ -305,15 +309,48 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     return run, state
 
 
+def load_data(cfg: FinetuneConfig, tokenizer: Tokenizer) -> TaskData | TaggingTaskData:
+    """The training and validation data of the task, encoded."""
+    if cfg.task == "token_classification":
+        return load_tagging_data(
+            tokenizer,
+            cfg.train,
+            cfg.validation,
+            validation_fraction=cfg.validation_fraction,
+            seed=cfg.seed,
+            max_length=cfg.max_length,
+            label_all_tokens=cfg.label_all_tokens,
+        )
+    return load_task_data(
+        tokenizer,
+        cfg.train,
+        cfg.validation,
+        text_column=cfg.text_column,
+        label_column=cfg.label_column,
+        text_pair_column=cfg.text_pair_column,
+        task=cfg.task,
+        validation_fraction=cfg.validation_fraction,
+        seed=cfg.seed,
+        normalize_targets=cfg.normalize_targets,
+        max_length=cfg.max_length,
+        truncation=cfg.truncation,
+        allow_rare_labels=cfg.allow_rare_labels,
+        encoding_errors=cfg.encoding_errors,
+    )
+
+
 def load_model(
     cfg: FinetuneConfig,
     tokenizer: Tokenizer,
     id2label: dict[int, str] | None,
     resume_dir: Path | None,
-) -> BertForSequenceClassification:
+) -> BertForSequenceClassification | BertForTokenClassification:
     """The checkpoint to resume, or ``cfg.model`` with a fresh head for the task."""
+    cls = model_class(cfg.task)
     if resume_dir is not None:
-        model = BertForSequenceClassification.from_pretrained(resume_dir)
+        model = cls.from_pretrained(resume_dir)
+    elif cfg.task == "token_classification":
+        model = cls.from_pretrained(cfg.model, num_labels=len(id2label or {}), id2label=id2label)
     elif cfg.task == "regression":
         model = BertForSequenceClassification.from_pretrained(
             cfg.model, num_labels=1, problem_type="regression"
@@ -334,6 +371,13 @@ def load_model(
     return model
 
 
+def model_class(task: str) -> type[BertForSequenceClassification | BertForTokenClassification]:
+    """The model of a task: a token classifier for token_classification, else a sequence one."""
+    if task == "token_classification":
+        return BertForTokenClassification
+    return BertForSequenceClassification
+
+
 def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
     """Forward/backward of the batch ``rows`` in dynamically padded micro-batches (each loss
     weighted by its share of the rows) and gradient clipping."""
@@ -344,7 +388,7 @@ def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
         rows, share = part
         examples = [data.encoded_train[i] for i in rows]
         batch = {k: v.to(device) for k, v in collate(examples, run.tokenizer.pad_id).items()}
-        labels = torch.as_tensor(data.targets[rows]).to(device)
+        labels = data.batch_labels(rows, batch["input_ids"].shape[1]).to(device)
         with autocast(device, run.precision):
             loss = run.model(**batch, labels=labels).loss
         # a mean over this micro-batch's rows -> its share of the mean over the batch
@@ -394,13 +438,18 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     """The end-of-run report: the best model reloaded from disk, its validation report and
     plots, eval_results.json."""
     cfg, out, data = run.cfg, run.out, run.data
-    best = BertForSequenceClassification.from_pretrained(out).to(run.device)
+    best = model_class(cfg.task).from_pretrained(out).to(run.device)
     plot = out / task_plot_name(best.config)
     metrics, predictions = run.validate(best)
     title = f"validation ({out.name})"
-    report = task_report(
-        best.config, data.val.labels, predictions, run.baseline, plot=plot, plot_title=title
-    )
+    if isinstance(data, TaggingTaskData):
+        report = tagging_report(
+            best.config, data.val_tags, predictions, plot=plot, plot_title=title
+        )
+    else:
+        report = task_report(
+            best.config, data.val.labels, predictions, run.baseline, plot=plot, plot_title=title
+        )
     plot_training_curves(out, out / PLOT_FILE, title=f"bertforge finetune: {out.name}")
     result = {
         "best_step": state.best_step,
@@ -489,7 +538,7 @@ def _improved(value: float, best: float | None, metric: str) -> bool:
 
 
 def save_model(
-    model: BertForSequenceClassification,
+    model: BertForSequenceClassification | BertForTokenClassification,
     out: Path,
     tokenizer: Tokenizer,
     scale: tuple[float, float] | list[float] | None,
