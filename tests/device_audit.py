@@ -144,7 +144,7 @@ def to_fake_device(model: nn.Module) -> nn.Module:
     moved: dict[int, Any] = {}
     for module in model.modules():
         for name, param in list(module._parameters.items()):
-            if param is None:
+            if param is None or isinstance(param, OnDevice):
                 continue
             if id(param) not in moved:
                 moved[id(param)] = nn.Parameter(
@@ -152,7 +152,7 @@ def to_fake_device(model: nn.Module) -> nn.Module:
                 )
             module._parameters[name] = moved[id(param)]
         for name, buf in list(module._buffers.items()):
-            if buf is not None:
+            if buf is not None and not isinstance(buf, OnDevice):
                 module._buffers[name] = OnDevice(buf.clone())
     return model
 

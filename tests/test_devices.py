@@ -197,3 +197,26 @@ def test_cpu_only_paths_are_chosen_only_for_cpu_tensors(tiny_config):
         assert ops.scratch("test.device", (3, 5), torch.float32, DEVICE).device == DEVICE
         rows = ops.padded_rows("test.device", (3, 5), 16, torch.float32, DEVICE)
         assert rows.device == DEVICE and rows.stride() == (16, 1)
+
+
+def test_a_step_waits_for_the_device_once_besides_the_sparse_head(tiny_config):
+    """Host-device syncs of an MLM step on packed sequences (no padding): the sparse head's
+    rows (``nonzero``) and their largest count per sequence, then one read of the step's loss
+    sums and gradient norm for the non-finite guard and the log. The loop's bookkeeping never
+    waits inside the step (it summed each micro-batch's losses on the CPU before); the
+    attention mask of a batch without padding is dropped on the host (no ``mask.all()``)."""
+    torch.manual_seed(0)
+    model = BertForMaskedLM(tiny_config).train()
+    batch = pretraining_batch(tiny_config.vocab_size)
+    batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
+    with DeviceAudit() as audit:
+        to_fake_device(model)
+        audit.reset()
+        pretraining_step(model, "mlm", batch, DEVICE)
+    copies = [s for s in audit.syncs if s.endswith("to the CPU")]
+    assert len(copies) == 1, audit.syncs
+    assert audit.syncs == [
+        "nonzero (a data-dependent shape)",
+        ".item() / bool() / float()",
+        copies[0],
+    ]

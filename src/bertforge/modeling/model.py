@@ -512,7 +512,7 @@ class BertModel(BertPreTrainedModel):
             )
         x = self.embeddings(input_ids, token_type_ids, words)  # (B, T, H)
         layout = Layout(B, T, None, None, output_attentions)
-        if attention_mask is not None and not bool(attention_mask.all()):  # else SDPA's fastest
+        if attention_mask is not None and has_padding(attention_mask):  # else SDPA's fastest
             layout.mask = attention_mask.to(x.device, torch.bool)[:, None, None, :]  # (B,1,1,T)
         if rows is not None and self.pooler is not None:  # append every [CLS] for the pooler
             rows = torch.cat([rows, torch.arange(B, device=rows.device) * T])  # (n + B,)
@@ -530,6 +530,17 @@ class BertModel(BertPreTrainedModel):
             return BertModelOutput(x, self.pooler(x), attentions)
         n = x.shape[0] - B
         return BertModelOutput(x[:n], self.pooler(x[n:, None]), attentions)  # pooler: (B, 1, H)
+
+
+def has_padding(attention_mask: Tensor) -> bool:
+    """Whether ``attention_mask`` hides any position. Without padding the model passes no mask
+    to attention, and SDPA may run its flash kernel. Deciding that reads the mask, a wait for
+    the device outside the CPU, and a graph break under ``torch.compile``: a compiled graph
+    keeps the mask (correct either way), and the training loops decide it on the host, passing
+    ``attention_mask=None`` for a batch without padding."""
+    if torch.compiler.is_compiling():
+        return True
+    return not bool(attention_mask.all())
 
 
 # ---- heads -------------------------------------------------------------------------------------
