@@ -220,3 +220,20 @@ def test_a_step_waits_for_the_device_once_besides_the_sparse_head(tiny_config):
         ".item() / bool() / float()",
         copies[0],
     ]
+
+
+def test_the_encoder_compiles_to_one_graph_with_or_without_padding(tiny_config):
+    """``torch.compile`` of the encoder on a non-CPU device (``meta`` here: dynamo traces, no
+    numbers) sees one graph, with an attention mask too: whether the batch is padded is never
+    read from the mask inside the graph (it broke the graph at ``bool(mask.all())``)."""
+    import torch._dynamo
+
+    model = BertModel(tiny_config).train().to("meta")
+    batch = {k: v.to("meta") for k, v in pretraining_batch(tiny_config.vocab_size).items()}
+    for mask in (None, batch["attention_mask"]):
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(model)(batch["input_ids"], mask, batch["token_type_ids"])
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), [
+            str(r.reason)[:200] for r in explained.break_reasons
+        ]
+    torch._dynamo.reset()
