@@ -11,14 +11,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from bertforge import cli
+from bertforge.modeling.model import BertForSequenceClassification
+from bertforge.tokenizer.wordpiece import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the serve helpers
-from serve_helpers import request, serve, tiny_models  # noqa: E402
+from serve_helpers import request, serve  # noqa: E402
 
 TEXTS = ["a good film about town", "the movie was bad", "music at night"]
 FP32 = ["--precision", "fp32"]
+SHORT = ["--max_length", "64"]  # the tiny models' positions
 
 
 def run(*argv: str) -> str:
@@ -33,8 +37,14 @@ def run(*argv: str) -> str:
 @pytest.fixture(scope="module")
 def work(task_files, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("gpu-commands")
-    paths = dict(tiny_models(root))
-    paths |= {"root": root, "train": root / "train.csv", "test": root / "test.csv"}
+    mlm = task_files.tiny_start_model(root, kind="mlm")
+    torch.manual_seed(1)
+    clf = BertForSequenceClassification.from_pretrained(
+        mlm, num_labels=2, id2label={0: "neg", 1: "pos"}
+    )
+    clf.save_pretrained(root / "clf", tokenizer=Tokenizer.from_file(mlm))
+    paths = {"mlm": mlm, "clf": root / "clf", "root": root}
+    paths |= {"train": root / "train.csv", "test": root / "test.csv"}
     task_files.write_sentiment(paths["train"], 160, seed=1)
     task_files.write_sentiment(paths["test"], 64, seed=2)
     paths["texts"] = root / "texts.txt"
@@ -70,6 +80,7 @@ def test_finetune_then_classify_on_the_device(work, device):
         "3e-3",
         "--progress",
         "false",
+        *SHORT,
         *FP32,
     )
     answers = {}
@@ -199,6 +210,7 @@ def test_downstream_on_the_device(work, device):
         "16",
         "--progress",
         "false",
+        *SHORT,
         *FP32,
     )
     assert any(out.rglob("*.json"))
