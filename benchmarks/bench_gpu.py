@@ -137,6 +137,8 @@ def bench_case(case, args, device, peak, with_reference=True, mlm_only=False):  
     if with_reference:
         theirs = hf_twin(ours, cls.__name__).to(device).train()
         sides["transformers"] = (theirs, hf_adamw(theirs))
+    if args.compile and with_reference:  # the same weights and optimizer, through torch.compile
+        sides["bertforge (compiled)"] = (torch.compile(ours), sides["bertforge"][1])
     batch = pretraining_batch(case.batch, case.seq, cfg.vocab_size)
     n_masked = int((batch["labels"] != -100).sum())
     flops = train_flops(cfg, case.batch, case.seq, 0 if mlm_only else n_masked)
@@ -147,8 +149,10 @@ def bench_case(case, args, device, peak, with_reference=True, mlm_only=False):  
         side: make_step(m, opt, batch, device, args.precision, mlm_only)
         for side, (m, opt) in sides.items()
     }
-    for step in steps.values():  # warm-up: allocator, cuBLAS and SDPA choices
-        timed(step, device, args.warmup)
+    for side, step in steps.items():  # warm-up: allocator, cuBLAS and SDPA choices, compiling
+        took = timed(step, device, args.warmup)
+        if "compiled" in side:
+            log(f"  {case.name} {side}: compiled in {took:.1f} s (warm-up, not timed)")
     seconds = {side: 0.0 for side in steps}
     order = list(steps)
     for rep in range(args.reps):
@@ -276,6 +280,15 @@ def report(rows: list[Row], cli: dict | None, device_name: str, peak: float | No
         "ours MFU",
         "theirs MFU",
     ]
+    compiled = {
+        c: s["bertforge (compiled)"] for c, s in by_case.items() if "bertforge (compiled)" in s
+    }
+    if compiled:
+        header.append("ours compiled tok/s (MFU)")
+        for row in table:
+            c = compiled.get(row[0])
+            mfu = f" ({c.mfu:.1%})" if c is not None and c.mfu is not None else ""
+            row.append(f"{c.tokens_per_s:,.0f}{mfu}" if c is not None else "-")
     lines.append(markdown_table(header, table))
     if cli is not None:
         ratio = cli["tokens_per_s"] / cli["step_tokens_per_s"]
@@ -344,6 +357,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--cli_steps", type=int, default=None, help="stop the CLI run after N steps"
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time ours through torch.compile (adds its compile time)",
     )
     parser.add_argument("--no-reference", dest="reference", action="store_false", help="ours only")
     parser.add_argument("--no-cli", dest="cli", action="store_false", help="skip the CLI run")
