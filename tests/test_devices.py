@@ -201,8 +201,9 @@ def test_cpu_only_paths_are_chosen_only_for_cpu_tensors(tiny_config):
 
 def test_a_step_waits_for_the_device_once_besides_the_sparse_head(tiny_config):
     """Host-device syncs of an MLM step on packed sequences (no padding): the sparse head's
-    rows (``nonzero``) and their largest count per sequence, then one read of the step's loss
-    sums and gradient norm for the non-finite guard and the log. The loop's bookkeeping never
+    rows (``nonzero``; their largest count per sequence, which the CPU reads, is bounded by
+    the length elsewhere), then one read of the step's loss sums and gradient norm for the
+    non-finite guard and the log. The loop's bookkeeping never
     waits inside the step (it summed each micro-batch's losses on the CPU before); the
     attention mask of a batch without padding is dropped on the host (no ``mask.all()``)."""
     torch.manual_seed(0)
@@ -215,11 +216,7 @@ def test_a_step_waits_for_the_device_once_besides_the_sparse_head(tiny_config):
         pretraining_step(model, "mlm", batch, DEVICE)
     copies = [s for s in audit.syncs if s.endswith("to the CPU")]
     assert len(copies) == 1, audit.syncs
-    assert audit.syncs == [
-        "nonzero (a data-dependent shape)",
-        ".item() / bool() / float()",
-        copies[0],
-    ]
+    assert audit.syncs == ["nonzero (a data-dependent shape)", copies[0]]
 
 
 def test_the_encoder_compiles_to_one_graph_with_or_without_padding(tiny_config):
