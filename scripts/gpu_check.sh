@@ -73,7 +73,7 @@ if [[ $SUITE == 1 ]]; then
   say "GPU test suite (tests/gpu, tests/test_devices.py)"
   PER_TEST=()  # a test that hangs fails alone, when pytest-timeout is there
   "$PY" -c "import pytest_timeout" 2>/dev/null && PER_TEST=(--timeout 150)
-  timeout 330 "$PY" -m pytest tests/gpu tests/test_devices.py \
+  timeout 300 "$PY" -m pytest tests/gpu tests/test_devices.py \
     -p no:cacheprovider -o addopts="" -q -rfEs ${DESELECT[@]+"${DESELECT[@]}"} ${PER_TEST[@]+"${PER_TEST[@]}"} \
     --junitxml="$RESULTS/gpu_tests.xml"
   TESTS_RC=$?
@@ -88,7 +88,7 @@ if [[ $BENCH != none ]]; then
   "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || ARGS+=(--smoke)
   [[ " $MISSING " == *" transformers "* ]] && ARGS+=(--no-reference)
   [[ " $MISSING " == *" jsonargparse "* ]] && ARGS+=(--no-cli)
-  timeout 270 "$PY" benchmarks/bench_gpu.py "${ARGS[@]}"
+  timeout 200 "$PY" benchmarks/bench_gpu.py "${ARGS[@]}"
   BENCH_RC=$?
   echo "bench_gpu exit code: $BENCH_RC"
 fi
