@@ -12,6 +12,9 @@ from bertforge.data.loader import (
     PretrainingCollator,
     PretrainingLoader,
     PretrainingSampler,
+    pinned,
+    prefetch,
+    steps,
     validation_batches,
 )
 from bertforge.data.shards import PretrainingDataset, prepare
@@ -178,3 +181,42 @@ def test_validation_masks_are_fixed(data_dir: Path, tokenizer: Tokenizer) -> Non
     labels1 = torch.cat([b["labels"][b["attention_mask"].bool()] for b in first])
     labels2 = torch.cat([b["labels"][b["attention_mask"].bool()] for b in second])
     assert torch.equal(labels1, labels2) and sum(len(b["labels"]) for b in first) == len(val)
+
+
+def test_a_prefetched_step_carries_the_position_to_resume_from(
+    data_dir: Path, tokenizer: Tokenizer
+) -> None:
+    """The GPU loop draws steps through a thread working ahead (``prefetch``) into pinned
+    memory: the batches equal the inline ones, and each step's ``position`` resumes at the step
+    after it although the sampler itself has moved on; an error in the thread reaches the loop."""
+    ds = PretrainingDataset(data_dir, "train", tokenizer)
+
+    def make() -> PretrainingLoader:
+        sampler = PretrainingSampler(len(ds), 16, seed=2)
+        return PretrainingLoader(ds, sampler, PretrainingCollator(tokenizer, seed=2))
+
+    inline = [next(s) for s in [steps(make(), 8)] for _ in range(4)]
+    loader = make()
+    ahead = prefetch(steps(loader, 8), depth=2)
+    drawn = [next(ahead) for _ in range(2)]
+
+    def same(a: list[dict], b: list[dict]) -> bool:
+        return all(torch.equal(x[k], y[k]) for x, y in zip(a, b, strict=True) for k in x)
+
+    for a, b in zip(inline, drawn, strict=False):
+        assert a.position == b.position and a.epoch == b.epoch
+        assert same(a.batches, b.batches)
+    resumed = make()
+    resumed.load_state_dict(drawn[0].position)
+    again = next(steps(resumed, 8))
+    assert same(again.batches, inline[1].batches)
+    assert same(pinned(inline[0]).batches, inline[0].batches)
+
+    def broken():
+        yield 1
+        raise ValueError("shard 3 is damaged")
+
+    items = prefetch(broken())
+    assert next(items) == 1
+    with pytest.raises(ValueError, match="shard 3"):
+        next(items)

@@ -356,27 +356,27 @@ def test_pretraining_gradients_match_finite_differences_with_dropout(tiny_config
 
 
 def test_scratch_buffers_are_reused_only_when_nobody_holds_them():
-    first = ops.scratch("test.buffer", (10, 5), torch.float32)
-    held = ops.scratch("test.buffer", (10, 5), torch.float32)
+    first = ops.scratch("test.buffer", (10, 5), torch.float32, "cpu")
+    held = ops.scratch("test.buffer", (10, 5), torch.float32, "cpu")
     assert held.data_ptr() != first.data_ptr()  # `first` still holds its memory
     pooled = {first.data_ptr(), held.data_ptr()}
     del first, held
     # both free again: the next two (one smaller) get the same two buffers, nothing new
-    again = ops.scratch("test.buffer", (9, 5), torch.float32)
-    other = ops.scratch("test.buffer", (10, 5), torch.float32)
+    again = ops.scratch("test.buffer", (9, 5), torch.float32, "cpu")
+    other = ops.scratch("test.buffer", (10, 5), torch.float32, "cpu")
     assert {again.data_ptr(), other.data_ptr()} == pooled
     view = again.t()
     del again
-    third = ops.scratch("test.buffer", (9, 5), torch.float32)  # the view holds its buffer
+    third = ops.scratch("test.buffer", (9, 5), torch.float32, "cpu")  # the view holds its buffer
     assert third.data_ptr() not in pooled
     del view, other, third
     # a free buffer too small is replaced; the pool never grows past the most held at once
-    big = ops.scratch("test.buffer", (100, 5), torch.float32)
+    big = ops.scratch("test.buffer", (100, 5), torch.float32, "cpu")
     assert big.data_ptr() not in pooled
     assert len(ops._SCRATCH[("test.buffer", torch.float32)]) == 3
     del big
-    mine = ops.scratch("test.buffer", (9, 5), torch.float32)
-    assert ops.scratch("test.buffer", (9, 5), torch.float32).data_ptr() != mine.data_ptr()
+    mine = ops.scratch("test.buffer", (9, 5), torch.float32, "cpu")
+    assert ops.scratch("test.buffer", (9, 5), torch.float32, "cpu").data_ptr() != mine.data_ptr()
     # the MLM logits returned to a caller who keeps them are never overwritten by the next step
     x, w, b = torch.randn(4, 3), torch.randn(7, 3), torch.randn(7)
     kept = ops.DecoderLinear.apply(x, w, b)

@@ -147,6 +147,19 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     return contextlib.nullcontext()
 
 
+def compile_seconds() -> float:
+    """Seconds this process has spent in ``torch.compile`` so far (dynamo's tracing, the
+    backend's compiling of forward graphs, and of backward graphs, which compile at their first
+    backward): what the training loops keep out of a time budget. From torch's own timing
+    table (``torch._dynamo.utils.compilation_time_metrics``); 0.0 where a torch lacks it."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except ImportError:
+        return 0.0
+    keys = ("_compile.compile_inner", "backward._backward_impl")
+    return float(sum(sum(compilation_time_metrics.get(key, ())) for key in keys))
+
+
 # ---- seeds and RNG state --------------------------------------------------------------------
 
 
@@ -197,6 +210,7 @@ __all__ = [
     "PRECISIONS",
     "Precision",
     "autocast",
+    "compile_seconds",
     "cpu_flags",
     "cpu_has_fast_bf16",
     "pick_device",

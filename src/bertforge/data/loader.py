@@ -22,20 +22,28 @@ Typical use in a training loop (one process per rank)::
   :func:`~bertforge.data.masking.counter_uniforms`), so masks are independent of batching,
   rank and padding. With ``split_pairs`` (objective mlm_contrastive) each masked sentence pair
   then becomes two single-segment rows, linked by ``partner`` (:func:`split_pairs`).
+- :func:`steps` yields each optimizer step's micro-batches with the sampler position after
+  them; on a GPU the loops draw them through :func:`prefetch` (a thread one step ahead) and
+  :func:`pinned` memory, so that the host's collating overlaps the device's step.
 - :func:`validation_batches` iterates a validation set in order with the fixed epoch
   :data:`VALIDATION_EPOCH`: its masks are fixed once, comparable across evaluations and runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from bertforge.data.masking import IGNORE_LABEL, counter_uniforms_np, mask_tokens
 from bertforge.errors import BertforgeError
+
+T = TypeVar("T")
 
 VALIDATION_EPOCH = -1
 """Epoch number used for validation masks (never a training epoch)."""
@@ -288,6 +296,75 @@ class PretrainingLoader:
             epoch = self.sampler.epoch
             parts = [indices[i : i + micro] for i in range(0, len(indices), micro)]
             yield [self.collator([self.dataset[i] for i in rows], rows, epoch) for rows in parts]
+
+
+@dataclass
+class Step:
+    """One optimizer step's data: this process's micro-batches, and where the sampler stands
+    after them (what a checkpoint saves, carried with the batches so that a loader working
+    ahead of the loop, :func:`prefetch`, saves the right position)."""
+
+    batches: list[dict[str, torch.Tensor]]
+    position: dict[str, int]
+    """The sampler's ``state_dict()`` after this step: resuming from it draws the next step."""
+    epoch: int
+    """The epoch this step's batches belong to."""
+
+
+def steps(loader: PretrainingLoader, micro: int) -> Iterator[Step]:
+    """:meth:`PretrainingLoader.micro_batches` with each step's position and epoch."""
+    for parts in loader.micro_batches(micro):
+        yield Step(parts, loader.state_dict(), loader.epoch)
+
+
+def pinned(step: Step) -> Step:
+    """``step`` with its tensors in page-locked memory, which a GPU copies from asynchronously
+    (``.to(device, non_blocking=True)``); ``step`` itself where no GPU is present."""
+    if not torch.cuda.is_available():
+        return step
+    batches = [{k: v.pin_memory() for k, v in b.items()} for b in step.batches]
+    return Step(batches, step.position, step.epoch)
+
+
+def prefetch(
+    items: Iterator[T], prepare: Callable[[T], T] | None = None, depth: int = 2
+) -> Iterator[T]:
+    """``items`` drawn (and ``prepare``d) by a background thread up to ``depth`` ahead, so that
+    collating and masking the next step overlaps the device's work on this one. For a GPU;
+    on the CPU the loops draw inline (the thread would take a core from the step). An error in
+    the thread is raised here, at the item it stopped at."""
+    out: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def fill() -> None:
+        try:
+            for item in items:
+                item = prepare(item) if prepare is not None else item
+                while not stop.is_set():
+                    try:
+                        out.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            out.put((done, None))
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer
+            out.put((done, err))
+
+    worker = threading.Thread(target=fill, name="bertforge-prefetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item, err = out.get()
+            if err is not None:
+                raise err
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
 
 
 def validation_batches(

@@ -236,7 +236,12 @@ class BertSelfAttention(nn.Module):
         slot[order] = torch.arange(seq.numel(), device=seq.device) - torch.searchsorted(
             in_order, in_order
         )
-        R = int(slot.max()) + 1 if seq.numel() else 0
+        # query rows per sequence: on the CPU the fewest (it pays for each); elsewhere a bound
+        # known without waiting for the device nor breaking a compiled graph (T positions,
+        # [CLS] twice at most; the extra rows are zeros, never read: ~0.1% of a BERT-base step)
+        R = T + 1
+        if x.device.type == "cpu":
+            R = int(slot.max()) + 1 if seq.numel() else 0
         queries = q.new_zeros(B, R, H).index_put((seq, slot), q)  # (B, R, H)
         y = query_attention(queries, kv.view(B, T, 2 * H), nh, mask, self.dropout_p, self.training)
         return y[seq, slot]  # (n, H)
@@ -523,7 +528,7 @@ class BertModel(BertPreTrainedModel):
             )
         x = self.embeddings(input_ids, token_type_ids, words)  # (B, T, H)
         layout = Layout(B, T, None, None, output_attentions)
-        if attention_mask is not None and not bool(attention_mask.all()):  # else SDPA's fastest
+        if attention_mask is not None and has_padding(attention_mask):  # else SDPA's fastest
             layout.mask = attention_mask.to(x.device, torch.bool)[:, None, None, :]  # (B,1,1,T)
         if rows is not None and self.pooler is not None:  # append every [CLS] for the pooler
             rows = torch.cat([rows, torch.arange(B, device=rows.device) * T])  # (n + B,)
@@ -541,6 +546,17 @@ class BertModel(BertPreTrainedModel):
             return BertModelOutput(x, self.pooler(x), attentions)
         n = x.shape[0] - B
         return BertModelOutput(x[:n], self.pooler(x[n:, None]), attentions)  # pooler: (B, 1, H)
+
+
+def has_padding(attention_mask: Tensor) -> bool:
+    """Whether ``attention_mask`` hides any position. Without padding the model passes no mask
+    to attention, and SDPA may run its flash kernel. Deciding that reads the mask, a wait for
+    the device outside the CPU, and a graph break under ``torch.compile``: a compiled graph
+    keeps the mask (correct either way), and the training loops decide it on the host, passing
+    ``attention_mask=None`` for a batch without padding."""
+    if torch.compiler.is_compiling():
+        return True
+    return not bool(attention_mask.all())
 
 
 # ---- heads -------------------------------------------------------------------------------------

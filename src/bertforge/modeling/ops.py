@@ -114,6 +114,15 @@ def _seed() -> int:
     return int(torch.randint(0, 2**62, (1,)).item())
 
 
+def cpu_tuned(*tensors: Tensor) -> bool:
+    """Whether the torch forms tuned for the CPU's memory take these tensors: the :func:`scratch`
+    pools, the decoder's padded rows (:class:`DecoderLinear`), the summed embedding gradient
+    (:class:`WordEmbedding`). True on the CPU only; each of them is also correct on any device
+    (``tests/test_devices.py`` forces them onto another one), but a GPU gains nothing from
+    them. The C kernels ask :func:`_fp32_cpu`, which tests the memory itself."""
+    return all(t.device.type == "cpu" for t in tensors)
+
+
 def _fp32_cpu(*tensors: Tensor) -> bool:
     """Whether the fp32 CPU kernels may take these tensors (and no graph is being compiled)."""
     if torch.compiler.is_compiling():
@@ -126,7 +135,7 @@ def gemm(a: Tensor, b: Tensor, bias: Tensor | None = None, out: Tensor | None = 
     """``a @ b.T (+ bias)`` for 2-D fp32 CPU tensors (transposed views welcome): in oneDNN where
     :func:`~bertforge.modeling.kernels.gemm_library` picks it (a new tensor; ``out`` unused),
     else ``torch.mm``/``torch.addmm`` into ``out`` when given."""
-    if gemm_library() == "onednn":
+    if gemm_library() == "onednn" and a.device.type == "cpu":
         return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
     if bias is None:
         return torch.mm(a, b.t()) if out is None else torch.mm(a, b.t(), out=out)
@@ -291,15 +300,18 @@ class KernelAttention(torch.autograd.Function):
             heads = _laid_out("attention.heads", kv.view(B, T, 2, nh, hs).permute(2, 0, 3, 1, 4))
             k, v = heads.unbind(0)  # (B, nh, T, hs)
         T = k.shape[2]
-        probs = scratch("attention.probs", (B, nh, R, T), dt)  # the scores, then probabilities
+        probs = scratch(
+            "attention.probs", (B, nh, R, T), dt, q.device
+        )  # the scores, then probabilities
         torch.matmul(qh, k.transpose(-2, -1), out=probs)
-        dropped_out = scratch("attention.dropped", probs.shape, dt) if p > 0 else None
+        dropped_out = scratch("attention.dropped", probs.shape, dt, q.device) if p > 0 else None
         dropped = kernels[0](probs, keys, scale, _seed() if p > 0 else 0, p, dropped_out)
         dropped = probs if dropped is None else dropped
         ctx.save_for_backward(qh, heads, probs, dropped)
         ctx.packed = kv is None
         ctx.scale, ctx.backward_kernel = scale, kernels[1]
-        y = torch.matmul(dropped, v, out=scratch("attention.context", (B, nh, R, hs), dt))
+        context = scratch("attention.context", (B, nh, R, hs), dt, q.device)
+        y = torch.matmul(dropped, v, out=context)
         return _laid_out("attention.out", y.transpose(1, 2)).view(B, R, nh * hs)  # (B, R, H)
 
     @staticmethod
@@ -308,9 +320,11 @@ class KernelAttention(torch.autograd.Function):
         k, v = heads.unbind(0)[-2:]
         B, nh, R, hs = qh.shape
         grad = _laid_out("attention.grad", grad.view(B, R, nh, hs).transpose(1, 2))
-        grad_heads = scratch("attention.grad_heads", heads.shape, heads.dtype)  # [q,] k, v
+        grad_heads = scratch(
+            "attention.grad_heads", heads.shape, heads.dtype, heads.device
+        )  # [q,] k, v
         torch.matmul(dropped.transpose(-2, -1), grad, out=grad_heads[-1])  # value
-        grad_scores = scratch("attention.grad_scores", probs.shape, probs.dtype)
+        grad_scores = scratch("attention.grad_scores", probs.shape, probs.dtype, probs.device)
         torch.matmul(grad, v.transpose(-2, -1), out=grad_scores)  # (B, nh, R, T)
         ctx.backward_kernel(grad_scores, probs, dropped, ctx.scale)  # scaled by 1/sqrt(hs) too
         grad_q = grad_heads[0] if ctx.packed else None
@@ -358,8 +372,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor, name: str) -> Tensor:
     oneDNN where :func:`onednn_inference` says so."""
     if onednn_inference(x, weight, bias):
         return onednn_linear(x, weight, bias)
-    fp32 = _fp32_cpu(x, weight, bias) and not torch.is_autocast_enabled("cpu")
-    if not (torch.is_grad_enabled() and fp32) or x.numel() == 0:
+    fp32 = all(t.dtype == torch.float32 for t in (x, weight, bias))
+    tuned = fp32 and cpu_tuned(x, weight, bias) and not torch.is_autocast_enabled("cpu")
+    if not (torch.is_grad_enabled() and tuned) or x.numel() == 0:
+        return F.linear(x, weight, bias)
+    if torch.compiler.is_compiling():
         return F.linear(x, weight, bias)
     flat = x.reshape(-1, x.shape[-1])
     return ScratchLinear.apply(flat, weight, bias, name, None).view(*x.shape[:-1], -1)
@@ -384,12 +401,13 @@ class ScratchLinear(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         ctx.with_bias, ctx.grad_name = bias is not None, grad_name
         shape = (x.shape[0], weight.shape[0])
-        return gemm(x, weight, bias, None if name is None else scratch(name, shape, x.dtype))
+        out = None if name is None else scratch(name, shape, x.dtype, x.device)
+        return gemm(x, weight, bias, out)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple:
         x, weight = ctx.saved_tensors
-        into = None if ctx.grad_name is None else scratch(ctx.grad_name, x.shape, x.dtype)
+        into = None if ctx.grad_name is None else scratch(ctx.grad_name, x.shape, x.dtype, x.device)
         grad_x = gemm(grad, weight.t(), out=into)
         grad_bias = grad.sum(0) if ctx.with_bias else None
         return grad_x, grad.t().mm(x), grad_bias, None, None
@@ -397,7 +415,7 @@ class ScratchLinear(torch.autograd.Function):
 
 def _laid_out(name: str, x: Tensor) -> Tensor:
     """``x.contiguous()`` in the :func:`scratch` buffer ``name``."""
-    return scratch(name, x.shape, x.dtype).copy_(x)
+    return scratch(name, x.shape, x.dtype, x.device).copy_(x)
 
 
 def query_attention(
@@ -472,7 +490,9 @@ class KernelCrossEntropy(torch.autograd.Function):
     def backward(ctx: Any, grad_loss: Tensor) -> tuple[Tensor, None, None]:
         logits, target, lse = ctx.saved_tensors
         scale = float(grad_loss) / logits.shape[0]
-        out = padded_rows("logits.grad", logits.shape, logits.stride(0), logits.dtype)
+        out = padded_rows(
+            "logits.grad", logits.shape, logits.stride(0), logits.dtype, logits.device
+        )
         return ctx.backward_kernel(logits, target, lse, scale, out), None, None
 
 
@@ -524,21 +544,25 @@ class DecoderLinear(torch.autograd.Function):
 
 def _decoder_product(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """``x @ weight.T + bias`` into the :func:`scratch` logits, rows ``_padded(V)`` apart."""
-    out = padded_rows("logits", (x.shape[0], weight.shape[0]), _padded(weight.shape[0]), x.dtype)
+    shape, ld = (x.shape[0], weight.shape[0]), _padded(weight.shape[0])
+    out = padded_rows("logits", shape, ld, x.dtype, x.device)
     return torch.addmm(bias, x, weight.t(), out=out)  # (n, V)
 
 
 def _decoder_products_back(grad: Tensor, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
     """The decoder's input and weight gradients from the logits' ``grad``; the weight's in a
     reused buffer (no page faults), into which :class:`WordEmbedding` adds the lookup's rows."""
-    grad_weight = torch.mm(grad.t(), x, out=scratch("decoder.grad", weight.shape, x.dtype))
+    into = scratch("decoder.grad", weight.shape, x.dtype, x.device)
+    grad_weight = torch.mm(grad.t(), x, out=into)
     return grad.mm(weight), grad_weight
 
 
 def decoder_logits(h: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """The tied decoder's ``h @ weight.T + bias``: :class:`DecoderLinear` when autograd records
-    (n, H) rows of the bias's dtype, else ``F.linear``."""
-    if h.dim() == 2 and torch.is_grad_enabled() and h.dtype == bias.dtype:
+    (n, H) CPU rows of the bias's dtype, else ``F.linear`` (on a GPU: cuBLAS with the bias in
+    its epilogue, and autocast's bf16)."""
+    tuned = cpu_tuned(h, weight, bias)
+    if tuned and h.dim() == 2 and torch.is_grad_enabled() and h.dtype == bias.dtype:
         return DecoderLinear.apply(h, weight, bias)  # (n, V)
     return F.linear(h, weight, bias)
 
@@ -573,7 +597,9 @@ class DecoderCrossEntropy(torch.autograd.Function):
         ctx: Any, h: Tensor, weight: Tensor, bias: Tensor, target: Tensor, kernel: Any
     ) -> tuple[Tensor, Tensor]:
         logits = _decoder_product(h, weight, bias)  # (n, V), rows _padded(V) apart
-        into = padded_rows("logits.grad", logits.shape, logits.stride(0), h.dtype)
+        into = padded_rows(
+            "logits.grad", logits.shape, logits.stride(0), logits.dtype, logits.device
+        )
         row_loss, grad, colsum = kernel(logits, target, 1.0 / h.shape[0], into)
         ctx.save_for_backward(h, weight, grad, colsum)
         ctx.set_materialize_grads(False)
@@ -602,11 +628,22 @@ _SCRATCH: dict[tuple[str, torch.dtype], list[Tensor]] = {}
 _SCRATCH_LOCK = threading.Lock()
 
 
-def scratch(name: str, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> Tensor:
-    """An uninitialised CPU tensor of ``shape`` for the per-step buffer ``name``: the memory of
-    a buffer of that name that no tensor holds any more (checked by the storage's reference
-    count), else a new allocation (1/8 larger, for batches that vary) kept for the next calls;
-    a free buffer too small for ``shape`` is replaced."""
+def scratch(
+    name: str,
+    shape: tuple[int, ...] | torch.Size,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> Tensor:
+    """An uninitialised tensor of ``shape``, ``dtype`` on ``device`` (the device of the tensors
+    it will meet: no default, so that no caller gets CPU memory by omission) for the per-step
+    buffer ``name``. On the CPU: the memory of a buffer of that name that no tensor holds any
+    more (checked by the storage's reference count), else a new allocation (1/8 larger, for
+    batches that vary) kept for the next calls; a free buffer too small for ``shape`` is
+    replaced. Elsewhere a plain ``torch.empty``: a GPU's caching allocator already reuses
+    freed blocks without page faults."""
+    device = torch.device(device)
+    if device.type != "cpu":
+        return torch.empty(shape, dtype=dtype, device=device)
     numel = math.prod(shape)
     with _SCRATCH_LOCK:
         pool = _SCRATCH.setdefault((name, dtype), [])
@@ -629,11 +666,15 @@ def _padded(width: int, multiple: int = 16) -> int:
 
 
 def padded_rows(
-    name: str, shape: tuple[int, int] | torch.Size, ld: int, dtype: torch.dtype
+    name: str,
+    shape: tuple[int, int] | torch.Size,
+    ld: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
 ) -> Tensor:
-    """A :func:`scratch` (n, V) view whose rows start ``ld`` >= V elements apart."""
+    """A :func:`scratch` (n, V) view on ``device`` whose rows start ``ld`` >= V elements apart."""
     n, V = shape
-    return scratch(name, (n, ld), dtype)[:, :V]
+    return scratch(name, (n, ld), dtype, device)[:, :V]
 
 
 def _unshared(buf: Tensor) -> bool:
@@ -650,7 +691,7 @@ def word_embedding(ids: Tensor, weight: Tensor, padding_idx: int | None) -> tupl
     tied decoder that takes the second gets its weight gradient summed with the lookup's in
     one buffer (the :class:`DecoderLinear` head, ``masked_lm``)."""
     training = weight.requires_grad and torch.is_grad_enabled()
-    if training and weight.device.type == "cpu" and not torch.compiler.is_compiling():
+    if training and cpu_tuned(ids, weight) and not torch.compiler.is_compiling():
         return WordEmbedding.apply(ids, weight, padding_idx)
     return F.embedding(ids, weight, padding_idx), weight
 
@@ -680,9 +721,8 @@ class WordEmbedding(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor | None, grad_weight: Tensor | None) -> tuple:
         (flat,) = ctx.saved_tensors
         if grad_weight is None:
-            out = scratch(
-                "embedding.grad", ctx.shape, torch.float32 if grad is None else grad.dtype
-            )
+            dtype = torch.float32 if grad is None else grad.dtype
+            out = scratch("embedding.grad", ctx.shape, dtype, flat.device)
             out.zero_()
         else:  # the decoder's gradient, this backward's alone: the rows are added in place
             out = grad_weight.contiguous()
@@ -754,15 +794,15 @@ class BiasGelu(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor, kernels: Any) -> Tensor:
         shape = (x.shape[0], weight.shape[0])
-        h = gemm(x, weight, out=scratch("intermediate.in", shape, x.dtype))  # (n, I)
+        h = gemm(x, weight, out=scratch("intermediate.in", shape, x.dtype, x.device))  # (n, I)
         ctx.save_for_backward(x, weight, h, bias)
         ctx.backward_kernel = kernels[1]
-        return kernels[0](h, bias, scratch("intermediate.out", shape, x.dtype))
+        return kernels[0](h, bias, scratch("intermediate.out", shape, x.dtype, x.device))
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
         x, weight, h, bias = ctx.saved_tensors
-        into = scratch("intermediate.grad", h.shape, h.dtype)  # the layers take turns with it
+        into = scratch("intermediate.grad", h.shape, h.dtype, h.device)  # layers take turns
         grad_h, grad_bias = ctx.backward_kernel(grad.contiguous(), h, bias, into)
         return gemm(grad_h, weight.t()), grad_h.t().mm(x), grad_bias, None
 
@@ -790,6 +830,7 @@ __all__ = [
     "dense_dropout_norm",
     "attention",
     "autograd_free",
+    "cpu_tuned",
     "cross_entropy",
     "dense_activation",
     "dropout",

@@ -25,7 +25,8 @@ import torch
 import yaml
 
 from bertforge import distributed as D
-from bertforge.data.loader import validation_batches
+from bertforge.data.loader import pinned, prefetch, validation_batches
+from bertforge.data.loader import steps as data_steps
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.mlm import comparison_table, evaluate_mlm
 from bertforge.evaluation.plots import plot_training_curves
@@ -41,6 +42,7 @@ from bertforge.modeling.pooling import copy_pooling_declaration
 from bertforge.progress import MetricsLogger, format_duration, parse_duration
 from bertforge.runtime import (
     autocast,
+    compile_seconds,
     pick_device,
     pick_precision,
     rng_state,
@@ -89,8 +91,10 @@ class PretrainState(steps.TrainState):
     """The evaluation before the first step."""
     random_eval: Evaluations | None = None
     """With --init_from: the same network freshly initialised (the table's third column)."""
+    compile_seconds: float | None = None
+    """With --train.compile: seconds spent compiling, not charged to the time budget."""
 
-    optional: ClassVar[tuple[str, ...]] = ("random_eval",)
+    optional: ClassVar[tuple[str, ...]] = ("random_eval", "compile_seconds")
 
 
 @dataclass
@@ -166,19 +170,29 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
     )
     stopped = None
     with GracefulStop() as stop:
-        batches = run.data.loader.micro_batches(run.data.micro)
+        source = data_steps(run.data.loader, run.data.micro)
+        if run.device.type == "cuda":  # collate the next step while the GPU runs this one
+            source = prefetch(source, pinned)
         while not run.done(state):
             t0 = time.perf_counter()
+            compiled = compile_seconds() if tc.compile else 0.0
             lr = steps.scheduled_lr(
                 state.step, state.elapsed, tc, total_steps=tc.max_steps, budget=run.budget
             )
             set_lr(run.optimizer, lr)
-            report, stop_everywhere = train_step(run, next(batches), stop.requested)
+            drawn = next(source)
+            report, stop_everywhere = train_step(run, drawn.batches, stop.requested)
             steps.optimizer_step(
                 run.optimizer, guard, state, report.losses["loss"], report.grad_norm, run.say
             )
-            state.data = run.data.sampler.state_dict()
+            state.data = drawn.position
             report.lr, report.seconds = lr, time.perf_counter() - t0
+            if tc.compile:  # compiling is set-up, not training: kept out of the budget
+                compiling = compile_seconds() - compiled
+                report.seconds = max(report.seconds - compiling, 0.0)
+                state.compile_seconds = (state.compile_seconds or 0.0) + compiling
+                if compiling > 1.0:
+                    run.say(f"step {state.step}: compiled in {compiling:.1f} s (not charged)")
             steps.record_step(
                 state,
                 report,
@@ -186,8 +200,8 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
                 bar,
                 run.logger,
                 log=lambda: steps.due(state.step, tc.log_every) or run.done(state),
-                state_fields=("tokens", "elapsed"),
-                epoch=run.data.sampler.epoch,
+                state_fields=("tokens", "elapsed") + (("compile_seconds",) if tc.compile else ()),
+                epoch=drawn.epoch,
                 skipped=state.skipped,
             )
             if steps.due(state.step, tc.eval_every) and not run.done(state):
@@ -338,17 +352,20 @@ def train_step(
         dtype=torch.float64,
     )  # (accum, 3)
     n_masked, n_nsp, n_real = D.all_reduce_sum(local.sum(0)).tolist()  # over the global batch
-    # mlm CE sum, nsp/contrastive CE sum, tokens, stop, rtd sum, contrastive hits, bow CE sum
-    sums = torch.zeros(7, dtype=torch.float64)
+    # mlm CE sum, nsp/contrastive CE sum, tokens, stop, rtd sum, contrastive hits, bow CE sum:
+    # summed where the losses are, read once at the end of the step (one wait for the device)
+    sums = torch.zeros(7, dtype=torch.float64, device=_sums_device(run.device))
 
     def loss_of(k: int) -> torch.Tensor:
         n_local, n_local_nsp, n_tokens = local[k].tolist()
-        batch = {key: v.to(run.device, non_blocking=True) for key, v in micro_batches[k].items()}
+        part = micro_batches[k]
+        padded = n_tokens < part["attention_mask"].numel()  # decided here, on the host
+        batch = {key: v.to(run.device, non_blocking=True) for key, v in part.items()}
         nsp = {"next_sentence_label": batch["next_sentence_label"]} if use_nsp else {}
         with autocast(run.device, run.precision):
             output = run.forward(
                 batch["input_ids"],
-                attention_mask=batch["attention_mask"],
+                attention_mask=batch["attention_mask"] if padded else None,
                 token_type_ids=batch["token_type_ids"],
                 labels=batch["labels"],
                 **nsp,
@@ -356,37 +373,39 @@ def train_step(
         # per-micro-batch means -> share of the global mean; DDP then averages ranks
         mlm = output.mlm_loss if use_nsp or use_rtd or use_contrastive else output.loss
         loss = mlm * (n_local * world / n_masked)
-        sums[0] += mlm.detach().double().cpu() * n_local
+        sums[0] += mlm.detach().to(sums) * n_local
         if use_nsp and output.nsp_loss is not None:
             loss = loss + nsp_weight * output.nsp_loss * (n_local_nsp * world / n_nsp)
-            sums[1] += output.nsp_loss.detach().double().cpu() * n_local_nsp
+            sums[1] += output.nsp_loss.detach().to(sums) * n_local_nsp
         if bow_weight and run.bow_weights is not None:
             words = run.raw.bert.embeddings.word_embeddings.weight
             text = torch.where(batch["labels"] != IGNORE_INDEX, batch["labels"], batch["input_ids"])
             bow = bag_of_words_loss(output.pooler_output, words, text, run.bow_weights)
             if bow is not None:
                 loss = loss + bow_weight * bow * (n_local_nsp * world / n_nsp)
-                sums[6] += bow.detach().double().cpu() * n_local_nsp
+                sums[6] += bow.detach().to(sums) * n_local_nsp
         if use_contrastive:
             temperature = run.cfg.train.contrastive_temperature
             doc, hits = contrastive_loss(output.pooler_output, batch["partner"], temperature)
             if doc is not None:
                 loss = loss + doc * (n_local_nsp * world / n_nsp)
-                sums[1] += doc.detach().double().cpu() * n_local_nsp
-                sums[5] += float(hits)
+                sums[1] += doc.detach().to(sums) * n_local_nsp
+                sums[5] += hits.to(sums)
         if use_rtd:
             weight = BertForReplacedTokenDetection.rtd_weight
             loss = loss + weight * output.rtd_loss * (n_tokens * world / n_real)
-            sums[4] += output.rtd_loss.detach().double().cpu() * n_tokens
+            sums[4] += output.rtd_loss.detach().to(sums) * n_tokens
         sums[2] += n_tokens
         return loss
 
     steps.accumulate(
         range(len(micro_batches)), loss_of, run.ddp.no_sync if run.info.enabled else None
     )
-    grad_norm = steps.clip_gradients(run.raw.parameters(), run.cfg.train.max_grad_norm)
+    norm = steps.clip_norm(run.raw.parameters(), run.cfg.train.max_grad_norm)
     sums[3] = float(stop_requested)
     totals = D.all_reduce_sum(sums)
+    # the step's one wait for the device: the non-finite guard needs the loss and the norm
+    totals, grad_norm = _to_host(totals, norm)
     mlm_loss = float(totals[0]) / n_masked
     aux_loss = float(totals[1]) / n_nsp if (use_nsp or use_contrastive) and n_nsp else None
     losses = {"loss": mlm_loss + nsp_weight * (aux_loss or 0.0), "mlm_loss": mlm_loss}
@@ -403,6 +422,18 @@ def train_step(
         losses["loss"] += BertForReplacedTokenDetection.rtd_weight * losses["rtd_loss"]
     report = steps.StepReport(0.0, grad_norm, float(totals[2]), 0.0, losses)
     return report, bool(totals[3] > 0)
+
+
+def _sums_device(device: torch.device) -> torch.device:
+    """Where a step's float64 loss sums accumulate: beside the losses, except on MPS (no
+    float64), where they go to the CPU."""
+    return torch.device("cpu") if device.type == "mps" else device
+
+
+def _to_host(totals: torch.Tensor, norm: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """The step's sums and gradient norm on the CPU, in one copy."""
+    both = torch.cat([totals, norm.detach().to(totals).view(1)]).cpu()
+    return both[:-1], float(both[-1])
 
 
 def evaluate(

@@ -143,8 +143,14 @@ def config_dict(cfg: Any) -> dict[str, Any]:
 
 def clip_gradients(parameters: Iterable[nn.Parameter], max_norm: float) -> float:
     """Clip the global gradient norm to ``max_norm`` (0 = no clipping); return the norm before."""
+    return float(clip_norm(parameters, max_norm))
+
+
+def clip_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """:func:`clip_gradients` returning the norm as a tensor on the gradients' device (reading
+    it is a wait for the device, which a loop does once per step)."""
     limit = max_norm if max_norm > 0 else float("inf")
-    return float(torch.nn.utils.clip_grad_norm_(parameters, limit))
+    return torch.nn.utils.clip_grad_norm_(parameters, limit)
 
 
 class NonFiniteGuard:
@@ -319,6 +325,7 @@ __all__ = [
     "accumulate",
     "budget_spent",
     "clip_gradients",
+    "clip_norm",
     "due",
     "micro_batches",
     "optimizer_step",

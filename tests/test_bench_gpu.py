@@ -1,0 +1,52 @@
+"""benchmarks/bench_gpu.py (issue 40's GPU benchmark) runs end to end here in its smoke mode: a
+tiny model, ours against transformers with the same weights, then the ``bertforge pretrain``
+command on synthetic prepared data; the GPU peak table names the chips it knows."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def test_peaks_by_device_name():
+    from bench_gpu import peak_tflops
+
+    assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.0  # SXM
+    assert peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert peak_tflops("NVIDIA H200") == 989.0
+    assert peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
+    assert peak_tflops("NVIDIA GeForce GTX 1080") is None  # flagged, not guessed
+
+
+def test_smoke_run_measures_both_sides_and_the_cli(tmp_path):
+    pytest.importorskip("transformers")
+    out, table = tmp_path / "bench.json", tmp_path / "bench.md"
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+    )
+    argv = [sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--smoke", "--device", "cpu"]
+    done = subprocess.run(
+        [*argv, "--json", str(out), "--markdown", str(table)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    sides = {(r["case"], r["side"]): r for r in result["rows"]}
+    case = "tiny (smoke), seq 32"
+    assert {(case, "bertforge"), (case, "transformers")} <= set(sides)
+    assert all(r["tokens_per_s"] > 0 and r["mfu"] is None for r in result["rows"])
+    assert result["cli"]["steps"] == 2 and result["cli"]["tokens_per_s"] > 0
+    text = table.read_text()
+    assert "ours / theirs" in text and "CLI / step" in text and "no MFU" in text
