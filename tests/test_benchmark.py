@@ -5,6 +5,7 @@ skips finished work) and its one-line errors."""
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -14,6 +15,9 @@ import pytest
 import torch
 
 from bertforge import cli
+from bertforge.data.suite_files import DATA_ENV, data_directory, sample_file
+from bertforge.data.tables import read_table
+from bertforge.errors import BertforgeError
 from bertforge.evaluation import benchmark as B
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForPreTraining
@@ -200,3 +204,38 @@ def test_one_line_errors(tiny_glue_model, shared_data, tmp_path, capsys, monkeyp
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and "\n" not in err and message in err, (options, err)
     assert not (tmp_path / "out" / "runs").exists()
+
+
+def test_samples_keep_each_layout(shared_data, tmp_path):
+    table = sample_file(shared_data / "glue/SST-2/train.tsv.gz", 10, tmp_path, "train")
+    header, rows = read_table(table)
+    assert table.name == "train.tsv" and header == ["sentence", "label"] and len(rows) == 10
+    assert (
+        sample_file(shared_data / "glue/SST-2/train.tsv.gz", 10, tmp_path, "again").read_text()
+        == table.read_text()
+    )
+
+    conll = sample_file(shared_data / "ner/wnut17/train.conll", 5, tmp_path, "train")
+    blocks = conll.read_text(encoding="utf-8").strip("\n").split("\n\n")
+    source = (shared_data / "ner/wnut17/train.conll").read_text(encoding="utf-8")
+    assert conll.name == "train.conll" and len(blocks) == 5
+    assert all(block + "\n\n" in source for block in blocks)
+
+    squad = sample_file(shared_data / "qa/xquad_en_test.json.gz", 7, tmp_path, "test")
+    data = json.loads(squad.read_text(encoding="utf-8"))["data"]
+    full = json.loads(gzip.decompress((shared_data / "qa/xquad_en_test.json.gz").read_bytes()))
+    contexts = {p["context"] for a in full["data"] for p in a["paragraphs"]}
+    kept = [(p["context"], qa) for a in data for p in a["paragraphs"] for qa in p["qas"]]
+    assert squad.name == "test.json" and len(kept) == 7
+    assert all(
+        c in contexts and c[qa["answers"][0]["answer_start"] :].startswith(qa["answers"][0]["text"])
+        for c, qa in kept
+    )
+
+
+def test_data_directory_from_the_environment(tmp_path, monkeypatch):
+    (tmp_path / "glue").mkdir()
+    monkeypatch.setenv(DATA_ENV, str(tmp_path))
+    assert data_directory(None, "glue", "CoLA/train.tsv") == tmp_path / "glue"
+    with pytest.raises(BertforgeError, match=r"/qa \(\$BERTFORGE_DATA/qa\): no such directory"):
+        data_directory(None, "qa", "squad_dev_train.json.gz")

@@ -279,37 +279,6 @@ def published_scores(spec: TaskSpec) -> dict[str, dict[str, float]]:
     }
 
 
-# ---- the table --------------------------------------------------------------------------------
-
-
-def _cell(scores: Mapping[str, float] | None, metrics: Sequence[str]) -> str:
-    if not scores:
-        return "–"
-    return "/".join(f"{100 * scores[m]:.1f}" for m in metrics)
-
-
-def markdown_table(result: Mapping[str, Any]) -> str:
-    """The suite's results as a markdown table: one row per column of ``result["rows"]`` (our
-    model, its random twin, the constant baseline, then the published models, marked), one
-    column per task and the average; every value in points (x 100)."""
-    tasks = result["tasks"]
-    names = list(tasks)
-    header = ["model"] + [
-        f"{n} ({'/'.join(METRIC_NAMES[m] for m in tasks[n]['metrics'])}, {tasks[n]['split']})"
-        for n in names
-    ]
-    header.append("average")
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in result["rows"]:
-        cells = [row["label"]]
-        for n in names:
-            cells.append(_cell(row["tasks"].get(n), tasks[n]["metrics"]))
-        average = row.get("average")
-        cells.append("–" if average is None else f"{100 * average:.1f}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 __all__ = [
     "GLUE",
     "GOOGLE_SOURCE",
@@ -321,7 +290,6 @@ __all__ = [
     "TaskDefaults",
     "TaskSpec",
     "constant_baseline",
-    "markdown_table",
     "median_scores",
     "missing_kinds",
     "pick",

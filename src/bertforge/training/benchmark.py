@@ -18,22 +18,19 @@ the report: ``results.json``, ``results.md``, ``results.png``.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
-import os
-import random
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, get_args
 
+from bertforge.data.suite_files import data_directory, find_file, sample_file
 from bertforge.data.tables import read_table
 from bertforge.data.tasks import encode_examples, load_labelled
 from bertforge.errors import BertforgeError
 from bertforge.evaluation import benchmark as B
-from bertforge.evaluation.plots import plot_grouped_bars
+from bertforge.evaluation.benchmark_report import format_scores, table_rows, write_report
 from bertforge.evaluation.tasks import class_names, evaluate_sequence_model
 from bertforge.io import atomic_write_text, make_directory, read_json_object
 from bertforge.modeling.model import BertForSequenceClassification
@@ -50,8 +47,6 @@ from bertforge.training.config import (
 from bertforge.training.downstream import TWIN_DIR, load_encoder_dir, make_random_twin
 from bertforge.training.finetune import finetune
 
-DATA_ENV = "BERTFORGE_DATA"
-"""Environment variable naming the folder that holds the suites' data folders (glue/, ner/, qa/)."""
 CONFIG_FILE = "benchmark_config.json"
 SMOKE = {"train_rows": 48, "eval_rows": 48, "max_steps": 2, "max_length": 64, "batch_size": 8}
 """``--smoke``: rows of each file, steps, length and batch: seconds per task, numbers of no worth."""
@@ -132,63 +127,6 @@ class BenchmarkConfig:
             B.select_tasks(self.suite, self.tasks)
         except ValueError as err:
             raise BertforgeError(str(err)) from None
-
-
-# ---- data -----------------------------------------------------------------------------------
-
-
-def data_directory(cfg: BenchmarkConfig) -> Path:
-    """The suite's data folder (see ``--data_dir``); a missing one is a one-line error saying
-    where it was looked for and how to point at it."""
-    if cfg.data_dir is not None:
-        path, how = Path(cfg.data_dir), "--data_dir"
-    elif os.environ.get(DATA_ENV):
-        path, how = Path(os.environ[DATA_ENV]) / cfg.suite, f"${DATA_ENV}/{cfg.suite}"
-    else:
-        path, how = Path("..") / "shared" / "data" / cfg.suite, "the default"
-    if not path.is_dir():
-        first = B.SUITES[cfg.suite][0]
-        raise BertforgeError(
-            f"--data_dir {path} ({how}): no such directory; pass --data_dir DIR holding the "
-            f"{cfg.suite} data ({first.folder}/{first.train}, ...) or set {DATA_ENV} to the "
-            "folder above it (docs/benchmark.md)"
-        )
-    return path
-
-
-def _find(folder: Path, name: str, data_dir: Path, what: str) -> Path:
-    """``folder/name``, or its twin with/without ``.gz``."""
-    twin = name[:-3] if name.endswith(".gz") else name + ".gz"
-    for candidate in (folder / name, folder / twin):
-        if candidate.is_file():
-            return candidate
-    raise BertforgeError(
-        f"--data_dir {data_dir}: no {folder.relative_to(data_dir) / name} (the {what} file); "
-        "point --data_dir at the suite's folder (docs/benchmark.md)"
-    )
-
-
-def task_files(data_dir: Path, spec: B.TaskSpec) -> tuple[Path, Path]:
-    """The task's training file and scored file under ``data_dir``."""
-    folder = data_dir / spec.folder
-    return (
-        _find(folder, spec.train, data_dir, "training"),
-        _find(folder, spec.evaluate, data_dir, spec.split),
-    )
-
-
-def sample_rows(path: Path, rows: int, output: Path, seed: int = 0) -> Path:
-    """Write ``rows`` rows of the table ``path`` (a fixed random sample, in file order) as a TSV
-    to ``output``; the whole file when it has no more."""
-    header, table = read_table(path)
-    if len(table) > rows:
-        keep = sorted(random.Random(seed).sample(range(len(table)), rows))
-        table = [table[i] for i in keep]
-    text = io.StringIO()
-    writer = csv.writer(text, delimiter="\t", lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows([row[c] for c in header] for row in table)
-    return atomic_write_text(output, text.getvalue())
 
 
 # ---- one task -------------------------------------------------------------------------------
@@ -359,7 +297,7 @@ def run_task(
             }
             atomic_write_text(make_parent(seed_file), json.dumps(result, indent=2) + "\n")
             say(
-                f"{where}: {_format(result['scores'])} in {format_duration(result['train_seconds'])}"
+                f"{where}: {format_scores(result['scores'])} in {format_duration(result['train_seconds'])}"
             )
         else:
             say(f"{where}: done before ({seed_file}), skipped")
@@ -377,17 +315,13 @@ def run_task(
     }
     atomic_write_text(make_parent(task_file), json.dumps(summary, indent=2) + "\n")
     median = "median of " + str(len(runs)) if len(runs) > 1 else "one seed"
-    say(f"[{spec.name}] {column}: {_format(scores)} ({median})")
+    say(f"[{spec.name}] {column}: {format_scores(scores)} ({median})")
     return summary
 
 
 def make_parent(path: Path) -> Path:
     make_directory(path.parent)
     return path
-
-
-def _format(scores: dict[str, float]) -> str:
-    return ", ".join(f"{B.METRIC_NAMES[k]} {100 * v:.1f}" for k, v in scores.items())
 
 
 def constant_column(spec: B.TaskSpec, files: tuple[Path, Path]) -> dict[str, Any] | None:
@@ -423,8 +357,15 @@ def benchmark(cfg: BenchmarkConfig) -> dict[str, Any]:
 
     specs = B.select_tasks(cfg.suite, cfg.tasks)  # names checked by BenchmarkConfig
     check_suite_available(specs, cfg.suite)
-    data_dir = data_directory(cfg)
-    files = {spec.name: task_files(data_dir, spec) for spec in specs}
+    first = B.SUITES[cfg.suite][0]
+    data_dir = data_directory(cfg.data_dir, cfg.suite, f"{first.folder}/{first.train}")
+    files = {
+        spec.name: (
+            find_file(data_dir, spec.folder, spec.train, "training"),
+            find_file(data_dir, spec.folder, spec.evaluate, spec.split),
+        )
+        for spec in specs
+    }
     load_encoder_dir(cfg.model)
     out = make_directory(cfg.output)
     atomic_write_text(out / CONFIG_FILE, json.dumps(asdict(cfg), indent=2) + "\n")
@@ -447,69 +388,8 @@ def benchmark(cfg: BenchmarkConfig) -> dict[str, Any]:
         entry["published"] = B.published_scores(spec)
         entry["examples"] = entry["model"]["examples"]
         tasks[spec.name] = entry
-    result = report(cfg, tasks, data_dir)
-    say(f"benchmark finished in {format_duration(time.perf_counter() - t0)}; {out / 'results.md'}")
-    return result
-
-
-def _sampled(
-    cfg: BenchmarkConfig, out: Path, name: str, pair: tuple[Path, Path]
-) -> tuple[Path, Path]:
-    """The task's files, or samples of them (``--smoke``, ``--max_train_examples``) in
-    OUTPUT/data/<task>/."""
-    settings = {"train_rows": cfg.max_train_examples, "eval_rows": None}
-    if cfg.smoke:
-        settings = {"train_rows": SMOKE["train_rows"], "eval_rows": SMOKE["eval_rows"]}
-    train, scored = pair
-    if settings["train_rows"]:
-        train = sample_rows(train, settings["train_rows"], out / "data" / name / "train.tsv")
-    if settings["eval_rows"]:
-        scored = sample_rows(scored, settings["eval_rows"], out / "data" / name / "eval.tsv")
-    return train, scored
-
-
-ROW_LABELS = {"random_init": "random twin", "constant": "constant baseline"}
-
-
-def table_rows(cfg: BenchmarkConfig, tasks: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The table's rows: our model, its random twin, the constant baseline, then the published
-    models (smallest first), each ``{column, label, tasks: {task: scores}, scores: {task: score},
-    average}``."""
-    spec_of = {s.name: s for s in B.SUITES[cfg.suite]}
     name = cfg.name or Path(cfg.model).resolve().name
-    columns: list[tuple[str, str, dict[str, dict[str, float]]]] = []
-    for column in ("model", "random_init", "constant"):
-        cells = {t: e[column]["scores"] for t, e in tasks.items() if e.get(column)}
-        if cells:
-            columns.append((column, name if column == "model" else ROW_LABELS[column], cells))
-    published = sorted({m for e in tasks.values() for m in e["published"]}, key=_size_order)
-    for model in published:
-        cells = {t: e["published"][model] for t, e in tasks.items() if model in e["published"]}
-        columns.append((model, f"{model} (test)*", cells))
-    rows = []
-    for column, label, cells in columns:
-        scores = {t: B.task_score(cells[t], spec_of[t]) if t in cells else None for t in tasks}
-        rows.append(
-            {
-                "column": column,
-                "label": label,
-                "tasks": cells,
-                "scores": {t: v for t, v in scores.items() if v is not None},
-                "average": B.suite_average(scores),
-            }
-        )
-    return rows
-
-
-def report(
-    cfg: BenchmarkConfig, tasks: dict[str, dict[str, Any]], data_dir: Path
-) -> dict[str, Any]:
-    """results.json, results.md and results.png from the per-task results; prints the table."""
-    out = Path(cfg.output)
-    rows = table_rows(cfg, tasks)
-    name = rows[0]["label"]
-    splits = "/".join(sorted({e["split"] for e in tasks.values()}))
-    published = any(e["published"] for e in tasks.values())
+    published = any(entry["published"] for entry in tasks.values())
     result = {
         "suite": cfg.suite,
         "model": cfg.model,
@@ -517,77 +397,28 @@ def report(
         "smoke": cfg.smoke,
         "data_dir": str(data_dir),
         "tasks": tasks,
-        "rows": rows,
+        "rows": table_rows(cfg.suite, name, tasks),
         "published_source": B.GOOGLE_SOURCE if published else None,
         "config": asdict(cfg),
     }
-    table = B.markdown_table(result)
-    notes = [
-        f"# bertforge benchmark: {name} on {cfg.suite}",
-        "",
-        table,
-        "",
-        "Points (x 100). A task's score is the mean of its metrics, the average the mean of the "
-        f"task scores (the GLUE convention). Ours: the median over seeds on each task's {splits} "
-        "file; the constant baseline predicts the training split's majority label (mean score).",
-    ]
-    if published:
-        notes.append(f"\\* {B.GOOGLE_SOURCE}: GLUE *test*-set numbers; ours are dev. A rough bar.")
-    if cfg.smoke:
-        notes.append("\n**A --smoke run: 48 rows per file and 2 steps; its numbers mean nothing.**")
-    notes += ["", seed_table(tasks), ""]
-    atomic_write_text(out / "results.md", "\n".join(notes))
-    atomic_write_text(out / "results.json", json.dumps(result, indent=2) + "\n")
-    bars = {
-        r["label"]: {
-            **r["scores"],
-            **({"average": r["average"]} if r["average"] is not None else {}),
-        }
-        for r in rows
-    }
-    plot_grouped_bars(
-        {label: {t: 100 * v for t, v in group.items()} for label, group in bars.items()},
-        [*tasks, "average"],
-        out / "results.png",
-        title=f"{name} on {cfg.suite} ({splits}; * = GLUE test set)",
-        ylabel="task score (points)",
-    )
-    print(table)
+    print(write_report(out, result))
+    say(f"benchmark finished in {format_duration(time.perf_counter() - t0)}; {out / 'results.md'}")
     return result
 
 
-def _size_order(model: str) -> int:
-    order = ("Tiny", "Mini", "Small", "Medium", "Base", "Large")
-    return next((i for i, size in enumerate(order) if model.endswith(size)), len(order))
+def _sampled(
+    cfg: BenchmarkConfig, out: Path, name: str, pair: tuple[Path, Path]
+) -> tuple[Path, Path]:
+    """The task's files, or fixed samples of them (``--smoke``, ``--max_train_examples``) in
+    OUTPUT/data/<task>/."""
+    train_rows = SMOKE["train_rows"] if cfg.smoke else cfg.max_train_examples
+    eval_rows = SMOKE["eval_rows"] if cfg.smoke else None
+    train, scored = pair
+    if train_rows:
+        train = sample_file(train, train_rows, out / "data" / name, "train")
+    if eval_rows:
+        scored = sample_file(scored, eval_rows, out / "data" / name, "eval")
+    return train, scored
 
 
-def seed_table(tasks: dict[str, dict[str, Any]]) -> str:
-    """Per task and fine-tuned column: every seed's scores, the median and the training time."""
-    lines = [
-        "| task | model | seeds | per seed | median | steps | training time |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, entry in tasks.items():
-        for column in ("model", "random_init"):
-            res = entry.get(column)
-            if not res:
-                continue
-            per_seed = "; ".join(_format(s["scores"]) for s in res["seeds"])
-            steps = "/".join(str(s["steps"]) for s in res["seeds"])
-            lines.append(
-                f"| {name} | {ROW_LABELS.get(column, column)} | {len(res['seeds'])} | {per_seed} | "
-                f"{_format(res['scores'])} | {steps} | {format_duration(res['train_seconds'])} |"
-            )
-    return "\n".join(lines)
-
-
-__all__ = [
-    "BenchmarkConfig",
-    "CONFIG_FILE",
-    "DATA_ENV",
-    "benchmark",
-    "data_directory",
-    "sample_rows",
-    "task_files",
-    "task_settings",
-]
+__all__ = ["CONFIG_FILE", "SMOKE", "BenchmarkConfig", "benchmark", "run_task", "task_settings"]
