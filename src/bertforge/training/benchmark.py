@@ -154,7 +154,11 @@ def task_settings(cfg: BenchmarkConfig, spec: B.TaskSpec) -> dict[str, Any]:
 
 
 def score_sequence_model(
-    run_dir: Path, eval_file: Path, spec: B.TaskSpec, settings: dict[str, Any], cfg: Any
+    run_dir: Path,
+    eval_file: Path,
+    spec: B.TaskSpec,
+    settings: dict[str, Any],
+    cfg: BenchmarkConfig,
 ) -> tuple[dict[str, float], int]:
     """The task's metrics of the fine-tuned classifier/regressor in ``run_dir`` on ``eval_file``
     (encoded as fine-tuning encoded its training text), and the number of examples."""
@@ -230,8 +234,6 @@ def run_seed(
         scores, examples = score_sequence_model(run_dir, scored, spec, settings, cfg)
     else:  # evaluated once, at the end, on the scored file: its metrics are the test scores
         scores, examples = B.pick(run["validation"], spec), run["validation"].get("examples")
-    if not cfg.keep_models:
-        (run_dir / "model.safetensors").unlink(missing_ok=True)
     return {
         "seed": seed,
         "scores": scores,
@@ -296,6 +298,8 @@ def run_task(
                 **run_seed(cfg, spec, model_dir, files, run_dir, seed, settings),
             }
             atomic_write_text(make_parent(seed_file), json.dumps(result, indent=2) + "\n")
+            if not cfg.keep_models:  # only now: a rerun before this line scores the model again
+                (run_dir / "model.safetensors").unlink(missing_ok=True)
             say(
                 f"{where}: {format_scores(result['scores'])} in {format_duration(result['train_seconds'])}"
             )
