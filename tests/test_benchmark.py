@@ -22,6 +22,7 @@ from bertforge.evaluation import benchmark as B
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForPreTraining
 from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.benchmark import BenchmarkConfig, task_settings
 from bertforge.training.config import Task
 
 GLUE_NAMES = ["CoLA", "SST-2", "MRPC", "STS-B", "RTE"]
@@ -82,6 +83,22 @@ def test_medians_scores_and_averages():
     # Google's BERT-Tiny over our five tasks: (0 + 83.2 + 76.1 + 73.95 + 57.2) / 5
     tiny = {s.name: B.task_score(B.published_scores(s)["BERT-Tiny"], s) for s in B.SUITES["glue"]}
     assert B.suite_average(tiny) == pytest.approx((0 + 0.832 + 0.761 + 0.7395 + 0.572) / 5)
+
+
+def test_task_settings_defaults_overrides_budget_and_smoke():
+    cola, sst2 = B.select_tasks("glue", ["CoLA", "SST-2"])
+    cfg = BenchmarkConfig(model="m", output="o", task_budget="6m", lr=1e-4)
+    settings = task_settings(cfg, cola)
+    assert (settings["epochs"], settings["lr"], settings["batch_size"]) == (3.0, 1e-4, 32)
+    assert settings["seeds"] == 3 and settings["max_time_per_seed"] == 120.0
+    assert task_settings(cfg, sst2)["seeds"] == 1  # SST-2: one seed, the whole budget
+    assert task_settings(cfg, sst2)["max_time_per_seed"] == 360.0
+    smoke = task_settings(BenchmarkConfig(model="m", output="o", smoke=True, seeds=5), cola)
+    assert smoke["seeds"] == 1 and smoke["max_steps"] == 2 and smoke["eval_rows"] == 48
+    with pytest.raises(BertforgeError, match="--tasks MNLI: not a task of --suite glue"):
+        BenchmarkConfig(model="m", output="o", tasks=["MNLI"])
+    with pytest.raises(BertforgeError, match="--seeds 0 must be at least 1"):
+        BenchmarkConfig(model="m", output="o", seeds=0)
 
 
 def test_task_names_and_suites():
@@ -153,6 +170,7 @@ def test_glue_smoke_end_to_end_and_rerun(tiny_glue_model, shared_data, tmp_path,
         assert entry["constant"]["definition"].startswith("the m")
         assert entry["published"]["BERT-Tiny"] == B.published_scores(spec)["BERT-Tiny"]
     assert result["tasks"]["SST-2"]["published"]["BERT-Mini"] == {"accuracy": 0.859}
+    assert [r["published"] for r in result["rows"]] == [False] * 3 + [True] * 4
     labels_ = [r["label"] for r in result["rows"]]
     assert labels_[:3] == ["tiny", "random twin", "constant baseline"]
     assert labels_[3:] == [f"BERT-{s} (test)*" for s in ("Tiny", "Mini", "Small", "Medium")]

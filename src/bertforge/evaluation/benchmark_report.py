@@ -32,8 +32,8 @@ def table_rows(
     suite: str, name: str, tasks: Mapping[str, Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
     """The table's rows: our model (``name``), its random twin, the constant baseline, then the
-    published models (smallest first), each ``{column, label, tasks: {task: scores}, scores:
-    {task: task score}, average}`` (the average only over every task, else None)."""
+    published models (smallest first), each ``{column, label, published, tasks: {task: scores},
+    scores: {task: task score}, average}`` (the average only over every task, else None)."""
     spec_of = {s.name: s for s in B.SUITES[suite]}
     columns: list[tuple[str, str, dict[str, Mapping[str, float]]]] = []
     for column in ("model", "random_init", "constant"):
@@ -51,6 +51,7 @@ def table_rows(
             {
                 "column": column,
                 "label": label,
+                "published": column not in ("model", "random_init", "constant"),
                 "tasks": cells,
                 "scores": {t: v for t, v in scores.items() if v is not None},
                 "average": B.suite_average(scores),
@@ -143,6 +144,7 @@ def write_report(output: Path, result: dict[str, Any]) -> str:
         output / "results.png",
         title=f"{name} on {result['suite']} ({splits}; * = GLUE test set)",
         ylabel="task score (points)",
+        hatched=tuple(r["label"] for r in rows if r["published"]),
     )
     return table
 

@@ -233,10 +233,12 @@ def plot_grouped_bars(
     output: str | Path,
     title: str | None = None,
     ylabel: str = "",
+    hatched: tuple[str, ...] = (),
 ) -> Path:
     """Grouped bars: one group per category (x axis), one bar per entry of ``groups``
     (``{series: {category: value}}``; a missing value leaves a gap), each labelled with its
-    value."""
+    value; the series in ``hatched`` are drawn hatched (numbers of another kind, e.g.
+    published ones)."""
     plt = _pyplot()
 
     n = max(1, len(groups))
@@ -245,7 +247,8 @@ def plot_grouped_bars(
     for i, (series, values) in enumerate(groups.items()):
         xs = [j + (i - (n - 1) / 2) * width for j, c in enumerate(categories) if c in values]
         ys = [values[c] for c in categories if c in values]
-        bars = ax.bar(xs, ys, width=width * 0.95, label=series)
+        style = {"hatch": "///", "alpha": 0.6} if series in hatched else {}
+        bars = ax.bar(xs, ys, width=width * 0.95, label=series, **style)
         ax.bar_label(bars, fmt="%.0f", fontsize=6, padding=1)
     ax.set_xticks(range(len(categories)), categories)
     ax.set(ylabel=ylabel, title=title or "")
