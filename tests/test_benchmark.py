@@ -194,6 +194,11 @@ def test_glue_smoke_end_to_end_and_rerun(tiny_glue_model, shared_data, tmp_path,
     assert not (out / "runs").exists()
     assert json.loads((out / "results.json").read_text())["rows"] == result["rows"]
 
+    # another random twin is another column: its old results are refused, not mixed in
+    assert cli.main([*argv, "--init_seed", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "random_init/CoLA.json holds a result of other settings (init_seed was 0, now 1)" in err
+
     # a finished seed of other settings is not silently mixed in
     (out / "results/model/CoLA.json").unlink()
     argv_lr = bench(tiny_glue_model, out, "--smoke", "--data_dir", glue, "--lr", "1e-3")

@@ -233,7 +233,13 @@ def run_seed(
     if spec.kind in ("classification", "regression"):
         scores, examples = score_sequence_model(run_dir, scored, spec, settings, cfg)
     else:  # evaluated once, at the end, on the scored file: its metrics are the test scores
-        scores, examples = B.pick(run["validation"], spec), run["validation"].get("examples")
+        try:
+            scores, examples = B.pick(run["validation"], spec), run["validation"].get("examples")
+        except KeyError as err:
+            raise BertforgeError(
+                f"{err.args[0]}: bertforge finetune --task {spec.kind} reports other metrics; "
+                "name them in the suite's TaskSpec (bertforge.evaluation.benchmark)"
+            ) from None
     return {
         "seed": seed,
         "scores": scores,
@@ -274,6 +280,8 @@ def run_task(
     median and the seeds, written to ``results/<column>/<task>.json``."""
     out = Path(cfg.output)
     settings = task_settings(cfg, spec)
+    if column == "random_init":
+        settings["init_seed"] = cfg.init_seed
     task_file = out / "results" / column / f"{spec.name}.json"
     done = _saved(task_file, settings)
     if done is not None:
@@ -376,10 +384,10 @@ def benchmark(cfg: BenchmarkConfig) -> dict[str, Any]:
     files = {name: _sampled(cfg, out, name, pair) for name, pair in files.items()}
     columns = {"model": cfg.model}
     if cfg.baseline:
-        twin = out / TWIN_DIR
-        if not (twin / "model.safetensors").is_file():
-            make_random_twin(cfg.model, twin, seed=cfg.init_seed)
-            say(f"random twin of {cfg.model} (initialisation seed {cfg.init_seed}) -> {twin}")
+        # made anew each time (seconds): the same seed gives the same weights, another seed
+        # another twin, whose results the settings check below keeps apart
+        twin = make_random_twin(cfg.model, out / TWIN_DIR, seed=cfg.init_seed)
+        say(f"random twin of {cfg.model} (initialisation seed {cfg.init_seed}) -> {twin}")
         columns["random_init"] = str(twin)
     t0 = time.perf_counter()
     tasks: dict[str, dict[str, Any]] = {}
