@@ -19,6 +19,7 @@ from bertforge.data.suite_files import DATA_ENV, data_directory, sample_file
 from bertforge.data.tables import read_table
 from bertforge.errors import BertforgeError
 from bertforge.evaluation import benchmark as B
+from bertforge.evaluation.benchmark_report import average_label
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForPreTraining
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -99,6 +100,12 @@ def test_task_settings_defaults_overrides_budget_and_smoke():
         BenchmarkConfig(model="m", output="o", tasks=["MNLI"])
     with pytest.raises(BertforgeError, match="--seeds 0 must be at least 1"):
         BenchmarkConfig(model="m", output="o", seeds=0)
+
+
+def test_the_average_column_says_what_it_averages():
+    assert average_label("glue", 5) == "average"
+    assert average_label("glue", 2) == "average (2 of 5 tasks)"
+    assert average_label("glue", 1) is None
 
 
 def test_task_names_and_suites():

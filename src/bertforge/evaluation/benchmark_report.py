@@ -60,6 +60,15 @@ def table_rows(
     return rows
 
 
+def average_label(suite: str, tasks: int) -> str | None:
+    """The average column's name: ``average`` over the whole suite, ``average (2 of 5 tasks)``
+    over part of it (not comparable with a whole suite's), none for a single task."""
+    total = len(B.SUITES[suite])
+    if tasks < 2:
+        return None
+    return "average" if tasks == total else f"average ({tasks} of {total} tasks)"
+
+
 def _cell(scores: Mapping[str, float] | None, metrics: Sequence[str]) -> str:
     if not scores:
         return "–"
@@ -68,20 +77,24 @@ def _cell(scores: Mapping[str, float] | None, metrics: Sequence[str]) -> str:
 
 def markdown_table(result: Mapping[str, Any]) -> str:
     """The suite's results as a markdown table: one row per entry of ``result["rows"]``, one
-    column per task (its metrics joined by /) and the average; every value in points (x 100)."""
+    column per task (its metrics joined by /) and the average (:func:`average_label`); every
+    value in points (x 100)."""
     tasks = result["tasks"]
     header = ["model"]
     for n, entry in tasks.items():
         metrics = "/".join(B.METRIC_NAMES[m] for m in entry["metrics"])
         header.append(f"{n} ({metrics}, {entry['split']})")
-    header.append("average")
+    average = average_label(result["suite"], len(tasks))
+    if average:
+        header.append(average)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in result["rows"]:
         cells = [
             row["label"],
             *(_cell(row["tasks"].get(n), e["metrics"]) for n, e in tasks.items()),
         ]
-        cells.append("–" if row["average"] is None else f"{100 * row['average']:.1f}")
+        if average:
+            cells.append("–" if row["average"] is None else f"{100 * row['average']:.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -116,6 +129,7 @@ def write_report(output: Path, result: dict[str, Any]) -> str:
     name, tasks, rows = result["name"], result["tasks"], result["rows"]
     splits = "/".join(sorted({e["split"] for e in tasks.values()}))
     table = markdown_table(result)
+    average = average_label(result["suite"], len(tasks))
     notes = [
         f"# bertforge benchmark: {name} on {result['suite']}",
         "",
@@ -135,12 +149,12 @@ def write_report(output: Path, result: dict[str, Any]) -> str:
     bars = {}
     for row in rows:
         values = {t: 100 * v for t, v in row["scores"].items()}
-        if row["average"] is not None:
-            values["average"] = 100 * row["average"]
+        if average and row["average"] is not None:
+            values[average] = 100 * row["average"]
         bars[row["label"]] = values
     plot_grouped_bars(
         bars,
-        [*tasks, "average"],
+        [*tasks, *([average] if average else [])],
         output / "results.png",
         title=f"{name} on {result['suite']} ({splits}; * = GLUE test set)",
         ylabel="task score (points)",
