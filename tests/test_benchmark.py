@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from bertforge import cli
-from bertforge.data.suite_files import DATA_ENV, data_directory, sample_file
+from bertforge.data.suite_files import DATA_ENV, conll_sentences, data_directory, sample_file
 from bertforge.data.tables import read_table
 from bertforge.errors import BertforgeError
 from bertforge.evaluation import benchmark as B
@@ -250,6 +250,13 @@ def test_samples_keep_each_layout(shared_data, tmp_path):
     source = (shared_data / "ner/wnut17/train.conll").read_text(encoding="utf-8")
     assert conll.name == "train.conll" and len(blocks) == 5
     assert all(block + "\n\n" in source for block in blocks)
+
+    # a training sample is given a sentence for every tag of the scored sample it lacks
+    test = sample_file(shared_data / "ner/wnut17/test.conll", 48, tmp_path, "eval")
+    covered = sample_file(shared_data / "ner/wnut17/train.conll", 5, tmp_path, "t", cover=test)
+    tags = {line.split()[-1] for b in conll_sentences(covered) for line in b}
+    assert tags >= {line.split()[-1] for b in conll_sentences(test) for line in b}
+    assert 5 < len(conll_sentences(covered)) < 5 + len(tags)
 
     squad = sample_file(shared_data / "qa/xquad_en_test.json.gz", 7, tmp_path, "test")
     data = json.loads(squad.read_text(encoding="utf-8"))["data"]

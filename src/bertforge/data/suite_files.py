@@ -77,18 +77,39 @@ def sample_table(path: Path, count: int, output: Path, seed: int = 0) -> Path:
     return atomic_write_text(output, text.getvalue())
 
 
-def sample_conll(path: Path, count: int, output: Path, seed: int = 0) -> Path:
-    """``count`` sentences (blocks between blank lines) of a CoNLL file, lines unchanged."""
-    lines = _read_text(path).split("\n")
+def conll_sentences(path: Path) -> list[list[str]]:
+    """The sentences of a CoNLL file: its blocks of lines between blank lines."""
     blocks: list[list[str]] = [[]]
-    for line in lines:
+    for line in _read_text(path).split("\n"):
         if line.strip():
             blocks[-1].append(line)
         elif blocks[-1]:
             blocks.append([])
-    blocks = [b for b in blocks if b]
-    chosen = [blocks[i] for i in _pick(len(blocks), count, seed)]
-    return atomic_write_text(output, "".join("\n".join(b) + "\n\n" for b in chosen))
+    return [b for b in blocks if b]
+
+
+def _tags(sentence: list[str]) -> set[str]:
+    return {line.split()[-1] for line in sentence}
+
+
+def sample_conll(
+    path: Path, count: int, output: Path, seed: int = 0, cover: Path | None = None
+) -> Path:
+    """``count`` sentences of a CoNLL file, lines unchanged; with ``cover`` (another CoNLL
+    file), for each tag of ``cover`` the sample lacks, the file's first sentence that has it is
+    added too (a training sample must know every tag the scored sample holds)."""
+    sentences = conll_sentences(path)
+    chosen = _pick(len(sentences), count, seed)
+    if cover is not None:
+        have = set().union(*(_tags(sentences[i]) for i in chosen))
+        wanted = set().union(*map(_tags, conll_sentences(cover))) - have
+        for i, sentence in enumerate(sentences):
+            if wanted & _tags(sentence):
+                wanted -= _tags(sentence)
+                chosen.append(i)
+        chosen = sorted(set(chosen))
+    text = "".join("\n".join(sentences[i]) + "\n\n" for i in chosen)
+    return atomic_write_text(output, text)
 
 
 def sample_squad(path: Path, count: int, output: Path, seed: int = 0) -> Path:
@@ -114,13 +135,15 @@ def sample_squad(path: Path, count: int, output: Path, seed: int = 0) -> Path:
     return atomic_write_text(output, json.dumps({**dataset, "data": articles}) + "\n")
 
 
-def sample_file(path: Path, count: int, directory: Path, stem: str, seed: int = 0) -> Path:
+def sample_file(
+    path: Path, count: int, directory: Path, stem: str, seed: int = 0, cover: Path | None = None
+) -> Path:
     """``count`` examples of ``path`` (rows, sentences or questions by its layout) written to
-    ``directory/<stem>.tsv|.conll|.json``."""
+    ``directory/<stem>.tsv|.conll|.json``; ``cover``: see :func:`sample_conll`."""
     name = path.name[:-3] if path.name.endswith(".gz") else path.name
     suffix = Path(name).suffix
     if suffix == ".conll":
-        return sample_conll(path, count, directory / f"{stem}.conll", seed)
+        return sample_conll(path, count, directory / f"{stem}.conll", seed, cover)
     if suffix == ".json":
         return sample_squad(path, count, directory / f"{stem}.json", seed)
     return sample_table(path, count, directory / f"{stem}.tsv", seed)
@@ -130,6 +153,7 @@ __all__ = [
     "DATA_ENV",
     "data_directory",
     "find_file",
+    "conll_sentences",
     "sample_conll",
     "sample_file",
     "sample_squad",

@@ -33,6 +33,7 @@ METRIC_NAMES = {
     "pearson": "Pearson",
     "spearman": "Spearman",
     "exact_match": "EM",
+    "entity_f1": "entity F1",
 }
 """How the tables name each metric."""
 
@@ -147,11 +148,11 @@ GLUE: tuple[TaskSpec, ...] = (
 NER: tuple[TaskSpec, ...] = (
     TaskSpec(
         "WikiANN-en", "wikiann_en", "train.conll.gz", "test.conll", "test",
-        "token_classification", ("f1",), defaults=TaskDefaults(seeds=1),
+        "token_classification", ("entity_f1",), defaults=TaskDefaults(seeds=1),
     ),
     TaskSpec(
         "WNUT-17", "wnut17", "train.conll", "test.conll", "test", "token_classification",
-        ("f1",), defaults=TaskDefaults(seeds=3),
+        ("entity_f1",), defaults=TaskDefaults(seeds=3),
     ),
 )  # fmt: skip
 QA: tuple[TaskSpec, ...] = (

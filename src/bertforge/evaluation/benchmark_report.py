@@ -137,12 +137,19 @@ def write_report(output: Path, result: dict[str, Any]) -> str:
         "",
         "Points (x 100). A task's score is the mean of its metrics, the average the mean of the "
         f"task scores (the GLUE convention). Ours: the median over seeds on each task's {splits} "
-        "file; the constant baseline predicts the training split's majority label (mean score).",
+        "file."
+        + (
+            " The constant baseline predicts the training split's majority label (mean score)."
+            if any(row["column"] == "constant" for row in rows)
+            else ""
+        ),
     ]
     if result.get("published_source"):
         notes.append(f"\\* {result['published_source']}: GLUE *test*-set numbers; ours are dev.")
     if result.get("smoke"):
-        notes.append("\n**A --smoke run: 48 rows per file and 2 steps; its numbers mean nothing.**")
+        notes.append(
+            "\n**A --smoke run: 48 examples per file and 2 steps; its numbers mean nothing.**"
+        )
     notes += ["", seed_table(name, tasks), ""]
     atomic_write_text(output / "results.md", "\n".join(notes))
     atomic_write_text(output / "results.json", json.dumps(result, indent=2) + "\n")

@@ -353,11 +353,14 @@ def constant_column(spec: B.TaskSpec, files: tuple[Path, Path]) -> dict[str, Any
 
 def check_suite_available(specs: tuple[B.TaskSpec, ...], suite: str) -> None:
     """A one-line error when this build's ``bertforge finetune`` lacks a task the suite needs."""
-    missing = B.missing_kinds(specs, get_args(Task))
+    available = get_args(Task)
+    missing = B.missing_kinds(specs, available)
     if missing:
+        usable = [name for name, tasks in B.SUITES.items() if not B.missing_kinds(tasks, available)]
         raise BertforgeError(
             f"--suite {suite} needs bertforge finetune --task {' and '.join(missing)}, which this "
-            f"build does not have (its tasks: {', '.join(get_args(Task))}); use --suite glue"
+            f"build does not have (its tasks: {', '.join(available)}); use --suite "
+            + " or ".join(usable)
         )
 
 
@@ -426,10 +429,10 @@ def _sampled(
     train_rows = SMOKE["train_rows"] if cfg.smoke else cfg.max_train_examples
     eval_rows = SMOKE["eval_rows"] if cfg.smoke else None
     train, scored = pair
-    if train_rows:
-        train = sample_file(train, train_rows, out / "data" / name, "train")
     if eval_rows:
         scored = sample_file(scored, eval_rows, out / "data" / name, "eval")
+    if train_rows:
+        train = sample_file(train, train_rows, out / "data" / name, "train", cover=scored)
     return train, scored
 
 
