@@ -276,3 +276,22 @@ def test_data_directory_from_the_environment(tmp_path, monkeypatch):
     assert data_directory(None, "glue", "CoLA/train.tsv") == tmp_path / "glue"
     with pytest.raises(BertforgeError, match=r"/qa \(\$BERTFORGE_DATA/qa\): no such directory"):
         data_directory(None, "qa", "squad_dev_train.json.gz")
+
+
+@pytest.mark.skipif(
+    "token_classification" not in get_args(Task),
+    reason="this build's bertforge finetune has no --task token_classification",
+)
+def test_ner_smoke_end_to_end(tiny_glue_model, shared_data, tmp_path):
+    out = tmp_path / "ner"
+    argv = bench(tiny_glue_model, out, "--suite", "ner", "--smoke")
+    assert cli.main([*argv, "--data_dir", str(shared_data / "ner")]) == 0
+    result = json.loads((out / "results.json").read_text())
+    assert list(result["tasks"]) == ["WikiANN-en", "WNUT-17"]
+    for entry in result["tasks"].values():
+        assert entry["split"] == "test" and entry["metrics"] == ["entity_f1"]
+        assert 0.0 <= entry["model"]["scores"]["entity_f1"] <= 1.0
+        assert entry["constant"] is None and entry["published"] == {}
+    assert [r["label"] for r in result["rows"]] == ["tiny"]
+    md = (out / "results.md").read_text()
+    assert "| model | WikiANN-en (entity F1, test) | WNUT-17 (entity F1, test) | average |" in md
