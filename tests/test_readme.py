@@ -2,7 +2,7 @@
 
 Each ```python block is executed on its own, in a fresh namespace, in a working directory that
 holds what the snippets name: ``corpus.txt`` and ``more.txt.gz`` (real text), ``runs/data-imdb``
-(prepared shards), ``runs/sentiment`` (a fine-tuned classifier) and ``runs/pretrain/model`` (a
+(prepared shards), ``runs/sentiment`` (a fine-tuned classifier), ``runs/ner`` (a tagger) and ``runs/pretrain/model`` (a
 pretrained MLM), each a tiny real artefact made here so the snippets stay fast. A block preceded
 by ``<!-- readme-test: skip (why) -->`` is not run (the reason is shown in the page's source);
 its imports still are, so a moved module breaks this test.
@@ -81,6 +81,20 @@ def workdir(tmp_path_factory, shakespeare_file) -> Path:
         *("finetune", "--model", str(runs / "pretrain" / "model"), "--train"),
         *(str(root / "train.csv"), "--output", str(runs / "sentiment"), "--max_steps", "2"),
         *("--batch_size", "16", "--max_length", "32", "--progress", "false", "--precision", "fp32"),
+    ]
+    assert cli.main(argv) == 0
+    sentences = ["Ada\tB-PER\nLovelace\tI-PER\nwas\tO\nborn\tO\nin\tO\nLondon\tB-LOC\n.\tO"] * 16
+    (root / "ner.conll").write_text("\n\n".join(sentences) + "\n", encoding="utf-8")
+    argv = [  # docs/tasks.md's tagger: two steps, enough for tag() to run on it
+        *(
+            "finetune",
+            "--task",
+            "token_classification",
+            "--model",
+            str(runs / "pretrain" / "model"),
+        ),
+        *("--train", str(root / "ner.conll"), "--output", str(runs / "ner"), "--max_steps", "2"),
+        *("--batch_size", "8", "--max_length", "32", "--progress", "false", "--precision", "fp32"),
     ]
     assert cli.main(argv) == 0
     return root

@@ -60,6 +60,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "fine-tune a pretrained encoder and its random twin, test both",
     ),
+    "benchmark": (
+        "bertforge.cli.benchmark",
+        "main",
+        "fine-tune and score a model on GLUE, beside published BERT miniatures",
+    ),
     "evaluate": ("bertforge.cli.evaluate", "main", "evaluate an MLM or a fine-tuned model"),
     "fill-mask": (
         "bertforge.cli.predict",
@@ -107,7 +112,7 @@ def _usage() -> str:
 
 
 #: commands that train: :func:`bertforge.runtime.keep_freed_memory` runs before them
-TRAINING_COMMANDS = frozenset({"pretrain", "finetune", "downstream", "recipe"})
+TRAINING_COMMANDS = frozenset({"pretrain", "finetune", "downstream", "benchmark", "recipe"})
 
 
 def main(argv: list[str] | None = None) -> int:

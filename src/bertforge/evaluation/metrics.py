@@ -135,6 +135,8 @@ def mae(y_true: ArrayLike, y_pred: ArrayLike) -> float:
 def pearson(x: ArrayLike, y: ArrayLike) -> float:
     """Pearson correlation; 0.0 when either side is constant."""
     a, b = _pair(x, y)
+    if a.min() == a.max() or b.min() == b.max():  # centred by a rounded mean it is not all 0
+        return 0.0
     a, b = a.astype(np.float64) - a.mean(), b.astype(np.float64) - b.mean()
     denom = np.sqrt((a @ a) * (b @ b))
     return float(a @ b / denom) if denom > 0 else 0.0

@@ -227,4 +227,40 @@ def plot_regression_scatter(y_true, y_pred, output: str | Path, title: str | Non
     return _save(fig, output)
 
 
-__all__ = ["plot_confusion_matrix", "plot_regression_scatter", "plot_training_curves"]
+def plot_grouped_bars(
+    groups: dict[str, dict[str, float]],
+    categories: list[str],
+    output: str | Path,
+    title: str | None = None,
+    ylabel: str = "",
+    hatched: tuple[str, ...] = (),
+) -> Path:
+    """Grouped bars: one group per category (x axis), one bar per entry of ``groups``
+    (``{series: {category: value}}``; a missing value leaves a gap), each labelled with its
+    value; the series in ``hatched`` are drawn hatched (numbers of another kind, e.g.
+    published ones)."""
+    plt = _pyplot()
+
+    n = max(1, len(groups))
+    width = 0.8 / n
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(categories) * (0.6 + 0.15 * n)), 4.5))
+    for i, (series, values) in enumerate(groups.items()):
+        xs = [j + (i - (n - 1) / 2) * width for j, c in enumerate(categories) if c in values]
+        ys = [values[c] for c in categories if c in values]
+        style = {"hatch": "///", "alpha": 0.6} if series in hatched else {}
+        bars = ax.bar(xs, ys, width=width * 0.95, label=series, **style)
+        ax.bar_label(bars, fmt="%.0f", fontsize=6, padding=1)
+    ax.set_xticks(range(len(categories)), categories)
+    ax.set(ylabel=ylabel, title=title or "")
+    ax.axhline(0, color="black", linewidth=0.6)
+    ax.legend(fontsize=7, ncol=min(4, n), loc="upper center", bbox_to_anchor=(0.5, -0.08))
+    fig.tight_layout()
+    return _save(fig, output)
+
+
+__all__ = [
+    "plot_confusion_matrix",
+    "plot_grouped_bars",
+    "plot_regression_scatter",
+    "plot_training_curves",
+]

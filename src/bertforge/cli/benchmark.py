@@ -1,0 +1,22 @@
+"""``bertforge benchmark``: :class:`~bertforge.training.benchmark.BenchmarkConfig`'s options, then
+:func:`bertforge.training.benchmark.benchmark`."""
+
+from __future__ import annotations
+
+from bertforge.cli.options import parse_config
+from bertforge.training.benchmark import BenchmarkConfig, benchmark
+
+DESCRIPTION = (
+    "Fine-tune a model on a suite of public tasks (glue: CoLA, SST-2, MRPC, STS-B, RTE) and "
+    "score each on its dev/test file, beside a constant baseline, optionally the model's random "
+    "twin (--baseline), and Google's published BERT miniatures (GLUE test-set numbers). Writes "
+    "results.json, results.md and results.png; run it again to resume (finished tasks are "
+    "skipped). See docs/benchmark.md."
+)
+
+
+def main(argv: list[str]) -> int:
+    """``bertforge benchmark --model DIR --output DIR [--suite glue] [options]``."""
+    cfg = parse_config(BenchmarkConfig, argv, prog="bertforge benchmark", description=DESCRIPTION)
+    benchmark(cfg)
+    return 0

@@ -1,0 +1,439 @@
+"""``bertforge benchmark``: a model fine-tuned on a suite of public tasks (GLUE; NER and QA once
+those fine-tuning tasks exist), scored on each task's dev or test file, beside a constant
+baseline, optionally its random twin (as ``bertforge downstream`` makes it), and the published
+numbers of Google's BERT miniatures. The suites are declared in
+:mod:`bertforge.evaluation.benchmark`; this module runs them.
+
+Protocol per task and seed: ``bertforge finetune`` on the training file for the task's epochs,
+evaluated once, at the end, on the scored file (so that file never selects a checkpoint), as
+Google's ``run_classifier`` and transformers' ``run_glue`` report dev results; then the final
+model's predictions are scored with the GLUE metrics. The median over seeds is reported.
+
+OUTPUT holds ``benchmark_config.json``; ``runs/<column>/<task>/seed-<n>/`` (each a fine-tuning
+run: logs, plots; weights deleted once scored unless ``--keep_models``);
+``results/<column>/<task>/seed-<n>.json`` and ``results/<column>/<task>.json`` (written atomically
+as each finishes: a rerun skips what they hold); ``random_init_model/`` with ``--baseline``; and
+the report: ``results.json``, ``results.md``, ``results.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, get_args
+
+from bertforge.data.suite_files import data_directory, find_file, sample_file
+from bertforge.data.tables import read_table
+from bertforge.data.tasks import encode_examples, load_labelled
+from bertforge.errors import BertforgeError
+from bertforge.evaluation import benchmark as B
+from bertforge.evaluation.benchmark_report import format_scores, table_rows, write_report
+from bertforge.evaluation.tasks import class_names, evaluate_sequence_model
+from bertforge.io import atomic_write_text, make_directory, read_json_object
+from bertforge.modeling.model import BertForSequenceClassification
+from bertforge.progress import format_duration, parse_duration
+from bertforge.runtime import Precision, pick_device, pick_precision
+from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.config import (
+    FinetuneConfig,
+    Task,
+    check_at_least,
+    check_choice,
+    check_positive,
+)
+from bertforge.training.downstream import TWIN_DIR, load_encoder_dir, make_random_twin
+from bertforge.training.finetune import finetune
+
+CONFIG_FILE = "benchmark_config.json"
+SMOKE = {"train_rows": 48, "eval_rows": 48, "max_steps": 2, "max_length": 64, "batch_size": 8}
+"""``--smoke``: rows of each file, steps, length and batch: seconds per task, numbers of no worth."""
+_EVALUATE_ONCE = 1 << 40
+"""``--eval_every`` of the fine-tuning runs: never before the end, so the scored file is seen once,
+by the final model (it must not pick a checkpoint)."""
+
+
+@dataclass(kw_only=True)
+class BenchmarkConfig:
+    """Everything ``bertforge benchmark`` needs; written to OUTPUT/benchmark_config.json."""
+
+    model: str
+    """The model directory to benchmark (ours or any BERT checkpoint, e.g. all-MiniLM-L6-v2)."""
+    output: str
+    """Output directory: fine-tuning runs, per-task results, results.json/.md/.png. Run the
+    same command again to resume: finished tasks and seeds are skipped."""
+    suite: B.Suite = "glue"
+    """glue (CoLA, SST-2, MRPC, STS-B, RTE; dev sets), ner (WikiANN-en, WNUT-17; test entity F1)
+    or qa (XQuAD-en EM/F1). ner and qa need bertforge finetune --task token_classification /
+    question_answering."""
+    tasks: list[str] | None = None
+    """Run only these tasks of the suite (e.g. --tasks CoLA RTE); default: all."""
+    seeds: int | None = None
+    """Fine-tuning runs per task, seeds 0..N-1, reporting the median (default: each task's, 3 for
+    the small unstable tasks CoLA, MRPC, STS-B, RTE and 1 for SST-2)."""
+    baseline: bool = False
+    """Also fine-tune the model's random twin (same config and tokenizer, freshly initialised
+    weights) on every task alike: what pretraining bought."""
+    init_seed: int = 0
+    """Seed of the random twin's initialisation."""
+    name: str | None = None
+    """The model's name in the tables (default: its directory's name)."""
+    data_dir: str | None = None
+    """The suite's data folder (glue/: CoLA/train.tsv, CoLA/dev.tsv, ...). Default:
+    $BERTFORGE_DATA/<suite> when that variable is set, else ../shared/data/<suite> from the
+    current directory."""
+    epochs: float | None = None
+    """Override every task's epochs (default: each task's, see docs/benchmark.md)."""
+    lr: float | None = None
+    """Override every task's peak learning rate."""
+    batch_size: int | None = None
+    """Override every task's batch size."""
+    max_length: int | None = None
+    """Override every task's tokens per example."""
+    task_budget: str | None = None
+    """Wall-clock training budget of one task for one model, e.g. 5m: its seeds share it, each
+    run stops at its epochs or its share of the budget, whichever comes first (the LR schedule
+    follows the one further along). Default: no budget."""
+    max_train_examples: int | None = None
+    """Fine-tune on this many rows of each training file (a fixed random sample) to fit a
+    smaller budget; the scored file stays whole. Default: all rows."""
+    smoke: bool = False
+    """A few seconds per task: 48 rows of each file (the scored one included), 2 steps, one seed.
+    Checks that everything runs (CI); its numbers mean nothing."""
+    dropout: float | None = None
+    """Dropout while fine-tuning (None keeps the model's; 0 is several times faster on CPU)."""
+    keep_models: bool = False
+    """Keep every fine-tuned model; by default its weights are deleted once scored (logs and
+    plots stay)."""
+    precision: Precision = "auto"
+    """auto (bf16 where the hardware is fast at it), bf16 or fp32."""
+    device: str = "auto"
+    """auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps."""
+    num_threads: int | None = None
+    """torch CPU threads (default: torch's; 1 on a machine other jobs share)."""
+    progress: bool = False
+    """Progress bars of the fine-tuning runs (the benchmark prints a line per run either way)."""
+
+    def __post_init__(self) -> None:
+        check_choice(self.suite, B.Suite, "--suite")
+        option = lambda name: f"--{name}"  # noqa: E731
+        check_at_least(self, option, seeds=1, batch_size=1, max_length=8, num_threads=1)
+        check_at_least(self, option, max_train_examples=2)
+        check_positive(self, option, "epochs", "lr")
+        parse_duration(self.task_budget)
+        try:
+            B.select_tasks(self.suite, self.tasks)
+        except ValueError as err:
+            raise BertforgeError(str(err)) from None
+
+
+# ---- one task -------------------------------------------------------------------------------
+
+
+def task_settings(cfg: BenchmarkConfig, spec: B.TaskSpec) -> dict[str, Any]:
+    """What a task's numbers depend on: its defaults with the command's overrides, the budget,
+    the data sample and the smoke mode."""
+    d = spec.defaults
+    seeds = 1 if cfg.smoke else cfg.seeds or d.seeds
+    budget = parse_duration(cfg.task_budget)
+    return {
+        "epochs": cfg.epochs or d.epochs,
+        "lr": cfg.lr or d.lr,
+        "batch_size": SMOKE["batch_size"] if cfg.smoke else cfg.batch_size or d.batch_size,
+        "max_length": SMOKE["max_length"] if cfg.smoke else cfg.max_length or d.max_length,
+        "seeds": seeds,
+        "max_time_per_seed": None if budget is None else round(budget / seeds, 1),
+        "max_steps": SMOKE["max_steps"] if cfg.smoke else None,
+        "train_rows": SMOKE["train_rows"] if cfg.smoke else cfg.max_train_examples,
+        "eval_rows": SMOKE["eval_rows"] if cfg.smoke else None,
+        "dropout": cfg.dropout,
+        "precision": cfg.precision,
+    }
+
+
+def score_sequence_model(
+    run_dir: Path,
+    eval_file: Path,
+    spec: B.TaskSpec,
+    settings: dict[str, Any],
+    cfg: BenchmarkConfig,
+) -> tuple[dict[str, float], int]:
+    """The task's metrics of the fine-tuned classifier/regressor in ``run_dir`` on ``eval_file``
+    (encoded as fine-tuning encoded its training text), and the number of examples."""
+    device = pick_device(cfg.device)
+    model = BertForSequenceClassification.from_pretrained(run_dir).to(device)
+    tokenizer = Tokenizer.from_file(run_dir)
+    regression = spec.kind == "regression"
+    data, _ = load_labelled(
+        [str(eval_file)],
+        text_column=spec.columns["text_column"],
+        label_column=spec.columns["label_column"],
+        text_pair_column=spec.columns.get("text_pair_column"),
+        task=spec.kind,
+        label2id=None if regression else model.config.label2id,
+    )
+    encoded = encode_examples(
+        tokenizer, data.texts, data.pairs, max_length=settings["max_length"], truncation="head"
+    )
+    precision = pick_precision(settings["precision"], device)
+    _, predictions = evaluate_sequence_model(
+        model, encoded, data.labels, tokenizer.pad_id, batch_size=64, precision=precision
+    )
+    if regression:
+        truth, predicted = list(data.labels), list(predictions)
+    else:
+        names = class_names(model.config)
+        truth = [names[int(i)] for i in data.labels]
+        predicted = [names[int(i)] for i in predictions]
+    scores = B.sequence_scores(truth, predicted, regression=regression, positive=spec.positive)
+    return B.pick(scores, spec), len(truth)
+
+
+def run_seed(
+    cfg: BenchmarkConfig,
+    spec: B.TaskSpec,
+    model_dir: str,
+    files: tuple[Path, Path],
+    run_dir: Path,
+    seed: int,
+    settings: dict[str, Any],
+) -> dict[str, Any]:
+    """Fine-tune ``model_dir`` on the task with ``seed`` into ``run_dir`` and score it."""
+    train, scored = files
+    max_time = settings["max_time_per_seed"]
+    run_cfg = FinetuneConfig(
+        model=model_dir,
+        train=[str(train)],
+        validation=[str(scored)],
+        output=str(run_dir),
+        task=spec.kind,  # type: ignore[arg-type]
+        **{k: v for k, v in spec.columns.items()},
+        epochs=settings["epochs"],
+        lr=settings["lr"],
+        batch_size=settings["batch_size"],
+        max_length=settings["max_length"],
+        max_steps=settings["max_steps"],
+        max_time=None if max_time is None else f"{max_time}s",
+        eval_every=_EVALUATE_ONCE,
+        seed=seed,
+        dropout=settings["dropout"],
+        precision=settings["precision"],
+        device=cfg.device,
+        num_threads=cfg.num_threads,
+        progress=cfg.progress,
+    )
+    run = finetune(run_cfg)
+    if run.get("stopped"):
+        raise BertforgeError(
+            f"fine-tuning {spec.name} (seed {seed}) was interrupted at step {run['step']}; run "
+            "the same command again to resume"
+        )
+    if spec.kind in ("classification", "regression"):
+        scores, examples = score_sequence_model(run_dir, scored, spec, settings, cfg)
+    else:  # evaluated once, at the end, on the scored file: its metrics are the test scores
+        try:
+            scores, examples = B.pick(run["validation"], spec), run["validation"].get("examples")
+        except KeyError as err:
+            raise BertforgeError(
+                f"{err.args[0]}: bertforge finetune --task {spec.kind} reports other metrics; "
+                "name them in the suite's TaskSpec (bertforge.evaluation.benchmark)"
+            ) from None
+    return {
+        "seed": seed,
+        "scores": scores,
+        "examples": examples,
+        "steps": run["steps"],
+        "epochs": run["epochs"],
+        "train_seconds": run["train_seconds"],
+    }
+
+
+def _saved(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """A finished result of these settings, None when there is none; one of other settings is an
+    error naming what differs."""
+    if not path.is_file():
+        return None
+    saved = read_json_object(path, "delete it to run that part again")
+    if saved.get("settings") != settings:
+        old = saved.get("settings") or {}
+        changed = [
+            f"{k} was {old.get(k)!r}, now {v!r}" for k, v in settings.items() if old.get(k) != v
+        ]
+        raise BertforgeError(
+            f"{path} holds a result of other settings ({'; '.join(changed)}); choose another "
+            "--output, or delete it to run again with these"
+        )
+    return saved
+
+
+def run_task(
+    cfg: BenchmarkConfig,
+    spec: B.TaskSpec,
+    column: str,
+    model_dir: str,
+    files: tuple[Path, Path],
+    say: Any,
+) -> dict[str, Any]:
+    """All seeds of one task for one column, each skipped when its result is on disk; the
+    median and the seeds, written to ``results/<column>/<task>.json``."""
+    out = Path(cfg.output)
+    settings = task_settings(cfg, spec)
+    if column == "random_init":
+        settings["init_seed"] = cfg.init_seed
+    task_file = out / "results" / column / f"{spec.name}.json"
+    done = _saved(task_file, settings)
+    if done is not None:
+        say(f"[{spec.name}] {column}: done before ({task_file}), skipped")
+        return done
+    runs = []
+    # a seed's result holds for any number of seeds (its time budget share is in the settings)
+    seed_settings = {k: v for k, v in settings.items() if k != "seeds"}
+    for seed in range(settings["seeds"]):
+        seed_file = out / "results" / column / spec.name / f"seed-{seed}.json"
+        result = _saved(seed_file, seed_settings)
+        where = f"[{spec.name}] {column} seed {seed + 1}/{settings['seeds']}"
+        if result is None:
+            say(
+                f"{where}: fine-tuning {model_dir} (epochs {settings['epochs']:g}, lr "
+                f"{settings['lr']:g}, batch {settings['batch_size']}, length "
+                f"{settings['max_length']})"
+            )
+            run_dir = out / "runs" / column / spec.name / f"seed-{seed}"
+            result = {
+                "settings": seed_settings,
+                **run_seed(cfg, spec, model_dir, files, run_dir, seed, settings),
+            }
+            atomic_write_text(make_parent(seed_file), json.dumps(result, indent=2) + "\n")
+            if not cfg.keep_models:  # only now: a rerun before this line scores the model again
+                (run_dir / "model.safetensors").unlink(missing_ok=True)
+            say(
+                f"{where}: {format_scores(result['scores'])} in {format_duration(result['train_seconds'])}"
+            )
+        else:
+            say(f"{where}: done before ({seed_file}), skipped")
+        runs.append(result)
+    scores = B.median_scores([r["scores"] for r in runs], spec.metrics)
+    summary = {
+        "settings": settings,
+        "scores": scores,
+        "score": B.task_score(scores, spec),
+        "seeds": [
+            {k: r[k] for k in ("seed", "scores", "steps", "epochs", "train_seconds")} for r in runs
+        ],
+        "examples": runs[0]["examples"],
+        "train_seconds": round(sum(r["train_seconds"] for r in runs), 1),
+    }
+    atomic_write_text(make_parent(task_file), json.dumps(summary, indent=2) + "\n")
+    median = "median of " + str(len(runs)) if len(runs) > 1 else "one seed"
+    say(f"[{spec.name}] {column}: {format_scores(scores)} ({median})")
+    return summary
+
+
+def make_parent(path: Path) -> Path:
+    make_directory(path.parent)
+    return path
+
+
+def constant_column(spec: B.TaskSpec, files: tuple[Path, Path]) -> dict[str, Any] | None:
+    """The constant baseline of a table task (None for the others): see
+    :func:`bertforge.evaluation.benchmark.constant_baseline`."""
+    if spec.kind not in ("classification", "regression"):
+        return None
+    label = spec.columns["label_column"]
+    train = [row[label] for row in read_table(files[0])[1]]
+    scored = [row[label] for row in read_table(files[1])[1]]
+    base = B.constant_baseline(train, scored, spec)
+    return {**base, "score": B.task_score(base["scores"], spec)}
+
+
+# ---- the suite --------------------------------------------------------------------------------
+
+
+def check_suite_available(specs: tuple[B.TaskSpec, ...], suite: str) -> None:
+    """A one-line error when this build's ``bertforge finetune`` lacks a task the suite needs."""
+    available = get_args(Task)
+    missing = B.missing_kinds(specs, available)
+    if missing:
+        usable = [name for name, tasks in B.SUITES.items() if not B.missing_kinds(tasks, available)]
+        raise BertforgeError(
+            f"--suite {suite} needs bertforge finetune --task {' and '.join(missing)}, which this "
+            f"build does not have (its tasks: {', '.join(available)}); use --suite "
+            + " or ".join(usable)
+        )
+
+
+def benchmark(cfg: BenchmarkConfig) -> dict[str, Any]:
+    """Run (or resume) the suite as configured; write and return results.json's content."""
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    specs = B.select_tasks(cfg.suite, cfg.tasks)  # names checked by BenchmarkConfig
+    check_suite_available(specs, cfg.suite)
+    first = B.SUITES[cfg.suite][0]
+    data_dir = data_directory(cfg.data_dir, cfg.suite, f"{first.folder}/{first.train}")
+    files = {
+        spec.name: (
+            find_file(data_dir, spec.folder, spec.train, "training"),
+            find_file(data_dir, spec.folder, spec.evaluate, spec.split),
+        )
+        for spec in specs
+    }
+    load_encoder_dir(cfg.model)
+    out = make_directory(cfg.output)
+    atomic_write_text(out / CONFIG_FILE, json.dumps(asdict(cfg), indent=2) + "\n")
+    files = {name: _sampled(cfg, out, name, pair) for name, pair in files.items()}
+    columns = {"model": cfg.model}
+    if cfg.baseline:
+        # made anew each time (seconds): the same seed gives the same weights, another seed
+        # another twin, whose results the settings check below keeps apart
+        twin = make_random_twin(cfg.model, out / TWIN_DIR, seed=cfg.init_seed)
+        say(f"random twin of {cfg.model} (initialisation seed {cfg.init_seed}) -> {twin}")
+        columns["random_init"] = str(twin)
+    t0 = time.perf_counter()
+    tasks: dict[str, dict[str, Any]] = {}
+    for i, spec in enumerate(specs, start=1):
+        say(f"== task {i}/{len(specs)}: {spec.name} ({spec.split} {', '.join(spec.metrics)})")
+        entry: dict[str, Any] = {"metrics": list(spec.metrics), "split": spec.split}
+        for column, model_dir in columns.items():
+            entry[column] = run_task(cfg, spec, column, model_dir, files[spec.name], say)
+        entry["constant"] = constant_column(spec, files[spec.name])
+        entry["published"] = B.published_scores(spec)
+        entry["examples"] = entry["model"]["examples"]
+        tasks[spec.name] = entry
+    name = cfg.name or Path(cfg.model).resolve().name
+    published = any(entry["published"] for entry in tasks.values())
+    result = {
+        "suite": cfg.suite,
+        "model": cfg.model,
+        "name": name,
+        "smoke": cfg.smoke,
+        "data_dir": str(data_dir),
+        "tasks": tasks,
+        "rows": table_rows(cfg.suite, name, tasks),
+        "published_source": B.GOOGLE_SOURCE if published else None,
+        "config": asdict(cfg),
+    }
+    print(write_report(out, result))
+    say(f"benchmark finished in {format_duration(time.perf_counter() - t0)}; {out / 'results.md'}")
+    return result
+
+
+def _sampled(
+    cfg: BenchmarkConfig, out: Path, name: str, pair: tuple[Path, Path]
+) -> tuple[Path, Path]:
+    """The task's files, or fixed samples of them (``--smoke``, ``--max_train_examples``) in
+    OUTPUT/data/<task>/."""
+    train_rows = SMOKE["train_rows"] if cfg.smoke else cfg.max_train_examples
+    eval_rows = SMOKE["eval_rows"] if cfg.smoke else None
+    train, scored = pair
+    if eval_rows:
+        scored = sample_file(scored, eval_rows, out / "data" / name, "eval")
+    if train_rows:
+        train = sample_file(train, train_rows, out / "data" / name, "train", cover=scored)
+    return train, scored
+
+
+__all__ = ["CONFIG_FILE", "SMOKE", "BenchmarkConfig", "benchmark", "run_task", "task_settings"]

@@ -1,0 +1,297 @@
+"""``bertforge benchmark``: the GLUE metrics and baselines on the real dev files, the suite run
+end to end in ``--smoke`` mode on a tiny model (results.json, results.md, the chart, a rerun that
+skips finished work) and its one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import shutil
+from pathlib import Path
+from typing import get_args
+
+import pytest
+import torch
+
+from bertforge import cli
+from bertforge.data.suite_files import DATA_ENV, conll_sentences, data_directory, sample_file
+from bertforge.data.tables import read_table
+from bertforge.errors import BertforgeError
+from bertforge.evaluation import benchmark as B
+from bertforge.evaluation.benchmark_report import average_label
+from bertforge.modeling.config import BertConfig
+from bertforge.modeling.model import BertForPreTraining
+from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.benchmark import BenchmarkConfig, task_settings
+from bertforge.training.config import Task
+
+GLUE_NAMES = ["CoLA", "SST-2", "MRPC", "STS-B", "RTE"]
+
+
+def labels(path: Path) -> list[str]:
+    with open(path, encoding="utf-8", newline="") as f:
+        return [row["label"] for row in csv.DictReader(f, delimiter="\t")]
+
+
+# ---- pure parts -----------------------------------------------------------------------------
+
+
+def test_sequence_scores_by_hand():
+    truth = ["1", "1", "1", "0", "0", "0"]
+    predicted = ["1", "1", "0", "1", "0", "0"]
+    scores = B.sequence_scores(truth, predicted, regression=False, positive="1")
+    assert scores["accuracy"] == pytest.approx(4 / 6)
+    assert scores["f1"] == pytest.approx(2 / 3)  # precision 2/3, recall 2/3
+    assert scores["mcc"] == pytest.approx(1 / 3)  # (TP*TN - FP*FN) / sqrt(3^4) = (4 - 1) / 9
+    # never predicting the positive label: its F1 is 0, MCC of a constant predictor is 0
+    constant = B.sequence_scores(truth, ["0"] * 6, regression=False, positive="1")
+    assert constant["f1"] == 0.0 and constant["mcc"] == 0.0 and constant["accuracy"] == 0.5
+    reg = B.sequence_scores([1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 2.0, 4.0], regression=True)
+    assert reg["pearson"] == pytest.approx(0.8) and reg["spearman"] == pytest.approx(0.8)
+    # a constant prediction correlates with nothing, also when its mean rounds (it did: -8e-19)
+    flat = B.sequence_scores([1.0, 2.0, 3.5], [2.7009990253653497] * 3, regression=True)
+    assert flat == {"pearson": 0.0, "spearman": 0.0}
+
+
+def test_constant_baselines_on_the_real_dev_files(shared_data):
+    glue = shared_data / "glue"
+    mrpc = B.select_tasks("glue", ["mrpc"])[0]
+    base = B.constant_baseline(labels(glue / "MRPC/train.tsv"), labels(glue / "MRPC/dev.tsv"), mrpc)
+    # train: 2,474 paraphrases of 3,668; dev: 279 of 408 (the data README's counts)
+    assert base["predicts"] == "1"
+    assert base["scores"]["accuracy"] == pytest.approx(279 / 408)
+    assert base["scores"]["f1"] == pytest.approx(2 * 279 / (279 + 408))
+    stsb = B.select_tasks("glue", ["STS-B"])[0]
+    base = B.constant_baseline(
+        labels(glue / "STS-B/train.tsv"), labels(glue / "STS-B/dev.tsv"), stsb
+    )
+    assert 2.0 < base["predicts"] < 3.0 and base["scores"] == {"pearson": 0.0, "spearman": 0.0}
+
+
+def test_medians_scores_and_averages():
+    runs = [
+        {"f1": 0.8, "accuracy": 0.7},
+        {"f1": 0.6, "accuracy": 0.9},
+        {"f1": 0.7, "accuracy": 0.1},
+    ]
+    assert B.median_scores(runs, ["f1", "accuracy"]) == {"f1": 0.7, "accuracy": 0.7}
+    assert B.median_scores(runs[:2], ["f1"]) == {"f1": pytest.approx(0.7)}
+    mrpc = B.select_tasks("glue", ["MRPC"])[0]
+    assert B.task_score({"f1": 0.8, "accuracy": 0.6}, mrpc) == pytest.approx(0.7)
+    assert B.suite_average({"a": 0.5, "b": 0.7}) == pytest.approx(0.6)
+    assert B.suite_average({"a": 0.5, "b": None}) is None
+    # Google's BERT-Tiny over our five tasks: (0 + 83.2 + 76.1 + 73.95 + 57.2) / 5
+    tiny = {s.name: B.task_score(B.published_scores(s)["BERT-Tiny"], s) for s in B.SUITES["glue"]}
+    assert B.suite_average(tiny) == pytest.approx((0 + 0.832 + 0.761 + 0.7395 + 0.572) / 5)
+
+
+def test_task_settings_defaults_overrides_budget_and_smoke():
+    cola, sst2 = B.select_tasks("glue", ["CoLA", "SST-2"])
+    cfg = BenchmarkConfig(model="m", output="o", task_budget="6m", lr=1e-4)
+    settings = task_settings(cfg, cola)
+    assert (settings["epochs"], settings["lr"], settings["batch_size"]) == (3.0, 1e-4, 32)
+    assert settings["seeds"] == 3 and settings["max_time_per_seed"] == 120.0
+    assert task_settings(cfg, sst2)["seeds"] == 1  # SST-2: one seed, the whole budget
+    assert task_settings(cfg, sst2)["max_time_per_seed"] == 360.0
+    smoke = task_settings(BenchmarkConfig(model="m", output="o", smoke=True, seeds=5), cola)
+    assert smoke["seeds"] == 1 and smoke["max_steps"] == 2 and smoke["eval_rows"] == 48
+    with pytest.raises(BertforgeError, match="--tasks MNLI: not a task of --suite glue"):
+        BenchmarkConfig(model="m", output="o", tasks=["MNLI"])
+    with pytest.raises(BertforgeError, match="--seeds 0 must be at least 1"):
+        BenchmarkConfig(model="m", output="o", seeds=0)
+
+
+def test_the_average_column_says_what_it_averages():
+    assert average_label("glue", 5) == "average"
+    assert average_label("glue", 2) == "average (2 of 5 tasks)"
+    assert average_label("glue", 1) is None
+
+
+def test_task_names_and_suites():
+    assert [s.name for s in B.select_tasks("glue", None)] == GLUE_NAMES
+    assert [s.name for s in B.select_tasks("glue", ["rte,sst2", "cola"])] == [
+        "CoLA",
+        "SST-2",
+        "RTE",
+    ]
+    with pytest.raises(ValueError, match="--tasks QNLI: not a task of --suite glue; choose from"):
+        B.select_tasks("glue", ["QNLI"])
+    available = get_args(Task)
+    assert B.missing_kinds(B.GLUE, available) == []
+    assert B.missing_kinds(B.NER, ("classification",)) == ["token_classification"]
+    assert B.missing_kinds(B.QA, ("classification",)) == ["question_answering"]
+
+
+# ---- the command end to end -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_glue_model(shared_data, tmp_path_factory) -> Path:
+    """A tiny randomly initialised BERT with a WordPiece vocabulary trained on GLUE dev text."""
+    root = tmp_path_factory.mktemp("benchmark")
+    text = []
+    for task in ("CoLA", "MRPC", "RTE"):
+        with open(shared_data / "glue" / task / "dev.tsv", encoding="utf-8", newline="") as f:
+            text += [" ".join(row[:-1]) for row in list(csv.reader(f, delimiter="\t"))[1:]]
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(text[:1500]) + "\n", encoding="utf-8")
+    tokenizer = Tokenizer.train(corpus, vocab_size=400, min_frequency=1)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    return BertForPreTraining(config).save_pretrained(root / "tiny", tokenizer=tokenizer)
+
+
+def bench(model: Path, output: Path, *options: str) -> list[str]:
+    argv = ["benchmark", "--model", str(model), "--output", str(output), "--num_threads", "1"]
+    return [*argv, "--precision", "fp32", *options]
+
+
+def test_glue_smoke_end_to_end_and_rerun(tiny_glue_model, shared_data, tmp_path, capsys):
+    out = tmp_path / "bench"
+    glue = str(shared_data / "glue")
+    argv = bench(tiny_glue_model, out, "--smoke", "--baseline", "--data_dir", glue)
+    assert cli.main(argv) == 0
+    first = capsys.readouterr()
+    assert "== task 5/5: RTE" in first.err and "[MRPC] random_init seed 1/1: F1" in first.err
+
+    result = json.loads((out / "results.json").read_text())
+    assert list(result["tasks"]) == GLUE_NAMES and result["smoke"] is True
+    for name, entry in result["tasks"].items():
+        spec = B.select_tasks("glue", [name])[0]
+        assert entry["split"] == "dev" and entry["metrics"] == list(spec.metrics)
+        assert entry["examples"] == 48  # --smoke scores 48 rows of each dev file
+        for column in ("model", "random_init"):
+            res = entry[column]
+            assert list(res["scores"]) == list(spec.metrics)
+            assert all(-1.0 <= v <= 1.0 for v in res["scores"].values())
+            assert [s["seed"] for s in res["seeds"]] == [0] and res["seeds"][0]["steps"] == 2
+            assert res["score"] == pytest.approx(B.task_score(res["scores"], spec))
+        assert entry["constant"]["definition"].startswith("the m")
+        assert entry["published"]["BERT-Tiny"] == B.published_scores(spec)["BERT-Tiny"]
+    assert result["tasks"]["SST-2"]["published"]["BERT-Mini"] == {"accuracy": 0.859}
+    assert [r["published"] for r in result["rows"]] == [False] * 3 + [True] * 4
+    labels_ = [r["label"] for r in result["rows"]]
+    assert labels_[:3] == ["tiny", "random twin", "constant baseline"]
+    assert labels_[3:] == [f"BERT-{s} (test)*" for s in ("Tiny", "Mini", "Small", "Medium")]
+    model_row = result["rows"][0]
+    assert model_row["average"] == pytest.approx(
+        sum(result["tasks"][t]["model"]["score"] for t in GLUE_NAMES) / 5
+    )
+
+    md = (out / "results.md").read_text()
+    assert "| model | CoLA (MCC, dev) | SST-2 (acc, dev) | MRPC (F1/acc, dev) |" in md
+    assert "| BERT-Small (test)* | 27.8 | 89.7 | 83.4/76.2 | 78.8/77.0 | 61.8 | 67.4 |" in md
+    assert "GLUE *test*-set numbers; ours are dev" in md and "--smoke run" in md
+    assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (out / "runs/model/CoLA/seed-0/model.safetensors").exists()  # scored, dropped
+
+    # a rerun trains nothing: every task of both columns is read back
+    shutil.rmtree(out / "runs")
+    assert cli.main(argv) == 0
+    again = capsys.readouterr()
+    assert again.err.count("done before") == 10 and "fine-tuning" not in again.err
+    assert not (out / "runs").exists()
+    assert json.loads((out / "results.json").read_text())["rows"] == result["rows"]
+
+    # another random twin is another column: its old results are refused, not mixed in
+    assert cli.main([*argv, "--init_seed", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "random_init/CoLA.json holds a result of other settings (init_seed was 0, now 1)" in err
+
+    # a finished seed of other settings is not silently mixed in
+    (out / "results/model/CoLA.json").unlink()
+    argv_lr = bench(tiny_glue_model, out, "--smoke", "--data_dir", glue, "--lr", "1e-3")
+    assert cli.main(argv_lr) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "seed-0.json holds a result of other settings (lr was 5e-05, now 0.001)" in err
+
+
+def test_one_line_errors(tiny_glue_model, shared_data, tmp_path, capsys, monkeypatch):
+    glue = str(shared_data / "glue")
+    monkeypatch.delenv("BERTFORGE_DATA", raising=False)
+    monkeypatch.chdir(tmp_path)  # no ../shared/data/glue from here
+    cases = [
+        (["--tasks", "QNLI", "--data_dir", glue], "--tasks QNLI: not a task of --suite glue"),
+        ([], "--data_dir ../shared/data/glue (the default): no such directory"),
+        (["--data_dir", str(tmp_path / "nowhere")], "nowhere (--data_dir): no such directory"),
+        (["--suite", "nope"], "--suite"),
+    ]
+    partial = tmp_path / "glue"
+    shutil.copytree(Path(glue) / "CoLA", partial / "CoLA")
+    cases.append((["--data_dir", str(partial)], "no SST-2/train.tsv.gz (the training file)"))
+    if "token_classification" not in get_args(Task):
+        cases.append((["--suite", "ner"], "--suite ner needs bertforge finetune --task token_"))
+    for options, message in cases:
+        assert cli.main(bench(tiny_glue_model, tmp_path / "out", *options)) == 2, options
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "\n" not in err and message in err, (options, err)
+    assert not (tmp_path / "out" / "runs").exists()
+
+
+def test_samples_keep_each_layout(shared_data, tmp_path):
+    table = sample_file(shared_data / "glue/SST-2/train.tsv.gz", 10, tmp_path, "train")
+    header, rows = read_table(table)
+    assert table.name == "train.tsv" and header == ["sentence", "label"] and len(rows) == 10
+    assert (
+        sample_file(shared_data / "glue/SST-2/train.tsv.gz", 10, tmp_path, "again").read_text()
+        == table.read_text()
+    )
+
+    conll = sample_file(shared_data / "ner/wnut17/train.conll", 5, tmp_path, "train")
+    blocks = conll.read_text(encoding="utf-8").strip("\n").split("\n\n")
+    source = (shared_data / "ner/wnut17/train.conll").read_text(encoding="utf-8")
+    assert conll.name == "train.conll" and len(blocks) == 5
+    assert all(block + "\n\n" in source for block in blocks)
+
+    # a training sample is given a sentence for every tag of the scored sample it lacks
+    test = sample_file(shared_data / "ner/wnut17/test.conll", 48, tmp_path, "eval")
+    covered = sample_file(shared_data / "ner/wnut17/train.conll", 5, tmp_path, "t", cover=test)
+    tags = {line.split()[-1] for b in conll_sentences(covered) for line in b}
+    assert tags >= {line.split()[-1] for b in conll_sentences(test) for line in b}
+    assert 5 < len(conll_sentences(covered)) < 5 + len(tags)
+
+    squad = sample_file(shared_data / "qa/xquad_en_test.json.gz", 7, tmp_path, "test")
+    data = json.loads(squad.read_text(encoding="utf-8"))["data"]
+    full = json.loads(gzip.decompress((shared_data / "qa/xquad_en_test.json.gz").read_bytes()))
+    contexts = {p["context"] for a in full["data"] for p in a["paragraphs"]}
+    kept = [(p["context"], qa) for a in data for p in a["paragraphs"] for qa in p["qas"]]
+    assert squad.name == "test.json" and len(kept) == 7
+    assert all(
+        c in contexts and c[qa["answers"][0]["answer_start"] :].startswith(qa["answers"][0]["text"])
+        for c, qa in kept
+    )
+
+
+def test_data_directory_from_the_environment(tmp_path, monkeypatch):
+    (tmp_path / "glue").mkdir()
+    monkeypatch.setenv(DATA_ENV, str(tmp_path))
+    assert data_directory(None, "glue", "CoLA/train.tsv") == tmp_path / "glue"
+    with pytest.raises(BertforgeError, match=r"/qa \(\$BERTFORGE_DATA/qa\): no such directory"):
+        data_directory(None, "qa", "squad_dev_train.json.gz")
+
+
+@pytest.mark.skipif(
+    "token_classification" not in get_args(Task),
+    reason="this build's bertforge finetune has no --task token_classification",
+)
+def test_ner_smoke_end_to_end(tiny_glue_model, shared_data, tmp_path):
+    out = tmp_path / "ner"
+    argv = bench(tiny_glue_model, out, "--suite", "ner", "--smoke")
+    assert cli.main([*argv, "--data_dir", str(shared_data / "ner")]) == 0
+    result = json.loads((out / "results.json").read_text())
+    assert list(result["tasks"]) == ["WikiANN-en", "WNUT-17"]
+    for entry in result["tasks"].values():
+        assert entry["split"] == "test" and entry["metrics"] == ["entity_f1"]
+        assert 0.0 <= entry["model"]["scores"]["entity_f1"] <= 1.0
+        assert entry["constant"] is None and entry["published"] == {}
+    assert [r["label"] for r in result["rows"]] == ["tiny"]
+    md = (out / "results.md").read_text()
+    assert "| model | WikiANN-en (entity F1, test) | WNUT-17 (entity F1, test) | average |" in md
