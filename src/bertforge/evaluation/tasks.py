@@ -24,6 +24,8 @@ HIGHER_IS_BETTER = {
     "pearson": True,
     "mse": False,
     "mae": False,
+    "exact_match": True,
+    "f1": True,
     "loss": False,
 }
 """Direction of each validation metric (which way is an improvement)."""

@@ -55,6 +55,7 @@ TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
 OPTIONAL_PREFIXES = (
     "cls.",
     "classifier.",
+    "qa_outputs.",
     "bert.pooler.",
     "pooler.",
     "generator.",

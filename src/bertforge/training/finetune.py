@@ -51,7 +51,7 @@ from bertforge.io import (
     read_json_object,
 )
 from bertforge.modeling.checkpoint import check_model_directory, check_tokenizer_fits
-from bertforge.modeling.model import BertForSequenceClassification
+from bertforge.modeling.model import BertForQuestionAnswering, BertForSequenceClassification
 from bertforge.progress import MetricsLogger, format_duration, parse_duration
 from bertforge.runtime import autocast, pick_device, pick_precision, seed_everything
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -68,6 +68,7 @@ from bertforge.training.checkpoints import (
 )
 from bertforge.training.config import FINETUNE_CONFIG, FinetuneConfig, option
 from bertforge.training.optim import build_optimizer, set_lr
+from bertforge.training.qa import QATaskData, finish_qa, load_qa_task, qa_baseline, validate_qa
 
 RESULTS_FILE = "eval_results.json"
 PLOT_FILE = "curves.png"
@@ -87,6 +88,8 @@ RUN_IDENTITY = (
     "validation_fraction",
 )
 """Settings a resumed run must share with the interrupted one (the data order depends on them)."""
+QA_IDENTITY = ("doc_stride",)
+"""What a resumed question-answering run must share too (the windows depend on it)."""
 NOT_RESULT = (
     "output",
     "progress",
@@ -134,8 +137,8 @@ class Run:
     """Optimizer steps of the whole run: --max_steps, else --epochs of the training data."""
     steps_per_epoch: int
     tokenizer: Tokenizer
-    data: TaskData
-    model: BertForSequenceClassification
+    data: TaskData | QATaskData
+    model: BertForSequenceClassification | BertForQuestionAnswering
     optimizer: torch.optim.Optimizer
     logger: MetricsLogger
     baseline: float | int
@@ -154,6 +157,8 @@ class Run:
 
     def validate(self, model: torch.nn.Module, **kw: Any) -> tuple[dict[str, Any], np.ndarray]:
         """Metrics and predictions of ``model`` on the validation examples."""
+        if self.cfg.task == "question_answering":
+            return validate_qa(self, model)  # type: ignore[return-value]
         return evaluate_sequence_model(
             model,
             self.data.encoded_val,
@@ -248,7 +253,8 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     out = Path(cfg.output)
     tokenizer = Tokenizer.from_file(check_model_directory(cfg.model))
     t0 = time.perf_counter()
-    data = load_task_data(
+    qa = cfg.task == "question_answering"
+    data = load_qa_task(cfg, tokenizer) if qa else load_task_data(
         tokenizer,
         cfg.train,
         cfg.validation,
@@ -277,7 +283,7 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     model = model.to(device)
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
     resolved = steps.config_dict(cfg)
-    identity = {k: resolved[k] for k in RUN_IDENTITY}
+    identity = {k: resolved[k] for k in RUN_IDENTITY + (QA_IDENTITY if qa else ())}
     state = FinetuneState(run=identity, scale=data.scale)
     if resume_dir is not None:
         state, _ = FinetuneState.load(resume_dir, optimizer)
@@ -287,14 +293,20 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     atomic_write_text(out / FINETUNE_CONFIG, json.dumps(resolved, indent=2) + "\n")
     logger = MetricsLogger(out, resume_step=state.step if resume_dir is not None else None)
     # the baseline printed beside every validation score: see evaluation.tasks.TRAINING_BASELINE
-    baseline = training_baseline(data.train.labels, cfg.task == "regression")
-    val_baseline = baseline_metrics(model.config, data.val.labels, baseline)
+    if qa:  # the first words of each context: see bertforge.training.qa.BASELINE
+        baseline = data.answer_words
+        val_baseline = qa_baseline(data.val.examples, baseline)
+    else:
+        baseline = training_baseline(data.train.labels, cfg.task == "regression")
+        val_baseline = baseline_metrics(model.config, data.val.labels, baseline)
     run = Run(cfg, out, device, precision, budget, total, steps_per_epoch, tokenizer, data, model,
               optimizer, logger, baseline, val_baseline)  # fmt: skip
     micro, outputs = cfg.micro_batch, len(data.id2label) if data.id2label else 1
+    windows = f" ({len(data.encoded_train):,} windows)" if qa else ""
     run.say(
-        f"fine-tuning {cfg.model} for {cfg.task} ({outputs} output(s)) on "
-        f"{len(data.train):,} examples, validating on {len(data.val):,}; {precision} on {device}; "
+        f"fine-tuning {cfg.model} for {cfg.task} ({2 if qa else outputs} output(s)) on "
+        f"{len(data.train):,} examples{windows}, validating on {len(data.val):,}; {precision} "
+        f"on {device}; "
         f"{total} steps of batch {cfg.batch_size} = {cfg.batch_size // micro} x {micro}"
         + (f" or {format_duration(budget)}" if budget else "")
         + f"; encoded in {time.perf_counter() - t0:.1f}s"
@@ -307,9 +319,13 @@ def load_model(
     tokenizer: Tokenizer,
     id2label: dict[int, str] | None,
     resume_dir: Path | None,
-) -> BertForSequenceClassification:
+) -> BertForSequenceClassification | BertForQuestionAnswering:
     """The checkpoint to resume, or ``cfg.model`` with a fresh head for the task."""
-    if resume_dir is not None:
+    if cfg.task == "question_answering":
+        model = BertForQuestionAnswering.from_pretrained(
+            resume_dir or cfg.model, num_labels=2, id2label=None, problem_type=None
+        )
+    elif resume_dir is not None:
         model = BertForSequenceClassification.from_pretrained(resume_dir)
     elif cfg.task == "regression":
         model = BertForSequenceClassification.from_pretrained(
@@ -342,8 +358,12 @@ def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
         examples = [data.encoded_train[i] for i in rows]
         batch = {k: v.to(device) for k, v in collate(examples, run.tokenizer.pad_id).items()}
         labels = torch.as_tensor(data.targets[rows]).to(device)
+        if labels.ndim == 2:  # question answering: (B, 2) start and end positions
+            batch |= {"start_positions": labels[:, 0], "end_positions": labels[:, 1]}
+        else:
+            batch["labels"] = labels
         with autocast(device, run.precision):
-            loss = run.model(**batch, labels=labels).loss
+            loss = run.model(**batch).loss
         # a mean over this micro-batch's rows -> its share of the mean over the batch
         totals["loss"] += float(loss.detach()) * share
         totals["tokens"] += int(batch["attention_mask"].sum())
@@ -391,13 +411,18 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     """The end-of-run report: the best model reloaded from disk, its validation report and
     plots, eval_results.json."""
     cfg, out, data = run.cfg, run.out, run.data
-    best = BertForSequenceClassification.from_pretrained(out).to(run.device)
-    plot = out / task_plot_name(best.config)
-    metrics, predictions = run.validate(best)
-    title = f"validation ({out.name})"
-    report = task_report(
-        best.config, data.val.labels, predictions, run.baseline, plot=plot, plot_title=title
-    )
+    if cfg.task == "question_answering":
+        best = BertForQuestionAnswering.from_pretrained(out).to(run.device)
+        plot = None
+        metrics, report = finish_qa(run, best, out)
+    else:
+        best = BertForSequenceClassification.from_pretrained(out).to(run.device)
+        plot = out / task_plot_name(best.config)
+        metrics, predictions = run.validate(best)
+        title = f"validation ({out.name})"
+        report = task_report(
+            best.config, data.val.labels, predictions, run.baseline, plot=plot, plot_title=title
+        )
     plot_training_curves(out, out / PLOT_FILE, title=f"bertforge finetune: {out.name}")
     result = {
         "best_step": state.best_step,
@@ -409,7 +434,7 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
         "metric": cfg.metric,
         "validation": metrics,
         **report,
-        "plot": str(plot),
+        "plot": None if plot is None else str(plot),
         "model_dir": str(out),
     }
     atomic_write_text(out / RESULTS_FILE, json.dumps(result, indent=2) + "\n")
