@@ -72,6 +72,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "classify texts with a fine-tuned model",
     ),
     "embed": ("bertforge.cli.predict", "embed_main", "embed texts into a .npy matrix"),
+    "answer": (
+        "bertforge.cli.answer",
+        "main",
+        "answer questions from their context (extractive QA)",
+    ),
     "recipe": (
         "bertforge.cli.recipe",
         "main",

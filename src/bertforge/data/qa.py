@@ -166,7 +166,9 @@ def read_qa(
                 try:
                     document = json.load(f)
                 except json.JSONDecodeError as err:
-                    raise BertforgeError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})")
+                    raise BertforgeError(
+                        f"{path}: not valid JSON ({err.msg}, line {err.lineno}); fix the file"
+                    ) from None
                 rows = _squad_rows(document, path)
             else:
                 rows = []
@@ -179,7 +181,9 @@ def read_qa(
                 raise BertforgeError(f"{where}: no 'id' field; every question needs an id")
             qid = str(qid)
             if qid in seen:
-                raise BertforgeError(f"{where}: question id {qid!r} appears twice; ids must be unique")
+                raise BertforgeError(
+                    f"{where}: question id {qid!r} appears twice; ids must be unique"
+                )
             seen.add(qid)
             question = _field(row, "question", str, where)
             texts, starts = _answers(row, where, labelled)

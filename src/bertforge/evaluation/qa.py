@@ -136,6 +136,7 @@ def qa_report(
         "baseline": {
             "predicts": f"the first {n_words} word(s) of the context",
             "definition": definition,
+            "words": n_words,
             **baseline,
         },
     }

@@ -58,7 +58,11 @@ def window_logits(
             for index, batch in _batches(encoded, pad_id, batch_size, device):
                 with autocast(device, precision):
                     out = model(**batch)
-                keep(index, out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy())
+                keep(
+                    index,
+                    out.start_logits.float().cpu().numpy(),
+                    out.end_logits.float().cpu().numpy(),
+                )
                 bar.update(len(index))
     return starts, ends
 
@@ -93,7 +97,8 @@ def answer(
             raise BertforgeError(
                 f"{len(questions)} questions but {len(contexts)} contexts; give one context each"
             )
-        examples = [QAExample(str(i), q, c) for i, (q, c) in enumerate(zip(questions, contexts))]
+        pairs = enumerate(zip(questions, contexts, strict=True))
+        examples = [QAExample(str(i), q, c) for i, (q, c) in pairs]
     else:
         examples = list(questions)  # type: ignore[arg-type]
     for e in examples:
@@ -113,9 +118,7 @@ def answer(
         progress=progress,
     )  # fmt: skip
     limit = max_answer_length or settings.get("max_answer_length", MAX_ANSWER_LENGTH)
-    return decode_spans(
-        windows, examples, starts, ends, n_best=n_best, max_answer_length=limit
-    )
+    return decode_spans(windows, examples, starts, ends, n_best=n_best, max_answer_length=limit)
 
 
 __all__ = ["DOC_STRIDE", "MAX_ANSWER_LENGTH", "N_BEST", "answer", "window_logits"]

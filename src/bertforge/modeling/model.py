@@ -942,7 +942,9 @@ class BertForQuestionAnswering(BertPreTrainedModel):
                 padding = attention_mask == 0
                 start = start.masked_fill(padding, torch.finfo(start.dtype).min)
                 end = end.masked_fill(padding, torch.finfo(end.dtype).min)
-            loss = (F.cross_entropy(start, start_positions) + F.cross_entropy(end, end_positions)) / 2
+            loss = (
+                F.cross_entropy(start, start_positions) + F.cross_entropy(end, end_positions)
+            ) / 2
         return QuestionAnsweringOutput(loss, start, end, out.last_hidden_state, out.attentions)
 
 

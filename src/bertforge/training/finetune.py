@@ -254,20 +254,24 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     tokenizer = Tokenizer.from_file(check_model_directory(cfg.model))
     t0 = time.perf_counter()
     qa = cfg.task == "question_answering"
-    data = load_qa_task(cfg, tokenizer) if qa else load_task_data(
-        tokenizer,
-        cfg.train,
-        cfg.validation,
-        text_column=cfg.text_column,
-        label_column=cfg.label_column,
-        text_pair_column=cfg.text_pair_column,
-        task=cfg.task,
-        validation_fraction=cfg.validation_fraction,
-        seed=cfg.seed,
-        normalize_targets=cfg.normalize_targets,
-        max_length=cfg.max_length,
-        truncation=cfg.truncation,
-        allow_rare_labels=cfg.allow_rare_labels,
+    data = (
+        load_qa_task(cfg, tokenizer)
+        if qa
+        else load_task_data(
+            tokenizer,
+            cfg.train,
+            cfg.validation,
+            text_column=cfg.text_column,
+            label_column=cfg.label_column,
+            text_pair_column=cfg.text_pair_column,
+            task=cfg.task,
+            validation_fraction=cfg.validation_fraction,
+            seed=cfg.seed,
+            normalize_targets=cfg.normalize_targets,
+            max_length=cfg.max_length,
+            truncation=cfg.truncation,
+            allow_rare_labels=cfg.allow_rare_labels,
+        )
     )
     for warning in data.warnings:
         print(warning, file=sys.stderr, flush=True)
