@@ -53,7 +53,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "finetune": (
         "bertforge.cli.finetune",
         "main",
-        "fine-tune for classification or regression",
+        "fine-tune for classification, regression or question answering",
     ),
     "downstream": (
         "bertforge.cli.downstream",

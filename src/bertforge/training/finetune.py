@@ -1,4 +1,5 @@
-"""``bertforge finetune``: fine-tune any BERT directory for classification or regression;
+"""``bertforge finetune``: fine-tune any BERT directory for classification, regression or
+extractive question answering (whose data, validation and report are ``training.qa``'s);
 :func:`finetune` is the loop, the named parts it calls follow it.
 
 Per optimizer step: set the LR (a pure function of the step, or of elapsed time for a wall-clock
@@ -14,7 +15,8 @@ OUTPUT holds the best model by the validation metric (a ``BertForSequenceClassif
 ``finetune_config.json``, ``metrics.jsonl``, ``curves.png``, ``eval_results.json``, a confusion
 matrix (classification) or predicted-vs-true scatter (regression) PNG, and the newest resumable
 ``checkpoint-*``. Regression targets may be trained normalised; the saved head is rescaled so
-the model predicts in the original units.
+the model predicts in the original units. A question-answering run saves a
+``BertForQuestionAnswering`` and reports SQuAD v1.1 EM/F1 (docs/tasks.md).
 """
 
 from __future__ import annotations
