@@ -256,25 +256,7 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     tokenizer = Tokenizer.from_file(check_model_directory(cfg.model))
     t0 = time.perf_counter()
     qa = cfg.task == "question_answering"
-    data = (
-        load_qa_task(cfg, tokenizer)
-        if qa
-        else load_task_data(
-            tokenizer,
-            cfg.train,
-            cfg.validation,
-            text_column=cfg.text_column,
-            label_column=cfg.label_column,
-            text_pair_column=cfg.text_pair_column,
-            task=cfg.task,
-            validation_fraction=cfg.validation_fraction,
-            seed=cfg.seed,
-            normalize_targets=cfg.normalize_targets,
-            max_length=cfg.max_length,
-            truncation=cfg.truncation,
-            allow_rare_labels=cfg.allow_rare_labels,
-        )
-    )
+    data = load_data(cfg, tokenizer)
     for warning in data.warnings:
         print(warning, file=sys.stderr, flush=True)
     steps_per_epoch = math.ceil(len(data.encoded_train) / cfg.batch_size)
@@ -320,6 +302,27 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     return run, state
 
 
+def load_data(cfg: FinetuneConfig, tokenizer: Tokenizer) -> TaskData | QATaskData:
+    """The training and validation data of the task, encoded."""
+    if cfg.task == "question_answering":
+        return load_qa_task(cfg, tokenizer)
+    return load_task_data(
+        tokenizer,
+        cfg.train,
+        cfg.validation,
+        text_column=cfg.text_column,
+        label_column=cfg.label_column,
+        text_pair_column=cfg.text_pair_column,
+        task=cfg.task,
+        validation_fraction=cfg.validation_fraction,
+        seed=cfg.seed,
+        normalize_targets=cfg.normalize_targets,
+        max_length=cfg.max_length,
+        truncation=cfg.truncation,
+        allow_rare_labels=cfg.allow_rare_labels,
+    )
+
+
 def load_model(
     cfg: FinetuneConfig,
     tokenizer: Tokenizer,
@@ -328,7 +331,7 @@ def load_model(
 ) -> BertForSequenceClassification | BertForQuestionAnswering:
     """The checkpoint to resume, or ``cfg.model`` with a fresh head for the task."""
     if cfg.task == "question_answering":
-        model = BertForQuestionAnswering.from_pretrained(
+        model = model_class(cfg.task).from_pretrained(
             resume_dir or cfg.model, num_labels=2, id2label=None, problem_type=None
         )
     elif resume_dir is not None:
@@ -351,6 +354,13 @@ def load_model(
             f"max_position_embeddings={model.config.max_position_embeddings}; lower it"
         )
     return model
+
+
+def model_class(task: str) -> type[BertForSequenceClassification | BertForQuestionAnswering]:
+    """The model of a task: a span scorer for question_answering, else a sequence classifier."""
+    if task == "question_answering":
+        return BertForQuestionAnswering
+    return BertForSequenceClassification
 
 
 def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
@@ -417,12 +427,11 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     """The end-of-run report: the best model reloaded from disk, its validation report and
     plots, eval_results.json."""
     cfg, out, data = run.cfg, run.out, run.data
+    best = model_class(cfg.task).from_pretrained(out).to(run.device)
     if cfg.task == "question_answering":
-        best = BertForQuestionAnswering.from_pretrained(out).to(run.device)
         plot = None
         metrics, report = finish_qa(run, best, out)
     else:
-        best = BertForSequenceClassification.from_pretrained(out).to(run.device)
         plot = out / task_plot_name(best.config)
         metrics, predictions = run.validate(best)
         title = f"validation ({out.name})"

@@ -57,6 +57,10 @@ class QATaskData:
     def encoded_train(self) -> list[tuple[np.ndarray, int]]:
         return self.windows_train.encoded
 
+    @property
+    def encoded_val(self) -> list[tuple[np.ndarray, int]]:
+        return self.windows_val.encoded
+
 
 def split_by_context(
     examples: list[QAExample], fraction: float, seed: int
