@@ -53,7 +53,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "finetune": (
         "bertforge.cli.finetune",
         "main",
-        "fine-tune for classification, regression or token classification",
+        "fine-tune for classification, regression, token classification or question answering",
     ),
     "downstream": (
         "bertforge.cli.downstream",
@@ -82,6 +82,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "find named entities with a fine-tuned token classifier",
     ),
     "embed": ("bertforge.cli.predict", "embed_main", "embed texts into a .npy matrix"),
+    "answer": (
+        "bertforge.cli.answer",
+        "main",
+        "answer questions from their context (extractive QA)",
+    ),
     "recipe": (
         "bertforge.cli.recipe",
         "main",

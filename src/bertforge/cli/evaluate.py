@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from bertforge.cli.common import ModelOptions, TaskOptions, finetune_defaults, load_model
 from bertforge.cli.options import parse_config
+from bertforge.data.qa import encode_windows, read_qa
 from bertforge.data.tagging import encode_tagged, read_tagged, tag_ids
 from bertforge.data.tasks import encode_examples, load_labelled
 from bertforge.errors import BertforgeError
@@ -23,6 +24,13 @@ from bertforge.evaluation.mlm import (
     mlm_text_batches,
     random_init_like,
 )
+from bertforge.evaluation.qa import (
+    evaluate_qa_model,
+    leading_words_baseline,
+    mean_answer_words,
+    qa_report,
+    squad_metrics,
+)
 from bertforge.evaluation.tagging import evaluate_tagging_model, tagging_report
 from bertforge.evaluation.tasks import baseline_warning, evaluate_sequence_model, task_report
 from bertforge.io import atomic_write_text, read_json_object
@@ -31,6 +39,7 @@ from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import (
     BertForMaskedLM,
     BertForPreTraining,
+    BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
 )
@@ -66,7 +75,8 @@ DESCRIPTION = (
     "masked-token accuracy on a text file, next to a random-initialised network of the same "
     "shape. A fine-tuned classifier/regressor: its metrics on a labelled file, with the "
     "per-class report. A token classifier: entity-level precision/recall/F1 (seqeval's default "
-    "mode), token accuracy and the per-type report on tagged files."
+    "mode), token accuracy and the per-type report on tagged files. A fine-tuned "
+    "question-answering model: SQuAD v1.1 EM/F1 on a SQuAD .json or .jsonl file."
 )
 
 
@@ -178,6 +188,46 @@ def _evaluate_tagging_model(args: EvaluateConfig, config: Any) -> dict[str, Any]
     return result
 
 
+def _evaluate_qa_model(args: EvaluateConfig) -> dict[str, Any]:
+    """EM/F1 of a question-answering model on labelled questions, beside the baseline of the
+    first words of each context (as many as fine-tuning's baseline took, else the mean answer
+    length of this data)."""
+    start = time.perf_counter()
+    ft = finetune_defaults(args.model)
+    model, tokenizer, options = load_model(BertForQuestionAnswering, args)
+    examples, warnings = read_qa(args.data)
+    for warning in warnings:
+        print(warning, file=sys.stderr)
+    limit = model.config.max_position_embeddings
+    max_length = args.max_length or ft.get("max_length") or min(384, limit)
+    windows = encode_windows(
+        tokenizer, examples, max_length=max_length, doc_stride=ft.get("doc_stride", 128),
+        labels=True,
+    )  # fmt: skip
+    metrics, _ = evaluate_qa_model(
+        model, windows, examples, tokenizer.pad_id,
+        max_answer_length=ft.get("max_answer_length", 30), **options,
+    )  # fmt: skip
+    path = Path(args.model) / RESULTS_FILE
+    recorded = read_json_object(path, "restore it or delete it") if path.is_file() else {}
+    n_words = (recorded.get("baseline") or {}).get("words")
+    definition = "whatever the question; as many words as the mean training answer has"
+    if not isinstance(n_words, int):
+        n_words = mean_answer_words(examples)
+        definition = "whatever the question; as many words as this data's mean answer has"
+    guesses = leading_words_baseline(examples, n_words)
+    baseline = squad_metrics(guesses, {e.id: e.answers for e in examples})
+    report = qa_report(metrics, baseline, n_words, definition)
+    seconds = round(time.perf_counter() - start, 1)
+    print(f"{report['report_text']}\nloss: {metrics['loss']:.4f}\nquestions: "
+          f"{len(examples):,} ({len(windows):,} windows, {seconds}s)")  # fmt: skip
+    warning = baseline_warning("f1", metrics["f1"], report["baseline"])
+    if warning:
+        print(warning)
+    return {"model": args.model, "data": args.data, "task": "question_answering", **metrics,
+            "seconds": seconds, **report}  # fmt: skip
+
+
 def _training_baseline(model_dir: str, config: Any) -> float | int | None:
     """The training baseline ``bertforge finetune`` recorded in the model's eval_results.json
     (a class id or a regression target), or None when it is not there."""
@@ -263,6 +313,8 @@ def main(argv: list[str]) -> int:
         result = _evaluate_tagging_model(args, config)
     elif "BertForSequenceClassification" in (config.architectures or []):
         result = _evaluate_task_model(args, config)
+    elif "BertForQuestionAnswering" in (config.architectures or []):
+        result = _evaluate_qa_model(args)
     else:
         result = _evaluate_mlm_model(args, config)
     if args.output:

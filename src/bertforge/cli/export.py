@@ -23,7 +23,8 @@ class ExportConfig:
 
     model: str
     """Model directory (config.json, model.safetensors, tokenizer): a fine-tuned classifier
-    exports its logits, any other model its encoder's hidden states."""
+    exports its logits, a question-answering model its start_logits and end_logits, any other
+    model its encoder's hidden states."""
     format: Literal["onnx"]
     """onnx (the only format so far)."""
     output: str

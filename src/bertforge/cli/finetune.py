@@ -15,7 +15,10 @@ def main(argv: list[str]) -> int:
         FinetuneConfig,
         argv,
         prog="bertforge finetune",
-        description="Fine-tune a BERT model for text classification or regression.",
+        description=(
+            "Fine-tune a BERT model for text classification, regression or extractive "
+            "question answering."
+        ),
     )
     finetune(cfg)
     return 0

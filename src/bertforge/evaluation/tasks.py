@@ -26,6 +26,8 @@ HIGHER_IS_BETTER = {
     "mae": False,
     "entity_f1": True,
     "token_accuracy": True,
+    "exact_match": True,
+    "f1": True,
     "loss": False,
 }
 """Direction of each validation metric (which way is an improvement)."""

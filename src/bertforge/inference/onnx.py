@@ -57,6 +57,7 @@ from bertforge.modeling.checkpoint import (
 )
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import (
+    BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
     BertModel,
@@ -71,7 +72,7 @@ QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 OPSET = 17
 """ONNX opset of the export (LayerNormalization is an operator from 17 on)."""
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-_BY_TOKEN = (*INPUT_NAMES, "last_hidden_state")
+_BY_TOKEN = (*INPUT_NAMES, "last_hidden_state", "start_logits", "end_logits")
 _ACTIVATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
 
 
@@ -89,14 +90,16 @@ def _require(module: str) -> Any:
 
 # ---- the exported computation -----------------------------------------------------------------
 class PlainBert(nn.Module):
-    """The encoder (+ pooler and classifier of a sequence classifier, or the per-token classifier
-    of a token classifier) as one straight-line graph over the parameters of a loaded bertforge
-    model; ``forward`` returns the outputs named in :attr:`output_names`."""
+    """The encoder (+ pooler and classifier of a sequence classifier, the per-token classifier of
+    a token classifier, or the span scorer of a question-answering model) as one straight-line
+    graph over the parameters of a loaded bertforge model; ``forward`` returns the outputs named
+    in :attr:`output_names`."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.bert = getattr(model, "bert", model)
         self.classifier = getattr(model, "classifier", None)
+        self.qa_outputs = getattr(model, "qa_outputs", None)
         self.config: BertConfig = self.bert.config
         self.per_token = isinstance(model, BertForTokenClassification)
         """The logits are (B, T, num_labels), one row per token."""
@@ -107,6 +110,8 @@ class PlainBert(nn.Module):
             self.output_names.append("pooler_output")
         if self.classifier is not None:
             self.output_names.insert(0, "logits")
+        if self.qa_outputs is not None:
+            self.output_names[:0] = ["start_logits", "end_logits"]
 
     def _activation(self, x: Tensor) -> Tensor:
         name = self.config.hidden_act
@@ -142,6 +147,9 @@ class PlainBert(nn.Module):
         outputs = [x]
         if self.per_token:
             outputs.insert(0, self.classifier(x))  # (B, T, num_labels)
+        if self.qa_outputs is not None:
+            spans = self.qa_outputs(x)  # (B, T, 2)
+            outputs[:0] = [spans[..., 0], spans[..., 1]]  # (B, T) each
         if self.bert.pooler is not None:
             pooled = torch.tanh(self.bert.pooler.dense(x[:, 0]))  # (B, H)
             outputs.append(pooled)
@@ -152,12 +160,15 @@ class PlainBert(nn.Module):
 
 # ---- export -----------------------------------------------------------------------------------
 def _load_for_export(model_dir: Path) -> nn.Module:
-    """The richest model the checkpoint holds: a sequence classifier when it has classifier
-    weights, else the encoder (with its pooler when the checkpoint has one)."""
+    """The richest model the checkpoint holds: a token classifier (by its declared architecture),
+    a question-answering model when it has ``qa_outputs`` weights, a sequence classifier when it
+    has classifier weights, else the encoder (with its pooler when the checkpoint has one)."""
     keys = {normalize_key(k) for k in read_safetensors(model_dir)}
     config = BertConfig.load(model_dir / "config.json")
     if "BertForTokenClassification" in (config.architectures or []):
         return BertForTokenClassification.from_pretrained(model_dir).eval()
+    if any(k.startswith("qa_outputs.") for k in keys):
+        return BertForQuestionAnswering.from_pretrained(model_dir).eval()
     if any(k.startswith("classifier.") for k in keys):
         return BertForSequenceClassification.from_pretrained(model_dir).eval()
     model = BertModel.from_pretrained(model_dir)
@@ -347,6 +358,17 @@ class OnnxModel:
     def token_logits(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         """(B, T, num_labels) float32 logits of a padded batch of a token classifier."""
         return self._run("logits", batch)
+
+    def span_logits(self, batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """(B, T) float32 start and end logits of a padded batch of a question-answering model."""
+        if "start_logits" not in self.output_names:
+            raise BertforgeError(
+                f"{self.directory / ONNX_FILE} has no start_logits output (it has "
+                f"{', '.join(self.output_names)}); export a question-answering model"
+            )
+        feed = {k: np.ascontiguousarray(batch[k], dtype=np.int64) for k in INPUT_NAMES}
+        start, end = self.session.run(["start_logits", "end_logits"], feed)
+        return start, end
 
     def hidden_states(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         """(B, T, H) float32 last hidden states of a padded batch."""

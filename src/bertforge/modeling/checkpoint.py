@@ -59,6 +59,7 @@ TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
 OPTIONAL_PREFIXES = (
     "cls.",
     "classifier.",
+    "qa_outputs.",
     "bert.pooler.",
     "pooler.",
     "generator.",

@@ -131,6 +131,19 @@ class TokenClassifierOutput:
     attentions: tuple[Tensor, ...] | None = None
 
 
+@dataclass
+class QuestionAnsweringOutput:
+    loss: Tensor | None
+    """Mean of the start and end cross-entropies (transformers' definition)."""
+    start_logits: Tensor
+    """(B, T) score of each position as the answer's first token."""
+    end_logits: Tensor
+    """(B, T) score of each position as the answer's last token."""
+    hidden_states: Tensor | None = None
+    """(B, T, H) last hidden state (zero at padding: the padding is skipped)."""
+    attentions: tuple[Tensor, ...] | None = None
+
+
 # ---- the encoder ------------------------------------------------------------------------------
 @dataclass
 class Layout:
@@ -966,10 +979,49 @@ class BertForTokenClassification(BertPreTrainedModel):
         return TokenClassifierOutput(loss, logits, out.attentions)
 
 
+class BertForQuestionAnswering(BertPreTrainedModel):
+    """Encoder (no pooler) + a linear ``qa_outputs`` giving each token a start and an end score:
+    extractive question answering, transformers' layout (so its ``AutoModelForQuestionAnswering``
+    loads the saved directory)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)  # keep the name: checkpoint keys
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        start_positions: Tensor | None = None,
+        end_positions: Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> QuestionAnsweringOutput:
+        """With ``start_positions`` and ``end_positions`` (B,) the loss is the mean of the two
+        cross-entropies over each sequence's positions (padding masked out of the softmax)."""
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_attentions, True)
+        logits = self.qa_outputs(out.last_hidden_state)  # (B, T, 2)
+        start, end = logits.float().unbind(-1)  # (B, T) each
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            if attention_mask is not None:  # a padded position is never the answer
+                padding = attention_mask == 0
+                start = start.masked_fill(padding, torch.finfo(start.dtype).min)
+                end = end.masked_fill(padding, torch.finfo(end.dtype).min)
+            loss = (
+                F.cross_entropy(start, start_positions) + F.cross_entropy(end, end_positions)
+            ) / 2
+        return QuestionAnsweringOutput(loss, start, end, out.last_hidden_state, out.attentions)
+
+
 __all__ = [
     "BertModel",
     "BertForTokenClassification",
     "TokenClassifierOutput",
+    "BertForQuestionAnswering",
+    "QuestionAnsweringOutput",
     "BertForPreTraining",
     "BertForMaskedLM",
     "BertForReplacedTokenDetection",

@@ -27,7 +27,7 @@ PositionInit = Literal["normal", "sinusoidal"]
 WordInit = Literal["normal", "cooccurrence"]
 AttentionInit = Literal["normal", "identity"]
 Preset = Literal["tiny", "mini", "small", "medium", "base", "large"]
-Task = Literal["classification", "regression", "token_classification"]
+Task = Literal["classification", "regression", "token_classification", "question_answering"]
 Metric = Literal[
     "accuracy",
     "macro_f1",
@@ -38,10 +38,13 @@ Metric = Literal[
     "mae",
     "entity_f1",
     "token_accuracy",
+    "f1",
+    "exact_match",
 ]
 CLASSIFICATION_METRICS: tuple[str, ...] = ("accuracy", "macro_f1", "mcc")
 REGRESSION_METRICS: tuple[str, ...] = ("spearman", "pearson", "mse", "mae")
 TAGGING_METRICS: tuple[str, ...] = ("entity_f1", "token_accuracy")
+QA_METRICS: tuple[str, ...] = ("f1", "exact_match")
 
 
 def check_choice(value: Any, choices: Any, option: str) -> None:
@@ -473,7 +476,9 @@ class FinetuneConfig(LoopOptions):
     text_pair_column: str | None = None
     """Column holding the second text of a pair task (e.g. a title and its description)."""
     task: Task = "classification"
-    """classification, regression, or token_classification (a tag per word: named entities)."""
+    """classification, regression, token_classification (a tag per word: named entities) or
+    question_answering (extractive, SQuAD v1.1 style: --train and --validation are SQuAD .json or
+    .jsonl files; see docs/tasks.md)."""
     allow_rare_labels: bool = False
     """Train labels that look like typos (a class of one row beside classes of five or more, or
     under 20 rows and 1 % of the data, or a word among integer labels) as classes of their own
@@ -492,7 +497,13 @@ class FinetuneConfig(LoopOptions):
     normalize_targets: bool = True
     """Regression: train on z-scored targets (the saved head is rescaled back to the original units)."""
     max_length: int = 256
-    """Tokens per example including [CLS]/[SEP]; longer texts are truncated."""
+    """Tokens per example including [CLS]/[SEP]; longer texts are truncated (question answering:
+    tokens per window, 384 as in BERT's SQuAD runs)."""
+    doc_stride: int = 128
+    """Question answering: a context longer than one window is read in windows overlapping by
+    this many tokens."""
+    max_answer_length: int = 30
+    """Question answering: the longest answer (in tokens) the decoder may pick."""
     truncation: Truncation = "head"
     """head (keep the beginning) or head_tail (first quarter + last three quarters, Sun et al. 2019)."""
     batch_size: int = 32
@@ -524,7 +535,8 @@ class FinetuneConfig(LoopOptions):
     metric: Metric | None = None
     """Validation metric that picks the best model: accuracy, macro_f1, mcc (default accuracy),
     for regression spearman, pearson, mse, mae (default spearman), for token_classification
-    entity_f1 (the default) or token_accuracy."""
+    entity_f1 (the default) or token_accuracy, for question_answering f1, exact_match (SQuAD
+    v1.1's, default f1)."""
     bucket: bool = True
     """Group examples of similar length into batches (less padding); batches stay shuffled."""
     seed: int = 0
@@ -546,17 +558,28 @@ class FinetuneConfig(LoopOptions):
             raise BertforgeError("--batch_size, --eval_batch_size and --epochs must be positive")
         check_training_options(self, option)
         check_at_least(self, option, max_steps=1, eval_every=0, patience=0, keep_checkpoints=0)
-        check_at_least(self, option, micro_batch_size=1)
+        check_at_least(self, option, micro_batch_size=1, doc_stride=0, max_answer_length=1)
+        if self.task == "question_answering" and self.doc_stride >= self.max_length - 4:
+            raise BertforgeError(
+                f"--doc_stride {self.doc_stride} must be below --max_length {self.max_length} "
+                "minus the question and 3 special tokens; lower it (128 with --max_length 384)"
+            )
         if self.batch_size % self.micro_batch:
             raise BertforgeError(
                 f"--micro_batch_size {self.micro_batch_size} does not divide --batch_size "
                 f"{self.batch_size}; choose a divisor"
             )
-        default = {"regression": "spearman", "token_classification": "entity_f1"}
+        default = {
+            "regression": "spearman",
+            "token_classification": "entity_f1",
+            "question_answering": "f1",
+        }
         self.metric = self.metric or default.get(self.task, "accuracy")
-        allowed = {"regression": REGRESSION_METRICS, "token_classification": TAGGING_METRICS}.get(
-            self.task, CLASSIFICATION_METRICS
-        )
+        allowed = {
+            "regression": REGRESSION_METRICS,
+            "token_classification": TAGGING_METRICS,
+            "question_answering": QA_METRICS,
+        }.get(self.task, CLASSIFICATION_METRICS)
         if self.metric not in allowed:
             raise BertforgeError(
                 f"--metric {self.metric!r} does not fit --task {self.task}; "

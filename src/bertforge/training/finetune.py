@@ -1,4 +1,5 @@
-"""``bertforge finetune``: fine-tune any BERT directory for classification or regression;
+"""``bertforge finetune``: fine-tune any BERT directory for classification, regression or
+extractive question answering (whose data, validation and report are ``training.qa``'s);
 :func:`finetune` is the loop, the named parts it calls follow it.
 
 Per optimizer step: set the LR (a pure function of the step, or of elapsed time for a wall-clock
@@ -15,7 +16,8 @@ for ``--task token_classification`` a ``BertForTokenClassification`` scored by e
 ``finetune_config.json``, ``metrics.jsonl``, ``curves.png``, ``eval_results.json``, a confusion
 matrix (classification) or predicted-vs-true scatter (regression) PNG, and the newest resumable
 ``checkpoint-*``. Regression targets may be trained normalised; the saved head is rescaled so
-the model predicts in the original units.
+the model predicts in the original units. A question-answering run saves a
+``BertForQuestionAnswering`` and reports SQuAD v1.1 EM/F1 (docs/tasks.md).
 """
 
 from __future__ import annotations
@@ -55,7 +57,11 @@ from bertforge.io import (
     read_json_object,
 )
 from bertforge.modeling.checkpoint import check_model_directory, check_tokenizer_fits
-from bertforge.modeling.model import BertForSequenceClassification, BertForTokenClassification
+from bertforge.modeling.model import (
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
 from bertforge.progress import MetricsLogger, format_duration, parse_duration
 from bertforge.runtime import autocast, pick_device, pick_precision, seed_everything
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -72,6 +78,7 @@ from bertforge.training.checkpoints import (
 )
 from bertforge.training.config import FINETUNE_CONFIG, FinetuneConfig, option
 from bertforge.training.optim import build_optimizer, set_lr
+from bertforge.training.qa import QATaskData, finish_qa, load_qa_task, qa_baseline, validate_qa
 
 RESULTS_FILE = "eval_results.json"
 PLOT_FILE = "curves.png"
@@ -91,6 +98,8 @@ RUN_IDENTITY = (
     "validation_fraction",
 )
 """Settings a resumed run must share with the interrupted one (the data order depends on them)."""
+QA_IDENTITY = ("doc_stride",)
+"""What a resumed question-answering run must share too (the windows depend on it)."""
 NOT_RESULT = (
     "output",
     "progress",
@@ -138,8 +147,8 @@ class Run:
     """Optimizer steps of the whole run: --max_steps, else --epochs of the training data."""
     steps_per_epoch: int
     tokenizer: Tokenizer
-    data: TaskData | TaggingTaskData
-    model: BertForSequenceClassification | BertForTokenClassification
+    data: TaskData | TaggingTaskData | QATaskData
+    model: BertForSequenceClassification | BertForTokenClassification | BertForQuestionAnswering
     optimizer: torch.optim.Optimizer
     logger: MetricsLogger
     baseline: float | int
@@ -167,6 +176,8 @@ class Run:
                 batch_size=self.cfg.eval_batch_size,
                 precision=self.precision,
             )
+        if self.cfg.task == "question_answering":
+            return validate_qa(self, model)  # type: ignore[return-value]
         return evaluate_sequence_model(
             model,
             self.data.encoded_val,
@@ -261,6 +272,7 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     out = Path(cfg.output)
     tokenizer = Tokenizer.from_file(check_model_directory(cfg.model))
     t0 = time.perf_counter()
+    qa = cfg.task == "question_answering"
     data = load_data(cfg, tokenizer)
     for warning in data.warnings:
         print(warning, file=sys.stderr, flush=True)
@@ -277,7 +289,7 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     model = model.to(device)
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
     resolved = steps.config_dict(cfg)
-    identity = {k: resolved[k] for k in RUN_IDENTITY}
+    identity = {k: resolved[k] for k in RUN_IDENTITY + (QA_IDENTITY if qa else ())}
     state = FinetuneState(run=identity, scale=data.scale)
     if resume_dir is not None:
         state, _ = FinetuneState.load(resume_dir, optimizer)
@@ -287,7 +299,10 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     atomic_write_text(out / FINETUNE_CONFIG, json.dumps(resolved, indent=2) + "\n")
     logger = MetricsLogger(out, resume_step=state.step if resume_dir is not None else None)
     # the baseline printed beside every validation score: see evaluation.tasks.TRAINING_BASELINE
-    if isinstance(data, TaggingTaskData):  # the tag O everywhere: no entity found
+    if qa:  # the first words of each context: see bertforge.training.qa.BASELINE
+        baseline = data.answer_words
+        val_baseline = qa_baseline(data.val.examples, baseline)
+    elif isinstance(data, TaggingTaskData):  # the tag O everywhere: no entity found
         baseline = 0
         val_baseline = tag_metrics(
             model.config, data.val_tags, [np.zeros_like(t) for t in data.val_tags]
@@ -298,10 +313,15 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     run = Run(cfg, out, device, precision, budget, total, steps_per_epoch, tokenizer, data, model,
               optimizer, logger, baseline, val_baseline)  # fmt: skip
     micro, outputs = cfg.micro_batch, len(data.id2label) if data.id2label else 1
-    what = "windows" if isinstance(data, TaggingTaskData) else "examples"
+    if qa:
+        counts = f"{len(data.train):,} examples ({len(data.encoded_train):,} windows)"
+        counts += f", validating on {len(data.val):,}"
+    else:
+        what = "windows" if isinstance(data, TaggingTaskData) else "examples"
+        counts = f"{len(data.encoded_train):,} {what}, validating on {len(data.encoded_val):,}"
     run.say(
-        f"fine-tuning {cfg.model} for {cfg.task} ({outputs} output(s)) on "
-        f"{len(data.encoded_train):,} {what}, validating on {len(data.encoded_val):,}; {precision} on {device}; "
+        f"fine-tuning {cfg.model} for {cfg.task} ({2 if qa else outputs} output(s)) on {counts}; "
+        f"{precision} on {device}; "
         f"{total} steps of batch {cfg.batch_size} = {cfg.batch_size // micro} x {micro}"
         + (f" or {format_duration(budget)}" if budget else "")
         + f"; encoded in {time.perf_counter() - t0:.1f}s"
@@ -309,8 +329,10 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     return run, state
 
 
-def load_data(cfg: FinetuneConfig, tokenizer: Tokenizer) -> TaskData | TaggingTaskData:
+def load_data(cfg: FinetuneConfig, tokenizer: Tokenizer) -> TaskData | TaggingTaskData | QATaskData:
     """The training and validation data of the task, encoded."""
+    if cfg.task == "question_answering":
+        return load_qa_task(cfg, tokenizer)
     if cfg.task == "token_classification":
         return load_tagging_data(
             tokenizer,
@@ -344,10 +366,14 @@ def load_model(
     tokenizer: Tokenizer,
     id2label: dict[int, str] | None,
     resume_dir: Path | None,
-) -> BertForSequenceClassification | BertForTokenClassification:
+) -> BertForSequenceClassification | BertForTokenClassification | BertForQuestionAnswering:
     """The checkpoint to resume, or ``cfg.model`` with a fresh head for the task."""
     cls = model_class(cfg.task)
-    if resume_dir is not None:
+    if cfg.task == "question_answering":
+        model = cls.from_pretrained(
+            resume_dir or cfg.model, num_labels=2, id2label=None, problem_type=None
+        )
+    elif resume_dir is not None:
         model = cls.from_pretrained(resume_dir)
     elif cfg.task == "token_classification":
         model = cls.from_pretrained(cfg.model, num_labels=len(id2label or {}), id2label=id2label)
@@ -371,10 +397,15 @@ def load_model(
     return model
 
 
-def model_class(task: str) -> type[BertForSequenceClassification | BertForTokenClassification]:
-    """The model of a task: a token classifier for token_classification, else a sequence one."""
+def model_class(
+    task: str,
+) -> type[BertForSequenceClassification | BertForTokenClassification | BertForQuestionAnswering]:
+    """The model of a task: a token classifier for token_classification, a span scorer for
+    question_answering, else a sequence classifier."""
     if task == "token_classification":
         return BertForTokenClassification
+    if task == "question_answering":
+        return BertForQuestionAnswering
     return BertForSequenceClassification
 
 
@@ -389,8 +420,12 @@ def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
         examples = [data.encoded_train[i] for i in rows]
         batch = {k: v.to(device) for k, v in collate(examples, run.tokenizer.pad_id).items()}
         labels = data.batch_labels(rows, batch["input_ids"].shape[1]).to(device)
+        if run.cfg.task == "question_answering":  # (B, 2) start and end positions
+            batch |= {"start_positions": labels[:, 0], "end_positions": labels[:, 1]}
+        else:
+            batch["labels"] = labels
         with autocast(device, run.precision):
-            loss = run.model(**batch, labels=labels).loss
+            loss = run.model(**batch).loss
         # a mean over this micro-batch's rows -> its share of the mean over the batch
         totals["loss"] += float(loss.detach()) * share
         totals["tokens"] += int(batch["attention_mask"].sum())
@@ -439,14 +474,23 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     plots, eval_results.json."""
     cfg, out, data = run.cfg, run.out, run.data
     best = model_class(cfg.task).from_pretrained(out).to(run.device)
-    plot = out / task_plot_name(best.config)
-    metrics, predictions = run.validate(best)
-    title = f"validation ({out.name})"
-    if isinstance(data, TaggingTaskData):
+    if cfg.task == "question_answering":
+        plot = None
+        metrics, report = finish_qa(run, best, out)
+    elif isinstance(data, TaggingTaskData):
+        plot = out / task_plot_name(best.config)
+        metrics, predictions = run.validate(best)
         report = tagging_report(
-            best.config, data.val_tags, predictions, plot=plot, plot_title=title
+            best.config,
+            data.val_tags,
+            predictions,
+            plot=plot,
+            plot_title=f"validation ({out.name})",
         )
     else:
+        plot = out / task_plot_name(best.config)
+        metrics, predictions = run.validate(best)
+        title = f"validation ({out.name})"
         report = task_report(
             best.config, data.val.labels, predictions, run.baseline, plot=plot, plot_title=title
         )
@@ -461,7 +505,7 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
         "metric": cfg.metric,
         "validation": metrics,
         **report,
-        "plot": str(plot),
+        "plot": None if plot is None else str(plot),
         "model_dir": str(out),
     }
     atomic_write_text(out / RESULTS_FILE, json.dumps(result, indent=2) + "\n")
