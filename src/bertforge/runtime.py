@@ -71,7 +71,7 @@ def format_bytes(n: float) -> str:
     return f"{n / 2**30:.2f} GB" if n >= 2**30 else f"{n / 2**20:.0f} MB"
 
 
-ONEDNN_CACHE_CAPACITY = 256
+ONEDNN_CACHE_CAPACITY = 64
 """Kernels oneDNN and torch's ideep layer keep, each (both default to 1,024): see
 :func:`bound_kernel_caches`."""
 
@@ -79,11 +79,12 @@ ONEDNN_CACHE_CAPACITY = 256
 def bound_kernel_caches(capacity: int = ONEDNN_CACHE_CAPACITY) -> bool:
     """Cap the kernels oneDNN (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``) and torch's ideep layer
     (``LRU_CACHE_CAPACITY``) keep, unless the user set them; the training and evaluation commands
-    call this at start, before the first product. oneDNN builds a kernel per product shape in
-    bf16, and the MLM head's shape changes every step (the number of masked tokens): a MiniLM
-    adaptation in bf16 kept ~40-90 MB more each step, up to the 1,024 kernels each cache holds
-    by default (docs/memory.md). 256 keeps every kernel a step reuses (a 12-layer step uses
-    well under 200) and bounds the rest. Returns whether it set anything."""
+    call this at start, before the first product. Under bf16 autocast oneDNN builds a kernel per
+    product shape and keeps it, several MB each; the shapes change every step (the masked-token
+    count, the real tokens of padded batches), and a MiniLM adaptation in bf16 grew ~100 MB a
+    step up to the 1,024 kernels each cache holds by default (docs/memory.md). 64 holds the
+    kernels one step reuses (45 distinct in a MiniLM step, the same for deeper models of that
+    width, whose layers share shapes) and bounds the rest. Returns whether it set anything."""
     changed = False
     for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
         if name not in os.environ:
