@@ -69,10 +69,12 @@ def test_oversubscription_rule():
     assert oversubscribed(slowed, threads=2, load=1.5, **busy) is None
     # too few steps to compare
     assert oversubscribed(slowed[:7], threads=2, load=5.0, **busy) is None
-    assert oversubscribed(steady, threads=2, load=5.0, **busy) is None
+    assert oversubscribed(steady, threads=2, load=2.6, **busy) is None
+    # steady from the start, but another job's worth of load beside our two threads
+    assert "beside other jobs" in oversubscribed(steady, threads=2, load=3.0, **busy)
     # steady from the start but the threads get under half the CPU they ask for
     idle = dict(busy, cpu_seconds=0.8)
-    assert "0.8 CPU-seconds per second" in oversubscribed(steady, threads=2, load=5.0, **idle)
+    assert "0.8 CPU-seconds per second" in oversubscribed(steady, threads=2, load=2.6, **idle)
     assert oversubscribed(steady, threads=2, load=1.0, **idle) is None
 
 

@@ -128,17 +128,21 @@ def oversubscribed(
     """Why a run's cores look oversubscribed, or None. ``step_seconds``: the step times so far
     (the first ``first`` are the reference, the last ``first`` are compared with them);
     ``cpu_seconds`` / ``wall_seconds``: the process's CPU time and the wall time of the recent
-    steps; ``load``: the 1-minute load average of the machine, which has ``cpus`` CPUs. With
-    ``threads`` > 1 and more runnable work than CPUs (``load`` > ``cpus``), the run is
-    oversubscribed when its recent steps take ``slower`` x the first ones, or when it gets
-    less than ``busy`` x ``threads`` CPU-seconds per second: each thread then waits for
-    another that the kernel has put aside."""
+    steps; ``load``: the 1-minute load average of the machine, which has ``cpus`` CPUs (this
+    run's own threads count in it). With ``threads`` > 1 and more runnable work than CPUs, the
+    run is oversubscribed: each thread waits at every operation for another that the kernel has
+    put aside. Said when the load reaches ``cpus`` + 1 (at least one other job's worth beside a
+    run that uses every CPU; the IMDB recipe ran 5x slower so), or when it passes ``cpus`` and
+    the recent steps take ``slower`` x the first ones or get less than ``busy`` x ``threads``
+    CPU-seconds per second."""
     if threads <= 1 or load <= cpus or len(step_seconds) < 2 * first:
         return None
     ref = sorted(step_seconds[:first])[first // 2]
     now = sorted(step_seconds[-first:])[first // 2]
     if now > slower * ref:
         return f"steps take {now / ref:.1f}x as long as the first ones"
+    if load >= cpus + 1:
+        return f"{threads} threads beside other jobs"
     if wall_seconds > 0 and cpu_seconds < busy * threads * wall_seconds:
         return f"its {threads} threads got {cpu_seconds / wall_seconds:.1f} CPU-seconds per second"
     return None
@@ -178,8 +182,8 @@ class CoreWatch:
             self.warned = True
             self.say(
                 f"warning: the CPU cores are oversubscribed (load {load:.1f} on {usable_cpus()} "
-                f"CPUs; {why}): other jobs share them. Run with {self.option} 1 (one thread "
-                "per job) for a steadier, often faster run"
+                f"CPUs; {why}). Run with {self.option} 1 (one thread per job) for a steadier, "
+                "often faster run"
             )
 
 
