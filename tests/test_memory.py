@@ -104,7 +104,8 @@ def test_configs_leave_threads_to_the_command():
 def test_threads_default_to_the_cpus_this_process_may_use():
     before = torch.get_num_threads()
     try:
-        assert runtime.set_threads(None) == usable_cpus() == torch.get_num_threads()
+        assert runtime.set_threads(None) == runtime.default_threads() == torch.get_num_threads()
+        assert 1 <= runtime.default_threads() <= usable_cpus()
         assert runtime.set_threads(1) == 1 == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)

@@ -105,10 +105,20 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+_TORCH_THREADS = torch.get_num_threads()  # torch's default: physical cores, or OMP_NUM_THREADS
+
+
+def default_threads() -> int:
+    """One thread per core this process may use: torch's default (the physical cores, or
+    ``OMP_NUM_THREADS``; a second hyperthread per core slows the products down), at most the
+    CPUs of the process's affinity mask (:func:`usable_cpus`), which torch does not read."""
+    return max(1, min(_TORCH_THREADS, usable_cpus()))
+
+
 def set_threads(num_threads: int | None) -> int:
-    """Set torch's intra-op threads to ``num_threads``, or (None) to the CPUs this process may
-    use; returns the count."""
-    n = num_threads or usable_cpus()
+    """Set torch's intra-op threads to ``num_threads``, or (None) to :func:`default_threads`;
+    returns the count."""
+    n = num_threads or default_threads()
     torch.set_num_threads(n)
     return n
 
@@ -377,6 +387,7 @@ __all__ = [
     "auto_precision",
     "autocast",
     "bound_kernel_caches",
+    "default_threads",
     "explain_precision",
     "format_bytes",
     "oversubscribed",
