@@ -5,6 +5,11 @@ For each size, four cases alternate in one loop: ours and HF, each in fp32 and u
 (MFU) against this machine's measured matmul rate.
 
     python benchmarks/bench_train.py --sizes mini small --reps 5
+
+Peak resident memory is measured apart, each side in a process of its own (so that one side's
+peak never counts against the other): ``warmup + reps`` steps on a new batch each (the number
+of masked tokens, and so the MLM head's shapes, change from step to step as in training).
+``--no_memory`` leaves it out.
 """
 
 from __future__ import annotations
@@ -130,6 +135,59 @@ def bench_pretrain(
     return TrainResult(size, B * T, train_flops(cfg, B, T, n_masked), timings, counted)
 
 
+def side_peak(size: str, side: str, precision: str, steps: int, B: int = 32, T: int = 128) -> int:
+    """Peak resident bytes of this process after ``steps`` training steps of one side alone
+    (a new batch each step): what ``--peak_of`` prints in its own process."""
+    import resource
+
+    torch.manual_seed(0)
+    cfg = BertConfig.preset(size, vocab_size=30522)
+    ours = BertForPreTraining(cfg).train()
+    if side == "ours":
+        model, opt = ours, build_optimizer(ours, 1e-4)
+    else:
+        model = hf_twin(ours, "BertForPreTraining").train()
+        del ours
+        opt = hf_adamw(model)
+    for k in range(steps):
+        make_step(model, opt, pretraining_batch(B, T, cfg.vocab_size, seed=k), precision)()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def peak_of(size: str, side: str, precision: str, steps: int) -> int:
+    """:func:`side_peak` in a fresh process (this script with ``--peak_of``)."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, __file__, "--peak_of", side, "--sizes", size]
+    argv += ["--precisions", precision, "--reps", str(steps)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    return int(done.stdout.split()[-1])
+
+
+def memory_report(sizes: list[str], precisions: tuple[str, ...], steps: int) -> str:
+    rows = []
+    for size in sizes:
+        for precision in precisions:
+            log(f"pretrain {size} {precision}: peak memory, each side in its own process")
+            peaks = {side: peak_of(size, side, precision, steps) for side in ("ours", "HF")}
+            rows.append(
+                [
+                    size,
+                    precision,
+                    f"{peaks['ours'] / 2**20:,.0f} MB",
+                    f"{peaks['HF'] / 2**20:,.0f} MB",
+                    f"**{peaks['ours'] / peaks['HF']:.2f}x**",
+                ]
+            )
+    header = ["size", "precision", "peak RSS ours", "peak RSS HF", "ours / HF"]
+    note = (
+        f"Peak resident memory (`ru_maxrss`) of a process that builds the model and runs {steps} "
+        "steps of one side, a new batch each step."
+    )
+    return markdown_table(header, rows) + "\n\n" + note
+
+
 def report(results: list[TrainResult], rates: dict[str, float]) -> str:
     rows = []
     for r in results:
@@ -228,7 +286,13 @@ def main(
         default=["fp32", "bf16"],
         help="fp32 alone on a CPU without native bf16, where autocast's bf16 is emulated and slow",
     )
+    p.add_argument("--no_memory", action="store_true", help="leave out the peak-memory table")
+    p.add_argument("--peak_of", choices=["ours", "HF"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.peak_of:  # a child of memory_report: one side alone, its peak on stdout
+        precision = args.precisions[0]
+        print(side_peak(args.sizes[0], args.peak_of, precision, args.reps))
+        return ""
     if "fp32" not in args.precisions:
         p.error("--precisions needs fp32 (the ratios and the ceiling are against it)")
     rates = measure_rates(tuple(args.precisions))
@@ -240,6 +304,9 @@ def main(
     if checks is not None:
         add_checks(results, rates, checks)
     text = "### Pretraining step (B=32, T=128, MLM + NSP, AdamW)\n\n" + report(results, rates)
+    if not args.no_memory:
+        steps = args.warmup + args.reps
+        text += "\n\n" + memory_report(args.sizes, tuple(args.precisions), steps)
     rows = ceiling_rows(results, rates)
     if ceiling is not None:
         ceiling.extend(rows)
@@ -248,5 +315,10 @@ def main(
 
 
 if __name__ == "__main__":
-    print(machine_markdown() + "\n")
-    print(main())
+    import sys
+
+    if "--peak_of" in sys.argv:
+        main()
+    else:
+        print(machine_markdown() + "\n")
+        print(main())

@@ -31,7 +31,7 @@ bertforge prepare --input "$CORPUS" --tokenizer "$OUT/tokenizer" --output "$OUT/
 echo
 echo "== 3/4  pretrain a BERT-Tiny-sized encoder for $STEPS steps, seed $SEED (configs/demo.yaml)"
 bertforge pretrain --config configs/demo.yaml --data "$OUT/data" --output "$OUT/run" \
-    --train.max_steps "$STEPS" --train.seed "$SEED" "$@"
+    --train.max_steps "$STEPS" --train.seed "$SEED" --train.num_threads 1 "$@"
 
 echo
 echo "== 4/4  fill in the blanks with the trained model"

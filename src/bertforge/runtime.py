@@ -55,6 +55,148 @@ def keep_freed_memory(trim_threshold: int = 1 << 30) -> bool:
     return bool(mmap_ok and mallopt(_M_TRIM_THRESHOLD, min(trim_threshold, 2**31 - 1)))
 
 
+def peak_memory_bytes() -> int:
+    """This process's peak resident memory so far (``ru_maxrss``; Linux counts kB, macOS bytes),
+    0 where the platform does not say."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def format_bytes(n: float) -> str:
+    """``1.23 GB`` / ``456 MB`` (powers of 1024, as ``free`` and ``top`` count)."""
+    return f"{n / 2**30:.2f} GB" if n >= 2**30 else f"{n / 2**20:.0f} MB"
+
+
+ONEDNN_CACHE_CAPACITY = 64
+"""Kernels oneDNN and torch's ideep layer keep, each (both default to 1,024): see
+:func:`bound_kernel_caches`."""
+
+
+def bound_kernel_caches(capacity: int = ONEDNN_CACHE_CAPACITY) -> bool:
+    """Cap the kernels oneDNN (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``) and torch's ideep layer
+    (``LRU_CACHE_CAPACITY``) keep, unless the user set them; the training and evaluation commands
+    call this at start, before the first product. Under bf16 autocast oneDNN builds a kernel per
+    product shape and keeps it, several MB each; the shapes change every step (the masked-token
+    count, the real tokens of padded batches), and a MiniLM adaptation in bf16 grew ~100 MB a
+    step up to the 1,024 kernels each cache holds by default (docs/memory.md). 64 holds the
+    kernels one step reuses (45 distinct in a MiniLM step, the same for deeper models of that
+    width, whose layers share shapes) and bounds the rest. Returns whether it set anything."""
+    changed = False
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        if name not in os.environ:
+            os.environ[name] = str(capacity)
+            changed = True
+    return changed
+
+
+# ---- threads ------------------------------------------------------------------------------
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask: what ``taskset`` or a container's
+    cpuset allows), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+_TORCH_THREADS = torch.get_num_threads()  # torch's default: physical cores, or OMP_NUM_THREADS
+
+
+def default_threads() -> int:
+    """One thread per core this process may use: torch's default (the physical cores, or
+    ``OMP_NUM_THREADS``; a second hyperthread per core slows the products down), at most the
+    CPUs of the process's affinity mask (:func:`usable_cpus`), which torch does not read."""
+    return max(1, min(_TORCH_THREADS, usable_cpus()))
+
+
+def set_threads(num_threads: int | None) -> int:
+    """Set torch's intra-op threads to ``num_threads``, or (None) to :func:`default_threads`;
+    returns the count."""
+    n = num_threads or default_threads()
+    torch.set_num_threads(n)
+    return n
+
+
+def oversubscribed(
+    step_seconds: list[float],
+    cpu_seconds: float,
+    wall_seconds: float,
+    threads: int,
+    load: float,
+    cpus: int,
+    *,
+    first: int = 5,
+    slower: float = 2.5,
+    busy: float = 0.5,
+) -> str | None:
+    """Why a run's cores look oversubscribed, or None. ``step_seconds``: the step times so far
+    (the first ``first`` are the reference, the last ``first`` are compared with them);
+    ``cpu_seconds`` / ``wall_seconds``: the process's CPU time and the wall time of the recent
+    steps; ``load``: the 1-minute load average of the machine, which has ``cpus`` CPUs (this
+    run's own threads count in it). With ``threads`` > 1 and more runnable work than CPUs, the
+    run is oversubscribed: each thread waits at every operation for another that the kernel has
+    put aside. Said when the load reaches ``cpus`` + 1 (at least one other job's worth beside a
+    run that uses every CPU; the IMDB recipe ran 5x slower so), or when it passes ``cpus`` and
+    the recent steps take ``slower`` x the first ones or get less than ``busy`` x ``threads``
+    CPU-seconds per second."""
+    if threads <= 1 or load <= cpus or len(step_seconds) < 2 * first:
+        return None
+    ref = sorted(step_seconds[:first])[first // 2]
+    now = sorted(step_seconds[-first:])[first // 2]
+    if now > slower * ref:
+        return f"steps take {now / ref:.1f}x as long as the first ones"
+    if load >= cpus + 1:
+        return f"{threads} threads beside other jobs"
+    if wall_seconds > 0 and cpu_seconds < busy * threads * wall_seconds:
+        return f"its {threads} threads got {cpu_seconds / wall_seconds:.1f} CPU-seconds per second"
+    return None
+
+
+class CoreWatch:
+    """Says once when a run's step rate collapses because the cores are oversubscribed
+    (:func:`oversubscribed`), with the fix. Call :meth:`step` after each step with its time."""
+
+    def __init__(self, threads: int, say: Any, option: str = "--num_threads", window: int = 5):
+        self.threads, self.say, self.option, self.window = threads, say, option, window
+        self.steps: list[float] = []
+        self.marks: list[tuple[float, float]] = []  # (wall, process CPU) after each step
+        self.warned = False
+
+    def step(self, seconds: float) -> None:
+        if self.warned:
+            return
+        import time
+
+        self.steps.append(seconds)
+        self.marks.append((time.perf_counter(), time.process_time()))
+        if len(self.steps) > 4 * self.window:  # the reference steps and the recent window
+            del self.steps[self.window : -self.window]
+            del self.marks[: -self.window - 1]
+        if len(self.marks) <= self.window:
+            return
+        (w0, c0), (w1, c1) = self.marks[-self.window - 1], self.marks[-1]
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            return
+        why = oversubscribed(
+            self.steps, c1 - c0, w1 - w0, self.threads, load, usable_cpus(), first=self.window
+        )
+        if why is not None:
+            self.warned = True
+            self.say(
+                f"warning: the CPU cores are oversubscribed (load {load:.1f} on {usable_cpus()} "
+                f"CPUs; {why}). Run with {self.option} 1 (one thread per job) for a steadier, "
+                "often faster run"
+            )
+
+
 # ---- device and precision -----------------------------------------------------------------
 
 
@@ -127,17 +269,61 @@ def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
     return bool(cpu_flags(cpuinfo) & {"avx512_bf16", "amx_bf16"})
 
 
-def pick_precision(precision: str, device: torch.device) -> Literal["bf16", "fp32"]:
-    """Resolve ``auto`` to ``bf16`` where the hardware runs it fast, else ``fp32``."""
+BF16_MIN_HIDDEN = 256
+"""The narrowest model (``hidden_size``) for which ``--precision auto`` trains in bf16 on a CPU
+with native bf16 (AMX / AVX512-BF16); narrower models train in fp32. Measured with
+``benchmarks/precision_sweep.py`` (see docs/memory.md): with a new batch each step, oneDNN
+builds its bf16 kernels again for every new number of masked rows, and for BERT-Tiny (H=128)
+that work, not the products, fills the step."""
+
+
+def auto_precision(
+    device_type: str,
+    hidden_size: int | None = None,
+    *,
+    fast_bf16: bool,
+    cuda_bf16: bool = False,
+) -> tuple[Literal["bf16", "fp32"], str]:
+    """What ``--precision auto`` resolves to, and why (one phrase for the start line): bf16 on a
+    CUDA device that supports it, and on a CPU with native bf16 (``fast_bf16``) for models of
+    ``hidden_size`` >= :data:`BF16_MIN_HIDDEN` (None: the size is unknown, bf16); else fp32."""
+    if device_type == "cuda":
+        if cuda_bf16:
+            return "bf16", "auto: the GPU supports bf16"
+        return "fp32", "auto: the GPU lacks bf16"
+    if device_type != "cpu":
+        return "fp32", f"auto: fp32 on {device_type}"
+    if not fast_bf16:
+        return "fp32", "auto: this CPU has no native bf16 (AVX512-BF16/AMX), so bf16 is emulated"
+    if hidden_size is not None and hidden_size < BF16_MIN_HIDDEN:
+        return "fp32", (
+            f"auto: hidden size {hidden_size} < {BF16_MIN_HIDDEN}, where fp32 trains faster and "
+            "lighter than bf16 on this CPU"
+        )
+    size = "" if hidden_size is None else f"hidden size {hidden_size} >= {BF16_MIN_HIDDEN}, "
+    return "bf16", f"auto: {size}native bf16 (AMX/AVX512-BF16) on this CPU"
+
+
+def explain_precision(
+    precision: str, device: torch.device, hidden_size: int | None = None
+) -> tuple[Literal["bf16", "fp32"], str]:
+    """``(precision, why)``: ``auto`` resolved by :func:`auto_precision` for a model of
+    ``hidden_size`` on ``device``; another choice as given ("set by --precision")."""
     if precision not in PRECISIONS:
         raise BertforgeError(f"--precision {precision!r} is unknown; choose auto, bf16 or fp32")
     if precision != "auto":
-        return precision  # type: ignore[return-value]
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    if device.type == "cpu":
-        return "bf16" if cpu_has_fast_bf16() else "fp32"
-    return "fp32"
+        return precision, "as set"  # type: ignore[return-value]
+    cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    fast = device.type == "cpu" and cpu_has_fast_bf16()
+    return auto_precision(device.type, hidden_size, fast_bf16=fast, cuda_bf16=cuda_bf16)
+
+
+def pick_precision(
+    precision: str, device: torch.device, hidden_size: int | None = None
+) -> Literal["bf16", "fp32"]:
+    """Resolve ``auto`` to ``bf16`` where the hardware runs it fast for a model of
+    ``hidden_size``, else ``fp32`` (:func:`explain_precision` says why)."""
+    return explain_precision(precision, device, hidden_size)[0]
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
@@ -207,10 +393,21 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 __all__ = [
+    "BF16_MIN_HIDDEN",
     "PRECISIONS",
+    "CoreWatch",
     "Precision",
+    "auto_precision",
     "autocast",
+    "bound_kernel_caches",
     "compile_seconds",
+    "default_threads",
+    "explain_precision",
+    "format_bytes",
+    "oversubscribed",
+    "peak_memory_bytes",
+    "set_threads",
+    "usable_cpus",
     "cpu_flags",
     "cpu_has_fast_bf16",
     "pick_device",

@@ -118,6 +118,9 @@ def _usage() -> str:
 
 #: commands that train: :func:`bertforge.runtime.keep_freed_memory` runs before them
 TRAINING_COMMANDS = frozenset({"pretrain", "finetune", "downstream", "benchmark", "recipe"})
+#: commands that print their peak resident memory at the end; oneDNN's kernel caches are
+#: bounded before them (:func:`bertforge.runtime.bound_kernel_caches`)
+MEMORY_COMMANDS = TRAINING_COMMANDS | {"evaluate"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,9 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     module_name, function_name, _ = COMMANDS[name]
     if name in TRAINING_COMMANDS:  # a process of our own: malloc keeps what a step frees
         runtime.keep_freed_memory()
+    if name in MEMORY_COMMANDS:
+        runtime.bound_kernel_caches()
     entry = getattr(importlib.import_module(module_name), function_name)
     try:
-        return int(entry(rest) or 0)
+        rc = int(entry(rest) or 0)
+        if name in MEMORY_COMMANDS and rc == 0:
+            peak = runtime.format_bytes(runtime.peak_memory_bytes())
+            print(f"peak memory: {peak} resident", file=sys.stderr, flush=True)
+        return rc
     except BertforgeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from bertforge import runtime
 from bertforge.cli.common import ModelOptions, TaskOptions, finetune_defaults, load_model
 from bertforge.cli.options import parse_config
 from bertforge.data.qa import encode_windows, read_qa
@@ -317,6 +318,7 @@ def main(argv: list[str]) -> int:
         result = _evaluate_qa_model(args)
     else:
         result = _evaluate_mlm_model(args, config)
+    result["peak_memory_bytes"] = runtime.peak_memory_bytes()
     if args.output:
         atomic_write_text(args.output, json.dumps(result, indent=2) + "\n")
         print(f"results: {args.output}", file=sys.stderr)

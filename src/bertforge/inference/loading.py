@@ -39,7 +39,7 @@ def load_model(
         raise BertforgeError(f"{args.model}: {require[1]}")
     options = {
         "batch_size": args.batch_size,
-        "precision": pick_precision(args.precision, device),
+        "precision": pick_precision(args.precision, device, model.config.hidden_size),
         "progress": getattr(args, "progress", False),
     }
     tokenizer = Tokenizer.from_file(args.model)

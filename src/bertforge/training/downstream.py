@@ -45,7 +45,7 @@ from bertforge.modeling.model import (
     BertForSequenceClassification,
     BertModel,
 )
-from bertforge.runtime import pick_device, pick_precision
+from bertforge.runtime import peak_memory_bytes, pick_device, pick_precision
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.config import FinetuneConfig
 from bertforge.training.finetune import finetune
@@ -119,7 +119,7 @@ def score_on_file(
         data.labels,
         tokenizer.pad_id,
         batch_size=cfg.eval_batch_size,
-        precision=pick_precision(cfg.precision, device),
+        precision=pick_precision(cfg.precision, device, model.config.hidden_size),
     )
     return metrics
 
@@ -224,6 +224,7 @@ def downstream(
             k: columns["pretrained"][k] - columns["random_init"][k] for k in _metric_keys(cfg)
         },
         "finetune": {k: v for k, v in asdict(cfg).items() if k not in ("model", "output")},
+        "peak_memory_bytes": peak_memory_bytes(),
     }
     atomic_write_text(out / RESULTS_FILE, json.dumps(result, indent=2) + "\n")
     print(downstream_table(result))

@@ -63,7 +63,15 @@ from bertforge.modeling.model import (
     BertForTokenClassification,
 )
 from bertforge.progress import MetricsLogger, format_duration, parse_duration
-from bertforge.runtime import autocast, pick_device, pick_precision, seed_everything
+from bertforge.runtime import (
+    CoreWatch,
+    autocast,
+    explain_precision,
+    peak_memory_bytes,
+    pick_device,
+    seed_everything,
+    set_threads,
+)
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training import steps
 from bertforge.training.checkpoints import (
@@ -206,6 +214,7 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     bar = steps.progress_bar(state, run.total, run.budget, enabled=cfg.progress)
     window = steps.RunningMeans()
     guard = steps.NonFiniteGuard(cfg.max_nonfinite, "lower --lr or use --precision fp32")
+    watch = CoreWatch(torch.get_num_threads(), run.say)
     stopped, order, order_epoch = None, [], -1
     run.model.train()
     with GracefulStop() as stop:
@@ -229,6 +238,7 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
             )
             state.batch += 1
             report.lr, report.seconds = lr, time.perf_counter() - t0
+            watch.step(report.seconds / max(report.tokens, 1.0))  # batches differ in length
             steps.record_step(
                 state,
                 report,
@@ -264,11 +274,9 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
 def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     """Device, data, model, optimizer and the state (fresh or resumed); writes the resolved
     config and says what will run."""
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
+    threads = set_threads(cfg.num_threads)
     budget = parse_duration(cfg.max_time)
     device = pick_device(cfg.device)
-    precision = pick_precision(cfg.precision, device)
     out = Path(cfg.output)
     tokenizer = Tokenizer.from_file(check_model_directory(cfg.model))
     t0 = time.perf_counter()
@@ -284,6 +292,7 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     seed_everything(cfg.seed)
     resume_dir = intact_checkpoint(latest_checkpoint(out), _offer_resume)
     model = load_model(cfg, tokenizer, data.id2label, resume_dir)
+    precision, why = explain_precision(cfg.precision, device, model.config.hidden_size)
     if cfg.dropout is not None:
         steps.set_dropout(model, cfg.dropout)
     model = model.to(device)
@@ -321,7 +330,7 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
         counts = f"{len(data.encoded_train):,} {what}, validating on {len(data.encoded_val):,}"
     run.say(
         f"fine-tuning {cfg.model} for {cfg.task} ({2 if qa else outputs} output(s)) on {counts}; "
-        f"{precision} on {device}; "
+        f"{precision} ({why}) on {device}, {threads} thread(s); "
         f"{total} steps of batch {cfg.batch_size} = {cfg.batch_size // micro} x {micro}"
         + (f" or {format_duration(budget)}" if budget else "")
         + f"; encoded in {time.perf_counter() - t0:.1f}s"
@@ -507,6 +516,7 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
         **report,
         "plot": None if plot is None else str(plot),
         "model_dir": str(out),
+        "peak_memory_bytes": peak_memory_bytes(),
     }
     atomic_write_text(out / RESULTS_FILE, json.dumps(result, indent=2) + "\n")
     run.say(

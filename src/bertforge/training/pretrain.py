@@ -41,13 +41,16 @@ from bertforge.modeling.model import (
 from bertforge.modeling.pooling import copy_pooling_declaration
 from bertforge.progress import MetricsLogger, format_duration, parse_duration
 from bertforge.runtime import (
+    CoreWatch,
     autocast,
     compile_seconds,
+    explain_precision,
+    peak_memory_bytes,
     pick_device,
-    pick_precision,
     rng_state,
     seed_everything,
     set_rng_state,
+    set_threads,
 )
 from bertforge.training import steps
 from bertforge.training.checkpoints import (
@@ -121,6 +124,8 @@ class Run:
     """The probe's scores (``step``, ``accuracy``, ...) at each evaluation point."""
     bow_weights: torch.Tensor | None = None
     """``--train.bow_weight``: each word's weight in the bag-of-words targets, on the device."""
+    watch: CoreWatch | None = None
+    """Says once when the step rate collapses for oversubscribed cores."""
 
     def say(self, text: str) -> None:
         if self.info.is_main:
@@ -193,6 +198,8 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
                 state.compile_seconds = (state.compile_seconds or 0.0) + compiling
                 if compiling > 1.0:
                     run.say(f"step {state.step}: compiled in {compiling:.1f} s (not charged)")
+            if run.watch is not None:
+                run.watch.step(report.seconds / max(report.tokens, 1.0))
             steps.record_step(
                 state,
                 report,
@@ -237,12 +244,10 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
     # every rank, before any of them writes there
     check_run_directory(cfg.output, CONFIG_FILE, "a pretraining run to resume")
     budget = parse_duration(tc.max_time)
-    if tc.num_threads:
-        torch.set_num_threads(tc.num_threads)
+    threads = set_threads(tc.num_threads)
     device = pick_device(tc.device, option="--train.device")
     info = D.init_distributed(device)
     device = D.local_device(device, info)
-    precision = pick_precision(tc.precision, device)
     data = open_data(cfg, rank=info.rank, world_size=info.world_size)
     pc, probe = cfg.probe, None
     if pc.train is not None and info.is_main:  # read now: a bad file fails before training
@@ -259,6 +264,7 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
     seed_everything(tc.seed)
     resume_dir = find_resume(cfg)
     model = build_model(cfg, data, resume_dir)
+    precision, why = explain_precision(tc.precision, device, model.config.hidden_size)
     if cfg.init_from and resume_dir is None and info.is_main:
         print(start_report(cfg, model), file=sys.stderr, flush=True)
     spent = 0.0  # start-up work charged to the time budget
@@ -305,6 +311,7 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
         cfg, out, info, device, precision, budget, data, raw, ddp, forward, optimizer, logger, probe
     )
     run.bow_weights = None if bow_weights is None else bow_weights.to(device)
+    run.watch = CoreWatch(threads, run.say, "--train.num_threads")
     if resume_dir is not None and run.done(state):  # rerun of a finished run: not a resume
         run.say(
             f"{out} holds a finished run ({state.step} steps, its budget reached): nothing left "
@@ -317,8 +324,8 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
     n_params = sum(p.numel() for p in raw.parameters())
     limits = (tc.max_steps and f"{tc.max_steps} steps", budget and format_duration(budget))
     run.say(
-        f"pretraining {type(raw).__name__} ({n_params / 1e6:.2f}M parameters, {precision}, "
-        f"{device}, {info.world_size} process(es)) on {len(data.train):,} sequences; batch "
+        f"pretraining {type(raw).__name__} ({n_params / 1e6:.2f}M parameters, {precision} "
+        f"({why}), {device}, {threads} thread(s), {info.world_size} process(es)) on {len(data.train):,} sequences; batch "
         f"{tc.batch_size} = {info.world_size} x {data.accum} x {data.micro}; budget "
         + " and ".join(x for x in limits if x)
     )
@@ -508,6 +515,7 @@ def finish(run: Run, state: PretrainState) -> dict[str, Any]:
         "probe": run.probes,
         "model_dir": str(out / FINAL_DIR),
         "plot": str(out / PLOT_FILE),
+        "peak_memory_bytes": peak_memory_bytes(),
     }
     if run.info.is_main:
         electra = isinstance(run.raw, BertForReplacedTokenDetection)

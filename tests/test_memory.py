@@ -1,0 +1,212 @@
+"""Memory and the automatic choices: what ``--precision auto`` picks and why, the thread count
+(no config hard-codes it; the run warns once when its cores are oversubscribed), the peak
+resident memory each training command reports, and bounds on that peak for tiny jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertforge import runtime
+from bertforge.runtime import (
+    BF16_MIN_HIDDEN,
+    CoreWatch,
+    auto_precision,
+    explain_precision,
+    format_bytes,
+    oversubscribed,
+    peak_memory_bytes,
+    usable_cpus,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    ("device", "hidden", "fast", "cuda", "expected", "said"),
+    [
+        ("cpu", 128, True, False, "fp32", "hidden size 128 <"),  # BERT-Tiny on AMX: fp32
+        ("cpu", BF16_MIN_HIDDEN - 1, True, False, "fp32", "fp32 trains faster"),
+        ("cpu", BF16_MIN_HIDDEN, True, False, "bf16", "native bf16"),
+        ("cpu", 384, True, False, "bf16", "hidden size 384 >="),  # MiniLM on AMX: bf16
+        ("cpu", None, True, False, "bf16", "native bf16"),  # size unknown: the hardware decides
+        ("cpu", 768, False, False, "fp32", "emulated"),  # AVX2 only (AMD EPYC): always fp32
+        ("cpu", 128, False, False, "fp32", "emulated"),
+        ("cuda", 128, False, True, "bf16", "GPU supports"),
+        ("cuda", 768, False, False, "fp32", "lacks bf16"),
+        ("mps", 768, True, False, "fp32", "mps"),
+    ],
+)
+def test_auto_precision_follows_the_measured_rule(device, hidden, fast, cuda, expected, said):
+    precision, why = auto_precision(device, hidden, fast_bf16=fast, cuda_bf16=cuda)
+    assert precision == expected
+    assert said in why and why.startswith("auto: ")
+
+
+def test_explain_precision_keeps_a_set_choice_and_resolves_auto_for_this_cpu():
+    cpu = torch.device("cpu")
+    assert explain_precision("fp32", cpu, 768) == ("fp32", "as set")
+    assert explain_precision("bf16", cpu, 128) == ("bf16", "as set")
+    fast = runtime.cpu_has_fast_bf16()
+    assert explain_precision("auto", cpu, 128)[0] == "fp32"
+    assert explain_precision("auto", cpu, 768)[0] == ("bf16" if fast else "fp32")
+
+
+def test_oversubscription_rule():
+    steady, slowed = [1.0] * 10, [1.0] * 5 + [3.0] * 5
+    busy = {"cpu_seconds": 2.0, "wall_seconds": 1.0, "cpus": 2}
+    # slowed down 3x with more runnable work than CPUs: oversubscribed
+    assert "3.0x" in oversubscribed(slowed, threads=2, load=5.0, **busy)
+    # one thread: the fix (--num_threads 1) is already taken
+    assert oversubscribed(slowed, threads=1, load=5.0, **busy) is None
+    # a quiet machine: slower steps have another cause
+    assert oversubscribed(slowed, threads=2, load=1.5, **busy) is None
+    # too few steps to compare
+    assert oversubscribed(slowed[:7], threads=2, load=5.0, **busy) is None
+    assert oversubscribed(steady, threads=2, load=2.6, **busy) is None
+    # steady from the start, but another job's worth of load beside our two threads
+    assert "beside other jobs" in oversubscribed(steady, threads=2, load=3.0, **busy)
+    # steady from the start but the threads get under half the CPU they ask for
+    idle = dict(busy, cpu_seconds=0.8)
+    assert "0.8 CPU-seconds per second" in oversubscribed(steady, threads=2, load=2.6, **idle)
+    assert oversubscribed(steady, threads=2, load=1.0, **idle) is None
+
+
+def test_core_watch_says_it_once_with_the_fix(monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    monkeypatch.setattr(runtime, "usable_cpus", lambda: 2)
+    said: list[str] = []
+    watch = CoreWatch(2, said.append, "--train.num_threads")
+    for seconds in [0.01] * 5 + [0.05] * 30:
+        watch.step(seconds)
+    assert len(said) == 1, said
+    assert "oversubscribed" in said[0] and "--train.num_threads 1" in said[0]
+    quiet: list[str] = []
+    one = CoreWatch(1, quiet.append)
+    for seconds in [0.01] * 5 + [0.05] * 30:
+        one.step(seconds)
+    assert quiet == []
+
+
+def test_configs_leave_threads_to_the_command():
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        text = path.read_text(encoding="utf-8")
+        lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+        assert not any("num_threads" in line for line in lines), f"{path.name} sets num_threads"
+
+
+def test_threads_default_to_the_cpus_this_process_may_use():
+    before = torch.get_num_threads()
+    try:
+        assert runtime.set_threads(None) == runtime.default_threads() == torch.get_num_threads()
+        assert 1 <= runtime.default_threads() <= usable_cpus()
+        assert runtime.set_threads(1) == 1 == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert usable_cpus() >= 1
+
+
+def test_peak_memory_reads_this_process():
+    peak = peak_memory_bytes()
+    assert 50 * 2**20 < peak < 64 * 2**30  # python + torch, and less than any machine here
+    block = bytearray(200 * 2**20)  # touched: 200 MB more resident
+    assert peak_memory_bytes() >= peak + 150 * 2**20 or peak_memory_bytes() > 250 * 2**20
+    del block
+    assert format_bytes(1.5 * 2**30) == "1.50 GB" and format_bytes(300 * 2**20) == "300 MB"
+
+
+def test_kernel_caches_are_bounded_unless_the_user_set_them(monkeypatch):
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "7")
+    assert runtime.bound_kernel_caches(64)
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
+    assert os.environ["LRU_CACHE_CAPACITY"] == "7"
+    assert not runtime.bound_kernel_caches(64)
+
+
+# ---- peak memory of tiny jobs, each in its own process ----------------------------------------
+# Bounds: measured peaks (447 MB pretraining, 468 MB fine-tuning; Intel Xeon with AMX, 2 cores
+# shared with other jobs) plus ~50% headroom for noise and other torch builds; a change that
+# keeps a second model, a whole data set or unbounded kernel caches in memory goes past them.
+PRETRAIN_BOUND = 700 * 2**20
+FINETUNE_BOUND = 700 * 2**20
+
+
+def _bertforge(argv: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [sys.executable, "-m", "bertforge.cli", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_tiny_pretraining_reports_its_peak_under_the_bound(pretraining_corpus, tmp_path):
+    out = tmp_path / "run"
+    done = _bertforge(
+        [
+            "pretrain",
+            "--data",
+            str(pretraining_corpus["packed"]),
+            "--output",
+            str(out),
+            "--model.preset",
+            "tiny",
+            "--train.objective",
+            "mlm",
+            "--train.batch_size",
+            "16",
+            "--train.max_steps",
+            "6",
+            "--train.num_threads",
+            "1",
+            "--train.progress",
+            "false",
+        ]
+    )
+    assert done.returncode == 0, done.stderr
+    assert "peak memory: " in done.stderr.splitlines()[-1]
+    # hidden size 128: fp32 on every CPU (no native bf16: emulated; native: too narrow)
+    assert "fp32 (auto: " in done.stderr and "1 thread(s)" in done.stderr
+    peak = json.loads((out / "results.json").read_text())["peak_memory_bytes"]
+    assert 50 * 2**20 < peak < PRETRAIN_BOUND, format_bytes(peak)
+
+
+def test_tiny_finetuning_reports_its_peak_under_the_bound(task_files, tmp_path):
+    model = task_files.tiny_start_model(tmp_path)
+    train = tmp_path / "train.csv"
+    task_files.write_sentiment(train, 120, seed=0)
+    out = tmp_path / "ft"
+    done = _bertforge(
+        [
+            "finetune",
+            "--model",
+            str(model),
+            "--train",
+            str(train),
+            "--output",
+            str(out),
+            "--max_steps",
+            "6",
+            "--max_length",
+            "64",
+            "--batch_size",
+            "16",
+            "--num_threads",
+            "1",
+            "--progress",
+            "false",
+        ]
+    )
+    assert done.returncode == 0, done.stderr
+    assert "peak memory: " in done.stderr.splitlines()[-1]
+    peak = json.loads((out / "eval_results.json").read_text())["peak_memory_bytes"]
+    assert 50 * 2**20 < peak < FINETUNE_BOUND, format_bytes(peak)
