@@ -25,7 +25,9 @@ import numpy as np
 from _common import SHARED_DATA, log, markdown_table, minilm_dir
 
 from bertforge import cli
-from bertforge.data import tasks
+from bertforge.data.labelled import stratified_split
+from bertforge.data.labels import to_floats
+from bertforge.data.tables import read_table
 from bertforge.evaluation.metrics import regression_metrics
 
 
@@ -49,9 +51,9 @@ def main() -> None:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
 
-    names, rows = tasks.read_table(args.data)
-    scores = tasks.to_floats([r["score"] for r in rows], "score", args.data)
-    train_idx, test_idx = tasks.stratified_split(scores, 0.2, seed=args.seed, regression=True)
+    names, rows = read_table(args.data)
+    scores = to_floats([r["score"] for r in rows], "score", args.data)
+    train_idx, test_idx = stratified_split(scores, 0.2, seed=args.seed, regression=True)
     write_csv(out / "train.csv", names, [rows[i] for i in train_idx])
     write_csv(out / "heldout.csv", names, [rows[i] for i in test_idx])
     log(f"{len(train_idx)} training reviews, {len(test_idx)} held out (stratified by score decile)")

@@ -1,7 +1,7 @@
 """AG News with little labelled data: ``bertforge finetune`` against the same run in transformers.
 
 Both start from all-MiniLM-L6-v2 with the SAME freshly initialised 4-class head, see the same
-examples in the same order (the split and the batch order come from ``bertforge.data.tasks``,
+examples in the same order (the split and the batch order come from ``bertforge.data``,
 the learning rate from ``bertforge.optim.lr_at``), and use the same hyper-parameters: AdamW
 (no decay on biases/LayerNorm, eps 1e-6), linear warmup + decay, gradient clipping, bf16
 autocast, dropout as given. The reference side is transformers' ``BertForSequenceClassification``
@@ -27,9 +27,10 @@ import numpy as np
 import torch
 from _common import SHARED_DATA, log, machine_markdown, markdown_table, minilm_dir
 
-from bertforge.data import tasks
+from bertforge.data.encoding import batch_order, collate, encode_examples
+from bertforge.data.labelled import LabelledData, load_labelled, stratified_split
 from bertforge.evaluation.metrics import classification_metrics
-from bertforge.evaluation.tasks import evaluate_sequence_model
+from bertforge.evaluation.task_scores import evaluate_sequence_model
 from bertforge.modeling.model import BertForSequenceClassification
 from bertforge.progress import read_metrics
 from bertforge.runtime import autocast, seed_everything
@@ -40,7 +41,7 @@ from bertforge.training.optim import lr_at
 COLUMNS = {"text_column": "title", "text_pair_column": "description", "label_column": "label"}
 
 
-def hf_encode(hf_tok, data: tasks.LabelledData, max_length: int) -> list[tuple[np.ndarray, int]]:
+def hf_encode(hf_tok, data: LabelledData, max_length: int) -> list[tuple[np.ndarray, int]]:
     """transformers' tokenization in the (ids, length of segment A) form our collate takes."""
     enc = hf_tok(data.texts, data.pairs, truncation="longest_first", max_length=max_length)
     out = []
@@ -53,11 +54,9 @@ def hf_encode(hf_tok, data: tasks.LabelledData, max_length: int) -> list[tuple[n
 def hf_logits(model, encoded, pad_id: int, batch_size: int, precision: str) -> np.ndarray:
     model.eval()
     out = np.zeros((len(encoded), model.config.num_labels), dtype=np.float32)
-    order = tasks.batch_order(
-        [len(e[0]) for e in encoded], batch_size, seed=0, epoch=0, shuffle=False
-    )
+    order = batch_order([len(e[0]) for e in encoded], batch_size, seed=0, epoch=0, shuffle=False)
     for index in order:
-        batch = tasks.collate([encoded[i] for i in index], pad_id)
+        batch = collate([encoded[i] for i in index], pad_id)
         with autocast(torch.device("cpu"), precision):
             out[index] = model(**batch).logits.float().numpy()
     model.train()
@@ -66,9 +65,9 @@ def hf_logits(model, encoded, pad_id: int, batch_size: int, precision: str) -> n
 
 def reference_run(
     cfg: FinetuneConfig,
-    train: tasks.LabelledData,
-    val: tasks.LabelledData,
-    test: tasks.LabelledData,
+    train: LabelledData,
+    val: LabelledData,
+    test: LabelledData,
     id2label: dict[int, str],
 ) -> dict:
     """The same fine-tuning in transformers, step for step (see the module docstring)."""
@@ -118,14 +117,14 @@ def reference_run(
     losses, best, best_state, step, start = [], None, None, 0, time.perf_counter()
     model.train()
     for epoch in range(math.ceil(total / steps_per_epoch)):
-        for index in tasks.batch_order(
+        for index in batch_order(
             lengths, cfg.batch_size, seed=cfg.seed, epoch=epoch, bucket=cfg.bucket
         ):
             if step >= total:
                 break
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, max_lr=cfg.lr, warmup=warmup, total=total)
-            batch = tasks.collate([enc_train[i] for i in index], pad)
+            batch = collate([enc_train[i] for i in index], pad)
             with autocast(device, cfg.precision):
                 logits = model(**batch).logits
             loss = torch.nn.functional.cross_entropy(
@@ -191,12 +190,10 @@ def main() -> None:
         progress=False,
     )
     # the data both sides see: our split of the 2,000 rows, and the test set
-    data, id2label = tasks.load_labelled(cfg.train, **COLUMNS)
-    train_idx, val_idx = tasks.stratified_split(data.labels, cfg.validation_fraction, cfg.seed)
+    data, id2label = load_labelled(cfg.train, **COLUMNS)
+    train_idx, val_idx = stratified_split(data.labels, cfg.validation_fraction, cfg.seed)
     train, val = data.subset(train_idx), data.subset(val_idx)
-    test, _ = tasks.load_labelled(
-        args.test, **COLUMNS, label2id={v: k for k, v in id2label.items()}
-    )
+    test, _ = load_labelled(args.test, **COLUMNS, label2id={v: k for k, v in id2label.items()})
     log(f"AG News: {len(train)} train, {len(val)} validation, {len(test)} test examples")
 
     log("bertforge finetune ...")
@@ -205,7 +202,7 @@ def main() -> None:
     ours_seconds = time.perf_counter() - start
     model = BertForSequenceClassification.from_pretrained(cfg.output)
     tok = Tokenizer.from_file(cfg.output)
-    enc_test = tasks.encode_examples(tok, test.texts, test.pairs, max_length=cfg.max_length)
+    enc_test = encode_examples(tok, test.texts, test.pairs, max_length=cfg.max_length)
     ours_test, _ = evaluate_sequence_model(
         model, enc_test, test.labels, tok.pad_id, batch_size=64, precision=cfg.precision
     )

@@ -28,6 +28,7 @@ from bertforge.modeling.model import (
     bag_of_words_loss,
     contrastive_loss,
 )
+from bertforge.modeling.ops import common, embedding, loss, products
 from bertforge.training.optim import build_optimizer
 from bertforge.training.pretrain import train_step
 from bertforge.training.steps import set_dropout
@@ -51,7 +52,8 @@ def _restore_global_rng():
 def forced(request, monkeypatch) -> bool:
     """``forced``: the CPU-tuned torch forms (``ops.cpu_tuned``) run on the other device too."""
     if request.param:
-        monkeypatch.setattr(ops, "cpu_tuned", lambda *tensors: True, raising=False)
+        for module in (products, loss, embedding):  # each module that asks it
+            monkeypatch.setattr(module, "cpu_tuned", lambda *tensors: True)
     return request.param
 
 
@@ -189,10 +191,10 @@ def test_classification_and_inference_stay_on_the_device(tiny_config, forced):
 def test_cpu_only_paths_are_chosen_only_for_cpu_tensors(tiny_config):
     """The C kernels and CPU buffer pools: chosen for CPU tensors, never for others."""
     x = torch.randn(4, 8)
-    assert ops.cpu_tuned(x) and ops._fp32_cpu(x)
+    assert ops.cpu_tuned(x) and common._fp32_cpu(x)
     with DeviceAudit():
         y = x.to(DEVICE)
-        assert not ops.cpu_tuned(y) and not ops._fp32_cpu(y)
+        assert not ops.cpu_tuned(y) and not common._fp32_cpu(y)
         assert not ops.cpu_tuned(x, y)
         assert ops.scratch("test.device", (3, 5), torch.float32, DEVICE).device == DEVICE
         rows = ops.padded_rows("test.device", (3, 5), 16, torch.float32, DEVICE)

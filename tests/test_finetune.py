@@ -17,7 +17,9 @@ from conftest import QUICK_FINETUNE, TaskFiles, noise
 from support.cli import one_line_error, run_cli
 
 from bertforge import cli
-from bertforge.data import tasks
+from bertforge.data.encoding import batch_order, collate, encode_examples
+from bertforge.data.labelled import load_labelled, stratified_split
+from bertforge.data.labels import build_label_map, labels_to_ids
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForSequenceClassification
 from bertforge.progress import read_metrics
@@ -162,16 +164,16 @@ def test_evaluate_and_classify_commands_use_the_fine_tuned_model(
 
 
 def test_label_map_round_trip():
-    assert tasks.build_label_map(["b", "a", "b", "c"]) == {0: "a", 1: "b", 2: "c"}
+    assert build_label_map(["b", "a", "b", "c"]) == {0: "a", 1: "b", 2: "c"}
     # integer labels keep numeric order (10 after 9), whatever their spelling in the file
-    id2label = tasks.build_label_map(["10", 9, "1", 1.0, " 2 "])
+    id2label = build_label_map(["10", 9, "1", 1.0, " 2 "])
     assert id2label == {0: "1", 1: "2", 2: "9", 3: "10"}
     config = BertConfig(hidden_size=32, num_attention_heads=4, id2label=id2label)
     again = BertConfig.from_dict(json.loads(json.dumps(config.to_dict())))
     assert again.id2label == id2label and again.label2id == {"1": 0, "2": 1, "9": 2, "10": 3}
-    assert tasks.labels_to_ids([10, "9", 1], again.label2id).tolist() == [3, 2, 0]
+    assert labels_to_ids([10, "9", 1], again.label2id).tolist() == [3, 2, 0]
     with pytest.raises(Exception, match="label '7'.*does not know"):
-        tasks.labels_to_ids(["7"], again.label2id, "new.csv")
+        labels_to_ids(["7"], again.label2id, "new.csv")
 
 
 def test_regression_learns_scores_in_their_own_units(work):
@@ -366,18 +368,18 @@ def test_reads_csv_tsv_jsonl_and_gzip_alike(task_files, tmp_path):
         gz = tmp_path / (name + ".gz")
         gz.write_bytes(gzip.compress((tmp_path / name).read_bytes()))
         for path in (tmp_path / name, gz):
-            data, id2label = tasks.load_labelled(path, text_column="text", label_column="label")
+            data, id2label = load_labelled(path, text_column="text", label_column="label")
             assert data.texts == ["a  b", "c"] and data.labels.tolist() == [0, 1], path
             assert id2label == {0: "x", 1: "y"}
 
 
 def test_stratified_split_keeps_class_shares():
     labels = np.array([0] * 80 + [1] * 20)
-    train, val = tasks.stratified_split(labels, 0.25, seed=0)
+    train, val = stratified_split(labels, 0.25, seed=0)
     assert sorted(np.concatenate([train, val]).tolist()) == list(range(100))
     assert np.bincount(labels[val]).tolist() == [20, 5]
     values = np.arange(200, dtype=np.float32)
-    _, val = tasks.stratified_split(values, 0.1, seed=0, regression=True)
+    _, val = stratified_split(values, 0.1, seed=0, regression=True)
     assert (
         len(val) == 20
         and np.histogram(values[val], bins=10, range=(0, 200))[0].tolist() == [2] * 10
@@ -388,8 +390,8 @@ def test_head_tail_truncation_and_dynamic_padding(work):
     tok = Tokenizer.from_file(work["start"])
     words = " ".join(f"w{i}" for i in range(40))
     ids = [int(x) for x in tok.backend.encode(words, add_special_tokens=False).ids]
-    ((head, _),) = tasks.encode_examples(tok, [words], max_length=10)
-    ((ht, _),) = tasks.encode_examples(tok, [words], max_length=10, truncation="head_tail")
+    ((head, _),) = encode_examples(tok, [words], max_length=10)
+    ((ht, _),) = encode_examples(tok, [words], max_length=10, truncation="head_tail")
     assert head.tolist() == [tok.cls_id, *ids[:8], tok.sep_id]
     assert ht.tolist() == [
         tok.cls_id,
@@ -397,14 +399,14 @@ def test_head_tail_truncation_and_dynamic_padding(work):
         *ids[-6:],
         tok.sep_id,
     ]  # a quarter head, the rest tail
-    enc = tasks.encode_examples(tok, ["good", "a film with people"], ["bad", "x"], max_length=64)
-    batch = tasks.collate(enc, tok.pad_id)
+    enc = encode_examples(tok, ["good", "a film with people"], ["bad", "x"], max_length=64)
+    batch = collate(enc, tok.pad_id)
     assert batch["input_ids"].shape[1] == max(len(e[0]) for e in enc)  # longest, not max_length
     assert batch["token_type_ids"][0].tolist()[:5] == [0, 0, 0, 1, 1]
-    order = tasks.batch_order([5, 1, 9, 3, 7, 2], 2, seed=0, epoch=0)
+    order = batch_order([5, 1, 9, 3, 7, 2], 2, seed=0, epoch=0)
     assert sorted(np.concatenate(order).tolist()) == list(range(6))
     assert [o.tolist() for o in order] == [
-        o.tolist() for o in tasks.batch_order([5, 1, 9, 3, 7, 2], 2, seed=0, epoch=0)
+        o.tolist() for o in batch_order([5, 1, 9, 3, 7, 2], 2, seed=0, epoch=0)
     ]
 
 

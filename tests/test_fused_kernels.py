@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from bertforge import BertForPreTraining
 from bertforge.modeling import ops
 from bertforge.modeling.kernels import add_norm_kernels, bias_gelu_kernels, softmax_dropout_kernels
+from bertforge.modeling.ops import buffers, layer_norm, softmax
 
 HAVE_COMPILER = bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
 needs_kernels = pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler on this machine")
@@ -148,7 +149,7 @@ def test_dense_dropout_norm_torch_form_equals_kernel_form(monkeypatch, p):
     x, res = torch.randn(4, 50, 11), torch.randn(4, 50, 37)
     torch.manual_seed(0)
     a = ops.dense_dropout_norm(x, dense, res, norm, p, training=True)
-    monkeypatch.setattr(ops, "add_norm_kernels", lambda: None)
+    monkeypatch.setattr(layer_norm, "add_norm_kernels", lambda: None)
     torch.manual_seed(0)
     b = ops.dense_dropout_norm(x, dense, res, norm, p, training=True)
     assert a.shape == b.shape == res.shape
@@ -219,7 +220,7 @@ def test_query_attention_equals_float64(monkeypatch, form, B, nh, R, T, hs, p):
     gradients of q and of k, v against float64, padded keys, dropout's mask read back from the
     kernel as in the test above."""
     if form == "torch":
-        monkeypatch.setattr(ops, "softmax_dropout_kernels", lambda: None)
+        monkeypatch.setattr(softmax, "softmax_dropout_kernels", lambda: None)
     kv, mask = attention_inputs(B, nh, T, hs, seed=R + T)
     kv = kv.detach()[..., : 2 * nh * hs].contiguous().requires_grad_()  # (B, T, 2H)
     q = torch.randn(B, R, nh * hs, generator=torch.Generator().manual_seed(5)).requires_grad_()
@@ -267,7 +268,7 @@ def test_attention_torch_form_equals_kernel_form_without_drops(monkeypatch):
     qkv, mask = attention_inputs(3, 2, 17, 8, seed=2)
     qkv = qkv.detach()
     a = ops.attention(qkv, 2, mask, 0.0, training=True)
-    monkeypatch.setattr(ops, "softmax_dropout_kernels", lambda: None)
+    monkeypatch.setattr(softmax, "softmax_dropout_kernels", lambda: None)
     b = ops.attention(qkv, 2, mask, 0.0, training=True)
     torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(a, sdpa(qkv, 2, mask), atol=1e-6, rtol=1e-5)
@@ -373,7 +374,7 @@ def test_scratch_buffers_are_reused_only_when_nobody_holds_them():
     # a free buffer too small is replaced; the pool never grows past the most held at once
     big = ops.scratch("test.buffer", (100, 5), torch.float32, "cpu")
     assert big.data_ptr() not in pooled
-    assert len(ops._SCRATCH[("test.buffer", torch.float32)]) == 3
+    assert len(buffers._SCRATCH[("test.buffer", torch.float32)]) == 3
     del big
     mine = ops.scratch("test.buffer", (9, 5), torch.float32, "cpu")
     assert ops.scratch("test.buffer", (9, 5), torch.float32, "cpu").data_ptr() != mine.data_ptr()

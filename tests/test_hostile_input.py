@@ -26,8 +26,8 @@ from support.reliability import record
 from support.reliability_table import INFERENCE_EXAMPLES, READER_EXAMPLES, TEXT_EXAMPLES
 
 from bertforge.data.corpus import read_documents
+from bertforge.data.labelled import load_labelled
 from bertforge.data.tables import read_table, read_texts
-from bertforge.data.tasks import load_labelled
 from bertforge.errors import BertforgeError
 from bertforge.inference.predict import classify, embed, fill_mask
 from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification

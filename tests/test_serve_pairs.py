@@ -20,7 +20,7 @@ from conftest import TaskFiles  # noqa: E402
 from support.serve import Client, finetune, pair_model, request, serve, tiny_models  # noqa: E402
 
 import bertforge  # noqa: E402
-from bertforge.data.tasks import encode_examples  # noqa: E402
+from bertforge.data.encoding import encode_examples  # noqa: E402
 from bertforge.inference.explain import attention_maps, integrated_gradients  # noqa: E402
 from bertforge.modeling.model import BertForSequenceClassification  # noqa: E402
 from bertforge.tokenizer import Tokenizer  # noqa: E402

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from bertforge.data.corpus import EncodingErrors
-from bertforge.data.tasks import Truncation
+from bertforge.data.encoding import Truncation
 from bertforge.errors import BertforgeError
 from bertforge.inference.loading import finetune_defaults, load_model, load_onnx_model
 from bertforge.runtime import Precision

@@ -14,9 +14,10 @@ from typing import Any, Literal
 from bertforge import runtime
 from bertforge.cli.common import ModelOptions, TaskOptions, finetune_defaults, load_model
 from bertforge.cli.options import parse_config
+from bertforge.data.encoding import encode_examples
+from bertforge.data.labelled import load_labelled
 from bertforge.data.qa import encode_windows, read_qa
 from bertforge.data.tagging import encode_tagged, read_tagged, tag_ids
-from bertforge.data.tasks import encode_examples, load_labelled
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.mlm import (
     comparison_table,
@@ -33,7 +34,7 @@ from bertforge.evaluation.qa import (
     squad_metrics,
 )
 from bertforge.evaluation.tagging import evaluate_tagging_model, tagging_report
-from bertforge.evaluation.tasks import baseline_warning, evaluate_sequence_model, task_report
+from bertforge.evaluation.task_scores import baseline_warning, evaluate_sequence_model, task_report
 from bertforge.io import atomic_write_text, read_json_object
 from bertforge.modeling.checkpoint import check_model_directory
 from bertforge.modeling.config import BertConfig

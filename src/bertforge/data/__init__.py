@@ -1,10 +1,12 @@
 """Pretraining and fine-tuning data: corpora (``corpus``, ``tables``) -> NSP pairs or packed
 sequences (``instances``) -> token shards on disk (``shards``, ``dataset``); the masking
-(``masking``) and batching (``loader``) of pretraining; labelled tasks for fine-tuning
-(``tasks``)."""
+(``masking``) and batching (``loader``) of pretraining; labelled tasks for fine-tuning:
+labels (``labels``), labelled files and the fine-tuning data set (``labelled``), tokenized
+examples and their batches (``encoding``)."""
 
 from bertforge.data.corpus import iter_documents, read_documents
 from bertforge.data.dataset import PretrainingDataset, read_meta
+from bertforge.data.labelled import LabelledData, TaskData, load_labelled, load_task_data
 from bertforge.data.loader import (
     PretrainingCollator,
     PretrainingLoader,
@@ -13,7 +15,6 @@ from bertforge.data.loader import (
 )
 from bertforge.data.masking import mask_tokens
 from bertforge.data.shards import format_summary, prepare
-from bertforge.data.tasks import LabelledData, TaskData, load_labelled, load_task_data
 
 __all__ = [
     "LabelledData",

@@ -1,5 +1,5 @@
 """Tables on disk: CSV/TSV (with a header row) and JSON-lines files, optionally gzip, read into
-rows and columns, and the plain-text inputs of the inference commands. ``tasks`` builds labelled
+rows and columns, and the plain-text inputs of the inference commands. ``labelled`` builds labelled
 data sets from these; ``corpus`` streams JSON lines through :func:`jsonl_rows` too.
 """
 

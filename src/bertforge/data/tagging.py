@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from bertforge.data.encoding import check_max_length
+from bertforge.data.labels import quoted
 from bertforge.data.tables import read_columns, table_format
-from bertforge.data.tasks import check_max_length, quoted
 from bertforge.errors import BertforgeError
 from bertforge.tokenizer.wordpiece import valid_unicode
 
@@ -278,7 +279,7 @@ class Windows:
     """Sentences encoded as WordPiece windows ``[CLS] pieces [SEP]`` of at most ``max_length``."""
 
     encoded: list[tuple[np.ndarray, int]]
-    """``(ids, length)`` per window (the layout of ``tasks.collate``)."""
+    """``(ids, length)`` per window (the layout of ``encoding.collate``)."""
     labels: list[np.ndarray] | None
     """int64 label per position, ``IGNORE`` off the labelled pieces (None without tags)."""
     sentence: np.ndarray
@@ -411,7 +412,7 @@ def word_predictions(
 @dataclass
 class TaggingTaskData:
     """Training and validation sentences of a token-classification run, encoded for the model
-    (what ``finetune`` reads of ``tasks.TaskData``, for tags)."""
+    (what ``finetune`` reads of ``labelled.TaskData``, for tags)."""
 
     train: TaggedData
     val: TaggedData

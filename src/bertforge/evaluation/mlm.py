@@ -1,6 +1,6 @@
 """Masked-language-model evaluation: the metrics the pretraining loop uses (``evaluate_mlm``), the
 random-init baseline and the "random init vs trained" table, and MLM batches from a text file.
-The fine-tuned-task metrics are in ``bertforge.evaluation.tasks``; the ``bertforge evaluate``
+The fine-tuned-task metrics are in ``bertforge.evaluation.task_scores``; the ``bertforge evaluate``
 command is ``bertforge.cli.evaluate``.
 """
 
@@ -16,9 +16,9 @@ import torch
 from torch import Tensor, nn
 
 from bertforge.data.corpus import read_documents
+from bertforge.data.encoding import check_max_length
 from bertforge.data.instances import InstanceBuilder
 from bertforge.data.loader import VALIDATION_EPOCH, PretrainingCollator
-from bertforge.data.tasks import check_max_length
 from bertforge.distributed import all_reduce_sum
 from bertforge.errors import BertforgeError
 from bertforge.modeling.model import IGNORE_INDEX, contrastive_loss

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertforge.data.tasks import LabelledData, load_labelled
+from bertforge.data.labelled import LabelledData, load_labelled
 from bertforge.errors import BertforgeError
 from bertforge.evaluation import metrics as M
 from bertforge.inference.predict import embed

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge.data.tasks import batch_order, encode_examples, iterate_batches
+from bertforge.data.encoding import batch_order, encode_examples, iterate_batches
 from bertforge.errors import BertforgeError
 from bertforge.modeling.checkpoint import finetune_defaults
 from bertforge.modeling.pooling import (

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from bertforge.data.encoding import batch_order, iterate_batches
 from bertforge.data.iob import entities
 from bertforge.data.tagging import split_windows
-from bertforge.data.tasks import batch_order, iterate_batches
 from bertforge.errors import BertforgeError
 from bertforge.inference.predict import _check_texts, _evaluating, _max_length, saved_settings
 from bertforge.progress import item_bar

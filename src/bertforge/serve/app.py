@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from bertforge.data.tasks import encode_examples
+from bertforge.data.encoding import encode_examples
 from bertforge.errors import BertforgeError
 from bertforge.inference.explain import attention_maps, integrated_gradients
 from bertforge.inference.predict import PoolingMode

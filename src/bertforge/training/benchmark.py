@@ -25,13 +25,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, get_args
 
+from bertforge.data.encoding import encode_examples
+from bertforge.data.labelled import load_labelled
 from bertforge.data.suite_files import data_directory, find_file, sample_file
 from bertforge.data.tables import read_table
-from bertforge.data.tasks import encode_examples, load_labelled
 from bertforge.errors import BertforgeError
 from bertforge.evaluation import benchmark as B
 from bertforge.evaluation.benchmark_report import format_scores, table_rows, write_report
-from bertforge.evaluation.tasks import class_names, evaluate_sequence_model
+from bertforge.evaluation.task_scores import class_names, evaluate_sequence_model
 from bertforge.io import atomic_write_text, make_directory, read_json_object
 from bertforge.modeling.model import BertForSequenceClassification
 from bertforge.progress import format_duration, parse_duration

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from bertforge.data.corpus import EncodingErrors
-from bertforge.data.tasks import Truncation, check_max_length
+from bertforge.data.encoding import Truncation, check_max_length
 from bertforge.errors import BertforgeError
 from bertforge.modeling.checkpoint import FINETUNE_CONFIG
 from bertforge.modeling.config import BertConfig

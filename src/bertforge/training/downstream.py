@@ -28,10 +28,11 @@ from typing import Any
 
 import torch
 
-from bertforge.data.tasks import LabelledData, encode_examples, load_labelled
+from bertforge.data.encoding import encode_examples
+from bertforge.data.labelled import LabelledData, load_labelled
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.mlm import random_init_like
-from bertforge.evaluation.tasks import (
+from bertforge.evaluation.task_scores import (
     TRAINING_BASELINE,
     baseline_metrics,
     beats_baseline,

@@ -34,12 +34,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from bertforge.data.encoding import batch_order, collate
+from bertforge.data.labelled import TaskData, check_batch_fits, load_task_data
 from bertforge.data.tagging import TaggingTaskData, load_tagging_data
-from bertforge.data.tasks import TaskData, batch_order, check_batch_fits, collate, load_task_data
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.plots import plot_training_curves
 from bertforge.evaluation.tagging import evaluate_tagging_model, tag_metrics, tagging_report
-from bertforge.evaluation.tasks import (
+from bertforge.evaluation.task_scores import (
     HIGHER_IS_BETTER,
     baseline_metrics,
     baseline_warning,
@@ -160,7 +161,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     logger: MetricsLogger
     baseline: float | int
-    """The training baseline's prediction (evaluation.tasks.TRAINING_BASELINE)."""
+    """The training baseline's prediction (evaluation.task_scores.TRAINING_BASELINE)."""
     val_baseline: dict[str, float]
     """Its validation metrics, printed beside every validation score."""
 
@@ -307,7 +308,7 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     # first: the file that makes OUTPUT a fine-tuning run (check_run_directory)
     atomic_write_text(out / FINETUNE_CONFIG, json.dumps(resolved, indent=2) + "\n")
     logger = MetricsLogger(out, resume_step=state.step if resume_dir is not None else None)
-    # the baseline printed beside every validation score: see evaluation.tasks.TRAINING_BASELINE
+    # the baseline printed beside every validation score: see evaluation.task_scores.TRAINING_BASELINE
     if qa:  # the first words of each context: see bertforge.training.qa.BASELINE
         baseline = data.answer_words
         val_baseline = qa_baseline(data.val.examples, baseline)
