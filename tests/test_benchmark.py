@@ -129,7 +129,16 @@ def test_task_names_and_suites():
 @pytest.fixture(scope="module")
 def tiny_glue_model(shared_data, tmp_path_factory) -> Path:
     """A tiny randomly initialised BERT with a WordPiece vocabulary trained on GLUE dev text."""
-    root = tmp_path_factory.mktemp("benchmark")
+    return tiny_model(shared_data, tmp_path_factory.mktemp("benchmark"), positions=64)
+
+
+@pytest.fixture(scope="module")
+def tiny_qa_model(shared_data, tmp_path_factory) -> Path:
+    """The same with room for --smoke's question-answering windows."""
+    return tiny_model(shared_data, tmp_path_factory.mktemp("benchmark-qa"), positions=256)
+
+
+def tiny_model(shared_data: Path, root: Path, positions: int) -> Path:
     text = []
     for task in ("CoLA", "MRPC", "RTE"):
         with open(shared_data / "glue" / task / "dev.tsv", encoding="utf-8", newline="") as f:
@@ -143,7 +152,7 @@ def tiny_glue_model(shared_data, tmp_path_factory) -> Path:
         num_hidden_layers=2,
         num_attention_heads=4,
         intermediate_size=64,
-        max_position_embeddings=64,
+        max_position_embeddings=positions,
     )
     torch.manual_seed(0)
     return BertForPreTraining(config).save_pretrained(root / "tiny", tokenizer=tokenizer)
@@ -278,10 +287,6 @@ def test_data_directory_from_the_environment(tmp_path, monkeypatch):
         data_directory(None, "qa", "squad_dev_train.json.gz")
 
 
-@pytest.mark.skipif(
-    "token_classification" not in get_args(Task),
-    reason="this build's bertforge finetune has no --task token_classification",
-)
 def test_ner_smoke_end_to_end(tiny_glue_model, shared_data, tmp_path):
     out = tmp_path / "ner"
     argv = bench(tiny_glue_model, out, "--suite", "ner", "--smoke")
@@ -295,3 +300,17 @@ def test_ner_smoke_end_to_end(tiny_glue_model, shared_data, tmp_path):
     assert [r["label"] for r in result["rows"]] == ["tiny"]
     md = (out / "results.md").read_text()
     assert "| model | WikiANN-en (entity F1, test) | WNUT-17 (entity F1, test) | average |" in md
+
+
+def test_qa_smoke_end_to_end(tiny_qa_model, shared_data, tmp_path):
+    out = tmp_path / "qa"
+    argv = bench(tiny_qa_model, out, "--suite", "qa", "--smoke")
+    assert cli.main([*argv, "--data_dir", str(shared_data / "qa")]) == 0
+    result = json.loads((out / "results.json").read_text())
+    assert list(result["tasks"]) == ["XQuAD-en"]
+    entry = result["tasks"]["XQuAD-en"]
+    assert entry["split"] == "test" and entry["metrics"] == ["exact_match", "f1"]
+    scores = entry["model"]["scores"]
+    assert 0.0 <= scores["exact_match"] <= scores["f1"] <= 1.0
+    md = (out / "results.md").read_text()
+    assert "| model | XQuAD-en (EM/F1, test) |" in md

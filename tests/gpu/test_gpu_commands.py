@@ -6,19 +6,16 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from support.serve import request, serve
 
 from bertforge import cli
 from bertforge.modeling.model import BertForSequenceClassification
 from bertforge.tokenizer.wordpiece import Tokenizer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the serve helpers
-from serve_helpers import request, serve  # noqa: E402
 
 TEXTS = ["a good film about town", "the movie was bad", "music at night"]
 FP32 = ["--precision", "fp32"]

@@ -51,6 +51,8 @@ from bertforge.training.finetune import finetune
 CONFIG_FILE = "benchmark_config.json"
 SMOKE = {"train_rows": 48, "eval_rows": 48, "max_steps": 2, "max_length": 64, "batch_size": 8}
 """``--smoke``: rows of each file, steps, length and batch: seconds per task, numbers of no worth."""
+SMOKE_QA_LENGTH = 192
+"""``--smoke``'s window for question answering: a question and some context must fit in it."""
 _EVALUATE_ONCE = 1 << 40
 """``--eval_every`` of the fine-tuning runs: never before the end, so the scored file is seen once,
 by the final model (it must not pick a checkpoint)."""
@@ -143,7 +145,11 @@ def task_settings(cfg: BenchmarkConfig, spec: B.TaskSpec) -> dict[str, Any]:
         "epochs": cfg.epochs or d.epochs,
         "lr": cfg.lr or d.lr,
         "batch_size": SMOKE["batch_size"] if cfg.smoke else cfg.batch_size or d.batch_size,
-        "max_length": SMOKE["max_length"] if cfg.smoke else cfg.max_length or d.max_length,
+        "max_length": (
+            SMOKE_QA_LENGTH if spec.kind == "question_answering" else SMOKE["max_length"]
+        )
+        if cfg.smoke
+        else cfg.max_length or d.max_length,
         "seeds": seeds,
         "max_time_per_seed": None if budget is None else round(budget / seeds, 1),
         "max_steps": SMOKE["max_steps"] if cfg.smoke else None,
@@ -215,6 +221,13 @@ def run_seed(
         lr=settings["lr"],
         batch_size=settings["batch_size"],
         max_length=settings["max_length"],
+        # run_qa's 128-token stride belongs to 384-token windows: a shorter window (--smoke,
+        # --max_length) keeps the same third of it, so the question still fits
+        **(
+            {"doc_stride": min(128, settings["max_length"] // 3)}
+            if spec.kind == "question_answering"
+            else {}
+        ),
         max_steps=settings["max_steps"],
         max_time=None if max_time is None else f"{max_time}s",
         eval_every=_EVALUATE_ONCE,
