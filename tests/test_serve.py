@@ -419,7 +419,7 @@ def check_concurrent_answers(server: int) -> None:
     assert merged == len(bodies)  # every request went through the batcher once
     assert passes < len(bodies)  # and some shared a forward pass
     assert 'bertforge_requests_total{route="/embed",status="200"}' in after
-    assert "bertforge_queue_length 0" in after
+    assert "bertforge_queued_requests 0" in after
 
 
 # ---- limits that need their own server -----------------------------------------------------------
