@@ -13,6 +13,7 @@ never the headers.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -149,7 +150,20 @@ class Access:
                     [(b"retry-after", b"1")],
                 )
                 return
-            await self.app(scope, receive, send_with_id)
+            try:
+                await self.app(scope, receive, send_with_id)
+            except asyncio.CancelledError:
+                if not (server.draining and status[0] == 0):
+                    raise
+                # uvicorn cancels what is still running at --shutdown_timeout; say so, in the
+                # JSON every other error has (uvicorn would answer a bare 500)
+                await refuse(
+                    503,
+                    f"the server is shutting down and this request did not finish within "
+                    f"--shutdown_timeout={config.shutdown_timeout:g} s; send it again",
+                    "shutting-down",
+                    [(b"connection", b"close")],
+                )
         finally:
             seconds = time.perf_counter() - start
             route = route_label(path)
