@@ -437,3 +437,24 @@ def test_health_is_503_until_the_models_are_loaded_and_warmed(models, tmp_path):
     finally:
         process.terminate()
         assert process.wait(timeout=30) == 0
+
+
+def test_a_model_that_fails_to_load_is_one_line_and_exit_2(models, tmp_path):
+    """The port is bound before the models load now: a model whose files were altered still
+    ends the process with the loader's one line and exit status 2."""
+    altered = tmp_path / "clf"
+    shutil.copytree(models["clf"], altered)
+    config = json.loads((altered / "config.json").read_text())
+    (altered / "config.json").write_text(json.dumps({**config, "hidden_dropout_prob": 0.3}))
+    argv = [sys.executable, "-m", "bertforge.cli", "serve", "--model", str(altered)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run(
+        [*argv, "--port", str(free_port()), "--num_threads", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "config.json" in last and "manifest" in last

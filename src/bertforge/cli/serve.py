@@ -84,9 +84,11 @@ def main(argv: list[str]) -> int:
             lifecycle.log_access_to_stderr()
         url = f"{config.scheme}://{config.host}:{config.port}"
         key = ", API key required" if config.api_key is not None else ""
+        n = len(config.models)
         print(
-            f"serving on {url} (page at /, API docs at /docs{key}); /health answers 200 once "
-            f"the {len(config.models)} model(s) are loaded",
+            f"serving on {url} (page at /, API docs at /docs{key}); loading {n} "
+            f"model{'s' if n > 1 else ''}: /health answers 200 once "
+            f"{'they are' if n > 1 else 'it is'} ready",
             file=sys.stderr,
             flush=True,
         )
