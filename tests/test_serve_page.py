@@ -47,22 +47,29 @@ def port(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(port):
+def browser():
+    """One headless chromium for the module (Playwright's sync API runs one at a time)."""
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=str(CHROMIUM), args=["--no-sandbox"], headless=True
         )
-        context = browser.new_context(
-            viewport={"width": 1280, "height": 1000}, accept_downloads=True
-        )
-        page = context.new_page()
-        page.errors = []  # type: ignore[attr-defined]  # uncaught JavaScript exceptions
-        page.on("pageerror", lambda e: page.errors.append(str(e)))
-        page.goto(f"http://127.0.0.1:{port}/")
-        wait_done(page)
-        yield page
+        yield browser
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def page(port, browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 1000}, accept_downloads=True)
+    page = context.new_page()
+    page.errors = []  # type: ignore[attr-defined]  # uncaught JavaScript exceptions
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    page.goto(f"http://127.0.0.1:{port}/")
+    wait_done(page)
+    yield page
+    context.close()
 
 
 def wait_done(page) -> None:
@@ -267,14 +274,11 @@ def keyed_port(tmp_path_factory):
         yield port
 
 
-def test_the_page_asks_for_the_key_once_and_then_works(keyed_port):
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+def test_the_page_asks_for_the_key_once_and_then_works(keyed_port, browser):
     url = f"http://127.0.0.1:{keyed_port}/"
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=str(CHROMIUM), args=["--no-sandbox"], headless=True
-        )
-        page = browser.new_context(viewport={"width": 1280, "height": 700}).new_page()
+    context = browser.new_context(viewport={"width": 1280, "height": 700})
+    try:
+        page = context.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(url)
@@ -303,10 +307,12 @@ def test_the_page_asks_for_the_key_once_and_then_works(keyed_port):
         page.reload()  # the same tab keeps the key: not asked again
         wait_done(page)
         assert page.is_hidden("#key-form") and predictions(page, "mlm")
-        other = browser.new_context().new_page()  # another session is asked again
-        other.goto(url)
-        other.wait_for_selector("#key-form", state="visible", timeout=30_000)
-        browser.close()
+        other = browser.new_context()  # another session is asked again
+        other.new_page().goto(url)
+        other.pages[0].wait_for_selector("#key-form", state="visible", timeout=30_000)
+        other.close()
+    finally:
+        context.close()
     assert not errors, errors
 
 
