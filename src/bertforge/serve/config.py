@@ -69,7 +69,7 @@ class ServeConfig:
     (408 while reading, 503 after): a slow or stalled client cannot hold a slot for longer."""
     api_key: str | None = field(default=None, repr=False)
     """Key every route but /health, the page and the API docs requires, as the header
-    ``Authorization: Bearer KEY`` (401 otherwise). Unset: the environment variable
+    "Authorization: Bearer KEY" (401 otherwise). Unset: the environment variable
     BERTFORGE_API_KEY, which other users of the machine cannot read in the process list as
     they can an option."""
     allow_unauthenticated: bool = False
