@@ -111,6 +111,36 @@ def test_integrated_gradients_completeness_and_baseline_tokens(models):
     assert float(fine.attributions[1:-1].abs().min()) > 0
 
 
+def test_integrated_gradients_leave_other_threads_forward_passes_alone(models):
+    """``--workers 2`` runs /attribute beside other passes of the same model: the embedding
+    hook of integrated gradients must act on its own thread only (it once fed its path to the
+    other thread's pass: wrong answers, or a shape error)."""
+    model = BertForSequenceClassification.from_pretrained(models["clf"]).eval()
+    tok = Tokenizer.from_file(models["clf"])
+    ids = torch.tensor(tok.encode("a good film about people in town")["input_ids"])
+    other = torch.tensor([tok.encode("a bad story")["input_ids"]] * 4)  # (4, T')
+    with torch.inference_mode():
+        expected = model(other).logits
+    baseline = ids.clone()
+    baseline[1:-1] = tok.pad_id
+    stop, seen = threading.Event(), []
+
+    def explain() -> None:
+        while not stop.is_set():
+            integrated_gradients(model, ids, baseline, target=1, steps=8, chunk=4)
+
+    worker = threading.Thread(target=explain)
+    worker.start()
+    try:
+        for _ in range(200):
+            with torch.inference_mode():
+                seen.append(model(other).logits)
+    finally:
+        stop.set()
+        worker.join()
+    assert all(torch.equal(logits, expected) for logits in seen)
+
+
 # ---- the server ---------------------------------------------------------------------------------
 def test_health_info_docs_and_page(server, models):
     assert request(server, "GET", "/health") == (200, {"status": "ok"})
@@ -419,7 +449,7 @@ def check_concurrent_answers(server: int) -> None:
     assert merged == len(bodies)  # every request went through the batcher once
     assert passes < len(bodies)  # and some shared a forward pass
     assert 'bertforge_requests_total{route="/embed",status="200"}' in after
-    assert "bertforge_queue_length 0" in after
+    assert "bertforge_queued_requests 0" in after
 
 
 # ---- limits that need their own server -----------------------------------------------------------

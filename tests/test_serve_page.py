@@ -47,22 +47,29 @@ def port(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(port):
+def browser():
+    """One headless chromium for the module (Playwright's sync API runs one at a time)."""
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=str(CHROMIUM), args=["--no-sandbox"], headless=True
         )
-        context = browser.new_context(
-            viewport={"width": 1280, "height": 1000}, accept_downloads=True
-        )
-        page = context.new_page()
-        page.errors = []  # type: ignore[attr-defined]  # uncaught JavaScript exceptions
-        page.on("pageerror", lambda e: page.errors.append(str(e)))
-        page.goto(f"http://127.0.0.1:{port}/")
-        wait_done(page)
-        yield page
+        yield browser
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def page(port, browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 1000}, accept_downloads=True)
+    page = context.new_page()
+    page.errors = []  # type: ignore[attr-defined]  # uncaught JavaScript exceptions
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    page.goto(f"http://127.0.0.1:{port}/")
+    wait_done(page)
+    yield page
+    context.close()
 
 
 def wait_done(page) -> None:
@@ -250,3 +257,63 @@ def test_a_pair_classifier_reads_both_texts(page, port):
         f"{max(alone['scores'].values()) * 100:.1f}%"
     )
     assert not page.errors, page.errors
+
+
+# ---- a server with an API key ---------------------------------------------------------------------
+KEY = "page-test-key"
+
+
+@pytest.fixture(scope="module")
+def keyed_port(tmp_path_factory):
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)")
+    root = tmp_path_factory.mktemp("page-key")
+    models = tiny_models(root)
+    options = ("--api_key", KEY, "--num_threads", "1")
+    with serve({"mlm": models["mlm"]}, *options, log=root / "server.log") as (port, _):
+        yield port
+
+
+def test_the_page_asks_for_the_key_once_and_then_works(keyed_port, browser):
+    url = f"http://127.0.0.1:{keyed_port}/"
+    context = browser.new_context(viewport={"width": 1280, "height": 700})
+    try:
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(url)
+        page.wait_for_selector("#key-form", state="visible", timeout=30_000)
+        assert page.locator(".panel").count() == 0  # nothing asked without the key
+        assert page.evaluate("document.activeElement.id") == "api-key"
+        page.fill("#api-key", "not-the-key")
+        page.press("#api-key", "Enter")
+        page.wait_for_function(
+            "document.getElementById('key-note').textContent.includes('refused')"
+        )
+        assert page.is_visible("#key-form")
+        shot(page, "key-1-refused")
+        page.fill("#api-key", KEY)
+        page.click("#key-form button")
+        wait_done(page)
+        assert page.is_hidden("#key-form")
+        text = page.input_value("#text")
+        headers = {"Authorization": f"Bearer {KEY}"}
+        _, (answer,) = request(
+            keyed_port, "POST", "/fill-mask", {"inputs": text, "top_k": 5}, headers=headers
+        )
+        assert predictions(page, "mlm") == [c["token"] for c in answer["masks"][0]]
+        assert page.evaluate(f"sessionStorage.getItem('{KEY_ITEM}')") == KEY
+        shot(page, "key-2-accepted")
+        page.reload()  # the same tab keeps the key: not asked again
+        wait_done(page)
+        assert page.is_hidden("#key-form") and predictions(page, "mlm")
+        other = browser.new_context()  # another session is asked again
+        other.new_page().goto(url)
+        other.pages[0].wait_for_selector("#key-form", state="visible", timeout=30_000)
+        other.close()
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+KEY_ITEM = "bertforge-api-key"

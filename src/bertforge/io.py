@@ -72,7 +72,8 @@ def pause_point(stage: str) -> None:
     is deleted, so a test can kill it, fill its disk or make its directory read-only exactly
     there. Stages: ``weights`` (weights written, rest of the model not yet), ``manifest`` (all
     files written, manifest not yet), ``swap`` (a directory complete, not yet renamed into place),
-    ``rotate`` (a checkpoint in place, older ones not yet deleted)."""
+    ``rotate`` (a checkpoint in place, older ones not yet deleted), ``serve-ready`` (``bertforge
+    serve``'s models loaded and warmed, /health not yet 200)."""
     spec = os.environ.get(PAUSE_ENV)
     if not spec:
         return

@@ -197,6 +197,23 @@ class CoreWatch:
             )
 
 
+def release_free_memory() -> bool:
+    """Hand the memory malloc holds free back to the kernel (glibc's ``malloc_trim(0)``, which
+    also releases whole free pages inside each thread's arena). A long-running server calls
+    it now and then: requests of ever-different sizes, answered on several threads, leave
+    free holes in every arena that RSS keeps counting. Returns whether it ran (False off
+    Linux or glibc)."""
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True
+
+
 # ---- device and precision -----------------------------------------------------------------
 
 
@@ -412,6 +429,7 @@ __all__ = [
     "cpu_has_fast_bf16",
     "pick_device",
     "pick_precision",
+    "release_free_memory",
     "rng_state",
     "seed_everything",
     "set_rng_state",

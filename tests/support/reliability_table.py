@@ -304,6 +304,34 @@ ROWS += [
         "see the test",
         "timed out; 429 naming the limit",
     ),
+    Row(
+        "server: SIGTERM under load",
+        "SIGTERM while 32 requests, each on its own connection, are in flight",
+        "test_serve_network.py::test_sigterm_under_32_concurrent_requests_answers_all_and_exits_0",
+        "32 requests",
+        "new connections refused at once; all 32 answered 200; exit status 0",
+    ),
+    Row(
+        "server: requests outlasting --shutdown_timeout",
+        "SIGTERM with 16 queued requests worth ~32 s and --shutdown_timeout 1",
+        "test_serve_network.py::test_shutdown_timeout_bounds_the_drain",
+        "16 requests",
+        "exit 0 within seconds; the requests cut off get a JSON 503 `shutting-down`",
+    ),
+    Row(
+        "server: requests without the key",
+        "every route without `Authorization`, and with a wrong key, over HTTPS",
+        "test_serve_network.py::test_every_route_needs_the_key_and_answers_with_it",
+        "9 routes x 2",
+        "401 JSON naming the header to send; 200 with the key; the key in no log line",
+    ),
+    Row(
+        "server: requests while the models load",
+        "the loading held by the test hook after the warm-up",
+        "test_serve_network.py::test_health_is_503_until_the_models_are_loaded_and_warmed",
+        "1",
+        "/health and the model routes 503 (`loading`), then 200",
+    ),
 ]
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import random
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -84,11 +85,22 @@ def free_port() -> int:
 
 
 class Client:
-    """JSON over one keep-alive HTTP/1.1 connection to 127.0.0.1 (reconnects when closed)."""
+    """JSON over one keep-alive HTTP/1.1 connection to 127.0.0.1 (reconnects when closed);
+    HTTPS when given an SSL ``context``, ``headers`` sent with every request (a key)."""
 
-    def __init__(self, port: int, timeout: float = 60.0) -> None:
-        self.port, self.timeout = port, timeout
+    def __init__(
+        self,
+        port: int,
+        timeout: float = 60.0,
+        *,
+        context: ssl.SSLContext | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.port, self.timeout, self.context = port, timeout, context
+        self.headers = headers or {}
         self.conn: http.client.HTTPConnection | None = None
+        self.last_headers: dict[str, str] = {}
+        """The headers of the last answer, names in lower case."""
 
     def request(
         self,
@@ -101,10 +113,17 @@ class Client:
     ) -> tuple[int, Any]:
         """(status, parsed JSON or text). ``body`` is sent as JSON, ``raw`` as it is."""
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-        sent_headers = {"Content-Type": "application/json", **(headers or {})}
+        sent_headers = {"Content-Type": "application/json", **self.headers, **(headers or {})}
         for attempt in range(2):
             if self.conn is None:
-                self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+                if self.context is None:
+                    self.conn = http.client.HTTPConnection(
+                        "127.0.0.1", self.port, timeout=self.timeout
+                    )
+                else:
+                    self.conn = http.client.HTTPSConnection(
+                        "127.0.0.1", self.port, timeout=self.timeout, context=self.context
+                    )
             try:
                 self.conn.request(method, path, body=data, headers=sent_headers)
                 response = self.conn.getresponse()
@@ -116,6 +135,7 @@ class Client:
                 self.close()  # the server closed an idle keep-alive connection: once more
                 if attempt:
                     raise
+        self.last_headers = {k.lower(): v for k, v in response.getheaders()}
         kind = response.getheader("content-type", "")
         if kind.startswith("application/json"):
             return response.status, json.loads(payload)
@@ -127,9 +147,17 @@ class Client:
             self.conn = None
 
 
-def request(port: int, method: str, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
+def request(
+    port: int,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    context: ssl.SSLContext | None = None,
+    **kw: Any,
+) -> tuple[int, Any]:
     """One request on a fresh connection."""
-    client = Client(port)
+    client = Client(port, context=context)
     try:
         return client.request(method, path, body, **kw)
     finally:
@@ -138,17 +166,23 @@ def request(port: int, method: str, path: str, body: Any = None, **kw: Any) -> t
 
 @contextlib.contextmanager
 def serve(
-    models: dict[str, Path], *options: str, log: Path | None = None, startup: float = 120.0
+    models: dict[str, Path],
+    *options: str,
+    log: Path | None = None,
+    startup: float = 120.0,
+    env: dict[str, str] | None = None,
+    context: ssl.SSLContext | None = None,
 ) -> Iterator[tuple[int, subprocess.Popen]]:
-    """Run ``bertforge serve`` with ``models`` (NAME -> DIR) and ``options`` on a free port;
-    yields (port, process) once /health answers, stops the process after."""
+    """Run ``bertforge serve`` with ``models`` (NAME -> DIR) and ``options`` on a free port
+    (``env`` added to the environment; ``context`` to reach it over HTTPS); yields (port,
+    process) once /health answers 200, stops the process after."""
     port = free_port()
     argv = [sys.executable, "-m", "bertforge.cli", "serve", "--port", str(port)]
     for name, directory in models.items():
         argv += ["--model", f"{name}={directory}"]
     argv += ["--precision", "fp32", "--device", "cpu", *options]
     paths = [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), **(env or {})}
     sink = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
     process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env)
     try:
@@ -158,7 +192,7 @@ def serve(
                 text = log.read_text() if log else ""
                 raise RuntimeError(f"bertforge serve exited with {process.returncode}: {text}")
             try:
-                if request(port, "GET", "/health")[0] == 200:
+                if request(port, "GET", "/health", context=context)[0] == 200:
                     break
             except OSError:
                 pass

@@ -121,6 +121,9 @@ TRAINING_COMMANDS = frozenset({"pretrain", "finetune", "downstream", "benchmark"
 #: commands that print their peak resident memory at the end; oneDNN's kernel caches are
 #: bounded before them (:func:`bertforge.runtime.bound_kernel_caches`)
 MEMORY_COMMANDS = TRAINING_COMMANDS | {"evaluate"}
+#: commands whose oneDNN kernel caches are bounded: the memory commands, and the server, whose
+#: merged batches take ever-different shapes (bf16 builds a kernel per shape and keeps it)
+BOUNDED_CACHE_COMMANDS = MEMORY_COMMANDS | {"serve"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     module_name, function_name, _ = COMMANDS[name]
     if name in TRAINING_COMMANDS:  # a process of our own: malloc keeps what a step frees
         runtime.keep_freed_memory()
-    if name in MEMORY_COMMANDS:
+    if name in BOUNDED_CACHE_COMMANDS:
         runtime.bound_kernel_caches()
     entry = getattr(importlib.import_module(module_name), function_name)
     try:

@@ -45,10 +45,10 @@ def main(argv: list[str]) -> int:
         description="Serve models over HTTP: a JSON API (/docs) and an explorer page (/).",
     )
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401
 
+        from bertforge.serve import lifecycle
         from bertforge.serve.app import create_app
-        from bertforge.serve.protocol import timed_protocol
     except ImportError as err:
         raise BertforgeError(
             f"bertforge serve needs the serve extra ({err.name} is missing): "
@@ -59,8 +59,10 @@ def main(argv: list[str]) -> int:
         torch.set_num_threads(config.num_threads)
     for name, directory in config.models.items():
         check_served_directory(name, directory)
+    lifecycle.check_tls(config)
     sock = listen(config.host, config.port)  # a taken port fails now, not after the loading
-    with sock:
+
+    def load() -> dict:
         models = {}
         for name, directory in config.models.items():
             served = load_served_model(name, directory, config.device, config.precision)
@@ -68,24 +70,32 @@ def main(argv: list[str]) -> int:
             print(
                 f"{name}: {served.kind} from {directory} ({served.options['precision']})",
                 file=sys.stderr,
+                flush=True,
             )
-        app = create_app(config, models)
-        uvicorn_config = uvicorn.Config(
-            app,
-            host=config.host,
-            port=config.port,
-            http=timed_protocol(config.request_timeout),
-            timeout_keep_alive=5,
-            log_level="warning",
-            access_log=False,
-        )
-        server = uvicorn.Server(uvicorn_config)
+        return models
+
+    def stop(err: BaseException) -> None:
+        server.should_exit = True  # the error is raised below, once uvicorn has stopped
+
+    with sock:
+        app = create_app(config, load, on_load_failure=stop)
+        server = lifecycle.make_server(config, app, on_stop=app.state.server.begin_draining)
+        if config.access_log:
+            lifecycle.log_access_to_stderr()
+        url = f"{config.scheme}://{config.host}:{config.port}"
+        key = ", API key required" if config.api_key is not None else ""
+        n = len(config.models)
         print(
-            f"serving on http://{config.host}:{config.port} (page at /, API docs at /docs)",
+            f"serving on {url} (page at /, API docs at /docs{key}); loading {n} "
+            f"model{'s' if n > 1 else ''}: /health answers 200 once "
+            f"{'they are' if n > 1 else 'it is'} ready",
             file=sys.stderr,
             flush=True,
         )
         server.run(sockets=[sock])
+    error = app.state.server.load_error
+    if error is not None:
+        raise error
     return 0
 
 

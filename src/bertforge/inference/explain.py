@@ -8,6 +8,7 @@ completeness property of integrated gradients).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -64,7 +65,8 @@ def integrated_gradients(
     pair; None: all 0) are the input's all along the path.
 
     The interpolated embeddings enter through a forward hook on ``word_embeddings`` that exists
-    only during this call, so the model's own code stays untouched; ``chunk`` points of the path
+    only during this call and acts on the calling thread only, so the model's own code stays
+    untouched and other threads may run the same model meanwhile; ``chunk`` points of the path
     share one forward and backward pass.
     """
     if steps < 1:
@@ -82,12 +84,17 @@ def integrated_gradients(
     def types(b: int) -> Tensor | None:
         return None if token_type_ids is None else token_type_ids.expand(b, T)  # (b, T)
 
+    owner = threading.get_ident()
     try:
         for start in range(0, steps, chunk):
             a = alphas[start : start + chunk].to(x.device)[:, None, None]  # (b, 1, 1)
             path = (x0 + a * (x - x0)).detach().requires_grad_(True)  # (b, T, H)
-            # the embedding layer adds positions in place: hand it a copy, keep ``path`` a leaf
-            hook = word_embeddings.register_forward_hook(lambda m, i, o, z=path: z.clone())
+            # the embedding layer adds positions in place: hand it a copy, keep ``path`` a leaf;
+            # on this thread only: a server runs other requests' passes of the same model on
+            # other threads meanwhile, which must see their own embeddings
+            hook = word_embeddings.register_forward_hook(
+                lambda m, i, o, z=path: z.clone() if threading.get_ident() == owner else None
+            )
             try:
                 with torch.enable_grad():
                     b = path.shape[0]

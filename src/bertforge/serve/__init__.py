@@ -4,9 +4,13 @@ a model learned.
 * :mod:`~bertforge.serve.config`: :class:`ServeConfig`, the limits and where to listen;
 * :mod:`~bertforge.serve.models`: the served models, loaded once;
 * :mod:`~bertforge.serve.batcher`: dynamic batching on one inference thread;
+* :mod:`~bertforge.serve.access`: request ids, the API key, readiness, the access log and the
+  request metrics (the outermost ASGI middleware);
 * :mod:`~bertforge.serve.limits`: payload, concurrency and time limits (ASGI middleware);
 * :mod:`~bertforge.serve.app`: the routes, the page (``static/``) and ``/docs``;
 * :mod:`~bertforge.serve.protocol`: uvicorn's HTTP/1.1 with a deadline for request headers.
+* :mod:`~bertforge.serve.lifecycle`: uvicorn with TLS, the access log on stderr, and a SIGTERM
+  that answers the requests in flight and exits 0.
 
 The command line is ``bertforge.cli.serve``; attention maps and integrated gradients are
 library functions in ``bertforge.inference.explain``.

@@ -3,11 +3,17 @@ one client from starving the others."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import ipaddress
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
 
 from bertforge.errors import BertforgeError
 from bertforge.runtime import Precision
 from bertforge.training.config import check_at_least, check_choice
+
+LogFormat = Literal["text", "json"]
 
 
 @dataclass(kw_only=True)
@@ -18,7 +24,9 @@ class ServeConfig:
     """Model directory to serve, as DIR (named after its folder) or NAME=DIR; repeat the option
     for several models (the first one answers requests that name none)."""
     host: str = "127.0.0.1"
-    """Address to listen on; the default answers this machine only."""
+    """Address to listen on; the default answers this machine only. Any other address (such as
+    0.0.0.0) needs --api_key, or --allow_unauthenticated to accept that anyone who can reach
+    the port may use the models."""
     port: int = 8000
     """TCP port."""
     device: str = "auto"
@@ -59,6 +67,26 @@ class ServeConfig:
     request_timeout: float = 60.0
     """Seconds a request may take from its first byte to its answer, reading its body included
     (408 while reading, 503 after): a slow or stalled client cannot hold a slot for longer."""
+    api_key: str | None = field(default=None, repr=False)
+    """Key every route but /health, the page and the API docs requires, as the header
+    "Authorization: Bearer KEY" (401 otherwise). Unset: the environment variable
+    BERTFORGE_API_KEY, which other users of the machine cannot read in the process list as
+    they can an option."""
+    allow_unauthenticated: bool = False
+    """Listen on a --host other than loopback without --api_key, accepting that anyone who can
+    reach the port may use the models."""
+    ssl_certfile: str | None = None
+    """PEM certificate (chain) to answer HTTPS with; needs --ssl_keyfile."""
+    ssl_keyfile: str | None = None
+    """PEM private key of --ssl_certfile."""
+    shutdown_timeout: float = 30.0
+    """Seconds SIGTERM waits for the requests in flight to be answered (new connections are
+    refused at once); requests still running then are cut off."""
+    log_format: LogFormat = "text"
+    """Access log on stderr, one line per request (method, route, status, milliseconds,
+    request id): text, or json (one object per line, for a log collector)."""
+    access_log: bool = True
+    """Write the access log (false: errors only)."""
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -90,11 +118,53 @@ class ServeConfig:
             raise BertforgeError(f"--port {self.port} is not a TCP port (1..65535)")
         if not self.request_timeout > 0:
             raise BertforgeError("--request_timeout must be a positive number of seconds")
+        if not self.shutdown_timeout >= 0:
+            raise BertforgeError("--shutdown_timeout must be a number of seconds, 0 or more")
+        check_choice(self.log_format, LogFormat, "--log_format")
+        if self.api_key is None:
+            self.api_key = os.environ.get(API_KEY_ENV) or None
+        if self.api_key is not None and not self.api_key.strip():
+            raise BertforgeError(f"--api_key (or {API_KEY_ENV}) is empty; give a key or unset it")
+        if self.api_key is None and not self.allow_unauthenticated and not is_loopback(self.host):
+            raise BertforgeError(
+                f"--host {self.host} answers other machines, and no key is set: set "
+                f"{API_KEY_ENV}=KEY (or --api_key KEY) so clients must send 'Authorization: "
+                "Bearer KEY', or pass --allow_unauthenticated to let anyone use the models"
+            )
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise BertforgeError("TLS needs both --ssl_certfile and --ssl_keyfile")
+        tls = (("--ssl_certfile", self.ssl_certfile), ("--ssl_keyfile", self.ssl_keyfile))
+        for option, path in tls:
+            if path is not None and not Path(path).is_file():
+                raise BertforgeError(f"{option} {path}: no such file")
 
     @property
     def models(self) -> dict[str, str]:
         """Served name -> model directory, in the order given."""
         return dict(parse_model_spec(spec) for spec in self.model)
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.ssl_certfile is None else "https"
+
+    def limits(self) -> dict[str, object]:
+        """The limits and settings /info shows: never the key, nor where the TLS files are."""
+        private = {"model", "api_key", "ssl_certfile", "ssl_keyfile"}
+        shown = {k: v for k, v in asdict(self).items() if k not in private}
+        return {**shown, "authenticated": self.api_key is not None, "tls": self.scheme == "https"}
+
+
+API_KEY_ENV = "BERTFORGE_API_KEY"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` answers this machine only: a loopback address or ``localhost``."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
 
 
 def parse_model_spec(spec: str) -> tuple[str, str]:
@@ -112,4 +182,4 @@ def parse_model_spec(spec: str) -> tuple[str, str]:
     return name, directory
 
 
-__all__ = ["ServeConfig", "parse_model_spec"]
+__all__ = ["API_KEY_ENV", "ServeConfig", "is_loopback", "parse_model_spec"]

@@ -1,7 +1,7 @@
 """The limits every request passes before any route sees it: payload size (413), requests in
 flight (429), and a deadline from the first byte to the answer (408 while the body is still
-arriving, 503 after), so a slow or stalled client cannot hold a slot. Also counts each
-answer for /metrics.
+arriving, 503 after), so a slow or stalled client cannot hold a slot. (Each answer is counted
+for /metrics by :class:`~bertforge.serve.access.Access`, which runs before this.)
 
 Written as a plain ASGI middleware: it reads the body itself (bounded in bytes and time) and
 hands the application a replay of it.
@@ -172,9 +172,6 @@ class Limits:
         finally:
             if counted:
                 self.metrics.in_flight -= 1
-            self.metrics.request(
-                route_label(scope["path"]), status[0] or 500, time.perf_counter() - start
-            )
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -4,7 +4,9 @@ server needs a dozen series, not a client library."""
 from __future__ import annotations
 
 import bisect
+import os
 import threading
+import time
 from collections.abc import Sequence
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -65,7 +67,7 @@ class Metrics:
             self.queue_wait.observe(wait)
             self.inference.observe(run)
 
-    def render(self, queue_length: int, in_flight: int) -> str:
+    def render(self, queue_length: int, in_flight: int, ready: bool = True) -> str:
         """The exposition text."""
         p = "bertforge_"
         with self._lock:
@@ -91,14 +93,52 @@ class Metrics:
                 lines += [f"# HELP {p}{name} {text}", f"# TYPE {p}{name} histogram"]
                 lines += hist.lines(p + name, "")
         lines += [
-            f"# HELP {p}queue_length Requests waiting for the inference thread.",
-            f"# TYPE {p}queue_length gauge",
-            f"{p}queue_length {queue_length}",
+            f"# HELP {p}queued_requests Requests waiting for an inference thread.",
+            f"# TYPE {p}queued_requests gauge",
+            f"{p}queued_requests {queue_length}",
             f"# HELP {p}requests_in_flight Inference requests being answered.",
             f"# TYPE {p}requests_in_flight gauge",
             f"{p}requests_in_flight {in_flight}",
+            f"# HELP {p}ready 1 once every model is loaded and warmed (/health answers 200).",
+            f"# TYPE {p}ready gauge",
+            f"{p}ready {int(ready)}",
+            *process_lines(),
         ]
         return "\n".join(lines) + "\n"
 
 
-__all__ = ["Histogram", "Metrics"]
+_STARTED = time.time()
+
+
+def process_lines() -> list[str]:
+    """The standard ``process_*`` series client libraries export (CPU time, resident memory,
+    start time), so the usual dashboards work on this server too."""
+    times = os.times()
+    lines = [
+        "# HELP process_cpu_seconds_total User and system CPU time of the server process.",
+        "# TYPE process_cpu_seconds_total counter",
+        f"process_cpu_seconds_total {times.user + times.system:.2f}",
+        "# HELP process_start_time_seconds Start time of the process, in seconds since the epoch.",
+        "# TYPE process_start_time_seconds gauge",
+        f"process_start_time_seconds {_STARTED:.3f}",
+    ]
+    rss = resident_bytes()
+    if rss is not None:
+        lines += [
+            "# HELP process_resident_memory_bytes Resident memory of the server process.",
+            "# TYPE process_resident_memory_bytes gauge",
+            f"process_resident_memory_bytes {rss}",
+        ]
+    return lines
+
+
+def resident_bytes(pid: int | str = "self") -> int | None:
+    """Resident set size of a process from ``/proc`` (None where there is no ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+__all__ = ["Histogram", "Metrics", "process_lines", "resident_bytes"]

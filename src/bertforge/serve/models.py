@@ -18,6 +18,9 @@ from torch import nn
 from bertforge.errors import BertforgeError
 from bertforge.inference.loading import finetune_defaults, load_model, load_onnx_model
 from bertforge.inference.onnx import ONNX_FILE
+from bertforge.inference.predict import classify as predict_classify
+from bertforge.inference.predict import embed as predict_embed
+from bertforge.inference.predict import fill_mask as predict_fill_mask
 from bertforge.modeling.checkpoint import check_model_directory, read_safetensors
 from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
 from bertforge.modeling.pooling import declared_pooling
@@ -120,6 +123,18 @@ class ServedModel:
         if self.backend == "onnx":
             return self.model.parameter_count()
         return sum(p.numel() for p in self.model.parameters())
+
+    def warm(self) -> None:
+        """Run each of the model's inference functions once on a short text, so the first
+        request does not pay for first-call work (allocations, kernel selection, lazy inits)."""
+        options = {**self.options, "batch_size": 1}
+        text = "warm up"
+        predict_embed(self.encoder, self.tokenizer, [text], "cls", max_length=16, **options)
+        if self.kind == "masked-lm":
+            predict_fill_mask(self.model, self.tokenizer, ["warm [MASK]"], 1, **options)
+        elif self.kind == "classifier":
+            pairs = ["up"] if self.pair_columns else None
+            predict_classify(self.model, self.tokenizer, ["warm"], pairs, max_length=16, **options)
 
     def labels(self) -> list[str]:
         config = self.model.config

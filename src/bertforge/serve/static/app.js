@@ -19,19 +19,49 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+// A server started with --api_key answers 401 without "Authorization: Bearer KEY": the page
+// asks for the key once and keeps it in this tab's sessionStorage (gone when the tab closes).
+const KEY_ITEM = "bertforge-api-key";
+
+class KeyNeeded extends Error {}
+
 async function api(path, body) {
+  const headers = { "Content-Type": "application/json" };
+  const key = sessionStorage.getItem(KEY_ITEM);
+  if (key) headers.Authorization = `Bearer ${key}`;
   const response = await fetch(path, {
     method: body === undefined ? "GET" : "POST",
-    headers: { "Content-Type": "application/json" },
+    headers,
     body: body === undefined ? undefined : JSON.stringify(body),
   });
   let answer;
   try { answer = await response.json(); } catch { answer = null; }
   if (!response.ok) {
     const message = answer && answer.error ? answer.error : `HTTP ${response.status}`;
+    if (response.status === 401) {
+      sessionStorage.removeItem(KEY_ITEM);
+      throw new KeyNeeded(key ? "the server refused this key; check it and try again" : "");
+    }
     throw new Error(`${path}: ${message}`);
   }
   return answer;
+}
+
+function askForKey(note) {
+  $("key-form").hidden = false;
+  $("key-note").textContent = note;
+  $("api-key").value = "";
+  $("api-key").focus();
+}
+
+function useKey(event) {
+  event.preventDefault();
+  const key = $("api-key").value.trim();
+  if (!key) return;
+  sessionStorage.setItem(KEY_ITEM, key);
+  $("key-form").hidden = true;
+  $("api-key").value = "";
+  start();
 }
 
 function modelInfo(name) {
@@ -44,6 +74,7 @@ async function start() {
     state.info = await api("/info");
     state.css = await (await fetch("/static/style.css")).text();
   } catch (err) {
+    if (err instanceof KeyNeeded) { askForKey(err.message); return; }
     $("results").append(el("div", { class: "error", role: "alert", text: String(err.message) }));
     return;
   }
@@ -528,4 +559,7 @@ function renderPng(header) {
   });
 }
 
-document.addEventListener("DOMContentLoaded", start);
+document.addEventListener("DOMContentLoaded", () => {
+  $("key-form").addEventListener("submit", useKey);
+  start();
+});
