@@ -42,7 +42,7 @@ from _common import ROOT, cpu_kind, log, markdown_table, minilm_dir
 
 sys.path.insert(0, str(ROOT / "tests"))
 from bench_serve import masked, sentences  # noqa: E402
-from serve_helpers import Client, serve, tiny_models  # noqa: E402
+from support.serve import Client, serve, tiny_models  # noqa: E402
 
 from bertforge.tokenizer import Tokenizer  # noqa: E402
 
