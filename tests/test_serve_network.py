@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from serve_helpers import ROOT, Client, free_port, request, serve, tiny_models  # noqa: E402
+from support.serve import ROOT, Client, free_port, request, serve, tiny_models  # noqa: E402
 
 from bertforge.serve.access import access_line, bearer_matches, request_id  # noqa: E402
 from bertforge.serve.config import ServeConfig, is_loopback  # noqa: E402
