@@ -25,7 +25,12 @@ from conftest import TaskFiles  # noqa: E402
 from support.serve import ROOT, Client, request, serve, tiny_models  # noqa: E402
 
 import bertforge  # noqa: E402
-from bertforge.inference.explain import attention_maps, integrated_gradients  # noqa: E402
+from bertforge.inference.explain import (  # noqa: E402
+    attention_maps,
+    attribute,
+    integrated_gradients,
+    padded_baseline,
+)
 from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel  # noqa: E402
 from bertforge.serve.batcher import Batcher, Job, take_batch  # noqa: E402
 from bertforge.tokenizer import Tokenizer  # noqa: E402
@@ -109,6 +114,35 @@ def test_integrated_gradients_completeness_and_baseline_tokens(models):
     assert abs(fine.delta) <= abs(coarse.delta) + 1e-6
     assert fine.attributions[0] == 0 and fine.attributions[-1] == 0  # same as the baseline
     assert float(fine.attributions[1:-1].abs().min()) > 0
+
+
+def test_attribute_explains_the_prediction_that_classify_makes(models):
+    model = BertForSequenceClassification.from_pretrained(models["clf"]).eval()
+    tok = Tokenizer.from_file(models["clf"])
+    text = "a good film about people"
+    encoded = tok.encode(text, "in town")
+    ids = torch.tensor(encoded["input_ids"])
+    types = torch.tensor(encoded["token_type_ids"])
+    sep = ids.tolist().index(tok.sep_id)
+    baseline = padded_baseline(ids, tok)  # [CLS] [PAD]... [SEP] [PAD]... [SEP]
+    assert baseline.tolist() == [tok.cls_id, *[tok.pad_id] * (sep - 1), tok.sep_id] + [
+        tok.pad_id
+    ] * (len(ids) - sep - 2) + [tok.sep_id]
+    (expected,) = bertforge.classify(model, tok, [text], ["in town"])
+    explained = attribute(model, tok, ids, types, steps=16)
+    assert explained.label == explained.target == expected["label"] and explained.value is None
+    assert explained.scores == pytest.approx(expected["scores"], abs=1e-5)
+    same = integrated_gradients(model, ids, baseline, 1 if expected["label"] == "pos" else 0, 16)
+    torch.testing.assert_close(explained.attribution.attributions, same.attributions)
+    other = "neg" if expected["label"] == "pos" else "pos"
+    assert attribute(model, tok, ids, types, target=["neg", "pos"].index(other)).target == other
+    with pytest.raises(ValueError, match="target=2 is not a label index; give 0 to 1"):
+        attribute(model, tok, ids, target=2)
+    regressor = BertForSequenceClassification.from_pretrained(models["reg"]).eval()
+    (value,) = bertforge.classify(regressor, tok, [text])
+    explained = attribute(regressor, tok, torch.tensor(tok.encode(text)["input_ids"]), steps=4)
+    assert explained.label is explained.scores is explained.target is None
+    assert explained.value == pytest.approx(value["value"], abs=1e-5)
 
 
 def test_integrated_gradients_leave_other_threads_forward_passes_alone(models):

@@ -3,7 +3,9 @@ attributions of a classifier's prediction to its input tokens.
 
 Both are plain functions of a loaded model and a token sequence, used by ``/attention`` and
 ``/attribute`` and tested against references (transformers' ``output_attentions``; the
-completeness property of integrated gradients).
+completeness property of integrated gradients). :func:`attribute` is what ``/attribute``
+answers, for Python: a classifier's prediction of one sequence and the integrated gradients of
+one of its outputs from the ``[CLS] [PAD]... [SEP]`` baseline.
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor, nn
+
+from bertforge.tokenizer import Tokenizer
 
 
 @torch.inference_mode()
@@ -114,4 +119,72 @@ def integrated_gradients(
     return Attribution(attributions.detach(), output, baseline_output, delta)
 
 
-__all__ = ["Attribution", "attention_maps", "integrated_gradients"]
+def padded_baseline(input_ids: Tensor, tokenizer: Tokenizer) -> Tensor:
+    """(T,) the baseline of :func:`attribute`: ``input_ids`` with every token but the special
+    ones replaced by [PAD]: ``[CLS] [PAD] ... [PAD] [SEP]`` (a pair: ``[CLS] [PAD] ... [SEP]
+    [PAD] ... [SEP]``), so only the words' contribution is measured."""
+    special = torch.tensor(np.isin(input_ids.cpu().numpy(), tokenizer.special_ids))
+    return torch.where(special.to(input_ids.device), input_ids, tokenizer.pad_id)
+
+
+@dataclass
+class ExplainedPrediction:
+    """A sequence classifier's prediction of one sequence and the attribution of one output."""
+
+    label: str | None
+    """The predicted label (None for a regressor)."""
+    scores: dict[str, float] | None
+    """Each label's probability (None for a regressor)."""
+    value: float | None
+    """A regressor's output (None for a classifier)."""
+    target: str | None
+    """The label explained: the predicted one unless one was asked for (None for a regressor)."""
+    attribution: Attribution
+    """Integrated gradients of the target's logit (a regressor: its value)."""
+
+
+def attribute(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    input_ids: Tensor,
+    token_type_ids: Tensor | None = None,
+    target: int | None = None,
+    steps: int = 32,
+    chunk: int = 32,
+) -> ExplainedPrediction:
+    """Predict the (T,) sequence ``input_ids`` (``[CLS] text [SEP]``, or a pair's ``[CLS] a
+    [SEP] b [SEP]`` with its (T,) ``token_type_ids``) with a ``BertForSequenceClassification``
+    and attribute label ``target``'s logit (default: the predicted label; a regressor: its
+    value) to the tokens by :func:`integrated_gradients` from :func:`padded_baseline`, ``steps``
+    points on the path, ``chunk`` of them per forward and backward pass."""
+    config = model.config
+    if target is not None and not 0 <= target < config.num_labels:
+        raise ValueError(f"target={target} is not a label index; give 0 to {config.num_labels - 1}")
+    id2label = config.id2label or {i: f"LABEL_{i}" for i in range(config.num_labels)}
+    labels = [id2label[i] for i in range(config.num_labels)]
+    with torch.inference_mode():
+        types = None if token_type_ids is None else token_type_ids[None]  # (1, T)
+        logits = model(input_ids[None], token_type_ids=types).logits[0].float()  # (num_labels,)
+    if config.is_regression:
+        label, scores, value, name, index = None, None, float(logits[0]), None, 0
+    else:
+        probs = torch.softmax(logits, -1)
+        label, value = labels[int(probs.argmax())], None
+        scores = {n: float(p) for n, p in zip(labels, probs, strict=True)}
+        index = int(probs.argmax()) if target is None else target
+        name = labels[index]
+    baseline = padded_baseline(input_ids, tokenizer)
+    result = integrated_gradients(
+        model, input_ids, baseline, index, steps, chunk, token_type_ids=token_type_ids
+    )
+    return ExplainedPrediction(label, scores, value, name, result)
+
+
+__all__ = [
+    "Attribution",
+    "ExplainedPrediction",
+    "attention_maps",
+    "attribute",
+    "integrated_gradients",
+    "padded_baseline",
+]

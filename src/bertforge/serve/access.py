@@ -30,7 +30,7 @@ from bertforge.serve.metrics import Metrics
 
 
 class ServerState(Protocol):
-    """What this middleware reads of the server (``serve.app.Server`` has it): declared here so
+    """What this middleware reads of the server (``serve.server.Server`` has it): declared here so
     that this module, below the app, never imports it."""
 
     config: ServeConfig

@@ -1,0 +1,39 @@
+"""The routes, one ``APIRouter`` per feature, each a module of top-level handler functions that
+receive the shared :class:`~bertforge.serve.server.Server` as a FastAPI dependency:
+
+* :mod:`~bertforge.serve.routes.meta`: /health, /info, /metrics, the page at ``/`` and /docs;
+* :mod:`~bertforge.serve.routes.inference`: /tokenize, /fill-mask, /predict, /embed, /similarity;
+* :mod:`~bertforge.serve.routes.explain`: /attention and /attribute.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import numpy as np
+import torch
+from fastapi import Depends, Request
+
+from bertforge.serve.models import ServedModel
+from bertforge.serve.server import Server
+
+
+def get_server(request: Request) -> Server:
+    """The application's server (``create_app`` sets ``app.state.server``)."""
+    return request.app.state.server
+
+
+ServerDep = Annotated[Server, Depends(get_server)]
+"""A handler's ``server: ServerDep`` parameter receives the shared server."""
+
+
+def rounded(array: np.ndarray, digits: int = 5) -> list[Any]:
+    """``array`` as nested lists of floats rounded to ``digits``: short JSON."""
+    return np.round(array.astype(np.float64), digits).tolist()
+
+
+def device_of(served: ServedModel) -> torch.device:
+    return next(served.model.parameters()).device
+
+
+__all__ = ["ServerDep", "device_of", "get_server", "rounded"]
