@@ -64,6 +64,7 @@ def test_smoke_runs_both_sides_and_prints_the_table(shared_data, tmp_path):
         r = result[side]
         assert 0.0 <= r["entity_f1"] <= 1.0 and r["steps"] >= 2
         assert r["train_seconds"] > 0 and r["peak_rss_mb"] > 100
+        assert 0.0 <= r["entity_f1_whole"] <= 1.0 and r["cut_test_sentences"] >= 0
     assert result["f1_diff"] == pytest.approx(
         result["bertforge"]["entity_f1"] - result["transformers"]["entity_f1"]
     )
