@@ -213,6 +213,7 @@ def run_transformers(args: argparse.Namespace, work: Path) -> dict:
             "attention_probs_dropout_prob": args.dropout,
             "classifier_dropout": args.dropout,
         }
+    transformers.set_seed(args.seed)  # as run_ner does before loading: the new head's init
     model = transformers.AutoModelForTokenClassification.from_pretrained(
         model_dir, num_labels=len(id2label), id2label=id2label, label2id=label2id, **extra
     )
