@@ -1,0 +1,395 @@
+"""Named entities from all-MiniLM-L6-v2: ``bertforge finetune --task token_classification``
+beside the same recipe in transformers' ``Trainer`` (issue 39).
+
+Both sides read the same subset of ``shared/data/ner/<set>/`` (the first ``--train_examples``
+training sentences, the first ``--test_examples`` test sentences, written to CoNLL files in
+``--output``), start from the same checkpoint with the same tag set, and train with the same
+hyper-parameters: epochs, peak lr with 10% linear warmup then linear decay, batch, max length,
+AdamW (weight decay 0.01 off biases/LayerNorm, eps 1e-6), gradient clipping at 1, fp32, the
+model's own dropout (or ``--dropout`` on both), ``--num_threads`` threads each.
+
+* bertforge: the library's ``finetune`` as ``bertforge finetune`` runs it (its defaults: length
+  bucketing, a validation pass at the end on the first ``--val_examples`` dev sentences), then
+  scored on the test subset by ``bertforge.evaluation`` (entity F1 as seqeval's default mode).
+* transformers: ``run_ner``'s conventions: ``tokenizer(words, is_split_into_words=True,
+  truncation=True, max_length=...)``, the word's tag on its first piece and -100 elsewhere,
+  ``DataCollatorForTokenClassification``, ``AutoModelForTokenClassification``, ``Trainer``;
+  ``trainer.predict`` on the test subset, scored by ``seqeval``. A test word cut off by
+  truncation is counted as predicted ``O`` (bertforge splits long sentences into windows instead;
+  the table says how many test sentences were cut).
+
+Each side runs in its own process (peak RSS is that process's); by default the two run at the
+same time, so they share whatever else loads the machine. Training seconds are each library's
+own clock (``train_seconds`` of ``finetune``, ``train_runtime`` of ``Trainer.train``); the process
+wall time includes loading, tokenizing, validation and the test pass.
+
+    python benchmarks/finetune_ner_reference.py --dataset wikiann --train_examples 2000 \\
+        --test_examples 1000 --epochs 1 --lr 1e-4 --batch_size 32 --max_length 64 --num_threads 1
+
+Prints a markdown table; writes ``results.json`` into ``--output``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import SHARED_DATA, log, machine_markdown, markdown_table, minilm_dir
+
+DATASETS = {"wikiann": "wikiann_en", "wnut17": "wnut17"}
+TRAIN_FILE = {"wikiann": "train.conll.gz", "wnut17": "train.conll"}
+WARMUP_RATIO = 0.1
+WEIGHT_DECAY = 0.01
+ADAM_EPS = 1e-6
+MAX_GRAD_NORM = 1.0
+
+
+def read_conll(path: Path) -> list[tuple[list[str], list[str]]]:
+    """Sentences of ``token<TAB>tag`` lines (the data README's reader)."""
+    import gzip
+
+    with gzip.open(path) if path.name.endswith(".gz") else open(path, "rb") as f:
+        raw = f.read()
+    sents = []
+    for block in raw.decode("utf-8").split("\n\n"):
+        rows = [line.split("\t") for line in block.split("\n") if line]
+        if rows:
+            sents.append(([r[0] for r in rows], [r[-1] for r in rows]))
+    return sents
+
+
+def write_conll(path: Path, sents: list[tuple[list[str], list[str]]]) -> None:
+    lines = []
+    for words, tags in sents:
+        lines += [f"{w}\t{t}" for w, t in zip(words, tags, strict=True)] + [""]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def prepare(args: argparse.Namespace, work: Path) -> dict[str, int]:
+    """The subsets both sides read: train, validation (ours) and test CoNLL files in ``work``."""
+    src = SHARED_DATA / "ner" / DATASETS[args.dataset]
+    train = read_conll(src / TRAIN_FILE[args.dataset])[: args.train_examples]
+    dev = read_conll(src / "dev.conll")[: args.val_examples]
+    test = read_conll(src / "test.conll")[: args.test_examples]
+    known = {t for _, tags in train for t in tags}
+    # a dev/test tag the training subset lacks is an error for bertforge (as it should be): keep
+    # the sentences whose tags training has, and say how many were dropped
+    dev2 = [s for s in dev if set(s[1]) <= known]
+    test2 = [s for s in test if set(s[1]) <= known]
+    if len(test2) < len(test):
+        log(f"dropped {len(test) - len(test2)} test sentences with a tag the train subset lacks")
+    work.mkdir(parents=True, exist_ok=True)
+    for name, sents in (("train", train), ("dev", dev2), ("test", test2)):
+        write_conll(work / f"{name}.conll", sents)
+    return {"train": len(train), "validation": len(dev2), "test": len(test2)}
+
+
+def whole(words: list[list[str]], max_length: int) -> list[int]:
+    """The sentences whose WordPieces fit in ``max_length`` with [CLS] and [SEP]: neither side
+    cuts or splits them (both tokenizers give the same pieces; the test checks it)."""
+    from bertforge.data.tagging import word_pieces
+    from bertforge.tokenizer.wordpiece import Tokenizer
+
+    pieces = word_pieces(Tokenizer.from_file(minilm_dir()), words)
+    return [i for i, p in enumerate(pieces) if sum(len(w) for w in p) <= max_length - 2]
+
+
+# ---- the two sides, each run in its own process -------------------------------------------------
+
+
+def run_ours(args: argparse.Namespace, work: Path) -> dict:
+    import torch
+
+    from bertforge.data.tagging import encode_tagged, read_tagged, tag_ids
+    from bertforge.evaluation.tagging import evaluate_tagging_model, tag_metrics
+    from bertforge.modeling.model import BertForTokenClassification
+    from bertforge.tokenizer.wordpiece import Tokenizer
+    from bertforge.training.finetune import FinetuneConfig, finetune
+
+    cfg = FinetuneConfig(
+        model=str(minilm_dir()),
+        task="token_classification",
+        train=[str(work / "train.conll")],
+        validation=[str(work / "dev.conll")],
+        output=str(work / "bertforge"),
+        max_length=args.max_length,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        epochs=args.epochs,
+        warmup_ratio=WARMUP_RATIO,
+        weight_decay=WEIGHT_DECAY,
+        max_grad_norm=MAX_GRAD_NORM,
+        dropout=args.dropout,
+        seed=args.seed,
+        precision="fp32",
+        device="cpu",
+        num_threads=args.num_threads,
+        progress=False,
+    )
+    result = finetune(cfg)
+    model = BertForTokenClassification.from_pretrained(cfg.output)
+    tok = Tokenizer.from_file(cfg.output)
+    test = read_tagged([work / "test.conll"])
+    label2id = {v: k for k, v in model.config.id2label.items()}
+    windows = encode_tagged(tok, test.words, None, max_length=args.max_length)
+    true = tag_ids(test, label2id)
+    with torch.inference_mode():
+        metrics, predicted = evaluate_tagging_model(
+            model, windows, true, tok.pad_id, precision="fp32"
+        )
+    fit = whole(test.words, args.max_length)
+    uncut = tag_metrics(model.config, [true[i] for i in fit], [predicted[i] for i in fit])
+    return {
+        "entity_f1": metrics["entity_f1"],
+        "precision": metrics["precision"],
+        "recall": metrics["recall"],
+        "train_seconds": result["train_seconds"],
+        "steps": result["steps"],
+        "cut_test_sentences": 0,
+        "entity_f1_whole": uncut["entity_f1"],
+        "whole_sentences": len(fit),
+    }
+
+
+def hf_encode(
+    tokenizer, sents: list[tuple[list[str], list[str]]], label2id: dict[str, int], max_length: int
+) -> tuple[list[dict], list[list[int]]]:
+    """run_ner's ``tokenize_and_align_labels`` (``label_all_tokens=False``): the rows ``Trainer``
+    takes, and per sentence the positions of its words' first pieces (the words truncation kept)."""
+    enc = tokenizer(
+        [w for w, _ in sents], is_split_into_words=True, truncation=True, max_length=max_length
+    )
+    rows, firsts = [], []
+    for i, (_, tags) in enumerate(sents):
+        labels, first, previous = [], [], None
+        for position, word in enumerate(enc.word_ids(i)):
+            if word is None or word == previous:
+                labels.append(-100)
+            else:
+                labels.append(label2id[tags[word]])
+                first.append(position)
+            previous = word
+        rows.append(
+            {
+                "input_ids": enc["input_ids"][i],
+                "token_type_ids": enc["token_type_ids"][i],
+                "attention_mask": enc["attention_mask"][i],
+                "labels": labels,
+            }
+        )
+        firsts.append(first)
+    return rows, firsts
+
+
+def run_transformers(args: argparse.Namespace, work: Path) -> dict:
+    import numpy as np
+    import torch
+    import transformers
+    from seqeval.metrics import f1_score, precision_score, recall_score
+
+    from bertforge.data.tagging import build_tag_map
+
+    torch.set_num_threads(args.num_threads)
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    train = read_conll(work / "train.conll")
+    test = read_conll(work / "test.conll")
+    id2label = build_tag_map([tags for _, tags in train])  # the same tag ids as ours
+    label2id = {v: k for k, v in id2label.items()}
+    model_dir = minilm_dir()
+    tokenizer = transformers.BertTokenizerFast.from_pretrained(model_dir)
+
+    train_rows, _ = hf_encode(tokenizer, train, label2id, args.max_length)
+    test_rows, test_firsts = hf_encode(tokenizer, test, label2id, args.max_length)
+    extra = {}
+    if args.dropout is not None:
+        extra = {
+            "hidden_dropout_prob": args.dropout,
+            "attention_probs_dropout_prob": args.dropout,
+            "classifier_dropout": args.dropout,
+        }
+    transformers.set_seed(args.seed)  # as run_ner does before loading: the new head's init
+    model = transformers.AutoModelForTokenClassification.from_pretrained(
+        model_dir, num_labels=len(id2label), id2label=id2label, label2id=label2id, **extra
+    )
+    steps = -(-len(train_rows) // args.batch_size) * args.epochs
+    targs = transformers.TrainingArguments(
+        output_dir=str(work / "transformers"),
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=64,
+        learning_rate=args.lr,
+        num_train_epochs=args.epochs,
+        weight_decay=WEIGHT_DECAY,
+        adam_epsilon=ADAM_EPS,
+        max_grad_norm=MAX_GRAD_NORM,
+        lr_scheduler_type="linear",
+        warmup_steps=round(WARMUP_RATIO * steps),
+        use_cpu=True,
+        seed=args.seed,
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    trainer = transformers.Trainer(
+        model=model,
+        args=targs,
+        train_dataset=train_rows,
+        data_collator=transformers.DataCollatorForTokenClassification(tokenizer),
+    )
+    out = trainer.train()
+    logits = trainer.predict(test_rows).predictions
+    true, pred, cut = [], [], 0
+    for i, (words, tags) in enumerate(test):
+        ids = np.asarray(logits[i]).argmax(-1)
+        tagged = [id2label[int(ids[p])] for p in test_firsts[i]]
+        if len(tagged) < len(words):  # words truncation cut off: predicted O
+            cut += 1
+            tagged += ["O"] * (len(words) - len(tagged))
+        true.append(tags)
+        pred.append(tagged)
+    fit = whole([w for w, _ in test], args.max_length)
+    return {
+        "entity_f1": float(f1_score(true, pred)),
+        "precision": float(precision_score(true, pred)),
+        "recall": float(recall_score(true, pred)),
+        "train_seconds": float(out.metrics["train_runtime"]),
+        "steps": int(out.global_step),
+        "cut_test_sentences": cut,
+        "entity_f1_whole": float(
+            f1_score([true[i] for i in fit], [pred[i] for i in fit]) if fit else 0.0
+        ),
+    }
+
+
+# ---- the driver ---------------------------------------------------------------------------------
+
+
+def side_command(args: argparse.Namespace, side: str) -> list[str]:
+    command = [sys.executable, __file__, "--side", side, "--output", args.output]
+    for name in (
+        "dataset", "epochs", "lr", "batch_size", "max_length", "num_threads", "seed",
+    ):  # fmt: skip
+        command += [f"--{name}", str(getattr(args, name))]
+    if args.dropout is not None:
+        command += ["--dropout", str(args.dropout)]
+    return command
+
+
+def launch(args: argparse.Namespace, side: str) -> tuple[subprocess.Popen, float]:
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.num_threads), TOKENIZERS_PARALLELISM="false")
+    log(f"{side}: {' '.join(side_command(args, side))}")
+    return subprocess.Popen(side_command(args, side), env=env), time.perf_counter()
+
+
+def finish(proc: subprocess.Popen, start: float, side: str, work: Path) -> dict:
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"the {side} side failed (exit {proc.returncode}); see its output above")
+    result = json.loads((work / f"{side}.json").read_text())
+    result["wall_seconds"] = time.perf_counter() - start
+    result["peak_rss_mb"] = usage.ru_maxrss / 1024  # KiB on Linux
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", choices=sorted(DATASETS), default="wikiann")
+    parser.add_argument("--train_examples", type=int, default=2000)
+    parser.add_argument("--val_examples", type=int, default=200)
+    parser.add_argument("--test_examples", type=int, default=1000)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--max_length", type=int, default=64)
+    parser.add_argument("--num_threads", type=int, default=1)
+    parser.add_argument(
+        "--dropout", type=float, default=None, help="both sides; default: each model's own"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--one_at_a_time", action="store_true",
+        help="run bertforge, then transformers (default: both at once, sharing the load)",
+    )  # fmt: skip
+    parser.add_argument("--smoke", action="store_true", help="32 sentences, 2 steps: a quick test")
+    parser.add_argument("--output", default=None)
+    parser.add_argument("--side", choices=("bertforge", "transformers"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.smoke:
+        args.train_examples, args.val_examples, args.test_examples = 32, 16, 32
+        args.batch_size, args.max_length, args.epochs = 16, 32, 1
+    args.output = args.output or f"runs/ner-reference-{args.dataset}"
+    work = Path(args.output)
+    if args.side:  # a worker: train and score one side, write <side>.json
+        run = run_ours if args.side == "bertforge" else run_transformers
+        result = run(args, work)
+        (work / f"{args.side}.json").write_text(json.dumps(result, indent=2) + "\n")
+        return
+
+    counts = prepare(args, work)
+    log(f"{args.dataset}: {counts}")
+    results = {}
+    if args.one_at_a_time:
+        for side in ("bertforge", "transformers"):
+            results[side] = finish(*launch(args, side), side, work)
+    else:
+        running = {side: launch(args, side) for side in ("bertforge", "transformers")}
+        for side, (proc, start) in running.items():
+            results[side] = finish(proc, start, side, work)
+
+    ours, theirs = results["bertforge"], results["transformers"]
+    n_whole = ours["whole_sentences"]
+    rows = []
+    for name, r in (("bertforge", ours), ("transformers Trainer", theirs)):
+        rows.append(
+            [
+                name,
+                f"{r['entity_f1']:.4f}",
+                f"{r['entity_f1_whole']:.4f}",
+                f"{r['precision']:.4f} / {r['recall']:.4f}",
+                str(r["steps"]),
+                f"{r['train_seconds']:.0f}",
+                f"{r['wall_seconds']:.0f}",
+                f"{r['peak_rss_mb']:.0f}",
+            ]
+        )
+    table = markdown_table(
+        [
+            "run",
+            "test entity F1",
+            f"F1, {n_whole} uncut",
+            "P / R",
+            "steps",
+            "train s",
+            "process s",
+            "peak RSS MB",
+        ],
+        rows,
+    )
+    diff = ours["entity_f1"] - theirs["entity_f1"]
+    ratio = theirs["train_seconds"] / ours["train_seconds"]
+    print(
+        f"\n{args.dataset}: {counts['train']:,} train sentences, {counts['test']:,} test "
+        f"({theirs['cut_test_sentences']} cut by transformers' truncation), validation (ours) "
+        f"{counts['validation']}; {args.epochs} epoch(s), batch {args.batch_size}, lr {args.lr:g}, "
+        f"max_length {args.max_length}, dropout "
+        f"{'model default' if args.dropout is None else args.dropout}, fp32, "
+        f"{args.num_threads} thread(s) each, "
+        f"{'one after the other' if args.one_at_a_time else 'both sides at once'}\n\n{table}\n\n"
+        f"entity F1 difference (bertforge - transformers): {diff:+.4f}; "
+        f"training time ratio (transformers / bertforge): {ratio:.2f}x\n\n{machine_markdown()}"
+    )
+    payload = {"args": vars(args), "counts": counts, **results, "f1_diff": diff, "ratio": ratio}
+    (work / "results.json").write_text(json.dumps(payload, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
