@@ -40,7 +40,8 @@ from bertforge.serve.batcher import Batcher, BatchStats, RunBatch
 from bertforge.serve.config import ServeConfig
 from bertforge.serve.limits import ApiError, Limits, error_body
 from bertforge.serve.metrics import Metrics
-from bertforge.serve.models import ServedModel
+from bertforge.serve.models import TASK_ROUTES, ServedModel
+from bertforge.serve.routes_tasks import router as tasks_router
 
 Texts = str | list[str]
 Pair = tuple[str, str]
@@ -238,6 +239,7 @@ class Server:
             )
         if route not in served.routes:
             need = {"/fill-mask": "masked-lm", "/predict": "classifier", "/attribute": "classifier"}
+            need |= {r: kind for kind, r in TASK_ROUTES.items()}
             needed = need.get(route, "PyTorch")  # /attention of an ONNX Runtime model
             raise ApiError(
                 422,
@@ -714,6 +716,8 @@ def create_app(
         key = object()  # never batched: its steps are the batch
         (answer,) = await server.run(key, [ids], len(ids) * steps, run)
         return JSONResponse(answer)
+
+    app.include_router(tasks_router)  # /tag, /answer
 
     # ---- the page and the docs ----
     static = resources.files("bertforge.serve") / "static"
