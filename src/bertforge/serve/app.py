@@ -40,7 +40,7 @@ from bertforge.serve.batcher import Batcher, BatchStats, RunBatch
 from bertforge.serve.config import ServeConfig
 from bertforge.serve.limits import ApiError, Limits, error_body
 from bertforge.serve.metrics import Metrics
-from bertforge.serve.models import TASK_ROUTES, ServedModel
+from bertforge.serve.models import ServedModel
 from bertforge.serve.routes_tasks import router as tasks_router
 
 Texts = str | list[str]
@@ -239,7 +239,6 @@ class Server:
             )
         if route not in served.routes:
             need = {"/fill-mask": "masked-lm", "/predict": "classifier", "/attribute": "classifier"}
-            need |= {r: kind for kind, r in TASK_ROUTES.items()}
             needed = need.get(route, "PyTorch")  # /attention of an ONNX Runtime model
             raise ApiError(
                 422,

@@ -21,13 +21,15 @@ from bertforge.data.qa import Span
 from bertforge.inference.qa import answer as predict_answer
 from bertforge.inference.tagging import tag as predict_tag
 from bertforge.serve.limits import ApiError
-from bertforge.serve.models import ServedModel
+from bertforge.serve.models import TASK_ROUTES, ServedModel
 
 
 class _Server(Protocol):
     """What the handlers need of ``bertforge.serve.app.Server`` (``app.state.server``)."""
 
     config: Any
+    models: dict[str, ServedModel]
+    default: str
 
     def model(self, name: str | None, route: str) -> ServedModel: ...
     def texts(self, inputs: Any) -> list[Any]: ...
@@ -36,6 +38,23 @@ class _Server(Protocol):
 
 def _server(request: Request) -> _Server:
     return request.app.state.server
+
+
+def _task_model(server: _Server, name: str | None, route: str) -> ServedModel:
+    """The served model a request names (404 if none), refused with a 422 naming the kind the
+    route needs and the served models of that kind when it has no head for ``route``."""
+    served = server.models.get(name or server.default)
+    if served is not None and route not in served.routes:
+        needed = next(kind for kind, r in TASK_ROUTES.items() if r == route)
+        fitting = [n for n, m in server.models.items() if route in m.routes]
+        article = "an" if served.kind[0] in "aeiou" else "a"
+        raise ApiError(
+            422,
+            f"model {served.name!r} is {article} {served.kind} model: {route} needs a {needed} "
+            f"model ({', '.join(fitting) or 'none'} served)",
+            "model",
+        )
+    return server.model(name, route)
 
 
 class TagRequest(BaseModel):
@@ -112,7 +131,7 @@ def _lengths(server: _Server, served: ServedModel, items: list[Any], noun: str) 
 )
 async def tag(body: TagRequest, request: Request) -> JSONResponse:
     server = _server(request)
-    served = server.model(body.model, "/tag")
+    served = _task_model(server, body.model, "/tag")
     texts = server.texts(body.inputs)
     lengths = _lengths(server, served, texts, "text")
 
@@ -149,7 +168,7 @@ def _span(span: Span) -> dict[str, Any]:
 )
 async def answer(body: AnswerRequest, request: Request) -> JSONResponse:
     server = _server(request)
-    served = server.model(body.model, "/answer")
+    served = _task_model(server, body.model, "/answer")
     inputs = body.inputs if isinstance(body.inputs, list) else [body.inputs]
     pairs = server.texts([(p.question, p.context) for p in inputs])
     for i, (question, context) in enumerate(pairs):
