@@ -190,7 +190,7 @@ def test_health_info_docs_and_page(server, models):
     }
     clf = BertForSequenceClassification.from_pretrained(models["clf"])
     assert by_name["clf"]["parameters"] == sum(p.numel() for p in clf.parameters())
-    assert by_name["clf"]["labels"] == ["neg", "pos"] and by_name["reg"]["task"] == "regression"
+    assert by_name["clf"]["labels"] == ["neg", "pos"] and by_name["reg"]["regression"]
     assert by_name["mlm"]["config"]["hidden_size"] == 32
     assert info["limits"]["max_client_batch_size"] == 8
     status, page = request(server, "GET", "/docs")

@@ -78,6 +78,51 @@ def pair_model(root: Path, start: Path) -> Path:
     return finetune(start, root / "pairs.csv", root / "nli", *options)
 
 
+TAG_NAMES = [(["anna"], "PER"), (["tom"], "PER"), (["paris"], "LOC"), (["new", "york"], "LOC")]
+
+
+def tagger_model(root: Path, start: Path, steps: int = 40) -> Path:
+    """``root/ner``: a token classifier fine-tuned (``steps`` steps) from ``start`` on filler
+    sentences where "anna"/"tom" are PER and "paris"/"new york" LOC, as ``bertforge finetune
+    --task token_classification`` writes one."""
+    rng = random.Random(3)
+    blocks = []
+    for _ in range(256):
+        units = [([rng.choice(FILLER)], ["O"]) for _ in range(rng.randint(3, 8))]
+        for _ in range(rng.randint(1, 2)):
+            name, kind = rng.choice(TAG_NAMES)
+            tags = [f"B-{kind}"] + [f"I-{kind}"] * (len(name) - 1)
+            units.insert(rng.randint(0, len(units)), (name, tags))
+        words = [(w, t) for u in units for w, t in zip(*u, strict=True)]
+        blocks.append("\n".join(f"{w}\t{t}" for w, t in words))
+    (root / "ner.conll").write_text("\n\n".join(blocks) + "\n")
+    options = ["--task", "token_classification", "--lr", "3e-3", "--dropout", "0"]
+    options += ["--batch_size", "16", "--max_length", "32", "--max_steps", str(steps)]
+    return finetune(start, root / "ner.conll", root / "ner", *options)
+
+
+def qa_model(root: Path, start: Path, steps: int = 40) -> Path:
+    """``root/qa``: a question-answering model fine-tuned (``steps`` steps) from ``start`` on
+    "where is good ?" about filler text holding "good" once, as ``bertforge finetune --task
+    question_answering`` writes one."""
+    rng = random.Random(4)
+    rows = []
+    for i in range(256):
+        before = " ".join(rng.choice(FILLER) for _ in range(rng.randint(0, 10)))
+        after = " ".join(rng.choice(FILLER) for _ in range(rng.randint(3, 10)))
+        context = f"{before} good {after}".strip()
+        start_char = context.index("good")
+        answers = {"text": ["good"], "answer_start": [start_char]}
+        rows.append({"id": f"q{i}", "question": "where is good ?", "context": context,
+                     "answers": answers})  # fmt: skip
+    train = root / "qa.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    options = ["--task", "question_answering", "--lr", "3e-3", "--dropout", "0"]
+    options += ["--batch_size", "16", "--max_length", "48", "--doc_stride", "16"]
+    options += ["--max_steps", str(steps)]
+    return finetune(start, train, root / "qa", *options)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -220,6 +265,8 @@ ROUTES = [
     "/similarity",
     "/attention",
     "/attribute",
+    "/tag",
+    "/answer",
 ]
 GETS = ["/health", "/info", "/metrics", "/", "/docs", "/openapi.json", "/static/app.js"]
 WEIRD = [

@@ -342,6 +342,8 @@ class Span:
     """Start logit + end logit of the span (over all windows of its example)."""
     probability: float = 0.0
     """Softmax of the scores over the example's n-best candidates."""
+    alternatives: list[Span] = field(default_factory=list)
+    """The next-best distinct spans, best first (``decode_spans(..., top_k=)`` above 1)."""
 
 
 def window_candidates(
@@ -381,10 +383,13 @@ def decode_spans(
     *,
     n_best: int = 20,
     max_answer_length: int = 30,
+    top_k: int = 1,
 ) -> list[Span]:
     """The best span of each example over all its windows: the candidates of every window
     (:func:`window_candidates`) pooled, the highest score wins, its text the slice of the
-    original context. An example without any valid candidate gets an empty answer."""
+    original context. An example without any valid candidate gets an empty answer. With
+    ``top_k`` above 1 each answer lists the next ``top_k - 1`` best spans of other character
+    ranges in ``alternatives`` (a span that two overlapping windows both found counts once)."""
     pooled: list[list[tuple[float, int, int]]] = [[] for _ in examples]
     for w, (ids, question_end) in enumerate(windows.encoded):
         found = window_candidates(
@@ -405,11 +410,19 @@ def decode_spans(
         best = sorted(pooled[i], key=lambda c: -c[0])[:n_best]
         scores = np.asarray([c[0] for c in best])
         probs = np.exp(scores - scores.max())
-        score, a, b = best[0]
-        start, end = int(windows.offsets[i][a, 0]), int(windows.offsets[i][b, 1])
-        spans.append(
-            Span(example.context[start:end], start, end, score, float(probs[0] / probs.sum()))
-        )
+        probs = probs / probs.sum()
+        found: list[Span] = []
+        seen: set[tuple[int, int]] = set()
+        for (score, a, b), p in zip(best, probs, strict=True):
+            start, end = int(windows.offsets[i][a, 0]), int(windows.offsets[i][b, 1])
+            if (start, end) in seen:
+                continue
+            seen.add((start, end))
+            found.append(Span(example.context[start:end], start, end, score, float(p)))
+            if len(found) >= max(1, top_k):
+                break
+        found[0].alternatives = found[1:]
+        spans.append(found[0])
     return spans
 
 

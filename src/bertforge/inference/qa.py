@@ -78,6 +78,7 @@ def answer(
     doc_stride: int | None = None,
     max_answer_length: int | None = None,
     n_best: int = N_BEST,
+    top_k: int = 1,
     precision: str = "fp32",
     progress: bool = False,
 ) -> list[Span]:
@@ -88,7 +89,8 @@ def answer(
     context longer than one window is read in windows overlapping by ``doc_stride`` tokens and
     the best span over all windows wins. ``max_length``, ``doc_stride`` and
     ``max_answer_length`` default to what fine-tuning saved beside the model
-    (``finetune_config.json``), else to the model's positions, 128 and 30.
+    (``finetune_config.json``), else to the model's positions, 128 and 30. ``top_k`` above 1
+    puts the next-best ``top_k - 1`` distinct spans in each answer's ``alternatives``.
     """
     if isinstance(questions, str) or isinstance(contexts, str):
         raise BertforgeError("pass lists of questions and contexts, not single strings (wrap them)")
@@ -118,7 +120,9 @@ def answer(
         progress=progress,
     )  # fmt: skip
     limit = max_answer_length or settings.get("max_answer_length", MAX_ANSWER_LENGTH)
-    return decode_spans(windows, examples, starts, ends, n_best=n_best, max_answer_length=limit)
+    return decode_spans(
+        windows, examples, starts, ends, n_best=n_best, max_answer_length=limit, top_k=top_k
+    )
 
 
 __all__ = ["DOC_STRIDE", "MAX_ANSWER_LENGTH", "N_BEST", "answer", "window_logits"]

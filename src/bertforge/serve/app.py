@@ -19,7 +19,7 @@ from bertforge.serve.config import ServeConfig
 from bertforge.serve.handlers import EXCEPTION_HANDLERS
 from bertforge.serve.limits import Limits
 from bertforge.serve.models import ServedModel
-from bertforge.serve.routes import explain, inference, meta
+from bertforge.serve.routes import explain, inference, meta, tasks
 from bertforge.serve.server import LoadModels, Server
 
 
@@ -61,7 +61,7 @@ def create_app(
     app.add_middleware(Access, server=server)  # added last: runs first
     if config.api_key is not None:
         meta.declare_bearer(app)
-    for router in (meta.router, inference.router, explain.router, meta.pages):
+    for router in (meta.router, inference.router, explain.router, tasks.router, meta.pages):
         app.include_router(router)
     meta.mount_docs_assets(app)
     return app

@@ -55,7 +55,7 @@ class ServeConfig:
     max_payload_bytes: int = 1_000_000
     """Largest request body (413 above it)."""
     max_top_k: int = 100
-    """Largest top_k of /fill-mask."""
+    """Largest top_k of /fill-mask and /answer."""
     max_attention_tokens: int = 128
     """Longest text /attention and /attribute take: their answers grow with the square of it."""
     max_attribution_steps: int = 256

@@ -34,6 +34,8 @@ ROUTES = (
     "/similarity",
     "/attention",
     "/attribute",
+    "/tag",
+    "/answer",
     "/docs",
     "/openapi.json",
 )

@@ -1,5 +1,6 @@
 """The models a server holds: each loaded once with its tokenizer, as the richest of our model
-classes its weights allow (a classifier, a masked LM, or the bare encoder). A directory written
+classes its weights allow (a classifier, a token classifier, a question-answering model, a masked
+LM, or the bare encoder; ``config.json``'s ``architectures`` tells the two classifiers apart). A directory written
 by ``bertforge export --format onnx`` (``model.onnx``, no ``model.safetensors``) is served by
 ONNX Runtime: ``/predict`` (an exported classifier), ``/embed``, ``/similarity`` and
 ``/tokenize``; the routes that need the PyTorch model's internals (``/attention``, ``/attribute``)
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,16 @@ from bertforge.inference.onnx import ONNX_FILE
 from bertforge.inference.predict import classify as predict_classify
 from bertforge.inference.predict import embed as predict_embed
 from bertforge.inference.predict import fill_mask as predict_fill_mask
+from bertforge.inference.qa import answer as predict_answer
+from bertforge.inference.tagging import tag as predict_tag
 from bertforge.modeling.checkpoint import check_model_directory, read_safetensors
-from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
+from bertforge.modeling.model import (
+    BertForMaskedLM,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
 from bertforge.modeling.pooling import declared_pooling
 
 
@@ -37,7 +47,8 @@ class ServedModel:
     """The PyTorch model, or an :class:`~bertforge.inference.onnx.OnnxModel` (``backend`` onnx)."""
     tokenizer: Any
     kind: str
-    """``classifier``, ``masked-lm`` or ``encoder``: which head the weights carry."""
+    """``classifier``, ``token-classifier``, ``question-answering``, ``masked-lm`` or
+    ``encoder``: which head the weights carry."""
     options: dict[str, Any]
     """``batch_size`` and ``precision`` for the inference functions."""
     backend: str = "torch"
@@ -72,6 +83,8 @@ class ServedModel:
             return ["/fill-mask", *common]
         if self.kind == "classifier":
             return ["/predict", "/attribute", *common]
+        if self.kind in TASK_ROUTES:
+            return [TASK_ROUTES[self.kind], *common]
         return common
 
     @property
@@ -96,6 +109,7 @@ class ServedModel:
             "name": self.name,
             "directory": self.directory,
             "kind": self.kind,
+            "task": TASKS[self.kind],
             "routes": self.routes,
             "backend": self.backend,
             "parameters": self.parameters(),
@@ -111,11 +125,13 @@ class ServedModel:
             },
         }
         if self.kind == "classifier":
-            info["task"] = "regression" if config.is_regression else "classification"
+            info["regression"] = bool(config.is_regression)
             info["labels"] = None if config.is_regression else self.labels()
             info["inputs"] = self.inputs
             if self.pair_columns:
                 info["pair_columns"] = list(self.pair_columns)
+        if self.kind == "token-classifier":
+            info["labels"] = self.labels()
         return info
 
     def parameters(self) -> int:
@@ -135,17 +151,57 @@ class ServedModel:
         elif self.kind == "classifier":
             pairs = ["up"] if self.pair_columns else None
             predict_classify(self.model, self.tokenizer, ["warm"], pairs, max_length=16, **options)
+        elif self.kind == "token-classifier":
+            predict_tag(self.model, self.tokenizer, [text], max_length=16, **options)
+        elif self.kind == "question-answering":
+            predict_answer(self.model, self.tokenizer, ["warm ?"], [text], **options)
 
     def labels(self) -> list[str]:
+        """A classifier's or token classifier's labels, in output order."""
         config = self.model.config
         id2label = config.id2label or {i: f"LABEL_{i}" for i in range(config.num_labels)}
         return [id2label[i] for i in range(config.num_labels)]
 
 
-def weights_kind(directory: str | Path) -> str:
-    """Which head a model directory's weights carry: classifier, masked-lm or encoder."""
+TASKS = {
+    "classifier": "sequence-classification",
+    "token-classifier": "token-classification",
+    "question-answering": "question-answering",
+    "masked-lm": "masked-lm",
+    "encoder": "encoder",
+}
+"""What ``/info`` says each kind of model does (``"task"``)."""
+TASK_ROUTES = {"token-classifier": "/tag", "question-answering": "/answer"}
+"""The route of each task model that has one of its own."""
+ARCHITECTURES = {
+    "BertForTokenClassification": "token-classifier",
+    "BertForQuestionAnswering": "question-answering",
+}
+"""``config.json`` ``architectures`` whose heads the weights' names alone do not tell apart (a
+token classifier's ``classifier.`` is a sequence classifier's)."""
 
+
+def declared_kind(directory: str | Path) -> str | None:
+    """The kind ``config.json``'s ``architectures`` names, when it is a token classifier or a
+    question-answering model, else None."""
+    path = Path(directory) / "config.json"
+    try:
+        architectures = json.loads(path.read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    return next((ARCHITECTURES[a] for a in architectures if a in ARCHITECTURES), None)
+
+
+def weights_kind(directory: str | Path) -> str:
+    """Which head a model directory carries: token-classifier or question-answering (as
+    ``config.json`` declares), else by its weights' names classifier, masked-lm or encoder."""
+
+    declared = declared_kind(directory)
+    if declared is not None:
+        return declared
     keys = read_safetensors(Path(directory)).keys()
+    if any(k.startswith("qa_outputs.") for k in keys):
+        return "question-answering"
     if any(k.startswith("classifier.") for k in keys):
         return "classifier"
     if any(k.startswith("cls.predictions.transform") for k in keys):
@@ -175,12 +231,20 @@ def load_served_model(name: str, directory: str, device: str, precision: str) ->
     ).is_file():
         if precision == "bf16":
             args.precision = "fp32"  # an export runs the precision it was exported with
+        if declared_kind(directory) is not None:
+            raise BertforgeError(
+                f"--model {name}={directory}: serve runs the ONNX export of a sequence classifier"
+                " or an encoder only; serve the PyTorch directory of this "
+                f"{declared_kind(directory)} model"
+            )
         model, tokenizer, options = load_onnx_model(args, output="last_hidden_state")
         kind = "classifier" if "logits" in model.output_names else "encoder"
         return ServedModel(name, str(directory), model, tokenizer, kind, options, "onnx", finetuned)
     kind = weights_kind(directory)
     cls = {
         "classifier": BertForSequenceClassification,
+        "token-classifier": BertForTokenClassification,
+        "question-answering": BertForQuestionAnswering,
         "masked-lm": BertForMaskedLM,
         "encoder": BertModel,
     }[kind]
@@ -189,4 +253,12 @@ def load_served_model(name: str, directory: str, device: str, precision: str) ->
     return ServedModel(name, str(directory), model, tokenizer, kind, options, "torch", finetuned)
 
 
-__all__ = ["ServedModel", "check_served_directory", "load_served_model", "weights_kind"]
+__all__ = [
+    "TASKS",
+    "TASK_ROUTES",
+    "ServedModel",
+    "check_served_directory",
+    "declared_kind",
+    "load_served_model",
+    "weights_kind",
+]

@@ -3,7 +3,8 @@ receive the shared :class:`~bertforge.serve.server.Server` as a FastAPI dependen
 
 * :mod:`~bertforge.serve.routes.meta`: /health, /info, /metrics, the page at ``/`` and /docs;
 * :mod:`~bertforge.serve.routes.inference`: /tokenize, /fill-mask, /predict, /embed, /similarity;
-* :mod:`~bertforge.serve.routes.explain`: /attention and /attribute.
+* :mod:`~bertforge.serve.routes.explain`: /attention and /attribute;
+* :mod:`~bertforge.serve.routes.tasks`: /tag and /answer (token classifiers, question answering).
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ async function start() {
   const cap = Math.min(CAP, state.info.limits.max_attention_tokens);
   $("cap").textContent = cap;
   $("run").addEventListener("click", run);
-  for (const box of ["text", "text-pair"]) {
+  for (const box of ["text", "text-pair", "question"]) {
     $(box).addEventListener("keydown", (e) => {
       if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); run(); }
     });
@@ -128,7 +128,10 @@ function updatePairBox() {
   const optional = infos.find((m) => takes(m) === "texts or pairs");
   $("pair-row").hidden = !paired && !optional;
   const [a, b] = paired ? paired.pair_columns : ["Text", "Second text"];
-  $("text-name").textContent = a;
+  // a question-answering model reads a question about the text, its context
+  const answers = infos.some((m) => m.kind === "question-answering");
+  $("question-row").hidden = !answers;
+  $("text-name").textContent = answers && !paired ? "Context" : a;
   $("pair-name").textContent = b;
   // [MASK] means something only to a masked-LM model among the selected ones
   const predicts = infos.some((m) => m.kind === "masked-lm");
@@ -221,6 +224,21 @@ async function runModel(name, text, pair, topK, panel) {
       jobs.push(api("/attribute", { inputs: example, model: name, steps: 32, max_tokens: cap })
         .then((answer) => { r.attribution = answer; drawLegend(legend, answer); })
         .catch(fail));
+    }
+  } else if (info.kind === "token-classifier") {
+    const entities = el("div");
+    outputs.append(entities);
+    jobs.push(api("/tag", { inputs: [text], model: name })
+      .then(([found]) => drawEntities(entities, text, found, info)).catch(fail));
+  } else if (info.kind === "question-answering") {
+    const question = $("question").value;
+    const box = el("div");
+    outputs.append(box);
+    if (question.trim() === "") {
+      box.append(el("p", { class: "hint", text: `${name} answers questions: write one in the Question box.` }));
+    } else {
+      jobs.push(api("/answer", { inputs: [{ question, context: text }], model: name, top_k: topK })
+        .then(([found]) => drawAnswer(box, question, text, found)).catch(fail));
     }
   } else {
     outputs.append(el("p", { class: "hint", text: "An encoder without a head: tokens and attention only (its vectors: POST /embed)." }));
@@ -360,6 +378,78 @@ function drawLegend(box, answer) {
     el("strong", { text: answer.target || "the value" }), "  ",
     el("span", { class: "sw", style: "background:rgba(40,110,200,.7)" }), " pushes away",
     ` (integrated gradients, ${answer.steps} steps, completeness gap ${answer.delta.toExponential(1)}${cut})`));
+}
+
+// ---- entities and answers ------------------------------------------------------------------------
+const PALETTE = ["#f7b267", "#8ecae6", "#b5e48c", "#cdb4db", "#ffd166", "#ffafcc", "#90e0ef", "#e9c46a"];
+
+function entityTypes(info, found) {
+  // the types the tagger's labels name (B-PER, I-PER -> PER), sorted, so a colour means the same
+  // type in every run; then any the labels do not follow the B-/I- scheme for
+  const types = new Set();
+  for (const label of info.labels || []) {
+    const m = /^[BIES]-(.+)$/.exec(label);
+    if (m) types.add(m[1]);
+  }
+  const sorted = [...types].sort();
+  for (const e of found) if (!sorted.includes(e.entity)) sorted.push(e.entity);
+  return sorted;
+}
+
+function drawEntities(box, text, found, info) {
+  // /tag's answer: the text with each entity marked inline in its type's colour, and a legend
+  const types = entityTypes(info, found);
+  const colour = (type) => PALETTE[types.indexOf(type) % PALETTE.length];
+  const tagged = el("p", { class: "tagged" });
+  let at = 0;
+  for (const e of found) {
+    if (e.start > at) tagged.append(text.slice(at, e.start));
+    const mark = el("mark", { class: "ent", "data-entity": e.entity, title: `${e.entity} · ${(e.score * 100).toFixed(1)}% · characters ${e.start}–${e.end}` },
+      text.slice(e.start, e.end), el("span", { class: "ent-type", text: e.entity }));
+    mark.style.background = colour(e.entity);
+    tagged.append(mark);
+    at = e.end;
+  }
+  tagged.append(text.slice(at));
+  const legend = el("p", { class: "legend ent-legend" }, "Entity types: ");
+  for (const type of types) {
+    const swatch = el("span", { class: "sw" });
+    swatch.style.background = colour(type);
+    legend.append(el("span", { class: "ent-key", "data-entity": type }, swatch, " " + type));
+  }
+  box.append(el("h3", { text: "Entities" }), tagged, legend);
+  if (found.length === 0) box.append(el("p", { class: "hint", text: "No entities found in this text." }));
+}
+
+function formatScore(score) {
+  return score === null ? "–" : score.toFixed(3);
+}
+
+function drawAnswer(box, question, context, found) {
+  // /answer's answer: the span highlighted in its context, the next-best spans listed below
+  box.append(el("h3", { text: "Answer" }),
+    el("p", { class: "question" }, "Question: ", el("em", { text: question })),
+    el("p", { class: "prediction" }, "Answer: ", el("strong", { class: "answer-text", text: found.answer || "(no answer)" }),
+      el("span", { class: "hint", text: ` score ${formatScore(found.score)} · ${(found.probability * 100).toFixed(1)}%` })));
+  const shown = el("p", { class: "context" });
+  if (found.end > found.start) {
+    shown.append(context.slice(0, found.start),
+      el("mark", { class: "answer", title: `characters ${found.start}–${found.end}`, text: context.slice(found.start, found.end) }),
+      context.slice(found.end));
+  } else {
+    shown.append(context);
+  }
+  box.append(shown);
+  if (found.alternatives.length === 0) return;
+  const rows = found.alternatives.map((a) => el("tr", { class: "alt" },
+    el("td", { class: "span-text", text: a.answer }),
+    el("td", { text: `${a.start}–${a.end}` }),
+    el("td", { class: "num", text: formatScore(a.score) }),
+    el("td", { class: "num", text: (a.probability * 100).toFixed(1) + "%" })));
+  box.append(el("h3", { text: "Next-best spans" }),
+    el("table", { class: "alternatives" },
+      el("thead", {}, el("tr", {}, ...["span", "characters", "score", "probability"].map((h) => el("th", { text: h })))),
+      el("tbody", {}, ...rows)));
 }
 
 // ---- attention --------------------------------------------------------------------------------
