@@ -62,14 +62,14 @@ CORPORA: dict[str, dict] = {
 
 def prep_in_child(args: argparse.Namespace) -> None:
     """Child mode: run one prepare and print its summary with this process's peak RSS."""
-    from bertforge.data.shards import prepare
+    from bertforge.data.shards import PrepareConfig, prepare
 
     tokenizer = Tokenizer.from_file(args.tokenizer)
     base_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     spec = CORPORA[args.child_prepare]
-    summary = prepare(
+    cfg = PrepareConfig(
         spec["inputs"],
-        tokenizer,
+        args.tokenizer,
         args.output,
         max_seq_length=128,
         mode=args.mode,
@@ -77,6 +77,7 @@ def prep_in_child(args: argparse.Namespace) -> None:
         overwrite=True,
         progress=False,
     )
+    summary = prepare(cfg, tokenizer)
     summary["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     summary["rss_before_mib"] = base_kib / 1024
     print(json.dumps(summary))

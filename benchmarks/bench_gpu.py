@@ -181,8 +181,7 @@ def synthetic_data(root: Path, vocab: int, seq: int, sequences: int) -> Path:
     """Prepared packed sequences of random words over a ``vocab``-sized WordPiece vocabulary
     (``[PAD] [UNK] [CLS] [SEP] [MASK] w5 w6 ...``): the CLI's data path at BERT's vocabulary
     size, without downloading a corpus."""
-    from bertforge.data.shards import prepare
-    from bertforge.tokenizer.wordpiece import Tokenizer
+    from bertforge.data.shards import PrepareConfig, prepare
 
     words = [f"w{i}" for i in range(5, vocab)]
     vocab_file = root / "vocab.txt"
@@ -193,13 +192,15 @@ def synthetic_data(root: Path, vocab: int, seq: int, sequences: int) -> Path:
     text.write_text("\n\n".join(docs) + "\n")
     out = root / "data"
     prepare(
-        [str(text)],
-        Tokenizer.from_file(vocab_file),
-        out,
-        max_seq_length=seq,
-        mode="packed",
-        validation_fraction=0.1,
-        progress=False,
+        PrepareConfig(
+            [str(text)],
+            str(vocab_file),
+            str(out),
+            max_seq_length=seq,
+            mode="packed",
+            validation_fraction=0.1,
+            progress=False,
+        )
     )
     return out
 

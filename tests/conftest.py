@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from bertforge import cli
-from bertforge.data.shards import prepare
+from bertforge.data.shards import PrepareConfig, prepare
 from bertforge.modeling import kernels
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
@@ -240,15 +240,16 @@ def pretraining_corpus(shakespeare_file: Path, tmp_path_factory) -> dict[str, Pa
     out = {}
     for mode in ("nsp", "packed"):
         out[mode] = root / f"data-{mode}"
-        prepare(
+        cfg = PrepareConfig(
             [str(text)],
-            tokenizer,
-            out[mode],
+            "",
+            str(out[mode]),
             max_seq_length=32,
             mode=mode,
             validation_fraction=0.05,
             progress=False,
         )
+        prepare(cfg, tokenizer)
     return out
 
 

@@ -22,7 +22,7 @@ from conftest import TaskFiles
 from support.cli import one_line_error, run_cli
 
 from bertforge import cli
-from bertforge.data.shards import prepare
+from bertforge.data.shards import PrepareConfig, prepare
 from bertforge.modeling.model import BertForSequenceClassification, BertForTokenClassification
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import latest_checkpoint
@@ -65,13 +65,15 @@ def fx(task_files, tmp_path_factory) -> dict[str, Path]:
     task_files.write_sentiment(root / "train.csv", 32, seed=0)
     data = root / "data"
     prepare(
-        [str(root / "corpus.txt")],
-        Tokenizer.from_file(mlm),
-        data,
-        max_seq_length=32,
-        mode="packed",
-        validation_fraction=0.1,
-        progress=False,
+        PrepareConfig(
+            [str(root / "corpus.txt")],
+            str(mlm),
+            str(data),
+            max_seq_length=32,
+            mode="packed",
+            validation_fraction=0.1,
+            progress=False,
+        )
     )
     run = root / "run"
     threads = torch.get_num_threads()  # the run sets one thread; give the session its setting back

@@ -17,7 +17,7 @@ from bertforge.data.loader import (
     steps,
     validation_batches,
 )
-from bertforge.data.shards import PretrainingDataset, prepare
+from bertforge.data.shards import PrepareConfig, PretrainingDataset, prepare
 from bertforge.errors import BertforgeError
 from bertforge.tokenizer.wordpiece import Tokenizer
 
@@ -31,12 +31,15 @@ def tokenizer(shakespeare_file: Path) -> Tokenizer:
 def data_dir(tokenizer: Tokenizer, shared_data: Path, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("data") / "wt"
     prepare(
-        [str(shared_data / "wikitext2" / "wiki.valid.tokens")],
+        PrepareConfig(
+            [str(shared_data / "wikitext2" / "wiki.valid.tokens")],
+            "",
+            str(out),
+            max_seq_length=64,
+            validation_fraction=0.05,
+            progress=False,
+        ),
         tokenizer,
-        out,
-        max_seq_length=64,
-        validation_fraction=0.05,
-        progress=False,
     )
     return out
 

@@ -17,15 +17,19 @@ from support.cli import Terminal, run_cli
 from bertforge.cli import main as cli_main
 from bertforge.data import shards
 from bertforge.data.corpus import iter_documents
-from bertforge.data.shards import PretrainingDataset, prepare
+from bertforge.data.shards import PrepareConfig, PretrainingDataset, prepare
 from bertforge.errors import BertforgeError
 from bertforge.io import write_manifest
 from bertforge.tokenizer.wordpiece import Tokenizer
 
 
-def prepare_quietly(path: Path, tokenizer: Tokenizer, out: Path, **options) -> dict:
-    """``prepare`` one file without a progress bar; returns its summary."""
-    return prepare([str(path)], tokenizer, out, progress=False, **options)
+def prepare_quietly(
+    path: Path, tokenizer: Tokenizer, out: Path, *, knobs: dict | None = None, **options
+) -> dict:
+    """``prepare`` one file with ``tokenizer`` (``options``: :class:`PrepareConfig` fields;
+    ``knobs``: ``chunk_chars``/``shard_tokens``) without a progress bar; returns its summary."""
+    cfg = PrepareConfig([str(path)], "", str(out), progress=False, **options)
+    return prepare(cfg, tokenizer, **(knobs or {}))
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +88,7 @@ def test_packed_shards_reproduce_the_token_stream_exactly(
         max_seq_length=48,
         mode="packed",
         validation_fraction=0.0,
-        shard_tokens=20_000,
-        chunk_chars=50_000,
+        knobs={"shard_tokens": 20_000, "chunk_chars": 50_000},
     )
     ds = PretrainingDataset(out, "train", tokenizer)
     assert len(ds.meta["splits"]["train"]["shards"]) > 3  # several shards, read as one
@@ -109,7 +112,7 @@ def test_interrupted_prepare_leaves_nothing(
     bad.write_bytes(b"Fine text here.\n\nThen \xc3\x28 broken.\n")
     out = tmp_path / "data"
     with pytest.raises(BertforgeError, match=r"bad.txt:3: not UTF-8 text"):
-        prepare([str(corpus), str(bad)], tokenizer, out, progress=False)
+        prepare(PrepareConfig([str(corpus), str(bad)], "", str(out), progress=False), tokenizer)
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt"]  # no temporary left
     # a directory without meta.json (what a killed run could leave under another name) is refused
@@ -241,7 +244,7 @@ def test_exclude_drops_documents_of_an_evaluation_set(tokenizer: Tokenizer, tmp_
         tmp_path / "out",
         max_seq_length=16,
         validation_fraction=0.0,
-        exclude_inputs=[str(test_set)],
+        exclude=[str(test_set)],
         text_column="text",
     )
     assert summary["skipped_documents"] == {"text in --exclude": 1}
@@ -298,7 +301,9 @@ def test_cooccurrence_counts_equal_the_pair_by_pair_definition(
     import bertforge.data.dataset as dataset_module
 
     out = tmp_path / "data"
-    prepare_quietly(corpus, tokenizer, out, max_seq_length=32, mode="packed", shard_tokens=4000)
+    prepare_quietly(
+        corpus, tokenizer, out, max_seq_length=32, mode="packed", knobs={"shard_tokens": 4000}
+    )
     ds = PretrainingDataset(out, "train", tokenizer)
     assert len(ds.meta["splits"]["train"]["shards"]) > 3
     vocab, special = tokenizer.vocab_size, set(tokenizer.special_ids)
@@ -335,7 +340,8 @@ def test_prepare_draws_its_bar_only_on_a_terminal(
     shards_tqdm = shards.tqdm
     monkeypatch.setattr(shards, "tqdm", recording_tqdm)
     monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal, raising=False)
-    prepare([str(corpus)], tokenizer, tmp_path / "d", max_seq_length=32, mode="packed")
+    cfg = PrepareConfig([str(corpus)], "", str(tmp_path / "d"), max_seq_length=32, mode="packed")
+    prepare(cfg, tokenizer)
     assert seen == [not terminal]
 
 

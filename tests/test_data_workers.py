@@ -10,7 +10,7 @@ import pytest
 
 from bertforge.cli import main as cli_main
 from bertforge.data.instances import split_long, tokenize_chunk
-from bertforge.data.shards import prepare
+from bertforge.data.shards import PrepareConfig, prepare
 from bertforge.errors import BertforgeError
 from bertforge.tokenizer.wordpiece import Tokenizer
 
@@ -61,16 +61,13 @@ def _meta_without_timings(directory: Path) -> dict:
 def test_two_workers_write_the_same_bytes_as_one(
     mode: str, corpus: Path, tokenizer: Tokenizer, tmp_path: Path
 ) -> None:
-    options = dict(
-        max_seq_length=48,
-        mode=mode,
-        validation_fraction=0.05,
-        chunk_chars=10_000,  # ~40 chunks: results must come back in order to match
-        shard_tokens=15_000,
-        progress=False,
-    )
-    one = prepare([str(corpus)], tokenizer, tmp_path / "one", **options)
-    two = prepare([str(corpus)], tokenizer, tmp_path / "two", workers=2, **options)
+    options = dict(max_seq_length=48, mode=mode, validation_fraction=0.05, progress=False)
+    # ~40 chunks: results must come back in order to match
+    knobs = dict(chunk_chars=10_000, shard_tokens=15_000)
+    one_cfg = PrepareConfig([str(corpus)], "", str(tmp_path / "one"), **options)
+    two_cfg = PrepareConfig([str(corpus)], "", str(tmp_path / "two"), workers=2, **options)
+    one = prepare(one_cfg, tokenizer, **knobs)
+    two = prepare(two_cfg, tokenizer, **knobs)
     files_one, files_two = _files(tmp_path / "one"), _files(tmp_path / "two")
     assert sorted(files_one) == sorted(files_two)
     assert sum(name.startswith("train-") for name in files_one) >= 6  # several shards
@@ -96,7 +93,7 @@ def test_cli_workers_option(corpus: Path, tokenizer: Tokenizer, tmp_path: Path, 
     assert cli_main([*args, "--output", str(tmp_path / "c"), "--workers", "0"]) == 2
     assert "--workers 0: must be at least 1" in capsys.readouterr().err
     with pytest.raises(BertforgeError, match="--workers 0: must be at least 1"):
-        prepare([str(corpus)], tokenizer, tmp_path / "d", workers=0, progress=False)
+        prepare(PrepareConfig([str(corpus)], "", str(tmp_path / "d"), workers=0), tokenizer)
 
 
 def test_tokenize_chunk_matches_sentence_by_sentence_encoding(tokenizer: Tokenizer) -> None:

@@ -15,7 +15,7 @@ from conftest import TaskFiles
 from safetensors.torch import load_file
 
 from bertforge.cli import main as cli_main
-from bertforge.data.shards import prepare
+from bertforge.data.shards import PrepareConfig, prepare
 from bertforge.errors import BertforgeError
 from bertforge.inference.predict import declared_pooling, fill_mask_side_by_side
 from bertforge.modeling.config import BertConfig
@@ -91,24 +91,11 @@ def hf_model(shakespeare_file: Path, tmp_path_factory) -> dict[str, Path]:
     transformers.BertModel(config).save_pretrained(hf_dir)
     tokenizer.save(hf_dir)
     data = root / "data"
-    prepare(
-        [str(text)],
-        Tokenizer.from_file(hf_dir),
-        data,
-        max_seq_length=32,
-        mode="packed",
-        validation_fraction=0.05,
-        progress=False,
-    )
+    options = dict(max_seq_length=32, mode="packed", validation_fraction=0.05, progress=False)
+    prepare(PrepareConfig([str(text)], str(hf_dir), str(data), **options))
     other = root / "data-other-tokenizer"
     prepare(
-        [str(text)],
-        Tokenizer.train(text, vocab_size=300),
-        other,
-        max_seq_length=32,
-        mode="packed",
-        validation_fraction=0.05,
-        progress=False,
+        PrepareConfig([str(text)], "", str(other), **options), Tokenizer.train(text, vocab_size=300)
     )
     return {"dir": hf_dir, "data": data, "text": text, "other": other}
 

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 
 from bertforge import cli
 from bertforge.cli.pretrain import main
-from bertforge.data.shards import prepare
+from bertforge.data.shards import PrepareConfig, prepare
 from bertforge.errors import BertforgeError
 from bertforge.progress import ProgressBar, read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -664,8 +664,8 @@ def pretrain_data(tmp_path_factory, shakespeare_file) -> Path:
     root = tmp_path_factory.mktemp("pretrain-table")
     text = root / "text.txt"
     text.write_text(shakespeare_file.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
-    prepare([str(text)], Tokenizer.train(text, vocab_size=200), root / "data",
-            max_seq_length=32, mode="nsp", progress=False)  # fmt: skip
+    cfg = PrepareConfig([str(text)], "", str(root / "data"), max_seq_length=32, progress=False)
+    prepare(cfg, Tokenizer.train(text, vocab_size=200))
     return root / "data"
 
 

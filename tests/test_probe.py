@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from bertforge import cli
-from bertforge.data.shards import prepare
+from bertforge.data.shards import PrepareConfig, prepare
 from bertforge.evaluation.probe import fit_logistic_regression, probe_scores
 from bertforge.progress import read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -49,7 +49,8 @@ def setup(task_files, shakespeare_file: Path, tmp_path_factory) -> dict[str, Pat
     text = root / "text.txt"
     text.write_text(shakespeare_file.read_text(encoding="utf-8")[:150_000], encoding="utf-8")
     tokenizer = Tokenizer.train(text, vocab_size=400)
-    prepare([str(text)], tokenizer, root / "data", max_seq_length=32, mode="packed", progress=False)
+    options = dict(max_seq_length=32, mode="packed", progress=False)
+    prepare(PrepareConfig([str(text)], "", str(root / "data"), **options), tokenizer)
     task_files.write_sentiment(root / "probe-train.csv", 160, seed=1)
     task_files.write_sentiment(root / "probe-test.csv", 100, seed=2)
     return {"root": root, "data": root / "data"}

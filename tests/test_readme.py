@@ -27,7 +27,7 @@ import pytest
 from conftest import TaskFiles
 
 from bertforge import cli
-from bertforge.data.shards import prepare
+from bertforge.data.shards import PrepareConfig, prepare
 from bertforge.tokenizer.wordpiece import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,12 +69,15 @@ def workdir(tmp_path_factory, shakespeare_file) -> Path:
     (runs / "pretrain").mkdir()
     start.rename(runs / "pretrain" / "model")
     prepare(
-        [str(root / "corpus.txt")],
+        PrepareConfig(
+            [str(root / "corpus.txt")],
+            "",
+            str(runs / "data-imdb"),
+            max_seq_length=32,
+            mode="packed",
+            progress=False,
+        ),
         Tokenizer.train(root / "corpus.txt", vocab_size=300),
-        runs / "data-imdb",
-        max_seq_length=32,
-        mode="packed",
-        progress=False,
     )
     TaskFiles.write_sentiment(root / "train.csv", 64, seed=0)
     argv = [

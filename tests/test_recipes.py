@@ -15,7 +15,7 @@ import torch
 
 from bertforge.cli import main as cli_main
 from bertforge.data.dataset import PretrainingDataset
-from bertforge.data.shards import prepare
+from bertforge.data.shards import PrepareConfig, prepare
 from bertforge.recipes import RECIPES
 from bertforge.recipes.report import downstream_table
 from bertforge.recipes.runner import fixed_split, sample, unigram_baseline
@@ -196,15 +196,8 @@ def test_unigram_baseline_counts_what_the_instances_hold(shakespeare_file, tmp_p
     text = tmp_path / "text.txt"
     text.write_text(shakespeare_file.read_text(encoding="utf-8")[:40_000], encoding="utf-8")
     tokenizer = Tokenizer.train(text, vocab_size=200)
-    prepare(
-        [str(text)],
-        tokenizer,
-        tmp_path / "data",
-        max_seq_length=32,
-        mode="packed",
-        validation_fraction=0.1,
-        progress=False,
-    )
+    options = dict(max_seq_length=32, mode="packed", validation_fraction=0.1, progress=False)
+    prepare(PrepareConfig([str(text)], "", str(tmp_path / "data"), **options), tokenizer)
     train = PretrainingDataset(tmp_path / "data", "train", tokenizer)
     held = PretrainingDataset(tmp_path / "data", "validation", tokenizer)
     size = tokenizer.vocab_size

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertforge.data.shards import prepare
+from bertforge.data.shards import PrepareConfig, prepare
 from bertforge.tokenizer.wordpiece import Tokenizer
 
 HERE = Path(__file__).resolve().parent
@@ -70,13 +70,14 @@ def gpu_corpus(task_files, tmp_path_factory) -> dict[str, Path]:
     out = {}
     for mode in ("nsp", "packed"):
         out[mode] = root / f"data-{mode}"
-        prepare(
+        cfg = PrepareConfig(
             [str(text)],
-            tokenizer,
-            out[mode],
+            "",
+            str(out[mode]),
             max_seq_length=32,
             mode=mode,
             validation_fraction=0.05,
             progress=False,
         )
+        prepare(cfg, tokenizer)
     return out

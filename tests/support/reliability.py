@@ -13,8 +13,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from bertforge.data.shards import prepare
-from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.data.shards import PrepareConfig, prepare
 
 TINY_PRETRAIN = [
     *("--model.preset", "tiny", "--model.hidden_size", "32", "--model.num_attention_heads", "4"),
@@ -69,13 +68,15 @@ def make_artefacts(root: Path, task_files: Any) -> dict[str, Path]:
     task_files.write_sentiment(root / "train.csv", 64, seed=0)
     data = root / "data"
     prepare(
-        [str(root / "corpus.txt")],
-        Tokenizer.from_file(mlm),
-        data,
-        max_seq_length=32,
-        mode="packed",
-        validation_fraction=0.1,
-        progress=False,
+        PrepareConfig(
+            [str(root / "corpus.txt")],
+            str(mlm),
+            str(data),
+            max_seq_length=32,
+            mode="packed",
+            validation_fraction=0.1,
+            progress=False,
+        )
     )
     return {"mlm": mlm, "train": root / "train.csv", "data": data, "corpus": root / "corpus.txt"}
 

@@ -14,13 +14,14 @@ from bertforge.data.loader import (
     validation_batches,
 )
 from bertforge.data.masking import mask_tokens
-from bertforge.data.shards import format_summary, prepare
+from bertforge.data.shards import PrepareConfig, format_summary, prepare
 
 __all__ = [
     "LabelledData",
     "PretrainingCollator",
     "PretrainingDataset",
     "PretrainingLoader",
+    "PrepareConfig",
     "PretrainingSampler",
     "TaskData",
     "format_summary",

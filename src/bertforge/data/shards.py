@@ -27,13 +27,14 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import numpy as np
 from tqdm import tqdm
 
-from bertforge.data.corpus import Document, iter_documents
+from bertforge.data.corpus import Document, EncodingErrors, Format, iter_documents
 from bertforge.data.dataset import (
     FORMAT_VERSION,
     META_FILE,
@@ -47,12 +48,14 @@ from bertforge.data.instances import InstanceBuilder
 from bertforge.data.workers import ChunkPool
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_directory, write_manifest
+from bertforge.tokenizer.wordpiece import Tokenizer
 
 __all__ = [
     "FORMAT_VERSION",
     "MODES",
     "META_FILE",
     "Mode",
+    "PrepareConfig",
     "TOKENIZER_DIR",
     "PretrainingDataset",
     "ShardWriter",
@@ -186,49 +189,119 @@ def remove_killed_temporaries(output: Path) -> list[Path]:
     return removed
 
 
+@dataclass
+class PrepareConfig:
+    """Options of ``bertforge prepare`` (:func:`~bertforge.data.shards.prepare` checks them)."""
+
+    input: list[str]
+    """Text files, directories or globs (txt, WikiText, csv/tsv/jsonl, .gz)."""
+    tokenizer: str
+    """Tokenizer directory or file (from bertforge tokenizer train)."""
+    output: str
+    """Data directory to create."""
+    max_seq_length: int = 128
+    """Tokens per sequence, [CLS] and [SEP] included."""
+    mode: Mode = "nsp"
+    """nsp: sentence pairs with NSP labels; packed: full sequences, MLM only."""
+    short_seq_prob: float = 0.1
+    """Share of shorter NSP targets (BERT's 0.1)."""
+    validation_fraction: float = 0.01
+    """Share of the documents held out for validation (spread evenly)."""
+    validation: list[str] | None = None
+    """Files holding the validation documents (instead of a fraction)."""
+    exclude: list[str] | None = None
+    """Drop documents whose text equals one in these files (e.g. an evaluation set)."""
+    text_column: str | None = None
+    """Column or key of csv/tsv/jsonl inputs."""
+    format: Format = "auto"
+    """How to read the inputs; auto decides from each file's name."""
+    encoding_errors: EncodingErrors = "strict"
+    """strict: stop at bytes that are not UTF-8; replace: read them as U+FFFD."""
+    seed: int = 12345
+    """Seed of the validation split and NSP pairing."""
+    workers: int = 1
+    """Tokenise in N processes (one per core); the output is the same as with 1."""
+    overwrite: bool = False
+    """Replace an existing data directory."""
+    progress: bool = True
+    """Show a progress bar."""
+
+
 def prepare(
-    inputs: list[str],
-    tokenizer: Any,
-    output: str | Path,
+    cfg: PrepareConfig,
+    tokenizer: Tokenizer | None = None,
     *,
-    max_seq_length: int = 128,
-    mode: str = "nsp",
-    short_seq_prob: float = 0.1,
-    validation_fraction: float = 0.01,
-    validation_inputs: list[str] | None = None,
-    exclude_inputs: list[str] | None = None,
-    text_column: str | None = None,
-    format: str = "auto",
-    seed: int = 12345,
-    encoding_errors: str = "strict",
     chunk_chars: int = 1_000_000,
     shard_tokens: int = 1 << 26,
-    overwrite: bool = False,
-    progress: bool = True,
-    workers: int = 1,
 ) -> dict[str, Any]:
-    """Turn text files into a prepared data directory at ``output``; return a summary dict.
+    """Turn ``cfg.input`` into a prepared data directory at ``cfg.output``; return a summary dict.
 
-    ``tokenizer`` is a :class:`bertforge.tokenizer.Tokenizer`. With ``validation_inputs`` every
-    document of those files is validation data and ``validation_fraction`` is ignored; otherwise
-    that fraction of the documents (spread evenly) is held out. Documents whose text equals a
-    document of ``exclude_inputs`` (read the same way, e.g. IMDB's test reviews) are skipped and
-    counted. ``workers`` > 1 tokenises in that many processes (:mod:`bertforge.data.workers`);
-    the output is byte-identical to one worker's. See the module docstring.
+    ``tokenizer`` is one already loaded (e.g. trained in memory); None reads ``cfg.tokenizer``.
+    With ``cfg.validation`` every document of those files is validation data and
+    ``cfg.validation_fraction`` is ignored; otherwise that fraction of the documents (spread
+    evenly) is held out. Documents whose text equals a document of ``cfg.exclude`` (read the same
+    way, e.g. IMDB's test reviews) are skipped and counted. ``cfg.workers`` > 1 tokenises in that
+    many processes (:mod:`bertforge.data.workers`); the output is byte-identical to one worker's.
+    ``chunk_chars`` (characters tokenised at once) and ``shard_tokens`` (tokens per shard file)
+    are tuning knobs, not options of the command. See the module docstring.
     """
-    if workers < 1:
-        raise BertforgeError(f"--workers {workers}: must be at least 1")
-    if mode not in MODES:
-        raise BertforgeError(f"--mode {mode!r}: choose nsp or packed")
-    if not 8 <= max_seq_length <= 1 << 16:
-        raise BertforgeError(f"--max_seq_length {max_seq_length}: must be between 8 and 65536")
-    if not 0 <= short_seq_prob <= 1 or not 0 <= validation_fraction < 1:
+    output = _check(cfg)
+    tokenizer = tokenizer if tokenizer is not None else Tokenizer.from_file(cfg.tokenizer)
+    for debris in remove_killed_temporaries(output):
+        print(f"prepare: removed {debris}, left by a killed run", file=sys.stderr)
+    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
+    read = {
+        "format": cfg.format,
+        "text_column": cfg.text_column,
+        "encoding_errors": cfg.encoding_errors,
+    }
+    fraction = 0.0 if cfg.validation else cfg.validation_fraction
+    stats: dict[str, Any] = {}
+    # documents to keep out of the data, e.g. an evaluation set's texts
+    excluded = (
+        {_document_key(d) for d in iter_documents(cfg.exclude, **read)} if cfg.exclude else set()
+    )
+    start = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        pool = None
+        if cfg.workers > 1:
+            pool = stack.enter_context(ChunkPool(tokenizer.backend.to_str(), cfg.workers))
+        held = stack.enter_context(contextlib.ExitStack())  # released after the rename below
+        tmp = stack.enter_context(atomic_directory(output, replace=cfg.overwrite))
+        # locked until renamed into place: a later run's clean-up of killed runs leaves it alone
+        held.enter_context(_held(tmp))
+        writers = {split: ShardWriter(tmp, split, dtype, shard_tokens) for split in SPLITS}
+        builders = _builders(cfg, tokenizer, writers, stats, chunk_chars, pool)
+        tagged = _tagged_documents(cfg.input, cfg.validation, fraction, read, excluded, stats)
+        n_docs, n_sentences = _feed(tagged, builders, stats, start, cfg.progress)
+        for split in SPLITS:
+            builders[split].finish()
+            writers[split].close()
+        seconds = time.perf_counter() - start
+        _check_output(cfg, n_docs, writers["train"], stats)
+        counts = _Counts(n_docs, n_sentences, builders, writers, stats, seconds, pool)
+        summary = _summary(cfg, output, counts, bool(fraction > 0 or cfg.validation))
+        meta = _meta(cfg, tokenizer, dtype, fraction, chunk_chars, writers, summary)
+        tokenizer.save(tmp / TOKENIZER_DIR)
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        write_manifest(tmp)  # sizes checked at every open, hashes by bertforge verify
+    return summary
+
+
+def _check(cfg: PrepareConfig) -> Path:
+    """Raise on options out of range or an output that may not be written; the output path."""
+    if cfg.workers < 1:
+        raise BertforgeError(f"--workers {cfg.workers}: must be at least 1")
+    if cfg.mode not in MODES:
+        raise BertforgeError(f"--mode {cfg.mode!r}: choose nsp or packed")
+    if not 8 <= cfg.max_seq_length <= 1 << 16:
+        raise BertforgeError(f"--max_seq_length {cfg.max_seq_length}: must be between 8 and 65536")
+    if not 0 <= cfg.short_seq_prob <= 1 or not 0 <= cfg.validation_fraction < 1:
         raise BertforgeError(
             "--short_seq_prob must be in [0, 1] and --validation_fraction in [0, 1)"
         )
-    fraction = 0.0 if validation_inputs else validation_fraction
-    output = Path(output)
-    if output.exists() and not overwrite:
+    output = Path(cfg.output)
+    if output.exists() and not cfg.overwrite:
         raise BertforgeError(
             f"{output}: already exists; choose another --output or pass --overwrite"
         )
@@ -238,135 +311,168 @@ def prepare(
         raise BertforgeError(
             f"{output}: exists and is not a prepared data set; refusing to replace it"
         )
-    for debris in remove_killed_temporaries(output):
-        print(f"prepare: removed {debris}, left by a killed run", file=sys.stderr)
-    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
-    read = {"format": format, "text_column": text_column, "encoding_errors": encoding_errors}
-    stats: dict[str, Any] = {}
-    # documents to keep out of the data, e.g. an evaluation set's texts
-    excluded = (
-        {_document_key(d) for d in iter_documents(exclude_inputs, **read)}
-        if exclude_inputs
-        else set()
-    )
-    start = time.perf_counter()
-    with contextlib.ExitStack() as stack:
-        pool = None
-        if workers > 1:
-            pool = stack.enter_context(ChunkPool(tokenizer.backend.to_str(), workers))
-        held = stack.enter_context(contextlib.ExitStack())  # released after the rename below
-        tmp = stack.enter_context(atomic_directory(output, replace=overwrite))
-        # locked until renamed into place: a later run's clean-up of killed runs leaves it alone
-        held.enter_context(_held(tmp))
-        writers = {split: ShardWriter(tmp, split, dtype, shard_tokens) for split in SPLITS}
-        builders = {
-            split: InstanceBuilder(
-                tokenizer,
-                lambda instances, w=writers[split]: w.write(
-                    instances, tokenizer.cls_id, tokenizer.sep_id
-                ),
-                mode,
-                max_seq_length,
-                short_seq_prob,
-                np.random.default_rng([seed, code]),
-                stats,
-                chunk_chars,
-                pool,
-            )
-            for code, split in enumerate(SPLITS)
-        }
-        n_docs = n_sentences = 0
-        # delay: no bar for a run that fails or ends at once (no "prepare: 0 docs" before an error);
-        # none when stderr is a log file (its carriage returns would fill it), as item_bar
-        bar = tqdm(
-            desc="prepare",
-            unit=" docs",
-            disable=not (progress and sys.stderr.isatty()),
-            mininterval=1.0,
-            delay=1.0,
+    return output
+
+
+def _builders(
+    cfg: PrepareConfig,
+    tokenizer: Tokenizer,
+    writers: dict[str, ShardWriter],
+    stats: dict[str, Any],
+    chunk_chars: int,
+    pool: ChunkPool | None,
+) -> dict[str, InstanceBuilder]:
+    """One instance builder per split, each flushing to its split's shard writer."""
+    return {
+        split: InstanceBuilder(
+            tokenizer,
+            lambda instances, w=writers[split]: w.write(
+                instances, tokenizer.cls_id, tokenizer.sep_id
+            ),
+            cfg.mode,
+            cfg.max_seq_length,
+            cfg.short_seq_prob,
+            np.random.default_rng([cfg.seed, code]),
+            stats,
+            chunk_chars,
+            pool,
         )
-        tagged = _tagged_documents(inputs, validation_inputs, fraction, read, excluded, stats)
-        try:
-            for split, doc in tagged:
-                n_docs += 1
-                n_sentences += len(doc)
-                builders[split].add(doc)
-                bar.update(1)
-                if n_docs % 200 == 0:
-                    rate = stats["text_tokens"] / max(time.perf_counter() - start, 1e-9)
-                    bar.set_postfix_str(f"{stats['text_tokens']:,} tokens, {rate:,.0f} tokens/s")
-        finally:
-            bar.close()  # ends the bar's line, so an error message starts on its own
-        for split in SPLITS:
-            builders[split].finish()
-            writers[split].close()
-        seconds = time.perf_counter() - start
-        if n_docs == 0:
-            raise BertforgeError(
-                f"{', '.join(map(str, inputs))}: no text found; the input is empty"
-            )
-        train = writers["train"]
-        if train.instances == 0:
-            raise BertforgeError(
-                f"no training instances from {n_docs} documents (skipped: {stats['skipped']}); "
-                "give more text, or use --mode packed for corpora of one-sentence documents"
-            )
-        summary: dict[str, Any] = {
-            "output": str(output),
-            "mode": mode,
-            "max_seq_length": max_seq_length,
-            "documents": n_docs,
-            "sentences": n_sentences,
-            "documents_used": {s: b.documents for s, b in builders.items()},
-            "skipped_documents": stats["skipped"],
-            "long_sentences_split": stats["long_sentences_split"],
-            "text_tokens": stats["text_tokens"],
-            "instances": {s: w.instances for s, w in writers.items()},
-            "tokens": {s: w.tokens for s, w in writers.items()},
-            "not_next_fraction": train.not_next / train.instances if mode == "nsp" else None,
-            "nsp_chunks_without_negative": stats["nsp_chunks_without_negative"],
-            "warnings": _warnings(builders, writers, bool(fraction > 0 or validation_inputs)),
-            "seconds": round(seconds, 3),
-            "workers": workers,
-            # where the time went: tokenising (summed over workers) and, with workers, the main
-            # process's idle wait for them (what the --workers cost model in docs/pretraining.md uses)
-            "tokenize_seconds": round(stats["tokenize_seconds"], 3),
-            "waited_seconds": round(pool.waited, 3) if pool is not None else 0.0,
-            "tokens_per_second": round(stats["text_tokens"] / max(seconds, 1e-9)),
-        }
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "mode": mode,
-            "max_seq_length": max_seq_length,
-            "vocab_size": tokenizer.vocab_size,
-            "dtype": dtype.name,
-            "tokenizer_fingerprint": tokenizer.fingerprint,
-            "special_ids": {
-                "pad": tokenizer.pad_id,
-                "unk": tokenizer.unk_id,
-                "cls": tokenizer.cls_id,
-                "sep": tokenizer.sep_id,
-                "mask": tokenizer.mask_id,
-            },
-            "settings": {
-                "inputs": [str(i) for i in inputs],
-                "validation_inputs": [str(i) for i in validation_inputs or []],
-                "exclude_inputs": [str(i) for i in exclude_inputs or []],
-                "validation_fraction": fraction,
-                "short_seq_prob": short_seq_prob,
-                "seed": seed,
-                "text_column": text_column,
-                "format": format,
-                "encoding_errors": encoding_errors,
-                "chunk_chars": chunk_chars,
-            },
-            "splits": {
-                s: {"instances": w.instances, "tokens": w.tokens, "shards": w.shards}
-                for s, w in writers.items()
-            },
-            "counts": summary,
-        }
-        tokenizer.save(tmp / TOKENIZER_DIR)
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        write_manifest(tmp)  # sizes checked at every open, hashes by bertforge verify
-    return summary
+        for code, split in enumerate(SPLITS)
+    }
+
+
+def _feed(
+    tagged: Iterator[tuple[str, Document]],
+    builders: dict[str, InstanceBuilder],
+    stats: dict[str, Any],
+    start: float,
+    progress: bool,
+) -> tuple[int, int]:
+    """Give each (split, document) to its split's builder, with a progress bar; the numbers of
+    documents and sentences read."""
+    n_docs = n_sentences = 0
+    # delay: no bar for a run that fails or ends at once (no "prepare: 0 docs" before an error);
+    # none when stderr is a log file (its carriage returns would fill it), as item_bar
+    bar = tqdm(
+        desc="prepare",
+        unit=" docs",
+        disable=not (progress and sys.stderr.isatty()),
+        mininterval=1.0,
+        delay=1.0,
+    )
+    try:
+        for split, doc in tagged:
+            n_docs += 1
+            n_sentences += len(doc)
+            builders[split].add(doc)
+            bar.update(1)
+            if n_docs % 200 == 0:
+                rate = stats["text_tokens"] / max(time.perf_counter() - start, 1e-9)
+                bar.set_postfix_str(f"{stats['text_tokens']:,} tokens, {rate:,.0f} tokens/s")
+    finally:
+        bar.close()  # ends the bar's line, so an error message starts on its own
+    return n_docs, n_sentences
+
+
+def _check_output(
+    cfg: PrepareConfig, n_docs: int, train: ShardWriter, stats: dict[str, Any]
+) -> None:
+    """Raise when the inputs held no text or gave no training instance."""
+    if n_docs == 0:
+        raise BertforgeError(f"{', '.join(map(str, cfg.input))}: no text found; the input is empty")
+    if train.instances == 0:
+        raise BertforgeError(
+            f"no training instances from {n_docs} documents (skipped: {stats['skipped']}); "
+            "give more text, or use --mode packed for corpora of one-sentence documents"
+        )
+
+
+@dataclass
+class _Counts:
+    """What a finished pass over the documents counted."""
+
+    documents: int
+    sentences: int
+    builders: dict[str, InstanceBuilder]
+    writers: dict[str, ShardWriter]
+    stats: dict[str, Any]
+    seconds: float
+    pool: ChunkPool | None
+
+
+def _summary(cfg: PrepareConfig, output: Path, counts: _Counts, validating: bool) -> dict[str, Any]:
+    """The summary dict :func:`prepare` returns (and records in meta.json's ``counts``)."""
+    builders, writers, stats, seconds = (
+        counts.builders,
+        counts.writers,
+        counts.stats,
+        counts.seconds,
+    )
+    train = writers["train"]
+    return {
+        "output": str(output),
+        "mode": cfg.mode,
+        "max_seq_length": cfg.max_seq_length,
+        "documents": counts.documents,
+        "sentences": counts.sentences,
+        "documents_used": {s: b.documents for s, b in builders.items()},
+        "skipped_documents": stats["skipped"],
+        "long_sentences_split": stats["long_sentences_split"],
+        "text_tokens": stats["text_tokens"],
+        "instances": {s: w.instances for s, w in writers.items()},
+        "tokens": {s: w.tokens for s, w in writers.items()},
+        "not_next_fraction": train.not_next / train.instances if cfg.mode == "nsp" else None,
+        "nsp_chunks_without_negative": stats["nsp_chunks_without_negative"],
+        "warnings": _warnings(builders, writers, validating),
+        "seconds": round(seconds, 3),
+        "workers": cfg.workers,
+        # where the time went: tokenising (summed over workers) and, with workers, the main
+        # process's idle wait for them (what the --workers cost model in docs/pretraining.md uses)
+        "tokenize_seconds": round(stats["tokenize_seconds"], 3),
+        "waited_seconds": round(counts.pool.waited, 3) if counts.pool is not None else 0.0,
+        "tokens_per_second": round(stats["text_tokens"] / max(seconds, 1e-9)),
+    }
+
+
+def _meta(
+    cfg: PrepareConfig,
+    tokenizer: Tokenizer,
+    dtype: np.dtype,
+    fraction: float,
+    chunk_chars: int,
+    writers: dict[str, ShardWriter],
+    summary: dict[str, Any],
+) -> dict[str, Any]:
+    """The data directory's meta.json: format, tokenizer, the settings that made it, splits."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "mode": cfg.mode,
+        "max_seq_length": cfg.max_seq_length,
+        "vocab_size": tokenizer.vocab_size,
+        "dtype": dtype.name,
+        "tokenizer_fingerprint": tokenizer.fingerprint,
+        "special_ids": {
+            "pad": tokenizer.pad_id,
+            "unk": tokenizer.unk_id,
+            "cls": tokenizer.cls_id,
+            "sep": tokenizer.sep_id,
+            "mask": tokenizer.mask_id,
+        },
+        "settings": {
+            "inputs": [str(i) for i in cfg.input],
+            "validation_inputs": [str(i) for i in cfg.validation or []],
+            "exclude_inputs": [str(i) for i in cfg.exclude or []],
+            "validation_fraction": fraction,
+            "short_seq_prob": cfg.short_seq_prob,
+            "seed": cfg.seed,
+            "text_column": cfg.text_column,
+            "format": cfg.format,
+            "encoding_errors": cfg.encoding_errors,
+            "chunk_chars": chunk_chars,
+        },
+        "splits": {
+            s: {"instances": w.instances, "tokens": w.tokens, "shards": w.shards}
+            for s, w in writers.items()
+        },
+        "counts": summary,
+    }

@@ -1,7 +1,7 @@
 """Masked-language-model evaluation: the metrics the pretraining loop uses (``evaluate_mlm``), the
 random-init baseline and the "random init vs trained" table, and MLM batches from a text file.
 The fine-tuned-task metrics are in ``bertforge.evaluation.task_scores``; the ``bertforge evaluate``
-command is ``bertforge.cli.evaluate``.
+command is ``bertforge.training.evaluate.evaluate``.
 """
 
 from __future__ import annotations

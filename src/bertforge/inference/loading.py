@@ -5,6 +5,7 @@ recorded. Shared by the model-using commands (``bertforge.cli``) and the server
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,14 +22,34 @@ from bertforge.runtime import pick_device, pick_precision
 from bertforge.tokenizer.wordpiece import Tokenizer
 
 
+@dataclass
+class LoadOptions:
+    """Which model to load on which device, as :func:`load_model` and :func:`load_onnx_model` read
+    it (the server builds one; a command's ``ModelOptions`` carries the same attributes)."""
+
+    model: str
+    """Model directory."""
+    device: str = "auto"
+    """auto, cpu, cuda, cuda:1, mps."""
+    precision: str = "auto"
+    """auto, bf16 or fp32."""
+    batch_size: int = 32
+    """Texts per forward pass."""
+    progress: bool = False
+    """A progress bar while texts run."""
+    num_threads: int | None = None
+    """CPU threads (None: leave torch's setting)."""
+
+
 def load_model(
-    cls: type, args: Any, require: tuple[str, str] | None = None
+    cls: type, args: LoadOptions, require: tuple[str, str] | None = None
 ) -> tuple[nn.Module, Any, dict[str, Any]]:
     """``cls.from_pretrained(args.model)`` on ``args.device``, its tokenizer, and the keyword
     options every inference function takes (``batch_size``, ``precision`` as ``args.precision``
-    resolves on that device, ``progress``); ``args`` has the attributes of
-    ``bertforge.cli.common.ModelOptions``. ``require = (prefix, message)`` names a head the command needs: a
-    checkpoint without weights of that prefix (e.g. ``classifier.``) is an error saying message."""
+    resolves on that device, ``progress``); ``args`` is a :class:`LoadOptions` or a command's
+    ``ModelOptions`` (the same attributes). ``require = (prefix, message)`` names a head the
+    command needs: a checkpoint without weights of that prefix (e.g. ``classifier.``) is an error
+    saying message."""
 
     if getattr(args, "num_threads", None):
         torch.set_num_threads(args.num_threads)
@@ -47,7 +68,7 @@ def load_model(
     return model, tokenizer, options
 
 
-def load_onnx_model(args: Any, output: str) -> tuple[OnnxModel, Any, dict[str, Any]]:
+def load_onnx_model(args: LoadOptions, output: str) -> tuple[OnnxModel, Any, dict[str, Any]]:
     """The ``--backend onnx`` form of :func:`load_model`: ``args.model`` is an export directory,
     loaded into ONNX Runtime on the CPU. ``output`` names the graph output the command needs
     (``logits``, ``last_hidden_state``): an export without it is an error."""
@@ -70,4 +91,4 @@ def load_onnx_model(args: Any, output: str) -> tuple[OnnxModel, Any, dict[str, A
     return model, tokenizer, {"batch_size": args.batch_size, "precision": "fp32"}
 
 
-__all__ = ["finetune_defaults", "load_model", "load_onnx_model"]
+__all__ = ["LoadOptions", "finetune_defaults", "load_model", "load_onnx_model"]

@@ -8,7 +8,6 @@ are not offered for it."""
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 from dataclasses import dataclass, field
@@ -18,7 +17,12 @@ from typing import Any
 from torch import nn
 
 from bertforge.errors import BertforgeError
-from bertforge.inference.loading import finetune_defaults, load_model, load_onnx_model
+from bertforge.inference.loading import (
+    LoadOptions,
+    finetune_defaults,
+    load_model,
+    load_onnx_model,
+)
 from bertforge.inference.onnx import ONNX_FILE
 from bertforge.inference.predict import classify as predict_classify
 from bertforge.inference.predict import embed as predict_embed
@@ -225,7 +229,7 @@ def load_served_model(name: str, directory: str, device: str, precision: str) ->
 
     check_served_directory(name, directory)
     finetuned = finetune_defaults(directory)
-    args = argparse.Namespace(model=directory, device=device, precision=precision, batch_size=32)
+    args = LoadOptions(model=directory, device=device, precision=precision, batch_size=32)
     if (Path(directory) / ONNX_FILE).is_file() and not (
         Path(directory) / "model.safetensors"
     ).is_file():

@@ -1,0 +1,321 @@
+"""``evaluate(cfg)`` (the command ``bertforge evaluate``): a pretrained masked-language model on
+a text file (next to a random-initialised network of the same shape), or a fine-tuned
+classifier/regressor, token classifier or question-answering model on a labelled file (with the
+per-class report and a trivial baseline). It sits in the training layer because it reads what
+``bertforge finetune`` recorded beside the model (:data:`~bertforge.training.finetune.RESULTS_FILE`,
+the training split's baseline)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from bertforge import runtime
+from bertforge.data.encoding import encode_examples
+from bertforge.data.labelled import load_labelled
+from bertforge.data.qa import encode_windows, read_qa
+from bertforge.data.tagging import encode_tagged, read_tagged, tag_ids
+from bertforge.errors import BertforgeError
+from bertforge.evaluation.mlm import (
+    comparison_table,
+    evaluate_mlm,
+    frequency_guesser,
+    mlm_text_batches,
+    random_init_like,
+)
+from bertforge.evaluation.qa import (
+    evaluate_qa_model,
+    leading_words_baseline,
+    mean_answer_words,
+    qa_report,
+    squad_metrics,
+)
+from bertforge.evaluation.tagging import evaluate_tagging_model, tagging_report
+from bertforge.evaluation.task_scores import baseline_warning, evaluate_sequence_model, task_report
+from bertforge.inference.loading import finetune_defaults, load_model
+from bertforge.io import atomic_write_text, read_json_object
+from bertforge.modeling.checkpoint import check_model_directory
+from bertforge.modeling.config import BertConfig
+from bertforge.modeling.model import (
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
+from bertforge.training.finetune import RESULTS_FILE
+from bertforge.training.options import ModelOptions, TaskOptions
+
+
+@dataclass(kw_only=True)
+class EvaluateConfig(ModelOptions, TaskOptions):
+    """Options of ``bertforge evaluate``."""
+
+    data: list[str]
+    """A text file (pretrained MLM), labelled CSV/TSV/JSONL file(s) (fine-tuned classifier), or
+    CoNLL-style / tokens+tags JSONL file(s) (token classifier)."""
+    batch_size: int = 64
+    """Texts per forward pass."""
+    label_column: str | None = None
+    """Column holding the label (default: as in fine-tuning, else label)."""
+    max_sequences: int | None = None
+    """MLM: evaluate at most N sequences (None = all)."""
+    seed: int = 0
+    """MLM: seed of the masks and of the random-init baseline."""
+    output: str | None = None
+    """Also write the results to this JSON file."""
+    plot: str | None = None
+    """Fine-tuned model: write its confusion matrix / scatter plot to this PNG."""
+    encoding_errors: Literal["strict", "replace"] = "strict"
+    """MLM: bytes that are not UTF-8 stop the evaluation naming where (strict) or become U+FFFD
+    (replace)."""
+
+
+def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
+    """Evaluate ``cfg.model`` on ``cfg.data`` as its architecture asks (a token classifier, a
+    sequence classifier/regressor, a question-answering model, else a masked LM), print the
+    scores beside their baseline, write them to ``cfg.output`` when given, and return them."""
+
+    config = BertConfig.load(check_model_directory(cfg.model))
+    if "BertForTokenClassification" in (config.architectures or []):
+        result = _evaluate_tagging_model(cfg, config)
+    elif "BertForSequenceClassification" in (config.architectures or []):
+        result = _evaluate_task_model(cfg, config)
+    elif "BertForQuestionAnswering" in (config.architectures or []):
+        result = _evaluate_qa_model(cfg)
+    else:
+        result = _evaluate_mlm_model(cfg, config)
+    result["peak_memory_bytes"] = runtime.peak_memory_bytes()
+    if cfg.output:
+        atomic_write_text(cfg.output, json.dumps(result, indent=2) + "\n")
+        print(f"results: {cfg.output}", file=sys.stderr)
+    return result
+
+
+def _evaluate_task_model(cfg: EvaluateConfig, config: Any) -> dict[str, Any]:
+
+    start = time.perf_counter()
+    ft = finetune_defaults(cfg.model)
+    model, tokenizer, options = load_model(BertForSequenceClassification, cfg)
+    task = "regression" if config.is_regression else "classification"
+    data, _ = load_labelled(
+        cfg.data,
+        text_column=cfg.text_column or ft.get("text_column", "text"),
+        label_column=cfg.label_column or ft.get("label_column", "label"),
+        text_pair_column=cfg.text_pair_column or ft.get("text_pair_column"),
+        task=task,
+        label2id=None if config.is_regression else config.label2id,
+        encoding_errors=cfg.encoding_errors,
+    )
+    encoded = encode_examples(
+        tokenizer,
+        data.texts,
+        data.pairs,
+        max_length=next(
+            v
+            for v in (cfg.max_length, ft.get("max_length"), config.max_position_embeddings)
+            if v is not None
+        ),
+        truncation=cfg.truncation or ft.get("truncation", "head"),
+    )
+    more = f" + {len(cfg.data) - 1} more" if len(cfg.data) > 1 else ""
+    metrics, predictions = evaluate_sequence_model(
+        model,
+        encoded,
+        data.labels,
+        tokenizer.pad_id,
+        **options,
+    )
+    title = Path(cfg.data[0]).name + more
+    report = task_report(
+        config,
+        data.labels,
+        predictions,
+        _training_baseline(cfg.model, config),
+        plot=cfg.plot,
+        plot_title=title,
+    )
+    result = {
+        "model": cfg.model,
+        "data": cfg.data,
+        "task": task,
+        **metrics,
+        "seconds": round(time.perf_counter() - start, 1),
+        **report,
+    }
+    lines = [f"{k}: {metrics[k]:.4f}" for k in metrics if k not in ("examples",)]
+    lines.append(f"examples: {metrics['examples']:,} ({result['seconds']}s)")
+    if "report_text" in report:
+        lines += ["", report["report_text"]]
+    base = report["baseline"]
+    lines.append(
+        f"baseline (always {base['predicts']!r}, {base['definition']}): "
+        + ", ".join(f"{k} {base[k]:.4f}" for k in metrics if k in base)
+    )
+    metric = ft.get("metric") or ("spearman" if config.is_regression else "accuracy")
+    warning = baseline_warning(metric, metrics[metric], base)
+    print("\n".join(lines + ([warning] if warning else [])))
+    return result
+
+
+def _evaluate_tagging_model(cfg: EvaluateConfig, config: Any) -> dict[str, Any]:
+    start = time.perf_counter()
+    ft = finetune_defaults(cfg.model)
+    model, tokenizer, options = load_model(BertForTokenClassification, cfg)
+    data = read_tagged(cfg.data)
+    for note in data.notes:
+        print(note, file=sys.stderr)
+    true = tag_ids(data, config.label2id, train_source="model's")
+    max_length = next(
+        v
+        for v in (cfg.max_length, ft.get("max_length"), config.max_position_embeddings)
+        if v is not None
+    )
+    windows = encode_tagged(tokenizer, data.words, true, max_length=max_length)
+    metrics, predicted = evaluate_tagging_model(model, windows, true, tokenizer.pad_id, **options)
+    more = f" + {len(cfg.data) - 1} more" if len(cfg.data) > 1 else ""
+    report = tagging_report(
+        config, true, predicted, plot=cfg.plot, plot_title=Path(cfg.data[0]).name + more
+    )
+    result = {
+        "model": cfg.model,
+        "data": cfg.data,
+        "task": "token_classification",
+        **metrics,
+        "seconds": round(time.perf_counter() - start, 1),
+        **report,
+    }
+    lines = [f"{k}: {metrics[k]:.4f}" for k in metrics if k not in ("examples", "entities")]
+    lines.append(
+        f"sentences: {metrics['examples']:,} ({len(windows):,} windows), entities: "
+        f"{metrics['entities']:,} ({result['seconds']}s)"
+    )
+    lines += ["", report["report_text"]]
+    base = report["baseline"]
+    lines.append(
+        f"baseline ({base['definition']}): entity_f1 {base['entity_f1']:.4f}, token_accuracy "
+        f"{base['token_accuracy']:.4f}"
+    )
+    print("\n".join(lines))
+    return result
+
+
+def _evaluate_qa_model(cfg: EvaluateConfig) -> dict[str, Any]:
+    """EM/F1 of a question-answering model on labelled questions, beside the baseline of the
+    first words of each context (as many as fine-tuning's baseline took, else the mean answer
+    length of this data)."""
+    start = time.perf_counter()
+    ft = finetune_defaults(cfg.model)
+    model, tokenizer, options = load_model(BertForQuestionAnswering, cfg)
+    examples, warnings = read_qa(cfg.data)
+    for warning in warnings:
+        print(warning, file=sys.stderr)
+    limit = model.config.max_position_embeddings
+    max_length = cfg.max_length or ft.get("max_length") or min(384, limit)
+    windows = encode_windows(
+        tokenizer, examples, max_length=max_length, doc_stride=ft.get("doc_stride", 128),
+        labels=True,
+    )  # fmt: skip
+    metrics, _ = evaluate_qa_model(
+        model, windows, examples, tokenizer.pad_id,
+        max_answer_length=ft.get("max_answer_length", 30), **options,
+    )  # fmt: skip
+    path = Path(cfg.model) / RESULTS_FILE
+    recorded = read_json_object(path, "restore it or delete it") if path.is_file() else {}
+    n_words = (recorded.get("baseline") or {}).get("words")
+    definition = "whatever the question; as many words as the mean training answer has"
+    if not isinstance(n_words, int):
+        n_words = mean_answer_words(examples)
+        definition = "whatever the question; as many words as this data's mean answer has"
+    guesses = leading_words_baseline(examples, n_words)
+    baseline = squad_metrics(guesses, {e.id: e.answers for e in examples})
+    report = qa_report(metrics, baseline, n_words, definition)
+    seconds = round(time.perf_counter() - start, 1)
+    print(f"{report['report_text']}\nloss: {metrics['loss']:.4f}\nquestions: "
+          f"{len(examples):,} ({len(windows):,} windows, {seconds}s)")  # fmt: skip
+    warning = baseline_warning("f1", metrics["f1"], report["baseline"])
+    if warning:
+        print(warning)
+    return {"model": cfg.model, "data": cfg.data, "task": "question_answering", **metrics,
+            "seconds": seconds, **report}  # fmt: skip
+
+
+def _training_baseline(model_dir: str, config: Any) -> float | int | None:
+    """The training baseline ``bertforge finetune`` recorded in the model's eval_results.json
+    (a class id or a regression target), or None when it is not there."""
+    path = Path(model_dir) / RESULTS_FILE
+    if not path.is_file():
+        return None
+    base = read_json_object(path, "restore it or delete it").get("baseline") or {}
+    if "training split" not in str(base.get("definition", "")):
+        return None
+    if config.is_regression:
+        return float(base["predicts"])
+    return (config.label2id or {}).get(str(base["predicts"]))
+
+
+def _evaluate_mlm_model(cfg: EvaluateConfig, config: Any) -> dict[str, Any]:
+
+    start = time.perf_counter()
+    cls = (
+        BertForPreTraining
+        if "BertForPreTraining" in (config.architectures or [])
+        else BertForMaskedLM
+    )
+    model, tokenizer, options = load_model(
+        cls,
+        cfg,
+        require=(
+            "cls.predictions.transform",
+            "no masked-language-model head (cls.predictions.*) "
+            "and no classifier; evaluate needs a pretrained MLM or a fine-tuned model",
+        ),
+    )
+    device, precision = next(model.parameters()).device, options["precision"]
+    if len(cfg.data) != 1:
+        raise BertforgeError("an MLM evaluation takes one text file in --data")
+    max_len = min(128 if cfg.max_length is None else cfg.max_length, config.max_position_embeddings)
+    batches = mlm_text_batches(
+        tokenizer,
+        cfg.data[0],
+        max_seq_length=max_len,
+        batch_size=cfg.batch_size,
+        seed=cfg.seed,
+        text_column=cfg.text_column,
+        max_sequences=cfg.max_sequences,
+        encoding_errors=cfg.encoding_errors,
+    )
+    show = options["progress"]
+    trained = evaluate_mlm(model, batches, device, precision, progress=show, desc="this model")
+    baseline = evaluate_mlm(
+        random_init_like(model, seed=cfg.seed),
+        batches,
+        device,
+        precision,
+        progress=show,
+        desc="random init",
+    )
+    guesser = frequency_guesser(batches)
+    print(
+        comparison_table(
+            {"random init": baseline, "word counts": guesser, "this model": trained},
+            title=f"{cfg.data[0]} ({trained['sequences']:,} sequences of <= {max_len} tokens)",
+        )
+        + "\nword counts: a guesser without context that predicts each masked token from how "
+        "often it occurs in this text; a model that learned language beats it"
+    )
+    return {
+        "model": cfg.model,
+        "data": cfg.data[0],
+        "trained": trained,
+        "random_init": baseline,
+        "frequency_guesser": guesser,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+__all__ = ["EvaluateConfig", "evaluate"]
