@@ -121,6 +121,17 @@ def test_peak_memory_reads_this_process():
     assert format_bytes(1.5 * 2**30) == "1.50 GB" and format_bytes(300 * 2**20) == "300 MB"
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux's /proc only")
+def test_a_child_of_a_large_process_reports_its_own_peak():
+    # ru_maxrss survives exec: a command started from a large parent (pytest after many tests,
+    # a notebook) reported the parent's size as its own peak before VmHWM was read
+    block = bytearray(600 * 2**20)  # touched: the parent is 600 MB larger
+    code = "from bertforge.runtime import peak_memory_bytes as p; print(p())"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    del block
+    assert int(child.stdout) < peak_memory_bytes() - 400 * 2**20
+
+
 def test_kernel_caches_are_bounded_unless_the_user_set_them(monkeypatch):
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     monkeypatch.setenv("LRU_CACHE_CAPACITY", "7")

@@ -56,8 +56,18 @@ def keep_freed_memory(trim_threshold: int = 1 << 30) -> bool:
 
 
 def peak_memory_bytes() -> int:
-    """This process's peak resident memory so far (``ru_maxrss``; Linux counts kB, macOS bytes),
-    0 where the platform does not say."""
+    """This process's peak resident memory so far, 0 where the platform does not say. On Linux
+    the high-water mark of its own address space (``VmHWM`` in ``/proc/self/status``), not
+    ``ru_maxrss``: the kernel carries the latter over an ``exec`` from the process that spawned
+    this one, so a command started by a 1 GB parent (a test runner, a notebook) would report
+    1 GB whatever it used. Elsewhere ``ru_maxrss`` (macOS counts bytes)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         import resource
     except ImportError:  # Windows
