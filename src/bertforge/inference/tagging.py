@@ -20,11 +20,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge.data.encoding import batch_order, iterate_batches
 from bertforge.data.iob import entities
 from bertforge.data.tagging import split_windows
 from bertforge.errors import BertforgeError
-from bertforge.inference.predict import _check_texts, _evaluating, _max_length, saved_settings
+from bertforge.inference.predict import (
+    _batches,
+    _check_texts,
+    _evaluating,
+    _max_length,
+    saved_settings,
+)
 from bertforge.progress import item_bar
 from bertforge.runtime import autocast
 from bertforge.tokenizer.wordpiece import valid_unicode
@@ -47,21 +52,17 @@ def token_logits(
     """(length, num_labels) float32 logits of every encoded window, in input order, from a
     ``BertForTokenClassification`` or its ONNX export (an ``OnnxModel``)."""
     out: list[np.ndarray] = [np.empty(0)] * len(encoded)
-    order = batch_order(
-        [len(ids) for ids, _ in encoded], batch_size, seed=0, epoch=0, shuffle=False
-    )
     onnx = not isinstance(model, nn.Module)
     with item_bar(len(encoded), desc, enabled=progress) as bar:
         if onnx:
-            for index, batch in iterate_batches(encoded, order, pad_id):
+            for index, batch in _batches(encoded, pad_id, batch_size, torch.device("cpu")):
                 logits = model.token_logits({k: v.numpy() for k, v in batch.items()})
                 for row, i in enumerate(index):
                     out[int(i)] = logits[row, : len(encoded[int(i)][0])]
                 bar.update(len(index))
             return out
         with _evaluating(model) as device:
-            for index, batch in iterate_batches(encoded, order, pad_id):
-                batch = {k: v.to(device) for k, v in batch.items()}
+            for index, batch in _batches(encoded, pad_id, batch_size, device):
                 with autocast(device, precision):
                     logits = model(**batch).logits  # (B, T, C)
                 logits = logits.float().cpu().numpy()
