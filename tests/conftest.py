@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.corpus import prepare_both_ways
 
 from bertforge import cli
-from bertforge.data.shards import PrepareConfig, prepare
 from bertforge.modeling import kernels
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
@@ -237,20 +237,7 @@ def pretraining_corpus(shakespeare_file: Path, tmp_path_factory) -> dict[str, Pa
     text = root / "shakespeare.txt"
     text.write_text(shakespeare_file.read_text(encoding="utf-8")[:250_000], encoding="utf-8")
     tokenizer = Tokenizer.train(text, vocab_size=400)
-    out = {}
-    for mode in ("nsp", "packed"):
-        out[mode] = root / f"data-{mode}"
-        cfg = PrepareConfig(
-            [str(text)],
-            "",
-            str(out[mode]),
-            max_seq_length=32,
-            mode=mode,
-            validation_fraction=0.05,
-            progress=False,
-        )
-        prepare(cfg, tokenizer)
-    return out
+    return prepare_both_ways(text, tokenizer, root)
 
 
 # ---- a tiny masked LM and a pair-task fine-tune of it, shared by the CLI and inference tests -----

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from support.device_audit import DEVICE, DeviceAudit, to_cpu, to_fake_device
+from test_fast_paths import padded_batch
 
 from bertforge.modeling import ops
 from bertforge.modeling.model import (
@@ -58,25 +59,9 @@ def forced(request, monkeypatch) -> bool:
 
 
 def pretraining_batch(vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Five padded sequences (one full) with MLM labels, NSP labels and contrastive partners."""
-    g = torch.Generator().manual_seed(seed)
-    B, T = 5, 16
-    lengths = torch.tensor([16, 9, 3, 12, 6])
-    mask = (torch.arange(T)[None, :] < lengths[:, None]).long()  # (B, T)
-    ids = torch.randint(5, vocab, (B, T), generator=g) * mask
-    types = (torch.arange(T)[None, :] >= lengths[:, None] // 2).long() * mask
-    labels = torch.full_like(ids, -100)
-    chosen = mask.bool() & (torch.rand(B, T, generator=g) < 0.3)
-    chosen[:, 1] = True  # every sequence has at least one label
-    labels[chosen] = torch.randint(5, vocab, (int(chosen.sum()),), generator=g)
-    return {
-        "input_ids": ids,
-        "attention_mask": mask,
-        "token_type_ids": types,
-        "labels": labels,
-        "next_sentence_label": torch.randint(0, 2, (B,), generator=g),
-        "partner": torch.tensor([1, 0, -1, 4, 3]),
-    }
+    """test_fast_paths' padded batch (MLM and NSP labels on real tokens) with contrastive
+    partners."""
+    return {**padded_batch(vocab, seed), "partner": torch.tensor([1, 0, -1, 4, 3])}
 
 
 def fake_run(model: torch.nn.Module, objective: str, device: torch.device) -> SimpleNamespace:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import FILLER as CONFTEST_FILLER
 
 from bertforge import cli
 from bertforge.data.tagging import (
@@ -35,26 +36,7 @@ from bertforge.training.config import FinetuneConfig
 # ---- a learnable tagging rule -------------------------------------------------------------------
 # Names are entities whatever surrounds them: "anna"/"tom" PER, "paris" LOC, "new york" a two-word
 # LOC; the tiny start model's vocabulary never saw them, so they are several pieces each.
-FILLER = [
-    "the",
-    "movie",
-    "was",
-    "a",
-    "film",
-    "with",
-    "some",
-    "actors",
-    "and",
-    "a",
-    "plot",
-    "about",
-    "people",
-    "who",
-    "went",
-    "to",
-    "see",
-    "it",
-]
+FILLER = CONFTEST_FILLER[:18]  # the sentences the tests expect are drawn from these 18 words
 NAMES = [(["anna"], "PER"), (["tom"], "PER"), (["paris"], "LOC"), (["new", "york"], "LOC")]
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.corpus import prepare_both_ways
 
-from bertforge.data.shards import PrepareConfig, prepare
 from bertforge.tokenizer.wordpiece import Tokenizer
 
 HERE = Path(__file__).resolve().parent
@@ -67,17 +67,4 @@ def gpu_corpus(task_files, tmp_path_factory) -> dict[str, Path]:
     text = root / "docs.txt"
     text.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
     tokenizer = Tokenizer.train(text, vocab_size=120, min_frequency=1)
-    out = {}
-    for mode in ("nsp", "packed"):
-        out[mode] = root / f"data-{mode}"
-        cfg = PrepareConfig(
-            [str(text)],
-            "",
-            str(out[mode]),
-            max_seq_length=32,
-            mode=mode,
-            validation_fraction=0.05,
-            progress=False,
-        )
-        prepare(cfg, tokenizer)
-    return out
+    return prepare_both_ways(text, tokenizer, root)
