@@ -117,6 +117,35 @@ def make_step(model, optimizer, batch, device, precision, mlm_only=False):  # no
     return step
 
 
+def compiles(args, case: Case) -> bool:  # noqa: ANN001
+    """Whether ``--compile`` asks for this case (no numbers: every case)."""
+    if args.compile is None:
+        return False
+    return not args.compile or str(CASES.index(case) if case in CASES else -1) in args.compile
+
+
+def profile_step(label: str, step, device: torch.device, args) -> None:  # noqa: ANN001
+    """The kernels of a few steps, by device time (the top 25), into the log and
+    ``--profile_dir``: where a step's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    sync(device)
+    with profile(activities=activities) as prof:
+        for _ in range(3):
+            step()
+        sync(device)
+    key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60)
+    log(f"  profile of 3 steps, {label}:\n{table}")
+    if args.profile_dir:
+        args.profile_dir.mkdir(parents=True, exist_ok=True)
+        name = "".join(c if c.isalnum() else "_" for c in label)[:80]
+        (args.profile_dir / f"profile_{name}.txt").write_text(table + "\n")
+
+
 def timed(step, device: torch.device, n: int) -> float:  # noqa: ANN001
     """Seconds for ``n`` steps, the device drained before and after."""
     sync(device)
@@ -137,7 +166,7 @@ def bench_case(case, args, device, peak, with_reference=True, mlm_only=False):  
     if with_reference:
         theirs = hf_twin(ours, cls.__name__).to(device).train()
         sides["transformers"] = (theirs, hf_adamw(theirs))
-    if args.compile and with_reference:  # the same weights and optimizer, through torch.compile
+    if compiles(args, case) and with_reference:  # same weights and optimizer, torch.compile
         sides["bertforge (compiled)"] = (torch.compile(ours), sides["bertforge"][1])
     batch = pretraining_batch(case.batch, case.seq, cfg.vocab_size)
     n_masked = int((batch["labels"] != -100).sum())
@@ -154,10 +183,20 @@ def bench_case(case, args, device, peak, with_reference=True, mlm_only=False):  
         if "compiled" in side:
             log(f"  {case.name} {side}: compiled in {took:.1f} s (warm-up, not timed)")
     seconds = {side: 0.0 for side in steps}
+    peak_mem = {side: 0.0 for side in steps}
     order = list(steps)
     for rep in range(args.reps):
         for side in order if rep % 2 == 0 else order[::-1]:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
             seconds[side] += timed(steps[side], device, args.steps)
+            if device.type == "cuda":
+                peak_mem[side] = max(
+                    peak_mem[side], torch.cuda.max_memory_allocated(device) / 2**30
+                )
+    if args.profile and with_reference:
+        for side in steps:
+            profile_step(f"{case.name} {side}", steps[side], device, args)
     rows = []
     n = args.steps * args.reps
     for side, total in seconds.items():
@@ -165,10 +204,12 @@ def bench_case(case, args, device, peak, with_reference=True, mlm_only=False):  
         rate = flops / per_step
         mfu = rate / (peak * 1e12) if peak else None
         tok = case.batch * case.seq / per_step
-        rows.append(Row(case.name, side, case.batch, case.seq, tok, 1e3 * per_step, mfu, n))
+        extra = {"peak_gib": round(peak_mem[side], 2)} if device.type == "cuda" else {}
+        rows.append(Row(case.name, side, case.batch, case.seq, tok, 1e3 * per_step, mfu, n, extra))
         log(
             f"  {case.name} {side}: {tok:,.0f} tok/s, {1e3 * per_step:.1f} ms/step"
             + (f", MFU {mfu:.1%}" if mfu else "")
+            + (f", peak {peak_mem[side]:.1f} GiB" if device.type == "cuda" else "")
         )
     del sides, steps, ours
     if device.type == "cuda":
@@ -245,6 +286,11 @@ def cli_run(case: Case, args, device: torch.device, root: Path) -> dict:  # noqa
 
 
 # ---- the report -------------------------------------------------------------------------------
+def gib(row: Row | None) -> str:
+    """A row's peak GPU memory (``torch.cuda.max_memory_allocated``), or "-"."""
+    return f"{row.extra['peak_gib']:.1f}" if row is not None and "peak_gib" in row.extra else "-"
+
+
 def report(rows: list[Row], cli: dict | None, device_name: str, peak: float | None) -> str:
     if peak:
         head = f"GPU: {device_name}; MFU against {peak:g} TFLOP/s dense bf16"
@@ -270,6 +316,8 @@ def report(rows: list[Row], cli: dict | None, device_name: str, peak: float | No
                 f"{ours.tokens_per_s / theirs.tokens_per_s:.2f}x" if theirs else "-",
                 f"{ours.mfu:.1%}" if ours.mfu is not None else "-",
                 f"{theirs.mfu:.1%}" if theirs and theirs.mfu is not None else "-",
+                gib(ours),
+                gib(theirs),
             ]
         )
     header = [
@@ -280,6 +328,8 @@ def report(rows: list[Row], cli: dict | None, device_name: str, peak: float | No
         "ours / theirs",
         "ours MFU",
         "theirs MFU",
+        "ours peak GiB",
+        "theirs peak GiB",
     ]
     compiled = {
         c: s["bertforge (compiled)"] for c, s in by_case.items() if "bertforge (compiled)" in s
@@ -361,9 +411,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--compile",
-        action="store_true",
-        help="also time ours through torch.compile (adds its compile time)",
+        nargs="*",
+        default=None,
+        help="also time ours through torch.compile, for these case numbers (none named: all)",
     )
+    parser.add_argument(
+        "--batch", type=int, default=None, help="batch size for every case (default: the case's)"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="print each side's top kernels over 3 steps"
+    )
+    parser.add_argument("--profile_dir", type=Path, default=None, help="also write them here")
     parser.add_argument("--no-reference", dest="reference", action="store_false", help="ours only")
     parser.add_argument("--no-cli", dest="cli", action="store_false", help="skip the CLI run")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
@@ -387,6 +445,12 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cpu":
             torch.set_num_threads(1)
     cases = [SMOKE] if args.smoke else [CASES[int(i)] for i in (args.cases or range(len(CASES)))]
+    if args.batch:
+        for i, case in enumerate(CASES):
+            CASES[i] = Case(case.name, case.preset, args.batch, case.seq)
+        cases = (
+            [SMOKE] if args.smoke else [CASES[int(i)] for i in (args.cases or range(len(CASES)))]
+        )
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({device})"
     peak = args.peak_tflops or (peak_tflops(device_name) if device.type == "cuda" else None)
     if device.type == "cuda" and peak is None:

@@ -10,6 +10,7 @@
 #   bash scripts/gpu_check.sh                 # results in $OUT if set, else runs/gpu-check
 #   GPU_CHECK_BENCH=quick bash scripts/gpu_check.sh   # fewer timed steps (about 2 minutes less)
 #   GPU_CHECK_BENCH=none bash scripts/gpu_check.sh    # the tests only
+#   GPU_CHECK_BENCH_ARGS="--compile 0 --profile" bash scripts/gpu_check.sh   # more for the bench
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -84,11 +85,13 @@ BENCH_RC=-1
 if [[ $BENCH != none ]]; then
   say "benchmark (benchmarks/bench_gpu.py, $BENCH)"
   ARGS=(--json "$RESULTS/bench_gpu.json" --markdown "$RESULTS/bench_gpu.md")
-  [[ $BENCH == quick ]] && ARGS+=(--steps 10)
+  [[ $BENCH == quick ]] && ARGS+=(--steps 10 --cli_seconds 25)
+  read -r -a EXTRA <<<"${GPU_CHECK_BENCH_ARGS:-}"
+  ARGS+=(${EXTRA[@]+"${EXTRA[@]}"})
   "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || ARGS+=(--smoke)
   [[ " $MISSING " == *" transformers "* ]] && ARGS+=(--no-reference)
   [[ " $MISSING " == *" jsonargparse "* ]] && ARGS+=(--no-cli)
-  timeout 200 "$PY" benchmarks/bench_gpu.py "${ARGS[@]}"
+  timeout "${GPU_CHECK_BENCH_TIMEOUT:-260}" "$PY" benchmarks/bench_gpu.py "${ARGS[@]}"
   BENCH_RC=$?
   echo "bench_gpu exit code: $BENCH_RC"
 fi
