@@ -55,6 +55,19 @@ def keep_freed_memory(trim_threshold: int = 1 << 30) -> bool:
     return bool(mmap_ok and mallopt(_M_TRIM_THRESHOLD, min(trim_threshold, 2**31 - 1)))
 
 
+def resident_memory_bytes() -> int:
+    """This process's resident memory now (``VmRSS`` on Linux), 0 where the platform does not
+    say."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def peak_memory_bytes() -> int:
     """This process's peak resident memory so far, 0 where the platform does not say. On Linux
     the high-water mark of its own address space (``VmHWM`` in ``/proc/self/status``), not
@@ -79,6 +92,27 @@ def peak_memory_bytes() -> int:
 def format_bytes(n: float) -> str:
     """``1.23 GB`` / ``456 MB`` (powers of 1024, as ``free`` and ``top`` count)."""
     return f"{n / 2**30:.2f} GB" if n >= 2**30 else f"{n / 2**20:.0f} MB"
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def parse_bytes(text: str | int | float | None, option: str = "--max_memory") -> int | None:
+    """``"1.5GB"``, ``"800MB"``, ``"2g"``, ``"512M"`` or a number of bytes -> bytes (powers of
+    1024, as :func:`format_bytes` prints them); None for no budget (None, ``""``, ``"none"``,
+    ``"off"``, 0). ``option`` names the setting in the error."""
+    if text is None or str(text).strip().lower() in ("", "none", "null", "off", "0"):
+        return None
+    s = str(text).strip().lower().replace(" ", "")
+    number = s.rstrip("bkmgti")
+    unit = s[len(number) :].replace("ib", "").rstrip("b") or ""
+    try:
+        value = float(number) * _BYTE_UNITS[unit]
+    except (ValueError, KeyError):
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise BertforgeError(f"{option} {text!r} is not a memory size; write e.g. 1.5GB or 800MB")
+    return int(value)
 
 
 ONEDNN_CACHE_CAPACITY = 64
