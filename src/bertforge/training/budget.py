@@ -33,11 +33,11 @@ from bertforge.runtime import format_bytes
 OPTIMIZER_BYTES_PER_PARAMETER = 12
 """A trainable fp32 parameter's gradient (4 bytes) and AdamW's two moments (8)."""
 
-KERNEL_CACHE_BYTES = 128 * 2**20
-"""What oneDNN's bounded kernel caches hold in bf16 on a CPU once the row counts repeat
-(:func:`~bertforge.modeling.ops.shape_multiple`): the MiniLM adaptation peaked at 1.11 GB with
-micro-batches of 8 and 1.30 GB with 16 (docs/memory.md), 0.92 GB held beside the batch, of which
-the parts counted above make 0.91 GB; kept as a margin."""
+KERNEL_CACHE_BYTES = 400 * 2**20
+"""What oneDNN's bounded kernel caches hold in bf16 on a CPU once full: a MiniLM adaptation
+peaked 0.37 GB higher with 64 kernels kept per cache than with 4 (docs/memory.md). They fill
+over a run (the evaluations' shapes beside the training steps'), not in its first steps: a
+6-step run held only ~0.02 GB of them."""
 
 STEP_PEAK_FACTOR = 2.0
 """The step's peak over the tensors saved for the backward pass (plus the logits, counted
