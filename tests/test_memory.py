@@ -152,6 +152,7 @@ def test_kernel_caches_are_bounded_unless_the_user_set_them(monkeypatch):
 # keeps a second model, a whole data set or unbounded kernel caches in memory goes past them.
 PRETRAIN_BOUND = 700 * 2**20
 FINETUNE_BOUND = 700 * 2**20
+EVALUATE_BOUND = 450 * 2**20  # measured 265 MB (the tiny MLM model, 200 lines of Shakespeare)
 
 
 def _bertforge(argv: list[str]) -> subprocess.CompletedProcess:
@@ -357,3 +358,15 @@ def test_finetune_max_memory_says_its_choice_or_refuses(task_files, tmp_path):
     assert done.returncode != 0
     error = done.stderr.strip().splitlines()[-1]
     assert error.startswith("error: --max_memory 64 MB is below") and "raise it to" in error
+
+
+def test_tiny_mlm_evaluation_reports_its_peak_under_the_bound(mlm_dir, shakespeare_file, tmp_path):
+    text = tmp_path / "text.txt"
+    lines = [x for x in shakespeare_file.read_text(encoding="utf-8").splitlines() if x.strip()]
+    text.write_text("\n".join(lines[:200]) + "\n", encoding="utf-8")
+    out = tmp_path / "eval.json"
+    argv = ["evaluate", "--model", str(mlm_dir), "--data", str(text), "--output", str(out)]
+    done = _bertforge([*argv, "--num_threads", "1", "--progress", "false"])
+    assert done.returncode == 0, done.stderr
+    peak = json.loads(out.read_text())["peak_memory_bytes"]
+    assert 50 * 2**20 < peak < EVALUATE_BOUND, format_bytes(peak)
