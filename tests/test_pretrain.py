@@ -573,12 +573,8 @@ def test_cooccurrence_vectors_put_words_of_the_same_contexts_together():
 
 def test_word_init_cooccurrence_starts_a_fresh_model_there(pretraining_corpus, tmp_path, capsys):
     from bertforge.modeling.model import cooccurrence_vectors
-    from bertforge.training.setup import (
-        WORD_INIT_CONTEXTS,
-        build_model,
-        init_word_vectors,
-        open_data,
-    )
+    from bertforge.training.setup import build_model, open_data
+    from bertforge.training.start import WORD_INIT_CONTEXTS, init_word_vectors
 
     data_dir = pretraining_corpus["nsp"]
     cfg = tiny_cfg(data_dir, tmp_path / "run", max_steps=2, word_init="cooccurrence")
