@@ -25,7 +25,13 @@ import torch
 import yaml
 
 from bertforge import distributed as D
-from bertforge.data.loader import pinned, prefetch, validation_batches
+from bertforge.data.loader import (
+    masked_rows,
+    pinned,
+    prefetch,
+    validation_batches,
+    with_masked_rows,
+)
 from bertforge.data.loader import steps as data_steps
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.mlm import comparison_table, evaluate_mlm
@@ -177,7 +183,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
     with GracefulStop() as stop:
         source = data_steps(run.data.loader, run.data.micro)
         if run.device.type == "cuda":  # collate the next step while the GPU runs this one
-            source = prefetch(source, pinned)
+            source = prefetch(source, lambda step: pinned(with_masked_rows(step)))
         while not run.done(state):
             t0 = time.perf_counter()
             compiled = compile_seconds() if tc.compile else 0.0
@@ -367,15 +373,19 @@ def train_step(
         n_local, n_local_nsp, n_tokens = local[k].tolist()
         part = micro_batches[k]
         padded = n_tokens < part["attention_mask"].numel()  # decided here, on the host
+        if "masked_rows" not in part:  # found on the host: no wait for the device (prefetch)
+            part = part | {"masked_rows": masked_rows(part["labels"])}
         batch = {key: v.to(run.device, non_blocking=True) for key, v in part.items()}
-        nsp = {"next_sentence_label": batch["next_sentence_label"]} if use_nsp else {}
+        extra = {"next_sentence_label": batch["next_sentence_label"]} if use_nsp else {}
+        if not use_rtd:
+            extra["masked_rows"] = batch["masked_rows"]
         with autocast(run.device, run.precision):
             output = run.forward(
                 batch["input_ids"],
                 attention_mask=batch["attention_mask"] if padded else None,
                 token_type_ids=batch["token_type_ids"],
                 labels=batch["labels"],
-                **nsp,
+                **extra,
             )
         # per-micro-batch means -> share of the global mean; DDP then averages ranks
         mlm = output.mlm_loss if use_nsp or use_rtd or use_contrastive else output.loss
