@@ -13,6 +13,7 @@ import pytest
 import torch
 from test_fast_paths import padded_batch
 
+from bertforge.data.loader import masked_rows
 from bertforge.errors import BertforgeError
 from bertforge.training.config import Objective as ObjectiveName
 from bertforge.training.config import TrainConfig
@@ -44,6 +45,7 @@ def train_config(objective: str, **options) -> TrainConfig:
 def batch_for(objective: type[Objective], vocab: int) -> dict[str, torch.Tensor]:
     """test_fast_paths' padded batch, with contrastive partners (rows 0-1 and 3-4)."""
     batch = padded_batch(vocab)
+    batch["masked_rows"] = masked_rows(batch["labels"])  # as the loop hands them over
     if objective.split_pairs:
         batch["partner"] = torch.tensor([1, 0, -1, 4, 3])
     return batch

@@ -92,8 +92,10 @@ class Objective:
         """Move what :meth:`prepare` made to the training device."""
 
     def forward_kwargs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Batch fields the model takes beyond ids, mask, segments and MLM labels."""
-        return {}
+        """Batch fields the model takes beyond ids, mask, segments and MLM labels: by default
+        the masked positions the loop found on the host (``masked_rows``), which the sparse MLM
+        head reads instead of finding them on the device."""
+        return {"masked_rows": batch["masked_rows"]}
 
     def losses(
         self, output: Any, batch: dict[str, Tensor], model: torch.nn.Module
@@ -142,7 +144,7 @@ class MaskedLMWithNSP(Objective):
             self.bow_weights = self.bow_weights.to(device)
 
     def forward_kwargs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        return {"next_sentence_label": batch["next_sentence_label"]}
+        return super().forward_kwargs(batch) | {"next_sentence_label": batch["next_sentence_label"]}
 
     def losses(
         self, output: Any, batch: dict[str, Tensor], model: torch.nn.Module
@@ -173,6 +175,9 @@ class ReplacedTokenDetection(Objective):
             "mlm_loss": Term("masked"),
             "rtd_loss": Term("tokens", BertForReplacedTokenDetection.rtd_weight),
         }
+
+    def forward_kwargs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {}  # the generator finds its own rows (it replaces the tokens there)
 
     def losses(
         self, output: Any, batch: dict[str, Tensor], model: torch.nn.Module

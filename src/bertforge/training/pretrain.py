@@ -25,7 +25,13 @@ import torch
 import yaml
 
 from bertforge import distributed as D
-from bertforge.data.loader import pinned, prefetch, validation_batches
+from bertforge.data.loader import (
+    masked_rows,
+    pinned,
+    prefetch,
+    validation_batches,
+    with_masked_rows,
+)
 from bertforge.data.loader import steps as data_steps
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.mlm import comparison_table, evaluate_mlm
@@ -162,7 +168,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
     with GracefulStop() as stop:
         source = data_steps(run.data.loader, run.data.micro)
         if run.device.type == "cuda":  # collate the next step while the GPU runs this one
-            source = prefetch(source, pinned)
+            source = prefetch(source, lambda step: pinned(with_masked_rows(step)))
         while not run.done(state):
             t0 = time.perf_counter()
             compiled = compile_seconds() if tc.compile else 0.0
@@ -357,6 +363,8 @@ def train_step(
         counts = dict(zip(UNITS, local[k].tolist(), strict=True))
         part = micro_batches[k]
         padded = counts["tokens"] < part["attention_mask"].numel()  # decided here, on the host
+        if "masked_rows" not in part:  # found on the host: no wait for the device (prefetch)
+            part = part | {"masked_rows": masked_rows(part["labels"])}
         batch = {key: v.to(run.device, non_blocking=True) for key, v in part.items()}
         with autocast(run.device, run.precision):
             output = run.forward(
