@@ -60,7 +60,7 @@ from bertforge.training.checkpoints import (
     locks_output,
     write_checkpoint,
 )
-from bertforge.training.config import PretrainConfig
+from bertforge.training.config import PretrainConfig, TrainConfig
 from bertforge.training.objectives import UNITS, Objective, objective_for, unit_counts
 from bertforge.training.optim import build_optimizer, set_lr
 from bertforge.training.setup import (
@@ -165,57 +165,94 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
         "lower --train.lr, raise --train.warmup_ratio or use --train.precision fp32",
     )
     stopped = None
+    lagged = reads_late(run)
+    pending: Pending | None = None  # (lagged) a step applied on the device, its numbers unread
+    mark = time.perf_counter(), compile_seconds() if tc.compile else 0.0
+
+    def complete(done: Pending) -> bool:
+        """The host's part of a step: read its numbers, the guard, the log, evaluation, saving;
+        True when the run stops after it."""
+        nonlocal mark
+        report, stop_everywhere = done.launched.read()
+        if lagged:  # the optimizer step was taken, or skipped on the device, already
+            if not guard.allows(report.losses["loss"], report.grad_norm, state.step):
+                state.skipped += 1
+                run.say(f"step {state.step}: non-finite loss/gradient, step skipped")
+        else:
+            steps.optimizer_step(
+                run.optimizer, guard, state, report.losses["loss"], report.grad_norm, run.say
+            )
+        state.data = done.drawn.position
+        now = time.perf_counter(), compile_seconds() if tc.compile else 0.0
+        report.lr, report.seconds = done.lr, now[0] - (mark[0] if lagged else done.t0)
+        if tc.compile:  # compiling is set-up, not training: kept out of the budget
+            compiling = now[1] - mark[1]
+            report.seconds = max(report.seconds - compiling, 0.0)
+            state.compile_seconds = (state.compile_seconds or 0.0) + compiling
+            if compiling > 1.0:
+                run.say(f"step {state.step}: compiled in {compiling:.1f} s (not charged)")
+        if run.watch is not None:
+            run.watch.step(report.seconds / max(report.tokens, 1.0))
+        steps.record_step(
+            state,
+            report,
+            window,
+            bar,
+            run.logger,
+            log=lambda: steps.due(state.step, tc.log_every) or run.done(state),
+            state_fields=("tokens", "elapsed") + (("compile_seconds",) if tc.compile else ()),
+            epoch=done.drawn.epoch,
+            skipped=state.skipped,
+        )
+        if steps.due(state.step, tc.eval_every) and not run.done(state):
+            results = evaluate(run, with_extra=False)
+            log_evaluations(run, state.step, results)
+            val = results["val"]
+            probed = f"; probe accuracy {run.probes[-1]['accuracy']:.2%}" if run.probe else ""
+            bar.write(
+                f"step {state.step}: val MLM loss {val['loss']:.3f} "
+                f"accuracy {val['accuracy']:.2%}{probed}"
+            )
+        if not stop_everywhere and steps.due(state.step, tc.save_every) and not run.done(state):
+            save_checkpoint(run, state)
+        mark = time.perf_counter(), compile_seconds() if tc.compile else 0.0
+        return stop_everywhere
+
     with GracefulStop() as stop:
         source = data_steps(run.data.loader, run.data.micro)
         if run.device.type == "cuda":  # collate the next step while the GPU runs this one
             source = prefetch(source, lambda step: pinned(with_masked_rows(step)))
         while not run.done(state):
             t0 = time.perf_counter()
-            compiled = compile_seconds() if tc.compile else 0.0
             lr = steps.scheduled_lr(
                 state.step, state.elapsed, tc, total_steps=tc.max_steps, budget=run.budget
             )
             set_lr(run.optimizer, lr)
             drawn = next(source)
-            report, stop_everywhere = train_step(run, drawn.batches, stop.requested)
-            steps.optimizer_step(
-                run.optimizer, guard, state, report.losses["loss"], report.grad_norm, run.say
-            )
-            state.data = drawn.position
-            report.lr, report.seconds = lr, time.perf_counter() - t0
-            if tc.compile:  # compiling is set-up, not training: kept out of the budget
-                compiling = compile_seconds() - compiled
-                report.seconds = max(report.seconds - compiling, 0.0)
-                state.compile_seconds = (state.compile_seconds or 0.0) + compiling
-                if compiling > 1.0:
-                    run.say(f"step {state.step}: compiled in {compiling:.1f} s (not charged)")
-            if run.watch is not None:
-                run.watch.step(report.seconds / max(report.tokens, 1.0))
-            steps.record_step(
-                state,
-                report,
-                window,
-                bar,
-                run.logger,
-                log=lambda: steps.due(state.step, tc.log_every) or run.done(state),
-                state_fields=("tokens", "elapsed") + (("compile_seconds",) if tc.compile else ()),
-                epoch=drawn.epoch,
-                skipped=state.skipped,
-            )
-            if steps.due(state.step, tc.eval_every) and not run.done(state):
-                results = evaluate(run, with_extra=False)
-                log_evaluations(run, state.step, results)
-                val = results["val"]
-                probed = f"; probe accuracy {run.probes[-1]['accuracy']:.2%}" if run.probe else ""
-                bar.write(
-                    f"step {state.step}: val MLM loss {val['loss']:.3f} "
-                    f"accuracy {val['accuracy']:.2%}{probed}"
-                )
-            if stop_everywhere:
-                stopped = stop.signal_name or "signal"
-                break
-            if steps.due(state.step, tc.save_every) and not run.done(state):
-                save_checkpoint(run, state)
+            before = rng_state() if pending is not None else None
+            launched = launch_step(run, drawn.batches, stop.requested)
+            if pending is not None:  # the step before, read now that this one is queued
+                ends = complete(pending)
+                pending = None
+                if ends or run.done(state):  # this step is not taken: undo what it drew
+                    run.optimizer.zero_grad(set_to_none=True)
+                    set_rng_state(before)  # type: ignore[arg-type]
+                    stopped = (stop.signal_name or "signal") if ends else None
+                    break
+            current = Pending(launched, drawn, lr, t0)
+            if not lagged:
+                if complete(current):
+                    stopped = stop.signal_name or "signal"
+                    break
+                continue
+            apply_on_device(run.optimizer, launched)
+            state.step += 1
+            if acts_after(state.step, tc):  # a log, evaluation, save or the end: read it now
+                if complete(current):
+                    stopped = stop.signal_name or "signal"
+                    break
+            else:
+                pending = current
     bar.close()
     save_checkpoint(run, state)
     if stopped:
@@ -336,9 +373,73 @@ def start_up_work(
     return objective, spent
 
 
+@dataclass
+class Launched:
+    """A step's forward/backward and clipping, queued on the device; ``read()`` waits for them
+    and returns the step's report and whether any process was asked to stop."""
+
+    totals: torch.Tensor
+    """The step's loss sums, counts and stop flag, summed over the processes (on the device)."""
+    norm: torch.Tensor
+    """The gradient norm before clipping (on the device)."""
+    read: Callable[[], tuple[steps.StepReport, bool]]
+
+    def nonfinite(self) -> torch.Tensor:
+        """1.0 on the device when the step's loss or gradient norm is not finite, else 0.0 (the
+        ``found_inf`` a fused optimizer skips its update by), computed without waiting."""
+        both = self.totals.sum() + self.norm.detach().to(self.totals)
+        return (~torch.isfinite(both)).to(torch.float32)
+
+
+@dataclass
+class Pending:
+    """A step launched by the loop: its launch, its data and when it began."""
+
+    launched: Launched
+    drawn: Any
+    lr: float
+    t0: float
+
+
+def reads_late(run: Run) -> bool:
+    """Whether the loop reads each step's numbers one step late (on CUDA with a fused optimizer):
+    the next step is queued before this one's loss and gradient norm are read, so the GPU never
+    waits for the host between steps; the non-finite guard then skips a bad step on the device
+    (the fused optimizer's ``found_inf``) and the host learns of it at the read. Elsewhere (the
+    CPU, where a read costs nothing) each step is read before the next starts."""
+    optimizer = run.optimizer
+    fused = all(group.get("fused") for group in optimizer.param_groups)
+    return run.device.type == "cuda" and fused and isinstance(optimizer, torch.optim.AdamW)
+
+
+def apply_on_device(optimizer: torch.optim.Optimizer, launched: Launched) -> None:
+    """The optimizer step of a launched step, skipped on the device when its loss or gradient
+    is not finite; the gradients cleared."""
+    optimizer.found_inf = launched.nonfinite()  # type: ignore[attr-defined]
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf  # type: ignore[attr-defined]
+    optimizer.zero_grad(set_to_none=True)
+
+
+def acts_after(step: int, tc: TrainConfig) -> bool:
+    """Whether the loop does more than count after ``step``: a log line, an evaluation, a
+    checkpoint or the last step of a step budget. A lagged loop reads such a step at once."""
+    every = (tc.log_every, tc.eval_every, tc.save_every)
+    return any(steps.due(step, n) for n in every) or bool(tc.max_steps and step >= tc.max_steps)
+
+
 def train_step(
     run: Run, micro_batches: list[dict[str, torch.Tensor]], stop_requested: bool
 ) -> tuple[steps.StepReport, bool]:
+    """:func:`launch_step`, read at once."""
+    return launch_step(run, micro_batches, stop_requested).read()
+
+
+def launch_step(
+    run: Run, micro_batches: list[dict[str, torch.Tensor]], stop_requested: bool
+) -> Launched:
     """Forward/backward of one step's micro-batches and gradient clipping; the objective's named
     losses and the tokens summed over all processes, and whether any process was asked to stop.
 
@@ -393,19 +494,31 @@ def train_step(
     norm = steps.clip_norm(run.raw.parameters(), run.cfg.train.max_grad_norm)
     sums["stop"].fill_(float(stop_requested))
     names = list(sums)
-    totals = D.all_reduce_sum(torch.stack([sums[name] for name in names]))
-    # the step's one wait for the device: the non-finite guard needs the loss and the norm
-    totals, grad_norm = _to_host(totals, norm)
+    on_device = D.all_reduce_sum(torch.stack([sums[name] for name in names]))
+    return Launched(on_device, norm, lambda: _read_step(on_device, norm, names, total, objective))
+
+
+def _read_step(
+    on_device: torch.Tensor,
+    norm: torch.Tensor,
+    names: list[str],
+    total: dict[str, float],
+    objective: Objective,
+) -> tuple[steps.StepReport, bool]:
+    """A launched step's report: its sums (``names``) and norm read (the step's one wait for the
+    device) and turned into the objective's mean losses, each over its unit's ``total``."""
+    totals, grad_norm = _to_host(on_device, norm)
     summed = dict(zip(names, totals.tolist(), strict=True))
+    terms = [(name, term.unit) for name, term in objective.terms.items()]
     means = {
         name: summed[name] / total[unit] if total[unit] else 0.0
-        for name, unit in [*((n, t.unit) for n, t in terms.items()), *scores.items()]
+        for name, unit in [*terms, *objective.scores.items()]
     }
-    loss_value = None
-    for name, term in terms.items():
+    loss = None
+    for name, term in objective.terms.items():
         weighted = term.weight * means[name]
-        loss_value = weighted if loss_value is None else loss_value + weighted
-    losses = {"loss": loss_value or 0.0, **means}
+        loss = weighted if loss is None else loss + weighted
+    losses = {"loss": loss or 0.0, **means}
     report = steps.StepReport(0.0, grad_norm, summed["tokens"], 0.0, losses)
     return report, summed["stop"] > 0
 
