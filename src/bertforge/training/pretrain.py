@@ -477,7 +477,8 @@ def launch_step(
         if "masked_rows" not in part:  # found on the host: no wait for the device (prefetch)
             part = part | {"masked_rows": masked_rows(part["labels"])}
         batch = {key: v.to(run.device, non_blocking=True) for key, v in part.items()}
-        extra = {"next_sentence_label": batch["next_sentence_label"]} if use_nsp else {}
+        labelled = use_nsp and n_local_nsp > 0  # known here: the model need not ask the device
+        extra = {"next_sentence_label": batch["next_sentence_label"]} if labelled else {}
         if not use_rtd:
             extra["masked_rows"] = batch["masked_rows"]
         with autocast(run.device, run.precision):
