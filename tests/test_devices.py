@@ -205,6 +205,33 @@ def test_a_step_waits_for_the_device_once(tiny_config):
     assert len(audit.syncs) == 1 and audit.syncs[0].endswith("to the CPU"), audit.syncs
 
 
+def test_the_pretraining_model_compiles_to_one_graph_given_its_masked_rows(tiny_config):
+    """The whole ``BertForPreTraining`` (MLM + NSP losses) is one graph when the loop hands it
+    the masked positions (``masked_rows``) and NSP labels only when some pair has one: no
+    ``nonzero`` of the labels nor ``bool(labels.any())`` inside (each broke the graph, and
+    each is a wait for the GPU)."""
+    import torch._dynamo
+
+    from bertforge.data.loader import masked_rows
+
+    model = BertForPreTraining(tiny_config).train().to("meta")
+    batch = pretraining_batch(tiny_config.vocab_size)
+    rows = masked_rows(batch["labels"]).to("meta")
+    batch = {k: v.to("meta") for k, v in batch.items()}
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(
+        batch["input_ids"],
+        token_type_ids=batch["token_type_ids"],
+        labels=batch["labels"],
+        next_sentence_label=batch["next_sentence_label"],
+        masked_rows=rows,
+    )
+    torch._dynamo.reset()
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), [
+        str(r.reason)[:200] for r in explained.break_reasons
+    ]
+
+
 def test_the_encoder_compiles_to_one_graph_with_or_without_padding(tiny_config):
     """``torch.compile`` of the encoder on a non-CPU device (``meta`` here: dynamo traces, no
     numbers) sees one graph, with an attention mask too: whether the batch is padded is never

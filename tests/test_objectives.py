@@ -19,11 +19,13 @@ from bertforge.training.config import Objective as ObjectiveName
 from bertforge.training.config import TrainConfig
 from bertforge.training.objectives import (
     OBJECTIVES,
+    UNITS,
     MaskedLM,
     Objective,
     Term,
     objective_class,
     objective_for,
+    unit_counts,
 )
 from bertforge.training.pretrain import train_step
 from bertforge.training.steps import set_dropout
@@ -104,13 +106,14 @@ def test_each_objective_names_its_terms_and_the_step_logs_them(tiny_config, name
     model = objective.model_class(tiny_config).train()
     set_dropout(model, 0.0)
     batch = batch_for(type(objective), tiny_config.vocab_size)
+    counts = dict(zip(UNITS, unit_counts(batch, objective.pair_field), strict=True))
     torch.manual_seed(1)  # rtd's generator samples its replacements from the global RNG
     output = model(
         batch["input_ids"],
         attention_mask=batch["attention_mask"],
         token_type_ids=batch["token_type_ids"],
         labels=batch["labels"],
-        **objective.forward_kwargs(batch),
+        **objective.forward_kwargs(batch, counts),
     )
     terms = objective.losses(output, batch, model)
     assert set(terms) == set(TERMS[name]) | set(objective.scores)

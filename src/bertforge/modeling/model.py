@@ -700,7 +700,13 @@ class BertForPreTraining(BertPreTrainedModel):
         out, logits, mlm_loss = masked_lm(self, *args)
         nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
         nsp_loss = None
-        if next_sentence_label is not None and bool((next_sentence_label >= 0).any()):
+        # eager: no pair labelled -> no loss (not a 0/0 NaN). Compiled, that test would break
+        # the graph (a read of the device): the caller passes labels only when some pair has
+        # one, as the training loop does
+        labelled = next_sentence_label is not None and (
+            torch.compiler.is_compiling() or bool((next_sentence_label >= 0).any())
+        )
+        if labelled:
             nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label, ignore_index=-1)
         losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
         loss = sum(losses[1:], losses[0]) if losses else None

@@ -91,10 +91,13 @@ class Objective:
     def to(self, device: torch.device) -> None:
         """Move what :meth:`prepare` made to the training device."""
 
-    def forward_kwargs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Batch fields the model takes beyond ids, mask, segments and MLM labels: by default
-        the masked positions the loop found on the host (``masked_rows``), which the sparse MLM
-        head reads instead of finding them on the device."""
+    def forward_kwargs(
+        self, batch: dict[str, Tensor], counts: dict[str, float]
+    ) -> dict[str, Tensor]:
+        """Batch fields the model takes beyond ids, mask, segments and MLM labels, given the
+        micro-batch's unit ``counts`` (known on the host): by default the masked positions the
+        loop found on the host (``masked_rows``), which the sparse MLM head reads instead of
+        finding them on the device."""
         return {"masked_rows": batch["masked_rows"]}
 
     def losses(
@@ -143,8 +146,13 @@ class MaskedLMWithNSP(Objective):
         if self.bow_weights is not None:
             self.bow_weights = self.bow_weights.to(device)
 
-    def forward_kwargs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        return super().forward_kwargs(batch) | {"next_sentence_label": batch["next_sentence_label"]}
+    def forward_kwargs(
+        self, batch: dict[str, Tensor], counts: dict[str, float]
+    ) -> dict[str, Tensor]:
+        out = super().forward_kwargs(batch, counts)
+        if counts["pairs"] > 0:  # known here: the model need not ask the device
+            out["next_sentence_label"] = batch["next_sentence_label"]
+        return out
 
     def losses(
         self, output: Any, batch: dict[str, Tensor], model: torch.nn.Module
@@ -176,7 +184,9 @@ class ReplacedTokenDetection(Objective):
             "rtd_loss": Term("tokens", BertForReplacedTokenDetection.rtd_weight),
         }
 
-    def forward_kwargs(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    def forward_kwargs(
+        self, batch: dict[str, Tensor], counts: dict[str, float]
+    ) -> dict[str, Tensor]:
         return {}  # the generator finds its own rows (it replaces the tokens there)
 
     def losses(

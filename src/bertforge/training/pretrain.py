@@ -473,7 +473,7 @@ def launch_step(
                 attention_mask=batch["attention_mask"] if padded else None,
                 token_type_ids=batch["token_type_ids"],
                 labels=batch["labels"],
-                **objective.forward_kwargs(batch),
+                **objective.forward_kwargs(batch, counts),
             )
         loss = None
         for name, value in objective.losses(output, batch, run.raw).items():
