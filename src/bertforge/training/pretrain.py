@@ -57,7 +57,7 @@ from bertforge.runtime import (
     set_threads,
 )
 from bertforge.training import steps
-from bertforge.training.budget import measure_use, plan_batches
+from bertforge.training.budget import BatchPlan, measure_use, plan_batches
 from bertforge.training.checkpoints import (
     GracefulStop,
     check_same_run,
@@ -386,6 +386,10 @@ def plan_memory(
     per_rank = data.micro * data.accum
     wanted_eval = tc.eval_batch_size or data.micro
     plan = plan_batches(budget, use, per_rank, data.micro, wanted_eval, "--train.max_memory")
+    # every process must accumulate alike: the smallest choice of any (their memory differs)
+    chosen = D.gather_object((plan.micro, plan.eval_batch))
+    micro, evals = min(m for m, _ in chosen), min(e for _, e in chosen)  # type: ignore[misc]
+    plan = BatchPlan(micro, evals, max(use.peak(micro), use.eval_peak(evals)))
     data.micro, data.accum = plan.micro, per_rank // plan.micro
     tc.micro_batch_size, tc.eval_batch_size = plan.micro, plan.eval_batch
     return plan.describe(budget, use, per_rank, "--train.max_memory")
