@@ -146,6 +146,25 @@ def test_kernel_caches_are_bounded_unless_the_user_set_them(monkeypatch):
     assert not runtime.bound_kernel_caches(64)
 
 
+def test_pretraining_keeps_fewer_kernels_than_the_other_commands():
+    # pretraining's rounded row counts repeat (docs/memory.md): 32 kept each, 64 elsewhere
+    code = (
+        "import contextlib, io, os, sys\n"
+        "from bertforge import cli\n"
+        "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        "    cli.main([sys.argv[1], '--help'])\n"
+        "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], os.environ['LRU_CACHE_CAPACITY'])"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.endswith("CACHE_CAPACITY")}
+    caps = {}
+    for command in ("pretrain", "finetune"):
+        done = subprocess.run(
+            [sys.executable, "-c", code, command], capture_output=True, text=True, env=env
+        )
+        caps[command] = done.stdout.split()[-2:]
+    assert caps == {"pretrain": ["32", "32"], "finetune": ["64", "64"]}, caps
+
+
 # ---- peak memory of tiny jobs, each in its own process ----------------------------------------
 # Bounds: measured peaks (447 MB pretraining, 468 MB fine-tuning; Intel Xeon with AMX, 2 cores
 # shared with other jobs) plus ~50% headroom for noise and other torch builds; a change that

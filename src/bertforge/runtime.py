@@ -115,9 +115,15 @@ def parse_bytes(text: str | int | float | None, option: str = "--max_memory") ->
     return int(value)
 
 
-ONEDNN_CACHE_CAPACITY = 32
+ONEDNN_CACHE_CAPACITY = 64
 """Kernels oneDNN and torch's ideep layer keep, each (both default to 1,024): see
 :func:`bound_kernel_caches`."""
+
+PRETRAIN_CACHE_CAPACITY = 32
+"""The same for ``bertforge pretrain``, whose rounded row counts repeat from step to step: the
+MiniLM adaptation at 32 peaked at 1.46 GB against 1.68 GB at 64 and stepped as fast (median
+step 2.69 s against 3.36 s, two runs side by side); fine-tuning, whose batches change length,
+ran 3-5% slower at 32 in two such pairs (docs/memory.md), and keeps 64."""
 
 
 def bound_kernel_caches(capacity: int = ONEDNN_CACHE_CAPACITY) -> bool:
@@ -126,10 +132,11 @@ def bound_kernel_caches(capacity: int = ONEDNN_CACHE_CAPACITY) -> bool:
     call this at start, before the first product. Under bf16 autocast oneDNN builds a kernel per
     product shape and keeps it, several MB each; the shapes change every step (the masked-token
     count, the real tokens of padded batches), and a MiniLM adaptation in bf16 grew ~100 MB a
-    step up to the 1,024 kernels each cache holds by default (docs/memory.md). With the row
-    counts rounded up (:func:`~bertforge.modeling.ops.shape_multiple`) the shapes repeat, and
-    32 kept each trains the MiniLM adaptation as fast as 64 (median step 2.69 s against 3.36 s,
-    two runs side by side) at 1.46 GB instead of 1.68 GB. Returns whether it set anything."""
+    step up to the 1,024 kernels each cache holds by default (docs/memory.md). 64 holds the
+    kernels one step reuses (45 distinct in a MiniLM step, the same for deeper models of that
+    width, whose layers share shapes) and bounds the rest; pretraining, whose row counts are
+    rounded up to repeat (:func:`~bertforge.modeling.ops.shape_multiple`), takes
+    :data:`PRETRAIN_CACHE_CAPACITY`. Returns whether it set anything."""
     changed = False
     for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
         if name not in os.environ:
@@ -462,6 +469,7 @@ __all__ = [
     "auto_precision",
     "autocast",
     "bound_kernel_caches",
+    "PRETRAIN_CACHE_CAPACITY",
     "compile_seconds",
     "default_threads",
     "explain_precision",

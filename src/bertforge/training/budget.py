@@ -35,8 +35,8 @@ OPTIMIZER_BYTES_PER_PARAMETER = 12
 
 KERNEL_CACHE_BYTES = 400 * 2**20
 """What oneDNN's bounded kernel caches hold in bf16 on a CPU once full: a MiniLM adaptation
-peaked 0.37 GB higher with 64 kernels kept per cache than with 4 (docs/memory.md); the cap is
-now 32, and the margin stays. They fill over a run (the evaluations' shapes beside the
+peaked 0.37 GB higher with 64 kernels kept per cache than with 4 (docs/memory.md); pretraining
+keeps 32 now, and the margin stays. They fill over a run (the evaluations' shapes beside the
 training steps'), not in its first steps: a 6-step run held only ~0.02 GB of them."""
 
 STEP_PEAK_FACTOR = 2.0
