@@ -24,11 +24,6 @@ from bertforge.inference.loading import (
     load_onnx_model,
 )
 from bertforge.inference.onnx import ONNX_FILE
-from bertforge.inference.predict import classify as predict_classify
-from bertforge.inference.predict import embed as predict_embed
-from bertforge.inference.predict import fill_mask as predict_fill_mask
-from bertforge.inference.qa import answer as predict_answer
-from bertforge.inference.tagging import tag as predict_tag
 from bertforge.modeling.checkpoint import check_model_directory, read_safetensors
 from bertforge.modeling.model import (
     BertForMaskedLM,
@@ -143,22 +138,6 @@ class ServedModel:
         if self.backend == "onnx":
             return self.model.parameter_count()
         return sum(p.numel() for p in self.model.parameters())
-
-    def warm(self) -> None:
-        """Run each of the model's inference functions once on a short text, so the first
-        request does not pay for first-call work (allocations, kernel selection, lazy inits)."""
-        options = {**self.options, "batch_size": 1}
-        text = "warm up"
-        predict_embed(self.encoder, self.tokenizer, [text], "cls", max_length=16, **options)
-        if self.kind == "masked-lm":
-            predict_fill_mask(self.model, self.tokenizer, ["warm [MASK]"], 1, **options)
-        elif self.kind == "classifier":
-            pairs = ["up"] if self.pair_columns else None
-            predict_classify(self.model, self.tokenizer, ["warm"], pairs, max_length=16, **options)
-        elif self.kind == "token-classifier":
-            predict_tag(self.model, self.tokenizer, [text], max_length=16, **options)
-        elif self.kind == "question-answering":
-            predict_answer(self.model, self.tokenizer, ["warm ?"], [text], **options)
 
     def labels(self) -> list[str]:
         """A classifier's or token classifier's labels, in output order."""
