@@ -18,7 +18,8 @@ mix of routes, each request with its own ``X-Request-Id``. It checks, per minute
 
 Then, with every client still sending, SIGTERM: every request the server accepted must be
 answered (each request id in the server's access log came back to its client, none with a
-5xx), new connections are refused, and the process exits 0.
+5xx but /health's 503 "draining", which tells a load balancer to stop sending), new
+connections are refused, and the process exits 0.
 
 Bounded: it stops after --minutes or --max_requests, whichever comes first.
 
@@ -151,7 +152,10 @@ def client_loop(
             record.samples.append((end, end - t0, status, route))
             record.answered_ids.add(rid)
             if after or signalled.is_set():
-                record.statuses_after_stop[status] += 1
+                # /health answers 503 "draining" once the SIGTERM came: what a load balancer
+                # needs to hear, not a failure
+                draining = route == "/health" and status == 503
+                record.statuses_after_stop["draining" if draining else status] += 1
     client.close()
 
 
@@ -278,7 +282,7 @@ def report(
     minutes = len(rss)
     minute_seconds = args.minutes * 60 / max(1, round(args.minutes))
     rows, p99s = [], []
-    statuses = Counter(s for _, _, s, _ in record.samples)
+    statuses = Counter(s for end, _, s, _ in record.samples if end < signal_time)
     for m in range(minutes):
         lo, hi = start + m * minute_seconds, start + (m + 1) * minute_seconds
         lat = [sec for end, sec, _, _ in record.samples if lo <= end < hi]
@@ -307,7 +311,9 @@ def report(
     worst = max(p / p99s[0] for p in p99s)
     best = min(p / p99s[0] for p in p99s)
     lost = sorted(r for r in logged if r.startswith("soak-") and r not in record.answered_ids)
-    after_5xx = sum(n for s, n in record.statuses_after_stop.items() if s >= 500)
+    after_5xx = sum(
+        n for s, n in record.statuses_after_stop.items() if s != "draining" and s >= 500
+    )
     after_answered = sum(record.statuses_after_stop.values())
     fives = sum(n for s, n in statuses.items() if s >= 500)
     checks = {
@@ -327,7 +333,7 @@ def report(
     header = ["minute", "answers", "req/s", "p50 ms", "p99 ms", "p99 / minute 1"]
     header += ["RSS median MiB", "RSS max MiB", "5xx"]
     print(markdown_table(header, rows))
-    print(f"\nanswers by status: {dict(sorted(statuses.items()))}")
+    print(f"\nanswers by status before the SIGTERM: {dict(sorted(statuses.items()))}")
     others = Counter((r, s) for _, _, s, r in record.samples if s != 200)
     if others:
         print(f"answers other than 200, by route: {dict(others)}")
@@ -345,7 +351,8 @@ def report(
     print(
         f"SIGTERM with {in_flight} requests in flight from {args.clients} clients "
         f"({answered_before:,} answers before it): "
-        f"{after_answered} answered after it ({after_5xx} 5xx), "
+        f"{after_answered} answered after it ({after_5xx} 5xx; "
+        f"{record.statuses_after_stop['draining']} /health 503 draining), "
         f"{sum(record.failed_after_stop.values())} later requests refused "
         f"({dict(record.failed_after_stop)}), {len(logged):,} requests in the server's log, "
         f"{len(lost)} of them without an answer at the client; exit status {code} after "
