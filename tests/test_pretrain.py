@@ -4,6 +4,7 @@ ranks equal one process."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -29,7 +30,9 @@ from bertforge.progress import ProgressBar, read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import list_checkpoints
 from bertforge.training.config import ModelSection, PretrainConfig, TrainConfig
-from bertforge.training.pretrain import CONFIG_FILE, pretrain, starts_random
+from bertforge.training.pretrain import CONFIG_FILE, apply_on_device, pretrain, starts_random
+
+_APPLY = apply_on_device
 
 TINY_MODEL = ModelSection(
     preset="tiny",
@@ -698,3 +701,119 @@ def test_a_from_scratch_table_names_its_columns_and_a_rerun_says_finished(
     err = capsys.readouterr().err
     assert f"{tmp_path / 'run'} holds a finished run (2 steps, its budget reached)" in err
     assert "resuming" not in err
+
+
+def _lagged(monkeypatch) -> None:
+    """The loop that reads each step one step late (CUDA's), forced on the CPU (its fused AdamW
+    takes the same ``found_inf``)."""
+    P = importlib.import_module("bertforge.training.pretrain")  # (the package exports the function)
+
+    monkeypatch.setattr(P, "reads_late", lambda run: True)
+
+
+def test_reading_steps_one_late_changes_nothing(pretraining_corpus, tmp_path, monkeypatch):
+    """The GPU's loop (each step's numbers read after the next is queued; the non-finite guard
+    on the device) gives the plain loop's run bit for bit: losses, gradient norms, evaluations,
+    checkpoints and weights, with logs, evaluations and saves at steps the lag must stop for,
+    dropout on (the step drawn ahead and dropped at the end must leave the RNG as it was)."""
+    P = importlib.import_module("bertforge.training.pretrain")  # (the package exports the function)
+
+    common = dict(max_steps=9, log_every=2, eval_every=4, save_every=3, keep_checkpoints=0)
+    plain = pretrain(tiny_cfg(pretraining_corpus["nsp"], tmp_path / "plain", **common))
+    _lagged(monkeypatch)
+    seen = []
+    monkeypatch.setattr(P, "apply_on_device", lambda *a: seen.append(1) or _APPLY(*a))
+    lagged = pretrain(tiny_cfg(pretraining_corpus["nsp"], tmp_path / "lagged", **common))
+    assert len(seen) == 9  # the lagged path ran every step
+    rows = [
+        [{k: v for k, v in r.items() if "per_s" not in k and k not in ("elapsed", "time")}
+         for r in read_metrics(tmp_path / run)]
+        for run in ("plain", "lagged")
+    ]  # fmt: skip
+    assert rows[0] == rows[1]
+    assert lagged["final"] == plain["final"]
+    for name in ("model/model.safetensors", "checkpoint-00000009/model.safetensors"):
+        a = (tmp_path / "plain" / name).read_bytes()
+        assert a == (tmp_path / "lagged" / name).read_bytes(), name
+    for step in ("00000003", "00000006"):  # the RNG, optimizer state and data position saved
+        a, b = (tmp_path / run / f"checkpoint-{step}" for run in ("plain", "lagged"))
+        sa, sb = (torch.load(d / "train_state.pt", weights_only=True) for d in (a, b))
+        assert torch.equal(sa["rng"]["torch"], sb["rng"]["torch"]), step
+        assert sa["rng"]["python"] == sb["rng"]["python"], step
+        moments = [(x["exp_avg"], y["exp_avg"]) for x, y in zip(
+            sa["optimizer"]["state"].values(), sb["optimizer"]["state"].values(), strict=True
+        )]  # fmt: skip
+        assert all(torch.equal(x, y) for x, y in moments), step
+        ja, jb = (json.loads((d / "train_state.json").read_text()) for d in (a, b))
+        assert ja["data"] == jb["data"] and ja["step"] == jb["step"], step
+
+
+def test_a_non_finite_step_read_late_is_skipped_on_the_device(
+    pretraining_corpus, tmp_path, monkeypatch
+):
+    """A step whose gradient is not finite leaves the weights and the optimizer's state as they
+    were (skipped by ``found_inf`` before the host knows), is counted as skipped when read, and
+    the run goes on as the plain loop's does."""
+    P = importlib.import_module("bertforge.training.pretrain")  # (the package exports the function)
+
+    real = P.launch_step
+    calls = {"n": 0}
+
+    def poisoned(run, batches, stop_requested):  # the third step's gradients become NaN
+        launched = real(run, batches, stop_requested)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            next(iter(run.raw.parameters())).grad.fill_(float("nan"))
+            launched.norm.fill_(float("nan"))
+        return launched
+
+    results = {}
+    for name, lag in (("plain", False), ("lagged", True)):
+        calls["n"] = 0
+        with monkeypatch.context() as m:
+            m.setattr(P, "launch_step", poisoned)
+            m.setattr(P, "reads_late", lambda run, lag=lag: lag)
+            results[name] = pretrain(
+                tiny_cfg(pretraining_corpus["nsp"], tmp_path / name, max_steps=6, log_every=6)
+            )
+        last = list_checkpoints(tmp_path / name)[-1]
+        assert json.loads((last / "train_state.json").read_text())["skipped"] == 1
+    a = (tmp_path / "plain" / "model" / "model.safetensors").read_bytes()
+    assert a == (tmp_path / "lagged" / "model" / "model.safetensors").read_bytes()
+    assert results["plain"]["final"] == results["lagged"]["final"]
+
+
+class _StopAtLaunch:
+    """GracefulStop's stand-in: a stop asked for as the ``at``-th step is launched."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.asked, self.signal_name = at, 0, "SIGTERM"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    @property
+    def requested(self) -> bool:
+        self.asked += 1
+        return self.asked >= self.at
+
+
+def test_a_stop_read_late_drops_the_step_queued_after_it(pretraining_corpus, tmp_path, monkeypatch):
+    """A stop seen one step late: the step already queued behind it is not taken (its gradients
+    dropped, the RNG it drew put back), so the checkpoint equals the plain loop's."""
+    P = importlib.import_module("bertforge.training.pretrain")
+    for name, lag in (("plain", False), ("lagged", True)):
+        with monkeypatch.context() as m:
+            m.setattr(P, "GracefulStop", lambda: _StopAtLaunch(4))
+            m.setattr(P, "reads_late", lambda run, lag=lag: lag)
+            result = pretrain(tiny_cfg(pretraining_corpus["nsp"], tmp_path / name, max_steps=9))
+        assert result["stopped"] and result["step"] == 4, name
+    a, b = (tmp_path / run / "checkpoint-00000004" for run in ("plain", "lagged"))
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+    sa, sb = (torch.load(d / "train_state.pt", weights_only=True) for d in (a, b))
+    assert torch.equal(sa["rng"]["torch"], sb["rng"]["torch"])
+    ja, jb = (json.loads((d / "train_state.json").read_text()) for d in (a, b))
+    assert ja["data"] == jb["data"]

@@ -25,7 +25,13 @@ import torch
 import yaml
 
 from bertforge import distributed as D
-from bertforge.data.loader import pinned, prefetch, validation_batches
+from bertforge.data.loader import (
+    masked_rows,
+    pinned,
+    prefetch,
+    validation_batches,
+    with_masked_rows,
+)
 from bertforge.data.loader import steps as data_steps
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.mlm import comparison_table, evaluate_mlm
@@ -59,7 +65,7 @@ from bertforge.training.checkpoints import (
     locks_output,
     write_checkpoint,
 )
-from bertforge.training.config import PretrainConfig
+from bertforge.training.config import PretrainConfig, TrainConfig
 from bertforge.training.optim import build_optimizer, set_lr
 from bertforge.training.setup import (
     PretrainingData,
@@ -174,57 +180,94 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
         "lower --train.lr, raise --train.warmup_ratio or use --train.precision fp32",
     )
     stopped = None
+    lagged = reads_late(run)
+    pending: Pending | None = None  # (lagged) a step applied on the device, its numbers unread
+    mark = time.perf_counter(), compile_seconds() if tc.compile else 0.0
+
+    def complete(done: Pending) -> bool:
+        """The host's part of a step: read its numbers, the guard, the log, evaluation, saving;
+        True when the run stops after it."""
+        nonlocal mark
+        report, stop_everywhere = done.launched.read()
+        if lagged:  # the optimizer step was taken, or skipped on the device, already
+            if not guard.allows(report.losses["loss"], report.grad_norm, state.step):
+                state.skipped += 1
+                run.say(f"step {state.step}: non-finite loss/gradient, step skipped")
+        else:
+            steps.optimizer_step(
+                run.optimizer, guard, state, report.losses["loss"], report.grad_norm, run.say
+            )
+        state.data = done.drawn.position
+        now = time.perf_counter(), compile_seconds() if tc.compile else 0.0
+        report.lr, report.seconds = done.lr, now[0] - (mark[0] if lagged else done.t0)
+        if tc.compile:  # compiling is set-up, not training: kept out of the budget
+            compiling = now[1] - mark[1]
+            report.seconds = max(report.seconds - compiling, 0.0)
+            state.compile_seconds = (state.compile_seconds or 0.0) + compiling
+            if compiling > 1.0:
+                run.say(f"step {state.step}: compiled in {compiling:.1f} s (not charged)")
+        if run.watch is not None:
+            run.watch.step(report.seconds / max(report.tokens, 1.0))
+        steps.record_step(
+            state,
+            report,
+            window,
+            bar,
+            run.logger,
+            log=lambda: steps.due(state.step, tc.log_every) or run.done(state),
+            state_fields=("tokens", "elapsed") + (("compile_seconds",) if tc.compile else ()),
+            epoch=done.drawn.epoch,
+            skipped=state.skipped,
+        )
+        if steps.due(state.step, tc.eval_every) and not run.done(state):
+            results = evaluate(run, with_extra=False)
+            log_evaluations(run, state.step, results)
+            val = results["val"]
+            probed = f"; probe accuracy {run.probes[-1]['accuracy']:.2%}" if run.probe else ""
+            bar.write(
+                f"step {state.step}: val MLM loss {val['loss']:.3f} "
+                f"accuracy {val['accuracy']:.2%}{probed}"
+            )
+        if not stop_everywhere and steps.due(state.step, tc.save_every) and not run.done(state):
+            save_checkpoint(run, state)
+        mark = time.perf_counter(), compile_seconds() if tc.compile else 0.0
+        return stop_everywhere
+
     with GracefulStop() as stop:
         source = data_steps(run.data.loader, run.data.micro)
         if run.device.type == "cuda":  # collate the next step while the GPU runs this one
-            source = prefetch(source, pinned)
+            source = prefetch(source, lambda step: pinned(with_masked_rows(step)))
         while not run.done(state):
             t0 = time.perf_counter()
-            compiled = compile_seconds() if tc.compile else 0.0
             lr = steps.scheduled_lr(
                 state.step, state.elapsed, tc, total_steps=tc.max_steps, budget=run.budget
             )
             set_lr(run.optimizer, lr)
             drawn = next(source)
-            report, stop_everywhere = train_step(run, drawn.batches, stop.requested)
-            steps.optimizer_step(
-                run.optimizer, guard, state, report.losses["loss"], report.grad_norm, run.say
-            )
-            state.data = drawn.position
-            report.lr, report.seconds = lr, time.perf_counter() - t0
-            if tc.compile:  # compiling is set-up, not training: kept out of the budget
-                compiling = compile_seconds() - compiled
-                report.seconds = max(report.seconds - compiling, 0.0)
-                state.compile_seconds = (state.compile_seconds or 0.0) + compiling
-                if compiling > 1.0:
-                    run.say(f"step {state.step}: compiled in {compiling:.1f} s (not charged)")
-            if run.watch is not None:
-                run.watch.step(report.seconds / max(report.tokens, 1.0))
-            steps.record_step(
-                state,
-                report,
-                window,
-                bar,
-                run.logger,
-                log=lambda: steps.due(state.step, tc.log_every) or run.done(state),
-                state_fields=("tokens", "elapsed") + (("compile_seconds",) if tc.compile else ()),
-                epoch=drawn.epoch,
-                skipped=state.skipped,
-            )
-            if steps.due(state.step, tc.eval_every) and not run.done(state):
-                results = evaluate(run, with_extra=False)
-                log_evaluations(run, state.step, results)
-                val = results["val"]
-                probed = f"; probe accuracy {run.probes[-1]['accuracy']:.2%}" if run.probe else ""
-                bar.write(
-                    f"step {state.step}: val MLM loss {val['loss']:.3f} "
-                    f"accuracy {val['accuracy']:.2%}{probed}"
-                )
-            if stop_everywhere:
-                stopped = stop.signal_name or "signal"
-                break
-            if steps.due(state.step, tc.save_every) and not run.done(state):
-                save_checkpoint(run, state)
+            before = rng_state() if pending is not None else None
+            launched = launch_step(run, drawn.batches, stop.requested)
+            if pending is not None:  # the step before, read now that this one is queued
+                ends = complete(pending)
+                pending = None
+                if ends or run.done(state):  # this step is not taken: undo what it drew
+                    run.optimizer.zero_grad(set_to_none=True)
+                    set_rng_state(before)  # type: ignore[arg-type]
+                    stopped = (stop.signal_name or "signal") if ends else None
+                    break
+            current = Pending(launched, drawn, lr, t0)
+            if not lagged:
+                if complete(current):
+                    stopped = stop.signal_name or "signal"
+                    break
+                continue
+            apply_on_device(run.optimizer, launched)
+            state.step += 1
+            if acts_after(state.step, tc):  # a log, evaluation, save or the end: read it now
+                if complete(current):
+                    stopped = stop.signal_name or "signal"
+                    break
+            else:
+                pending = current
     bar.close()
     save_checkpoint(run, state)
     if stopped:
@@ -332,9 +375,73 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
     return run, state
 
 
+@dataclass
+class Launched:
+    """A step's forward/backward and clipping, queued on the device; ``read()`` waits for them
+    and returns the step's report and whether any process was asked to stop."""
+
+    totals: torch.Tensor
+    """The step's loss sums, counts and stop flag, summed over the processes (on the device)."""
+    norm: torch.Tensor
+    """The gradient norm before clipping (on the device)."""
+    read: Callable[[], tuple[steps.StepReport, bool]]
+
+    def nonfinite(self) -> torch.Tensor:
+        """1.0 on the device when the step's loss or gradient norm is not finite, else 0.0 (the
+        ``found_inf`` a fused optimizer skips its update by), computed without waiting."""
+        both = self.totals.sum() + self.norm.detach().to(self.totals)
+        return (~torch.isfinite(both)).to(torch.float32)
+
+
+@dataclass
+class Pending:
+    """A step launched by the loop: its launch, its data and when it began."""
+
+    launched: Launched
+    drawn: Any
+    lr: float
+    t0: float
+
+
+def reads_late(run: Run) -> bool:
+    """Whether the loop reads each step's numbers one step late (on CUDA with a fused optimizer):
+    the next step is queued before this one's loss and gradient norm are read, so the GPU never
+    waits for the host between steps; the non-finite guard then skips a bad step on the device
+    (the fused optimizer's ``found_inf``) and the host learns of it at the read. Elsewhere (the
+    CPU, where a read costs nothing) each step is read before the next starts."""
+    optimizer = run.optimizer
+    fused = all(group.get("fused") for group in optimizer.param_groups)
+    return run.device.type == "cuda" and fused and isinstance(optimizer, torch.optim.AdamW)
+
+
+def apply_on_device(optimizer: torch.optim.Optimizer, launched: Launched) -> None:
+    """The optimizer step of a launched step, skipped on the device when its loss or gradient
+    is not finite; the gradients cleared."""
+    optimizer.found_inf = launched.nonfinite()  # type: ignore[attr-defined]
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf  # type: ignore[attr-defined]
+    optimizer.zero_grad(set_to_none=True)
+
+
+def acts_after(step: int, tc: TrainConfig) -> bool:
+    """Whether the loop does more than count after ``step``: a log line, an evaluation, a
+    checkpoint or the last step of a step budget. A lagged loop reads such a step at once."""
+    every = (tc.log_every, tc.eval_every, tc.save_every)
+    return any(steps.due(step, n) for n in every) or bool(tc.max_steps and step >= tc.max_steps)
+
+
 def train_step(
     run: Run, micro_batches: list[dict[str, torch.Tensor]], stop_requested: bool
 ) -> tuple[steps.StepReport, bool]:
+    """:func:`launch_step`, read at once."""
+    return launch_step(run, micro_batches, stop_requested).read()
+
+
+def launch_step(
+    run: Run, micro_batches: list[dict[str, torch.Tensor]], stop_requested: bool
+) -> Launched:
     """Forward/backward of one step's micro-batches and gradient clipping; the losses and tokens
     summed over all processes, and whether any process was asked to stop.
 
@@ -367,15 +474,20 @@ def train_step(
         n_local, n_local_nsp, n_tokens = local[k].tolist()
         part = micro_batches[k]
         padded = n_tokens < part["attention_mask"].numel()  # decided here, on the host
+        if "masked_rows" not in part:  # found on the host: no wait for the device (prefetch)
+            part = part | {"masked_rows": masked_rows(part["labels"])}
         batch = {key: v.to(run.device, non_blocking=True) for key, v in part.items()}
-        nsp = {"next_sentence_label": batch["next_sentence_label"]} if use_nsp else {}
+        labelled = use_nsp and n_local_nsp > 0  # known here: the model need not ask the device
+        extra = {"next_sentence_label": batch["next_sentence_label"]} if labelled else {}
+        if not use_rtd:
+            extra["masked_rows"] = batch["masked_rows"]
         with autocast(run.device, run.precision):
             output = run.forward(
                 batch["input_ids"],
                 attention_mask=batch["attention_mask"] if padded else None,
                 token_type_ids=batch["token_type_ids"],
                 labels=batch["labels"],
-                **nsp,
+                **extra,
             )
         # per-micro-batch means -> share of the global mean; DDP then averages ranks
         mlm = output.mlm_loss if use_nsp or use_rtd or use_contrastive else output.loss
@@ -410,9 +522,28 @@ def train_step(
     )
     norm = steps.clip_norm(run.raw.parameters(), run.cfg.train.max_grad_norm)
     sums[3] = float(stop_requested)
-    totals = D.all_reduce_sum(sums)
-    # the step's one wait for the device: the non-finite guard needs the loss and the norm
-    totals, grad_norm = _to_host(totals, norm)
+    on_device = D.all_reduce_sum(sums)
+    return Launched(
+        on_device, norm, lambda: _read_step(on_device, norm, n_masked, n_nsp, n_real, run)
+    )
+
+
+def _read_step(
+    on_device: torch.Tensor,
+    norm: torch.Tensor,
+    n_masked: float,
+    n_nsp: float,
+    n_real: float,
+    run: Run,
+) -> tuple[steps.StepReport, bool]:
+    """A launched step's report: its sums and norm read (the step's one wait for the device)
+    and turned into mean losses."""
+    objective = run.cfg.train.objective
+    use_nsp, use_rtd = objective == "mlm_nsp", objective == "rtd"
+    use_contrastive = objective == "mlm_contrastive"
+    nsp_weight = run.cfg.train.nsp_weight if use_nsp else 1.0
+    bow_weight = run.cfg.train.bow_weight if use_nsp else 0.0
+    totals, grad_norm = _to_host(on_device, norm)
     mlm_loss = float(totals[0]) / n_masked
     aux_loss = float(totals[1]) / n_nsp if (use_nsp or use_contrastive) and n_nsp else None
     losses = {"loss": mlm_loss + nsp_weight * (aux_loss or 0.0), "mlm_loss": mlm_loss}
