@@ -43,14 +43,14 @@ class Server:
         self.metrics = Metrics()
         self.batcher: Batcher | None = None
         self.ready = False
-        """Every model is loaded and has run one forward pass: /health answers 200."""
+        """Every model is loaded and warmed up: /health answers 200."""
         self.load_error: BaseException | None = None
         self.draining = False
         """Shutting down: /health answers 503 while the requests in flight are answered."""
         self._stopped = threading.Event()
 
     def load(self, load: LoadModels, on_failure: Callable[[BaseException], None] | None) -> None:
-        """Load the models, run each once (so the first request pays no first-call costs),
+        """Load the models, warm them up (so requests pay no first-pass costs, :meth:`warm`),
         then serve them; a failure goes to ``on_failure`` and the server stays unready."""
         try:
             models = load()
