@@ -30,6 +30,7 @@ from bertforge.modeling.model import (
     contrastive_loss,
 )
 from bertforge.modeling.ops import common, embedding, loss, products
+from bertforge.training.objectives import objective_for
 from bertforge.training.optim import build_optimizer
 from bertforge.training.pretrain import train_step
 from bertforge.training.steps import set_dropout
@@ -81,7 +82,7 @@ def fake_run(model: torch.nn.Module, objective: str, device: torch.device) -> Si
         forward=model,
         raw=model,
         ddp=model,
-        bow_weights=None,
+        objective=objective_for(train),
     )
 
 
@@ -90,7 +91,7 @@ def pretraining_step(model, objective, batch, device):
     an AdamW step; returns the step's report and the optimizer."""
     run = fake_run(model, objective, device)
     if objective == "mlm_nsp":  # the bag-of-words loss rides on mlm_nsp
-        run.bow_weights = torch.linspace(0.0, 1.0, model.config.vocab_size).to(device)
+        run.objective.bow_weights = torch.linspace(0.0, 1.0, model.config.vocab_size).to(device)
     optimizer = build_optimizer(model, 1e-3)
     report, _ = train_step(run, [batch], stop_requested=False)
     optimizer.step()
