@@ -385,10 +385,17 @@ def plan_memory(
     budget = parse_bytes(tc.max_memory, "--train.max_memory")
     per_rank = data.micro * data.accum
     wanted_eval = tc.eval_batch_size or data.micro
-    plan = plan_batches(budget, use, per_rank, data.micro, wanted_eval, "--train.max_memory")
+    try:
+        plan = plan_batches(budget, use, per_rank, data.micro, wanted_eval, "--train.max_memory")
+        mine: tuple[int, int, str | None] = (plan.micro, plan.eval_batch, None)
+    except BertforgeError as err:  # every process hears of it (none is left waiting below)
+        mine = (0, 0, str(err))
     # every process must accumulate alike: the smallest choice of any (their memory differs)
-    chosen = D.gather_object((plan.micro, plan.eval_batch))
-    micro, evals = min(m for m, _ in chosen), min(e for _, e in chosen)  # type: ignore[misc]
+    chosen = D.gather_object(mine)
+    refused = [why for *_, why in chosen if why]  # type: ignore[misc]
+    if refused:
+        raise BertforgeError(refused[0])
+    micro, evals = min(c[0] for c in chosen), min(c[1] for c in chosen)  # type: ignore[index]
     plan = BatchPlan(micro, evals, max(use.peak(micro), use.eval_peak(evals)))
     data.micro, data.accum = plan.micro, per_rank // plan.micro
     tc.micro_batch_size, tc.eval_batch_size = plan.micro, plan.eval_batch
