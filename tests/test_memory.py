@@ -389,3 +389,29 @@ def test_tiny_mlm_evaluation_reports_its_peak_under_the_bound(mlm_dir, shakespea
     assert done.returncode == 0, done.stderr
     peak = json.loads(out.read_text())["peak_memory_bytes"]
     assert 50 * 2**20 < peak < EVALUATE_BOUND, format_bytes(peak)
+
+
+def test_saved_bytes_counts_what_the_batch_uses_of_a_pooled_buffer(tiny_config):
+    """A bigger model's step first leaves the scratch pools large (as an earlier test or the
+    start-up evaluation can): the estimate still grows with the batch (it counted whole pooled
+    buffers, and measured 128 MB for 2 sequences against 58 MB for 4)."""
+    import dataclasses
+
+    from bertforge import BertForMaskedLM
+
+    torch.manual_seed(0)
+    wide = dataclasses.replace(tiny_config, vocab_size=3000, hidden_size=128, intermediate_size=512)
+    big = BertForMaskedLM(wide).train()
+    ids = torch.randint(5, 3000, (64, 64))
+    big(ids, labels=ids).loss.backward()
+    model = BertForMaskedLM(tiny_config).train()
+
+    def forward(k: int) -> torch.Tensor:
+        ids = torch.randint(5, tiny_config.vocab_size, (k, 32))
+        labels = torch.where(torch.rand(k, 32) < 0.3, ids, torch.full_like(ids, -100))
+        return model(ids, labels=labels).loss
+
+    params = list(model.parameters())
+    two, four = saved_bytes(lambda: forward(2), params), saved_bytes(lambda: forward(4), params)
+    assert 0 < two < four < 3 * two
+    assert four < 4_000_000  # a tiny model's activations, not the pools' tens of MB

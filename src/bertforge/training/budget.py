@@ -122,15 +122,19 @@ def plan_batches(
 
 def saved_bytes(forward: Callable[[], torch.Tensor], parameters: list[torch.Tensor]) -> int:
     """Bytes of the tensors autograd saves for the backward pass while ``forward()`` runs,
-    parameters left out (they are held anyway), each storage counted once. No backward runs;
-    the graph is freed on return."""
+    parameters left out (they are held anyway), each storage counted once, as far as the saved
+    tensors reach into it: a pooled scratch buffer (``ops.scratch``) kept larger by an earlier,
+    bigger batch counts only what this batch uses of it. No backward runs; the graph is freed
+    on return."""
     own = {p.untyped_storage().data_ptr() for p in parameters}
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         if storage.data_ptr() not in own and t.device.type != "meta":
-            seen[storage.data_ptr()] = storage.nbytes()
+            reach = (t.storage_offset() + t.numel()) * t.element_size()
+            used = min(storage.nbytes(), max(reach, seen.get(storage.data_ptr(), 0)))
+            seen[storage.data_ptr()] = used
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
