@@ -237,7 +237,7 @@ def run_transformers(args: argparse.Namespace, work: Path) -> dict:
         report_to=[],
         disable_tqdm=True,
         dataloader_num_workers=0,
-        group_by_length=args.group_by_length,
+        train_sampling_strategy="group_by_length" if args.group_by_length else "random",
     )
     trainer = transformers.Trainer(
         model=model,
@@ -320,7 +320,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--group_by_length", action="store_true",
-        help="Trainer's group_by_length (batches of similar length, as bertforge's); default off, "
+        help="Trainer's train_sampling_strategy=group_by_length (batches of similar length, as bertforge's); default off, "
         "as in run_*.py",
     )  # fmt: skip
     parser.add_argument(
