@@ -34,6 +34,7 @@ import torch
 from _common import ROOT, hf_adamw, hf_twin, log, markdown_table
 from bench_train import pretraining_batch, train_flops
 
+from bertforge.data.loader import masked_rows
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
 from bertforge.training.optim import build_optimizer
@@ -97,9 +98,12 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def make_step(model, optimizer, batch, device, precision, mlm_only=False):  # noqa: ANN001
-    """One training step as the loops run it (forward, backward, clip 1.0, AdamW)."""
+def make_step(model, optimizer, batch, device, precision, mlm_only=False, ours=True):  # noqa: ANN001
+    """One training step as the loops run it (forward, backward, clip 1.0, AdamW). Ours gets
+    the masked positions found on the host, as ``bertforge pretrain`` hands them over."""
     inputs = {k: v.to(device) for k, v in batch.items()}
+    if ours:
+        inputs["masked_rows"] = masked_rows(batch["labels"]).to(device)
     if mlm_only:
         inputs.pop("next_sentence_label")
         inputs.pop("token_type_ids")
@@ -156,18 +160,22 @@ def timed(step, device: torch.device, n: int) -> float:  # noqa: ANN001
     return time.perf_counter() - t0
 
 
-def bench_case(case, args, device, peak, with_reference=True, mlm_only=False):  # noqa: ANN001
-    """Ours and (when ``with_reference``) transformers alternating on one case; their rows."""
+def bench_case(case, args, device, peak, with_reference=True, mlm_only=False, only=None):  # noqa: ANN001
+    """Ours and (when ``with_reference``) transformers alternating on one case; their rows.
+    ``only`` names the one side to time instead ("bertforge" or "bertforge (compiled)")."""
     torch.manual_seed(0)
     cfg = config_of(case, args.vocab)
     cls = BertForMaskedLM if mlm_only else BertForPreTraining
     ours = cls(cfg).to(device).train()
-    sides = {"bertforge": (ours, build_optimizer(ours, 1e-4))}
-    if with_reference:
+    optimizer = build_optimizer(ours, 1e-4)
+    sides = {"bertforge": (ours, optimizer)}
+    if with_reference and only is None:
         theirs = hf_twin(ours, cls.__name__).to(device).train()
         sides["transformers"] = (theirs, hf_adamw(theirs))
-    if compiles(args, case) and with_reference:  # same weights and optimizer, torch.compile
-        sides["bertforge (compiled)"] = (torch.compile(ours), sides["bertforge"][1])
+    if (compiles(args, case) and with_reference) or only == "bertforge (compiled)":
+        sides["bertforge (compiled)"] = (torch.compile(ours), optimizer)
+    if only is not None:
+        sides = {only: sides[only]}
     batch = pretraining_batch(case.batch, case.seq, cfg.vocab_size)
     n_masked = int((batch["labels"] != -100).sum())
     flops = train_flops(cfg, case.batch, case.seq, 0 if mlm_only else n_masked)
@@ -175,7 +183,9 @@ def bench_case(case, args, device, peak, with_reference=True, mlm_only=False):  
         H, V = cfg.hidden_size, cfg.vocab_size
         flops += 3.0 * n_masked * (2 * H * H + 2 * H * V)
     steps = {
-        side: make_step(m, opt, batch, device, args.precision, mlm_only)
+        side: make_step(
+            m, opt, batch, device, args.precision, mlm_only, ours=side != "transformers"
+        )
         for side, (m, opt) in sides.items()
     }
     for side, step in steps.items():  # warm-up: allocator, cuBLAS and SDPA choices, compiling
@@ -228,7 +238,10 @@ def synthetic_data(root: Path, vocab: int, seq: int, sequences: int) -> Path:
     vocab_file = root / "vocab.txt"
     vocab_file.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
     rng = random.Random(0)
-    docs = [" ".join(rng.choices(words, k=seq * 4)) for _ in range(max(20, sequences // 4))]
+    # each document fills whole sequences ([CLS] + seq - 2 words + [SEP], 4 to a document): no
+    # padding, as the timed step has none (documents of seq * 4 words left a 10-token last
+    # sequence each, 18% of the CLI's positions padding, and its tok/s counts real tokens)
+    docs = [" ".join(rng.choices(words, k=(seq - 2) * 4)) for _ in range(max(20, sequences // 4))]
     text = root / "text.txt"
     text.write_text("\n\n".join(docs) + "\n")
     out = root / "data"
@@ -246,8 +259,9 @@ def synthetic_data(root: Path, vocab: int, seq: int, sequences: int) -> Path:
     return out
 
 
-def cli_run(case: Case, args, device: torch.device, root: Path) -> dict:  # noqa: ANN001
-    """``bertforge pretrain`` on :func:`synthetic_data` for ``args.cli_seconds``: its tokens/s."""
+def cli_run(case: Case, args, device: torch.device, root: Path, compiled: bool = False) -> dict:  # noqa: ANN001
+    """``bertforge pretrain`` on :func:`synthetic_data` for ``args.cli_seconds``: its tokens/s
+    (``compiled``: with ``--train.compile true``, compile seconds left out of its time)."""
     data = synthetic_data(root, args.vocab, case.seq, max(4 * case.batch, 64))
     layers, hidden = {"tiny": (2, 128), "base": (12, 768), "large": (24, 1024)}[case.preset]
     argv = [
@@ -264,6 +278,8 @@ def cli_run(case: Case, args, device: torch.device, root: Path) -> dict:  # noqa
     ]  # fmt: skip
     if args.cli_steps:
         argv += ["--train.max_steps", str(args.cli_steps)]
+    if compiled:
+        argv += ["--train.compile", "true"]
     if device.type == "cpu":  # the smoke run: one thread, as this process
         argv += ["--train.num_threads", str(torch.get_num_threads())]
     paths = [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]
@@ -291,7 +307,7 @@ def gib(row: Row | None) -> str:
     return f"{row.extra['peak_gib']:.1f}" if row is not None and "peak_gib" in row.extra else "-"
 
 
-def report(rows: list[Row], cli: dict | None, device_name: str, peak: float | None) -> str:
+def report(rows: list[Row], clis: list[dict], device_name: str, peak: float | None) -> str:
     if peak:
         head = f"GPU: {device_name}; MFU against {peak:g} TFLOP/s dense bf16"
     elif device_name.startswith("CPU"):
@@ -341,27 +357,23 @@ def report(rows: list[Row], cli: dict | None, device_name: str, peak: float | No
             mfu = f" ({c.mfu:.1%})" if c is not None and c.mfu is not None else ""
             row.append(f"{c.tokens_per_s:,.0f}{mfu}" if c is not None else "-")
     lines.append(markdown_table(header, table))
-    if cli is not None:
-        ratio = cli["tokens_per_s"] / cli["step_tokens_per_s"]
-        lines += [
-            "",
-            markdown_table(
-                [
-                    "CLI run (`bertforge pretrain`, MLM)",
-                    "tok/s",
-                    "its step timed alone",
-                    "CLI / step",
-                ],
-                [
-                    [
-                        cli["case"],
-                        f"{cli['tokens_per_s']:,.0f}",
-                        f"{cli['step_tokens_per_s']:,.0f}",
-                        f"{ratio:.0%}",
-                    ]
-                ],
-            ),
+    if clis:
+        header = [
+            "CLI run (`bertforge pretrain`, MLM)",
+            "tok/s",
+            "its step timed alone",
+            "CLI / step",
         ]
+        table = [
+            [
+                cli["case"],
+                f"{cli['tokens_per_s']:,.0f}",
+                f"{cli['step_tokens_per_s']:,.0f}",
+                f"{cli['tokens_per_s'] / cli['step_tokens_per_s']:.0%}",
+            ]
+            for cli in clis
+        ]
+        lines += ["", markdown_table(header, table)]
     return "\n".join(lines)
 
 
@@ -424,6 +436,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile_dir", type=Path, default=None, help="also write them here")
     parser.add_argument("--no-reference", dest="reference", action="store_false", help="ours only")
     parser.add_argument("--no-cli", dest="cli", action="store_false", help="skip the CLI run")
+    parser.add_argument(
+        "--cli_compile",
+        action="store_true",
+        help="also run the CLI with --train.compile true, against the compiled step",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     parser.add_argument("--markdown", type=Path, default=None, help="write the tables here")
     args = parser.parse_args(argv)
@@ -460,12 +477,12 @@ def main(argv: list[str] | None = None) -> int:
     log(f"bench_gpu on {device_name}, {args.precision}, {args.steps} x {args.reps} timed steps")
 
     rows: list[Row] = []
-    cli = None
+    clis: list[dict] = []
     payload: dict = {"device": device_name, "peak_tflops": peak, "precision": args.precision}
 
     def save() -> None:  # after every case: a run cut short keeps what it measured
         payload["rows"] = [asdict(r) for r in rows]
-        payload["cli"] = cli
+        payload["cli"] = clis
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(payload, indent=2) + "\n")
@@ -485,8 +502,27 @@ def main(argv: list[str] | None = None) -> int:
         log(
             f"  CLI: {cli['tokens_per_s']:,.0f} tok/s over {cli['steps']} steps; its step alone {step.tokens_per_s:,.0f}"
         )
+        clis.append(cli)
         save()
-    text = report(rows, cli, device_name, peak)
+    if args.cli and args.cli_compile:
+        case = cases[0]
+        side = "bertforge (compiled)"
+        step = bench_case(case, args, device, peak, mlm_only=True, only=side)[0]
+        step.extra["role"] = "cli"
+        step.case = f"{case.name} (compiled MLM step for the CLI)"
+        rows.append(step)
+        with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
+            cli = cli_run(case, args, device, Path(tmp), compiled=True)
+        cli |= {
+            "case": f"{case.name}, --train.compile true",
+            "step_tokens_per_s": step.tokens_per_s,
+        }
+        log(
+            f"  CLI compiled: {cli['tokens_per_s']:,.0f} tok/s; its compiled step alone {step.tokens_per_s:,.0f}"
+        )
+        clis.append(cli)
+        save()
+    text = report(rows, clis, device_name, peak)
     print(text)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,7 @@ def test_smoke_run_measures_both_sides_and_the_cli(tmp_path):
     case = "tiny (smoke), seq 32"
     assert {(case, "bertforge"), (case, "transformers")} <= set(sides)
     assert all(r["tokens_per_s"] > 0 and r["mfu"] is None for r in result["rows"])
-    assert result["cli"]["steps"] == 2 and result["cli"]["tokens_per_s"] > 0
+    (cli,) = result["cli"]
+    assert cli["steps"] == 2 and cli["tokens_per_s"] > 0
     text = table.read_text()
     assert "ours / theirs" in text and "CLI / step" in text and "no MFU" in text

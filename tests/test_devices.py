@@ -30,6 +30,7 @@ from bertforge.modeling.model import (
     contrastive_loss,
 )
 from bertforge.modeling.ops import common, embedding, loss, products
+from bertforge.training.objectives import objective_for
 from bertforge.training.optim import build_optimizer
 from bertforge.training.pretrain import train_step
 from bertforge.training.steps import set_dropout
@@ -81,7 +82,7 @@ def fake_run(model: torch.nn.Module, objective: str, device: torch.device) -> Si
         forward=model,
         raw=model,
         ddp=model,
-        bow_weights=None,
+        objective=objective_for(train),
     )
 
 
@@ -90,7 +91,7 @@ def pretraining_step(model, objective, batch, device):
     an AdamW step; returns the step's report and the optimizer."""
     run = fake_run(model, objective, device)
     if objective == "mlm_nsp":  # the bag-of-words loss rides on mlm_nsp
-        run.bow_weights = torch.linspace(0.0, 1.0, model.config.vocab_size).to(device)
+        run.objective.bow_weights = torch.linspace(0.0, 1.0, model.config.vocab_size).to(device)
     optimizer = build_optimizer(model, 1e-3)
     report, _ = train_step(run, [batch], stop_requested=False)
     optimizer.step()
@@ -186,13 +187,13 @@ def test_cpu_only_paths_are_chosen_only_for_cpu_tensors(tiny_config):
         assert rows.device == DEVICE and rows.stride() == (16, 1)
 
 
-def test_a_step_waits_for_the_device_once_besides_the_sparse_head(tiny_config):
-    """Host-device syncs of an MLM step on packed sequences (no padding): the sparse head's
-    rows (``nonzero``; their largest count per sequence, which the CPU reads, is bounded by
-    the length elsewhere), then one read of the step's loss sums and gradient norm for the
-    non-finite guard and the log. The loop's bookkeeping never
-    waits inside the step (it summed each micro-batch's losses on the CPU before); the
-    attention mask of a batch without padding is dropped on the host (no ``mask.all()``)."""
+def test_a_step_waits_for_the_device_once(tiny_config):
+    """Host-device syncs of an MLM step on packed sequences (no padding): one read of the
+    step's loss sums and gradient norm for the non-finite guard and the log. The sparse head's
+    rows are found on the host by the loop (``masked_rows``: no ``nonzero`` on the device in
+    the middle of the forward pass); the loop's bookkeeping never waits inside the step (it
+    sums each micro-batch's counts on the CPU before); the attention mask of a batch without
+    padding is dropped on the host (no ``mask.all()``)."""
     torch.manual_seed(0)
     model = BertForMaskedLM(tiny_config).train()
     batch = pretraining_batch(tiny_config.vocab_size)
@@ -201,9 +202,34 @@ def test_a_step_waits_for_the_device_once_besides_the_sparse_head(tiny_config):
         to_fake_device(model)
         audit.reset()
         pretraining_step(model, "mlm", batch, DEVICE)
-    copies = [s for s in audit.syncs if s.endswith("to the CPU")]
-    assert len(copies) == 1, audit.syncs
-    assert audit.syncs == ["nonzero (a data-dependent shape)", copies[0]]
+    assert len(audit.syncs) == 1 and audit.syncs[0].endswith("to the CPU"), audit.syncs
+
+
+def test_the_pretraining_model_compiles_to_one_graph_given_its_masked_rows(tiny_config):
+    """The whole ``BertForPreTraining`` (MLM + NSP losses) is one graph when the loop hands it
+    the masked positions (``masked_rows``) and NSP labels only when some pair has one: no
+    ``nonzero`` of the labels nor ``bool(labels.any())`` inside (each broke the graph, and
+    each is a wait for the GPU)."""
+    import torch._dynamo
+
+    from bertforge.data.loader import masked_rows
+
+    model = BertForPreTraining(tiny_config).train().to("meta")
+    batch = pretraining_batch(tiny_config.vocab_size)
+    rows = masked_rows(batch["labels"]).to("meta")
+    batch = {k: v.to("meta") for k, v in batch.items()}
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(
+        batch["input_ids"],
+        token_type_ids=batch["token_type_ids"],
+        labels=batch["labels"],
+        next_sentence_label=batch["next_sentence_label"],
+        masked_rows=rows,
+    )
+    torch._dynamo.reset()
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), [
+        str(r.reason)[:200] for r in explained.break_reasons
+    ]
 
 
 def test_the_encoder_compiles_to_one_graph_with_or_without_padding(tiny_config):

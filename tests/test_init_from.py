@@ -35,8 +35,8 @@ from bertforge.training.setup import (
     fresh_modules,
     model_contradictions,
     open_data,
-    warm_fresh_head,
 )
+from bertforge.training.start import warm_fresh_head
 
 TRAIN = dict(
     objective="mlm",

@@ -4,10 +4,10 @@ ranks equal one process."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -29,7 +29,9 @@ from bertforge.progress import ProgressBar, read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import list_checkpoints
 from bertforge.training.config import ModelSection, PretrainConfig, TrainConfig
-from bertforge.training.pretrain import CONFIG_FILE, pretrain, starts_random
+from bertforge.training.pretrain import CONFIG_FILE, apply_on_device, pretrain
+
+_APPLY = apply_on_device
 
 TINY_MODEL = ModelSection(
     preset="tiny",
@@ -397,127 +399,6 @@ def test_pretrain_imdb_script_takes_the_sequence_length_a_config_asks_for(
     assert done.stdout == expected
 
 
-def default_and_changed_start(corpus: Path, output: Path, **change):
-    """A fresh pretraining model built with ``change`` to ``--train.*`` and the default one, both
-    from seed 0: (default config, changed config, data, default state dict, changed model)."""
-    from bertforge.training.setup import build_model, open_data
-
-    cfg = tiny_cfg(corpus, output, max_steps=2)
-    changed = replace(cfg, train=replace(cfg.train, **change))
-    data = open_data(cfg)
-    torch.manual_seed(0)
-    normal = build_model(cfg, data, None).state_dict()
-    torch.manual_seed(0)
-    return cfg, changed, data, normal, build_model(changed, data, None)
-
-
-def test_segment_init_std_redraws_only_the_segment_table(pretraining_corpus, tmp_path):
-    cfg, louder, data, normal, model = default_and_changed_start(
-        pretraining_corpus["nsp"], tmp_path / "run", segment_init_std=0.2
-    )
-    table = model.bert.embeddings.token_type_embeddings.weight
-    assert table.requires_grad and table.shape == (2, 32)
-    table = table.detach()
-    assert 0.15 < float(table.std()) < 0.25 and abs(float(table.mean())) < 0.06
-    assert 0.01 < float(normal["bert.embeddings.token_type_embeddings.weight"].std()) < 0.03
-    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, normal[k])]
-    assert changed == ["bert.embeddings.token_type_embeddings.weight"]
-    assert starts_random(cfg) and not starts_random(louder)  # its own start: a column of its own
-    with pytest.raises(BertforgeError, match="--train.segment_init_std 0.0 must be positive"):
-        TrainConfig(**(TINY_TRAIN | {"max_steps": 2, "segment_init_std": 0.0}))
-
-
-def test_special_init_std_redraws_only_the_special_tokens(pretraining_corpus, tmp_path):
-    cfg, louder, data, normal, model = default_and_changed_start(
-        pretraining_corpus["nsp"], tmp_path / "run", special_init_std=0.2
-    )
-    tok = data.tokenizer
-    table = model.bert.embeddings.word_embeddings.weight.detach()
-    before = normal["bert.embeddings.word_embeddings.weight"]
-    special = [tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id]
-    assert 0.12 < float(table[special].std()) < 0.28  # 4 rows x 32 values at 0.2
-    assert float(before[special].std()) < 0.03 and not table[tok.pad_id].any()  # [PAD] stays 0
-    others = [i for i in range(table.shape[0]) if i not in special]
-    assert torch.equal(table[others], before[others])
-    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, normal[k])}
-    tied = {"bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight"}
-    assert "bert.embeddings.word_embeddings.weight" in changed and changed <= tied
-    assert starts_random(cfg) and not starts_random(louder)
-    with pytest.raises(BertforgeError, match="--train.special_init_std -1.0 must be positive"):
-        TrainConfig(**(TINY_TRAIN | {"max_steps": 2, "special_init_std": -1.0}))
-
-
-def test_a_warm_fresh_head_starts_a_fresh_model_at_the_frequency_guesser(
-    pretraining_corpus, tmp_path
-):
-    cfg, warm, data, normal, model = default_and_changed_start(
-        pretraining_corpus["nsp"], tmp_path / "run", fresh_head="warm"
-    )
-    head = model.cls.predictions
-    # the bias: log frequencies of the training split's tokens (add-0.5, mean 0)
-    counts = data.train.token_counts(model.config.vocab_size, data.tokenizer.special_ids, None)
-    log_p = torch.log(
-        (torch.from_numpy(counts).double() + 0.5) / (counts.sum() + 0.5 * len(counts))
-    )
-    torch.testing.assert_close(head.bias.detach(), (log_p - log_p.mean()).float())
-    assert float(head.bias.detach().std()) > 0.5  # frequent and rare words well apart
-    torch.testing.assert_close(head.transform.dense.weight.detach(), torch.eye(32))
-    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, normal[k])}
-    # only the head moves (the decoder's bias is the head's bias, tied as in transformers; the
-    # dense bias starts at zero in BERT's initialisation too)
-    bias = {"cls.predictions.bias", "cls.predictions.decoder.bias"}
-    assert changed == bias | {"cls.predictions.transform.dense.weight"}
-    assert starts_random(cfg) and not starts_random(warm)
-    # the default (None) is BERT's start for a fresh model, the explicit "random" too
-    from bertforge.training.setup import build_model
-
-    torch.manual_seed(0)
-    plain = build_model(replace(cfg, train=replace(cfg.train, fresh_head="random")), data, None)
-    assert all(torch.equal(v, normal[k]) for k, v in plain.state_dict().items())
-    with pytest.raises(
-        BertforgeError, match="--train.fresh_head 'hot': choose one of warm, random"
-    ):
-        TrainConfig(**(TINY_TRAIN | {"max_steps": 2, "fresh_head": "hot"}))
-
-
-def test_sinusoidal_positions_depend_on_distance_only_at_berts_scale():
-    from bertforge.modeling.model import sinusoidal_positions
-
-    table = sinusoidal_positions(64, 32, std=0.02).double()
-    assert table.shape == (64, 32)
-    half = torch.full((16,), 0.02 * 2**0.5, dtype=torch.float64)
-    torch.testing.assert_close(table[0], torch.cat([torch.zeros(16, dtype=torch.float64), half]))
-    # sin(a)sin(b) + cos(a)cos(b) = cos(a - b): the similarity of two positions is their distance's
-    gram = table @ table.T
-    torch.testing.assert_close(gram[:-5, :-5], gram[5:, 5:], atol=1e-9, rtol=0)
-    assert gram[10, 11] > gram[10, 20] > 0  # neighbours start alike
-    assert 0.015 < table.std() < 0.025  # the scale of BERT's normal(0, 0.02) start
-
-
-def test_position_init_sinusoidal_starts_a_fresh_model_there(pretraining_corpus, tmp_path):
-    from bertforge.modeling.model import sinusoidal_positions
-    from bertforge.training.setup import build_model, open_data
-
-    cfg = tiny_cfg(pretraining_corpus["nsp"], tmp_path / "run", max_steps=2)
-    sinusoidal = replace(cfg, train=replace(cfg.train, position_init="sinusoidal"))
-    data = open_data(sinusoidal)
-    table = build_model(sinusoidal, data, None).bert.embeddings.position_embeddings.weight
-    assert table.requires_grad
-    torch.testing.assert_close(table.detach(), sinusoidal_positions(64, 32, 0.02))
-    normal = build_model(cfg, data, None).bert.embeddings.position_embeddings.weight
-    assert not torch.allclose(normal, table)
-    louder = replace(sinusoidal, train=replace(sinusoidal.train, position_init_std=0.2))
-    table = build_model(louder, data, None).bert.embeddings.position_embeddings.weight
-    torch.testing.assert_close(table.detach(), sinusoidal_positions(64, 32, 0.2))
-    wider = replace(sinusoidal, model=replace(sinusoidal.model, initializer_range=0.05))
-    table = build_model(wider, open_data(wider), None).bert.embeddings.position_embeddings.weight
-    torch.testing.assert_close(table.detach(), sinusoidal_positions(64, 32, 0.05))
-    with pytest.raises(BertforgeError, match="--train.position_init"):
-        TrainConfig(**(TINY_TRAIN | {"max_steps": 2, "position_init": "rope"}))
-    with pytest.raises(BertforgeError, match="--train.position_init_std"):
-        TrainConfig(**(TINY_TRAIN | {"max_steps": 2, "position_init_std": 0.0}))
-
-
 def ppmi_by_hand(counts: torch.Tensor, alpha: float) -> torch.Tensor:
     """Positive PMI with smoothed context probabilities, one cell at a time (float64)."""
     c = counts.double()
@@ -571,84 +452,6 @@ def test_cooccurrence_vectors_put_words_of_the_same_contexts_together():
     assert inside.min() > 0.9 and across.max() < -0.9  # centred: the two groups point apart
 
 
-def test_word_init_cooccurrence_starts_a_fresh_model_there(pretraining_corpus, tmp_path, capsys):
-    from bertforge.modeling.model import cooccurrence_vectors
-    from bertforge.training.setup import (
-        WORD_INIT_CONTEXTS,
-        build_model,
-        init_word_vectors,
-        open_data,
-    )
-
-    data_dir = pretraining_corpus["nsp"]
-    cfg = tiny_cfg(data_dir, tmp_path / "run", max_steps=2, word_init="cooccurrence")
-    result = pretrain(cfg)
-    err = capsys.readouterr().err
-    assert "word embeddings start from co-occurrence vectors" in err
-    charged = float(re.search(r"\(([0-9.]+) s, charged to the budget\)", err).group(1))
-    # the start: rebuild it the way setup does and compare with a fresh normal model
-    data = open_data(cfg)
-    special, vocab = data.tokenizer.special_ids, data.model_config.vocab_size
-    frequency = data.train.token_counts(vocab, special)
-    assert vocab < WORD_INIT_CONTEXTS  # every word is a context here
-    contexts = torch.arange(vocab).numpy()[frequency > 0]  # all words the text has
-    counts = data.train.cooccurrence_counts(vocab, contexts, cfg.train.word_init_window, special)
-    vectors, seen = cooccurrence_vectors(counts, 32, cfg.train.word_init_std, seed=cfg.train.seed)
-    torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg, data, None)
-    normal = model.bert.embeddings.word_embeddings.weight.detach().clone()
-    init_word_vectors(model, cfg, data)
-    table = model.bert.embeddings.word_embeddings.weight.detach()
-    torch.testing.assert_close(table[seen], vectors[seen])
-    torch.testing.assert_close(table[~seen], normal[~seen])  # specials and unseen words
-    assert seen.sum() > 0.8 * (frequency > 0).sum() and not seen[special].any()
-    assert model.cls.predictions.decoder.weight.data_ptr() == table.data_ptr()  # still tied
-    # the run's elapsed time includes the start-up work, and its model loads as a standard BERT
-    state = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert result["step"] == 2 and state["elapsed"] >= charged - 0.05  # printed to 0.1 s
-    from transformers import BertForMaskedLM as HFBertForMaskedLM
-
-    hf = HFBertForMaskedLM.from_pretrained(tmp_path / "run" / "model")
-    assert hf.config.vocab_size == vocab
-    swallowed = tiny_cfg(data_dir, tmp_path / "r2", max_time="0.000001s", word_init="cooccurrence")
-    with pytest.raises(BertforgeError, match="took .* the whole --train.max_time"):
-        pretrain(swallowed)  # a start that uses up the budget says so instead of 0 steps
-    for bad, match in (
-        ({"word_init": "glove"}, "--train.word_init"),
-        ({"word_init_std": 0.0}, "--train.word_init_std"),
-        ({"word_init_window": 0}, "--train.word_init_window"),
-    ):
-        with pytest.raises(BertforgeError, match=match):
-            TrainConfig(**(TINY_TRAIN | {"max_steps": 2} | bad))
-
-
-def test_identity_attention_starts_every_token_at_the_mean_of_its_sequence(
-    pretraining_corpus, tmp_path
-):
-    cfg, ident, data, normal, model = default_and_changed_start(
-        pretraining_corpus["nsp"], tmp_path / "run", attention_init="identity"
-    )
-    eye = torch.eye(32)
-    changed = sorted(k for k, v in model.state_dict().items() if not torch.equal(v, normal[k]))
-    layers = range(model.config.num_hidden_layers)
-    names = [
-        f"bert.encoder.layer.{i}.attention.{m}.weight"
-        for i in layers
-        for m in ("self.value", "output.dense")
-    ]
-    assert changed == sorted(names)
-    for name in names:  # BERT's random draw plus the identity
-        assert torch.equal(model.state_dict()[name], normal[name] + eye)
-    # the premise: a fresh model's attention is nearly uniform, so [CLS] starts at the mean
-    ids = torch.randint(5, model.config.vocab_size, (2, 24))
-    with torch.no_grad():
-        probs = model.bert(ids, output_attentions=True).attentions[0]  # (2, heads, 24, 24)
-    assert float(probs.max()) < 1.5 / 24 and float(probs.min()) > 0.5 / 24
-    assert not starts_random(ident)
-    with pytest.raises(BertforgeError, match="--train.attention_init"):
-        TrainConfig(**(TINY_TRAIN | {"max_steps": 2, "attention_init": "eye"}))
-
-
 # ---- the progress line and the from-scratch table -----------------------------------------------
 
 
@@ -698,3 +501,119 @@ def test_a_from_scratch_table_names_its_columns_and_a_rerun_says_finished(
     err = capsys.readouterr().err
     assert f"{tmp_path / 'run'} holds a finished run (2 steps, its budget reached)" in err
     assert "resuming" not in err
+
+
+def _lagged(monkeypatch) -> None:
+    """The loop that reads each step one step late (CUDA's), forced on the CPU (its fused AdamW
+    takes the same ``found_inf``)."""
+    P = importlib.import_module("bertforge.training.pretrain")  # (the package exports the function)
+
+    monkeypatch.setattr(P, "reads_late", lambda run: True)
+
+
+def test_reading_steps_one_late_changes_nothing(pretraining_corpus, tmp_path, monkeypatch):
+    """The GPU's loop (each step's numbers read after the next is queued; the non-finite guard
+    on the device) gives the plain loop's run bit for bit: losses, gradient norms, evaluations,
+    checkpoints and weights, with logs, evaluations and saves at steps the lag must stop for,
+    dropout on (the step drawn ahead and dropped at the end must leave the RNG as it was)."""
+    P = importlib.import_module("bertforge.training.pretrain")  # (the package exports the function)
+
+    common = dict(max_steps=9, log_every=2, eval_every=4, save_every=3, keep_checkpoints=0)
+    plain = pretrain(tiny_cfg(pretraining_corpus["nsp"], tmp_path / "plain", **common))
+    _lagged(monkeypatch)
+    seen = []
+    monkeypatch.setattr(P, "apply_on_device", lambda *a: seen.append(1) or _APPLY(*a))
+    lagged = pretrain(tiny_cfg(pretraining_corpus["nsp"], tmp_path / "lagged", **common))
+    assert len(seen) == 9  # the lagged path ran every step
+    rows = [
+        [{k: v for k, v in r.items() if "per_s" not in k and k not in ("elapsed", "time")}
+         for r in read_metrics(tmp_path / run)]
+        for run in ("plain", "lagged")
+    ]  # fmt: skip
+    assert rows[0] == rows[1]
+    assert lagged["final"] == plain["final"]
+    for name in ("model/model.safetensors", "checkpoint-00000009/model.safetensors"):
+        a = (tmp_path / "plain" / name).read_bytes()
+        assert a == (tmp_path / "lagged" / name).read_bytes(), name
+    for step in ("00000003", "00000006"):  # the RNG, optimizer state and data position saved
+        a, b = (tmp_path / run / f"checkpoint-{step}" for run in ("plain", "lagged"))
+        sa, sb = (torch.load(d / "train_state.pt", weights_only=True) for d in (a, b))
+        assert torch.equal(sa["rng"]["torch"], sb["rng"]["torch"]), step
+        assert sa["rng"]["python"] == sb["rng"]["python"], step
+        moments = [(x["exp_avg"], y["exp_avg"]) for x, y in zip(
+            sa["optimizer"]["state"].values(), sb["optimizer"]["state"].values(), strict=True
+        )]  # fmt: skip
+        assert all(torch.equal(x, y) for x, y in moments), step
+        ja, jb = (json.loads((d / "train_state.json").read_text()) for d in (a, b))
+        assert ja["data"] == jb["data"] and ja["step"] == jb["step"], step
+
+
+def test_a_non_finite_step_read_late_is_skipped_on_the_device(
+    pretraining_corpus, tmp_path, monkeypatch
+):
+    """A step whose gradient is not finite leaves the weights and the optimizer's state as they
+    were (skipped by ``found_inf`` before the host knows), is counted as skipped when read, and
+    the run goes on as the plain loop's does."""
+    P = importlib.import_module("bertforge.training.pretrain")  # (the package exports the function)
+
+    real = P.launch_step
+    calls = {"n": 0}
+
+    def poisoned(run, batches, stop_requested):  # the third step's gradients become NaN
+        launched = real(run, batches, stop_requested)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            next(iter(run.raw.parameters())).grad.fill_(float("nan"))
+            launched.norm.fill_(float("nan"))
+        return launched
+
+    results = {}
+    for name, lag in (("plain", False), ("lagged", True)):
+        calls["n"] = 0
+        with monkeypatch.context() as m:
+            m.setattr(P, "launch_step", poisoned)
+            m.setattr(P, "reads_late", lambda run, lag=lag: lag)
+            results[name] = pretrain(
+                tiny_cfg(pretraining_corpus["nsp"], tmp_path / name, max_steps=6, log_every=6)
+            )
+        last = list_checkpoints(tmp_path / name)[-1]
+        assert json.loads((last / "train_state.json").read_text())["skipped"] == 1
+    a = (tmp_path / "plain" / "model" / "model.safetensors").read_bytes()
+    assert a == (tmp_path / "lagged" / "model" / "model.safetensors").read_bytes()
+    assert results["plain"]["final"] == results["lagged"]["final"]
+
+
+class _StopAtLaunch:
+    """GracefulStop's stand-in: a stop asked for as the ``at``-th step is launched."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.asked, self.signal_name = at, 0, "SIGTERM"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    @property
+    def requested(self) -> bool:
+        self.asked += 1
+        return self.asked >= self.at
+
+
+def test_a_stop_read_late_drops_the_step_queued_after_it(pretraining_corpus, tmp_path, monkeypatch):
+    """A stop seen one step late: the step already queued behind it is not taken (its gradients
+    dropped, the RNG it drew put back), so the checkpoint equals the plain loop's."""
+    P = importlib.import_module("bertforge.training.pretrain")
+    for name, lag in (("plain", False), ("lagged", True)):
+        with monkeypatch.context() as m:
+            m.setattr(P, "GracefulStop", lambda: _StopAtLaunch(4))
+            m.setattr(P, "reads_late", lambda run, lag=lag: lag)
+            result = pretrain(tiny_cfg(pretraining_corpus["nsp"], tmp_path / name, max_steps=9))
+        assert result["stopped"] and result["step"] == 4, name
+    a, b = (tmp_path / run / "checkpoint-00000004" for run in ("plain", "lagged"))
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+    sa, sb = (torch.load(d / "train_state.pt", weights_only=True) for d in (a, b))
+    assert torch.equal(sa["rng"]["torch"], sb["rng"]["torch"])
+    ja, jb = (json.loads((d / "train_state.json").read_text()) for d in (a, b))
+    assert ja["data"] == jb["data"]

@@ -262,6 +262,12 @@ def split_pairs(batch: dict[str, torch.Tensor], pad_id: int) -> dict[str, torch.
     }
 
 
+def fetch(dataset: Any, indices: Sequence[int]) -> list[Any]:
+    """The examples at ``indices``: the dataset's batched ``__getitems__`` where it has one."""
+    many = getattr(dataset, "__getitems__", None)
+    return many(indices) if many is not None else [dataset[i] for i in indices]
+
+
 class PretrainingLoader:
     """Dataset + sampler + collator: ``iter(loader)`` yields collated batches, endlessly.
 
@@ -285,7 +291,7 @@ class PretrainingLoader:
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         for indices in self.sampler:
             epoch = self.sampler.epoch  # the batch just drawn belongs to this epoch
-            yield self.collator([self.dataset[i] for i in indices], indices, epoch)
+            yield self.collator(fetch(self.dataset, indices), indices, epoch)
 
     def micro_batches(self, micro: int) -> Iterator[list[dict[str, torch.Tensor]]]:
         """One optimizer step per item, endlessly: this process's share of the global batch as
@@ -295,7 +301,7 @@ class PretrainingLoader:
         for indices in self.sampler:
             epoch = self.sampler.epoch
             parts = [indices[i : i + micro] for i in range(0, len(indices), micro)]
-            yield [self.collator([self.dataset[i] for i in rows], rows, epoch) for rows in parts]
+            yield [self.collator(fetch(self.dataset, rows), rows, epoch) for rows in parts]
 
 
 @dataclass
@@ -324,6 +330,19 @@ def pinned(step: Step) -> Step:
         return step
     batches = [{k: v.pin_memory() for k, v in b.items()} for b in step.batches]
     return Step(batches, step.position, step.epoch)
+
+
+def with_masked_rows(step: Step) -> Step:
+    """``step`` with each micro-batch's ``masked_rows``: the flat positions of its labelled
+    tokens (:func:`masked_rows`), found on the host ahead of the step."""
+    batches = [b | {"masked_rows": masked_rows(b["labels"])} for b in step.batches]
+    return Step(batches, step.position, step.epoch)
+
+
+def masked_rows(labels: torch.Tensor) -> torch.Tensor:
+    """The positions of ``labels`` (flattened) that are not ignored: the rows the sparse MLM head
+    scores, in row-major order (``labels.flatten() != -100``'s ``nonzero``)."""
+    return (labels.flatten() != IGNORE_LABEL).nonzero().squeeze(1)
 
 
 def prefetch(
@@ -381,4 +400,4 @@ def validation_batches(
     mine = list(range(rank, n, world_size))
     for start in range(0, len(mine), batch_size):
         indices = mine[start : start + batch_size]
-        yield collator([dataset[i] for i in indices], indices, VALIDATION_EPOCH)
+        yield collator(fetch(dataset, indices), indices, VALIDATION_EPOCH)

@@ -60,91 +60,122 @@ def evaluate_mlm(
 
     was_training = model.training
     model.eval()
-    # loss, top1, top5, tokens, nsp correct, nsp count, NotNext count, rtd correct, rtd tokens,
-    # contrastive hits, rows with a partner
-    sums = torch.zeros(11, dtype=torch.float64)
-    sequences = 0
+    sums = dict.fromkeys(SUMS, 0.0)
     total = len(batches) if hasattr(batches, "__len__") else None
     bar = item_bar(total, desc, enabled=progress, unit=" batches")
     try:
         for batch in batches:
             bar.update(1)
-            batch = {
-                k: v.to(device, non_blocking=True)
-                for k, v in batch.items()
-                if isinstance(v, Tensor)
-            }
-            labels = batch["labels"]
-            kwargs = {}
-            nsp_labels = batch.get("next_sentence_label")
-            has_nsp = nsp_labels is not None and hasattr(
-                getattr(model, "cls", None), "seq_relationship"
-            )
-            if has_nsp:
-                kwargs["next_sentence_label"] = nsp_labels
-            with autocast(device, precision):
-                out = model(
-                    batch["input_ids"],
-                    attention_mask=batch.get("attention_mask"),
-                    token_type_ids=batch.get("token_type_ids"),
-                    labels=labels,
-                    **kwargs,
-                )
-            # with labels given, the logits are sparse (n_masked, V) and the loss is their mean CE
-            logits = getattr(out, "prediction_logits", None)
-            mlm_loss = getattr(out, "mlm_loss", None) if logits is not None else out.loss
-            if logits is None:
-                logits = out.logits
-            target = labels[labels != IGNORE_INDEX]  # (n_masked,)
-            logits = logits.float()
-            if target.numel():  # the mean over no masked token is NaN: add nothing
-                sums[0] += mlm_loss.float().item() * target.numel()
-            top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices  # (n_masked, 5)
-            sums[1] += (top5[:, 0] == target).sum().item()
-            sums[2] += (top5 == target[:, None]).any(-1).sum().item()
-            sums[3] += target.numel()
-            if has_nsp:
-                valid = nsp_labels >= 0
-                pred = out.seq_relationship_logits.argmax(-1)  # (B,)
-                sums[4] += (pred[valid] == nsp_labels[valid]).sum().item()
-                sums[5] += valid.sum().item()
-                sums[6] += (nsp_labels[valid] == 1).sum().item()
-            if getattr(out, "rtd_tokens", None) is not None:  # an ELECTRA discriminator
-                sums[7] += out.rtd_correct.item()
-                sums[8] += out.rtd_tokens.item()
-            partner = batch.get("partner")
-            if partner is not None and getattr(out, "pooler_output", None) is not None:
-                _, hits = contrastive_loss(out.pooler_output, partner, 1.0)
-                sums[9] += float(hits)
-                sums[10] += float((partner >= 0).sum())
-            sequences += int(batch["input_ids"].shape[0])
+            for name, value in batch_sums(model, batch, device, precision).items():
+                sums[name] += value
     finally:
         bar.close()
         model.train(was_training)
     if reduce_across_ranks:
-        sums = all_reduce_sum(
-            torch.cat([sums, torch.tensor([float(sequences)], dtype=torch.float64)])
+        summed = all_reduce_sum(torch.tensor([sums[name] for name in SUMS], dtype=torch.float64))
+        sums = dict(zip(SUMS, summed.tolist(), strict=True))
+    return mlm_metrics(sums)
+
+
+SUMS = (
+    "loss",
+    "top1",
+    "top5",
+    "tokens",
+    "nsp_correct",
+    "nsp_pairs",
+    "not_next",
+    "rtd_correct",
+    "rtd_tokens",
+    "contrastive_hits",
+    "contrastive_rows",
+    "sequences",
+)
+"""What :func:`evaluate_mlm` sums over its batches (and ranks), by name: the masked tokens'
+cross-entropy and top-1/top-5 hits, NSP hits over labelled pairs (and the NotNext ones among
+them), the discriminator's right calls over real tokens, rows that found their partner."""
+
+
+def batch_sums(
+    model: nn.Module, batch: Mapping[str, Tensor], device: torch.device, precision: str
+) -> dict[str, float]:
+    """One batch's contribution to :data:`SUMS`, from each head the model and the batch have."""
+    batch = {k: v.to(device, non_blocking=True) for k, v in batch.items() if isinstance(v, Tensor)}
+    labels = batch["labels"]
+    nsp_labels = batch.get("next_sentence_label")
+    has_nsp = nsp_labels is not None and hasattr(getattr(model, "cls", None), "seq_relationship")
+    kwargs = {"next_sentence_label": nsp_labels} if has_nsp else {}
+    with autocast(device, precision):
+        out = model(
+            batch["input_ids"],
+            attention_mask=batch.get("attention_mask"),
+            token_type_ids=batch.get("token_type_ids"),
+            labels=labels,
+            **kwargs,
         )
-        sequences = int(sums[11].item())
-        sums = sums[:11]
-    tokens = int(sums[3].item())
+    sums = _masked_lm_sums(out, labels)
+    if has_nsp:
+        valid = nsp_labels >= 0
+        pred = out.seq_relationship_logits.argmax(-1)  # (B,)
+        sums["nsp_correct"] = (pred[valid] == nsp_labels[valid]).sum().item()
+        sums["nsp_pairs"] = valid.sum().item()
+        sums["not_next"] = (nsp_labels[valid] == 1).sum().item()
+    if getattr(out, "rtd_tokens", None) is not None:  # an ELECTRA discriminator
+        sums["rtd_correct"] = out.rtd_correct.item()
+        sums["rtd_tokens"] = out.rtd_tokens.item()
+    partner = batch.get("partner")
+    if partner is not None and getattr(out, "pooler_output", None) is not None:
+        _, hits = contrastive_loss(out.pooler_output, partner, 1.0)
+        sums["contrastive_hits"] = float(hits)
+        sums["contrastive_rows"] = float((partner >= 0).sum())
+    sums["sequences"] = int(batch["input_ids"].shape[0])
+    return sums
+
+
+def _masked_lm_sums(out: Any, labels: Tensor) -> dict[str, float]:
+    """The masked tokens' summed cross-entropy, top-1 and top-5 hits and their number."""
+    # with labels given, the logits are sparse (n_masked, V) and the loss is their mean CE
+    logits = getattr(out, "prediction_logits", None)
+    mlm_loss = getattr(out, "mlm_loss", None) if logits is not None else out.loss
+    if logits is None:
+        logits = out.logits
+    target = labels[labels != IGNORE_INDEX]  # (n_masked,)
+    logits = logits.float()
+    sums = {}
+    if target.numel():  # the mean over no masked token is NaN: add nothing
+        sums["loss"] = mlm_loss.float().item() * target.numel()
+    top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices  # (n_masked, 5)
+    sums["top1"] = (top5[:, 0] == target).sum().item()
+    sums["top5"] = (top5 == target[:, None]).any(-1).sum().item()
+    sums["tokens"] = target.numel()
+    return sums
+
+
+def mlm_metrics(sums: Mapping[str, float]) -> dict[str, float | int | str | None]:
+    """:func:`evaluate_mlm`'s metrics from the :data:`SUMS` of a whole evaluation set."""
+    tokens = int(sums["tokens"])
     if tokens == 0:
         raise ValueError(
             "evaluate_mlm: no masked token in the evaluation batches; check the labels"
         )
-    loss = float(sums[0] / tokens)
-    nsp_pairs, not_next = int(sums[5].item()), int(sums[6].item())
+    loss = sums["loss"] / tokens
+    nsp_pairs, not_next = int(sums["nsp_pairs"]), int(sums["not_next"])
     one_sided = nsp_pairs > 0 and not_next in (0, nsp_pairs)
+    nsp = sums["nsp_correct"] / sums["nsp_pairs"] if nsp_pairs > 0 and not one_sided else None
     result: dict[str, float | int | str | None] = {
         "loss": loss,
         "perplexity": math.exp(min(loss, 700.0)),
-        "accuracy": float(sums[1] / tokens),
-        "top5_accuracy": float(sums[2] / tokens),
-        "nsp_accuracy": float(sums[4] / sums[5]) if nsp_pairs > 0 and not one_sided else None,
-        "rtd_accuracy": float(sums[7] / sums[8]) if sums[8] > 0 else None,
-        "contrastive_accuracy": float(sums[9] / sums[10]) if sums[10] > 0 else None,
+        "accuracy": sums["top1"] / tokens,
+        "top5_accuracy": sums["top5"] / tokens,
+        "nsp_accuracy": nsp,
+        "rtd_accuracy": sums["rtd_correct"] / sums["rtd_tokens"] if sums["rtd_tokens"] else None,
+        "contrastive_accuracy": (
+            sums["contrastive_hits"] / sums["contrastive_rows"]
+            if sums["contrastive_rows"]
+            else None
+        ),
         "tokens": tokens,
-        "sequences": sequences,
+        "sequences": int(sums["sequences"]),
     }
     if one_sided:
         result["nsp_note"] = "no NotNext pairs" if not_next == 0 else "no IsNext pairs"

@@ -649,11 +649,20 @@ def masked_lm(
     token_type_ids: Tensor | None,
     labels: Tensor | None,
     output_attentions: bool,
+    masked_rows: Tensor | None = None,
 ) -> tuple[BertModelOutput, Tensor, Tensor | None]:
     """Encoder + MLM head: (encoder output, logits, loss). Without labels the logits are dense
     (B, T, V). With labels the padding is skipped, the last layer and the head run on the labelled
-    positions only (row-major order: logits (n_masked, V)) and the loss is their mean CE."""
-    rows = None if labels is None else (labels.flatten() != IGNORE_INDEX).nonzero().squeeze(1)
+    positions only (row-major order: logits (n_masked, V)) and the loss is their mean CE.
+    ``masked_rows``, when given, are those positions (``(labels.flatten() != -100).nonzero()``,
+    found on the host by the training loop): on a GPU, finding them here is a wait for the
+    device in the middle of the forward pass."""
+    if labels is None:
+        rows = None
+    elif masked_rows is not None:
+        rows = masked_rows
+    else:
+        rows = (labels.flatten() != IGNORE_INDEX).nonzero().squeeze(1)
     sparse = labels is not None
     words, weight = None, None
     table = model.bert.embeddings.word_embeddings
@@ -685,12 +694,19 @@ class BertForPreTraining(BertPreTrainedModel):
         labels: Tensor | None = None,
         next_sentence_label: Tensor | None = None,
         output_attentions: bool = False,
+        masked_rows: Tensor | None = None,
     ) -> PreTrainingOutput:
-        args = (input_ids, attention_mask, token_type_ids, labels, output_attentions)
+        args = (input_ids, attention_mask, token_type_ids, labels, output_attentions, masked_rows)
         out, logits, mlm_loss = masked_lm(self, *args)
         nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
         nsp_loss = None
-        if next_sentence_label is not None and bool((next_sentence_label >= 0).any()):
+        # eager: no pair labelled -> no loss (not a 0/0 NaN). Compiled, that test would break
+        # the graph (a read of the device): the caller passes labels only when some pair has
+        # one, as the training loop does
+        labelled = next_sentence_label is not None and (
+            torch.compiler.is_compiling() or bool((next_sentence_label >= 0).any())
+        )
+        if labelled:
             nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label, ignore_index=-1)
         losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
         loss = sum(losses[1:], losses[0]) if losses else None
@@ -771,8 +787,9 @@ class BertForMaskedLM(BertPreTrainedModel):
         token_type_ids: Tensor | None = None,
         labels: Tensor | None = None,
         output_attentions: bool = False,
+        masked_rows: Tensor | None = None,
     ) -> MaskedLMOutput:
-        args = (input_ids, attention_mask, token_type_ids, labels, output_attentions)
+        args = (input_ids, attention_mask, token_type_ids, labels, output_attentions, masked_rows)
         out, logits, loss = masked_lm(self, *args)
         return MaskedLMOutput(loss, logits, out.attentions)
 

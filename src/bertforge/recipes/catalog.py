@@ -44,7 +44,7 @@ from bertforge.recipes.runner import (
 )
 from bertforge.runtime import seed_everything
 from bertforge.tokenizer.wordpiece import Tokenizer
-from bertforge.training.setup import head_warm_counts, warm_fresh_head
+from bertforge.training.start import head_warm_counts, warm_fresh_head
 
 REVIEW_SENTENCES = [
     "I really really [MASK] this show! It's awesome and full of mystery!",

@@ -25,19 +25,20 @@ import torch
 import yaml
 
 from bertforge import distributed as D
-from bertforge.data.loader import pinned, prefetch, validation_batches
+from bertforge.data.loader import (
+    masked_rows,
+    pinned,
+    prefetch,
+    validation_batches,
+    with_masked_rows,
+)
 from bertforge.data.loader import steps as data_steps
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.mlm import comparison_table, evaluate_mlm
 from bertforge.evaluation.plots import plot_training_curves
 from bertforge.evaluation.probe import LinearProbe
 from bertforge.io import atomic_directory, atomic_write_text, check_run_directory
-from bertforge.modeling.model import (
-    IGNORE_INDEX,
-    BertForReplacedTokenDetection,
-    bag_of_words_loss,
-    contrastive_loss,
-)
+from bertforge.modeling.model import BertForReplacedTokenDetection
 from bertforge.modeling.pooling import copy_pooling_declaration
 from bertforge.progress import MetricsLogger, format_duration, parse_duration
 from bertforge.runtime import (
@@ -59,20 +60,20 @@ from bertforge.training.checkpoints import (
     locks_output,
     write_checkpoint,
 )
-from bertforge.training.config import PretrainConfig
+from bertforge.training.config import PretrainConfig, TrainConfig
+from bertforge.training.objectives import UNITS, Objective, objective_for, unit_counts
 from bertforge.training.optim import build_optimizer, set_lr
 from bertforge.training.setup import (
     PretrainingData,
-    bag_of_words_token_weights,
     build_model,
     find_resume,
-    init_word_vectors,
     open_data,
     random_twin,
     run_identity,
     start_pooler,
     start_report,
 )
+from bertforge.training.start import own_start, start_fresh
 
 CONFIG_FILE = "pretrain_config.yaml"
 FINAL_DIR = "model"
@@ -118,12 +119,12 @@ class Run:
     """The module the training step calls (DDP- and compile-wrapped as configured)."""
     optimizer: torch.optim.Optimizer
     logger: MetricsLogger
+    objective: Objective
+    """The objective's named loss terms (and what it read of the training split)."""
     probe: LinearProbe | None = None
     """The downstream probe (``probe.train``), on the main process."""
     probes: list[dict[str, Any]] = field(default_factory=list)
     """The probe's scores (``step``, ``accuracy``, ...) at each evaluation point."""
-    bow_weights: torch.Tensor | None = None
-    """``--train.bow_weight``: each word's weight in the bag-of-words targets, on the device."""
     watch: CoreWatch | None = None
     """Says once when the step rate collapses for oversubscribed cores."""
 
@@ -138,20 +139,10 @@ class Run:
 
 
 def starts_random(cfg: PretrainConfig) -> bool:
-    """True when step 0 is BERT's random initialisation; else (``--init_from``, ``--train.word_init
-    cooccurrence``, ``--train.position_init sinusoidal``, ``--train.segment_init_std``,
-    ``--train.special_init_std``, ``--train.fresh_head warm``, ``--train.attention_init
-    identity``) the final table also shows the same network freshly initialised."""
-    tc = cfg.train
-    own_start = (
-        tc.word_init != "normal",
-        tc.position_init != "normal",
-        tc.segment_init_std is not None,
-        tc.special_init_std is not None,
-        tc.fresh_head == "warm",
-        tc.attention_init != "normal",
-    )
-    return not cfg.init_from and not any(own_start)
+    """True when step 0 is BERT's random initialisation; else (``--init_from`` or a variant of
+    :data:`~bertforge.training.start.FRESH_STARTS`) the final table also shows the same network
+    freshly initialised."""
+    return not cfg.init_from and not own_start(cfg.train)
 
 
 @locks_output
@@ -174,57 +165,94 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
         "lower --train.lr, raise --train.warmup_ratio or use --train.precision fp32",
     )
     stopped = None
+    lagged = reads_late(run)
+    pending: Pending | None = None  # (lagged) a step applied on the device, its numbers unread
+    mark = time.perf_counter(), compile_seconds() if tc.compile else 0.0
+
+    def complete(done: Pending) -> bool:
+        """The host's part of a step: read its numbers, the guard, the log, evaluation, saving;
+        True when the run stops after it."""
+        nonlocal mark
+        report, stop_everywhere = done.launched.read()
+        if lagged:  # the optimizer step was taken, or skipped on the device, already
+            if not guard.allows(report.losses["loss"], report.grad_norm, state.step):
+                state.skipped += 1
+                run.say(f"step {state.step}: non-finite loss/gradient, step skipped")
+        else:
+            steps.optimizer_step(
+                run.optimizer, guard, state, report.losses["loss"], report.grad_norm, run.say
+            )
+        state.data = done.drawn.position
+        now = time.perf_counter(), compile_seconds() if tc.compile else 0.0
+        report.lr, report.seconds = done.lr, now[0] - (mark[0] if lagged else done.t0)
+        if tc.compile:  # compiling is set-up, not training: kept out of the budget
+            compiling = now[1] - mark[1]
+            report.seconds = max(report.seconds - compiling, 0.0)
+            state.compile_seconds = (state.compile_seconds or 0.0) + compiling
+            if compiling > 1.0:
+                run.say(f"step {state.step}: compiled in {compiling:.1f} s (not charged)")
+        if run.watch is not None:
+            run.watch.step(report.seconds / max(report.tokens, 1.0))
+        steps.record_step(
+            state,
+            report,
+            window,
+            bar,
+            run.logger,
+            log=lambda: steps.due(state.step, tc.log_every) or run.done(state),
+            state_fields=("tokens", "elapsed") + (("compile_seconds",) if tc.compile else ()),
+            epoch=done.drawn.epoch,
+            skipped=state.skipped,
+        )
+        if steps.due(state.step, tc.eval_every) and not run.done(state):
+            results = evaluate(run, with_extra=False)
+            log_evaluations(run, state.step, results)
+            val = results["val"]
+            probed = f"; probe accuracy {run.probes[-1]['accuracy']:.2%}" if run.probe else ""
+            bar.write(
+                f"step {state.step}: val MLM loss {val['loss']:.3f} "
+                f"accuracy {val['accuracy']:.2%}{probed}"
+            )
+        if not stop_everywhere and steps.due(state.step, tc.save_every) and not run.done(state):
+            save_checkpoint(run, state)
+        mark = time.perf_counter(), compile_seconds() if tc.compile else 0.0
+        return stop_everywhere
+
     with GracefulStop() as stop:
         source = data_steps(run.data.loader, run.data.micro)
         if run.device.type == "cuda":  # collate the next step while the GPU runs this one
-            source = prefetch(source, pinned)
+            source = prefetch(source, lambda step: pinned(with_masked_rows(step)))
         while not run.done(state):
             t0 = time.perf_counter()
-            compiled = compile_seconds() if tc.compile else 0.0
             lr = steps.scheduled_lr(
                 state.step, state.elapsed, tc, total_steps=tc.max_steps, budget=run.budget
             )
             set_lr(run.optimizer, lr)
             drawn = next(source)
-            report, stop_everywhere = train_step(run, drawn.batches, stop.requested)
-            steps.optimizer_step(
-                run.optimizer, guard, state, report.losses["loss"], report.grad_norm, run.say
-            )
-            state.data = drawn.position
-            report.lr, report.seconds = lr, time.perf_counter() - t0
-            if tc.compile:  # compiling is set-up, not training: kept out of the budget
-                compiling = compile_seconds() - compiled
-                report.seconds = max(report.seconds - compiling, 0.0)
-                state.compile_seconds = (state.compile_seconds or 0.0) + compiling
-                if compiling > 1.0:
-                    run.say(f"step {state.step}: compiled in {compiling:.1f} s (not charged)")
-            if run.watch is not None:
-                run.watch.step(report.seconds / max(report.tokens, 1.0))
-            steps.record_step(
-                state,
-                report,
-                window,
-                bar,
-                run.logger,
-                log=lambda: steps.due(state.step, tc.log_every) or run.done(state),
-                state_fields=("tokens", "elapsed") + (("compile_seconds",) if tc.compile else ()),
-                epoch=drawn.epoch,
-                skipped=state.skipped,
-            )
-            if steps.due(state.step, tc.eval_every) and not run.done(state):
-                results = evaluate(run, with_extra=False)
-                log_evaluations(run, state.step, results)
-                val = results["val"]
-                probed = f"; probe accuracy {run.probes[-1]['accuracy']:.2%}" if run.probe else ""
-                bar.write(
-                    f"step {state.step}: val MLM loss {val['loss']:.3f} "
-                    f"accuracy {val['accuracy']:.2%}{probed}"
-                )
-            if stop_everywhere:
-                stopped = stop.signal_name or "signal"
-                break
-            if steps.due(state.step, tc.save_every) and not run.done(state):
-                save_checkpoint(run, state)
+            before = rng_state() if pending is not None else None
+            launched = launch_step(run, drawn.batches, stop.requested)
+            if pending is not None:  # the step before, read now that this one is queued
+                ends = complete(pending)
+                pending = None
+                if ends or run.done(state):  # this step is not taken: undo what it drew
+                    run.optimizer.zero_grad(set_to_none=True)
+                    set_rng_state(before)  # type: ignore[arg-type]
+                    stopped = (stop.signal_name or "signal") if ends else None
+                    break
+            current = Pending(launched, drawn, lr, t0)
+            if not lagged:
+                if complete(current):
+                    stopped = stop.signal_name or "signal"
+                    break
+                continue
+            apply_on_device(run.optimizer, launched)
+            state.step += 1
+            if acts_after(state.step, tc):  # a log, evaluation, save or the end: read it now
+                if complete(current):
+                    stopped = stop.signal_name or "signal"
+                    break
+            else:
+                pending = current
     bar.close()
     save_checkpoint(run, state)
     if stopped:
@@ -267,24 +295,7 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
     precision, why = explain_precision(tc.precision, device, model.config.hidden_size)
     if cfg.init_from and resume_dir is None and info.is_main:
         print(start_report(cfg, model), file=sys.stderr, flush=True)
-    spent = 0.0  # start-up work charged to the time budget
-    if tc.word_init == "cooccurrence" and resume_dir is None and not cfg.init_from:
-        started = time.perf_counter()
-        done = init_word_vectors(model, cfg, data)
-        spent = time.perf_counter() - started
-        if budget is not None and spent >= budget:
-            raise BertforgeError(
-                f"--train.word_init cooccurrence took {spent:.1f} s, the whole --train.max_time "
-                f"{tc.max_time}; give a larger budget or use --train.word_init normal"
-            )
-        if info.is_main:
-            print(f"{done} ({spent:.1f} s, charged to the budget)", file=sys.stderr, flush=True)
-    bow_weights = None
-    if tc.bow_weight:
-        started = time.perf_counter()
-        bow_weights = bag_of_words_token_weights(data, model.config.vocab_size)
-        if resume_dir is None:  # start-up work, charged as the word start is
-            spent += time.perf_counter() - started
+    objective, spent = start_up_work(cfg, data, model, resume_dir, budget, info.is_main)
     if tc.dropout is not None:
         steps.set_dropout(model, tc.dropout)
     raw = model.to(device)
@@ -307,10 +318,11 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
         out, enabled=info.is_main, resume_step=state.step if resume_dir is not None else None
     )
     forward = torch.compile(ddp) if tc.compile else ddp
+    objective.to(device)
     run = Run(
-        cfg, out, info, device, precision, budget, data, raw, ddp, forward, optimizer, logger, probe
-    )
-    run.bow_weights = None if bow_weights is None else bow_weights.to(device)
+        cfg, out, info, device, precision, budget, data, raw, ddp, forward, optimizer, logger,
+        objective, probe,
+    )  # fmt: skip
     run.watch = CoreWatch(threads, run.say, "--train.num_threads")
     if resume_dir is not None and run.done(state):  # rerun of a finished run: not a resume
         run.say(
@@ -332,103 +344,183 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
     return run, state
 
 
+def start_up_work(
+    cfg: PretrainConfig,
+    data: PretrainingData,
+    model: torch.nn.Module,
+    resume_dir: Path | None,
+    budget: float | None,
+    say: bool,
+) -> tuple[Objective, float]:
+    """The start-up work that reads the training split, charged to the time budget: the charged
+    start variants of a fresh model (co-occurrence word vectors) and what the objective reads
+    (bag-of-words weights; charged unless resuming). Returns the objective and the seconds."""
+    spent = 0.0
+    fresh = resume_dir is None and not cfg.init_from
+    for variant, done, seconds in start_fresh(model, cfg, data, charged=True) if fresh else []:
+        spent += seconds
+        if budget is not None and spent >= budget:
+            raise BertforgeError(
+                f"{variant.option} took {spent:.1f} s, the whole --train.max_time "
+                f"{cfg.train.max_time}; give a larger budget or use {variant.instead}"
+            )
+        if say:
+            print(f"{done} ({seconds:.1f} s, charged to the budget)", file=sys.stderr, flush=True)
+    objective = objective_for(cfg.train)
+    started = time.perf_counter()
+    if objective.prepare(data.train, data.tokenizer, model.config.vocab_size) and not resume_dir:
+        spent += time.perf_counter() - started
+    return objective, spent
+
+
+@dataclass
+class Launched:
+    """A step's forward/backward and clipping, queued on the device; ``read()`` waits for them
+    and returns the step's report and whether any process was asked to stop."""
+
+    totals: torch.Tensor
+    """The step's loss sums, counts and stop flag, summed over the processes (on the device)."""
+    norm: torch.Tensor
+    """The gradient norm before clipping (on the device)."""
+    read: Callable[[], tuple[steps.StepReport, bool]]
+
+    def nonfinite(self) -> torch.Tensor:
+        """1.0 on the device when the step's loss or gradient norm is not finite, else 0.0 (the
+        ``found_inf`` a fused optimizer skips its update by), computed without waiting."""
+        both = self.totals.sum() + self.norm.detach().to(self.totals)
+        return (~torch.isfinite(both)).to(torch.float32)
+
+
+@dataclass
+class Pending:
+    """A step launched by the loop: its launch, its data and when it began."""
+
+    launched: Launched
+    drawn: Any
+    lr: float
+    t0: float
+
+
+def reads_late(run: Run) -> bool:
+    """Whether the loop reads each step's numbers one step late (on CUDA with a fused optimizer):
+    the next step is queued before this one's loss and gradient norm are read, so the GPU never
+    waits for the host between steps; the non-finite guard then skips a bad step on the device
+    (the fused optimizer's ``found_inf``) and the host learns of it at the read. Elsewhere (the
+    CPU, where a read costs nothing) each step is read before the next starts."""
+    optimizer = run.optimizer
+    fused = all(group.get("fused") for group in optimizer.param_groups)
+    return run.device.type == "cuda" and fused and isinstance(optimizer, torch.optim.AdamW)
+
+
+def apply_on_device(optimizer: torch.optim.Optimizer, launched: Launched) -> None:
+    """The optimizer step of a launched step, skipped on the device when its loss or gradient
+    is not finite; the gradients cleared."""
+    optimizer.found_inf = launched.nonfinite()  # type: ignore[attr-defined]
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf  # type: ignore[attr-defined]
+    optimizer.zero_grad(set_to_none=True)
+
+
+def acts_after(step: int, tc: TrainConfig) -> bool:
+    """Whether the loop does more than count after ``step``: a log line, an evaluation, a
+    checkpoint or the last step of a step budget. A lagged loop reads such a step at once."""
+    every = (tc.log_every, tc.eval_every, tc.save_every)
+    return any(steps.due(step, n) for n in every) or bool(tc.max_steps and step >= tc.max_steps)
+
+
 def train_step(
     run: Run, micro_batches: list[dict[str, torch.Tensor]], stop_requested: bool
 ) -> tuple[steps.StepReport, bool]:
-    """Forward/backward of one step's micro-batches and gradient clipping; the losses and tokens
-    summed over all processes, and whether any process was asked to stop.
+    """:func:`launch_step`, read at once."""
+    return launch_step(run, micro_batches, stop_requested).read()
 
-    Each loss is a mean per micro-batch, weighted by its share of the global batch: the MLM loss
-    by masked tokens, NSP by labelled pairs, replaced-token detection (rtd) by real tokens."""
-    objective, world = run.cfg.train.objective, run.info.world_size
-    use_nsp, use_rtd = objective == "mlm_nsp", objective == "rtd"
-    use_contrastive = objective == "mlm_contrastive"
-    nsp_weight = run.cfg.train.nsp_weight if use_nsp else 1.0  # the contrastive loss: always 1
-    bow_weight = run.cfg.train.bow_weight if use_nsp else 0.0
-    # per micro-batch: masked tokens, labelled pairs (NSP) or rows with a partner
-    # (contrastive), real tokens (counted once, on the CPU)
+
+def launch_step(
+    run: Run, micro_batches: list[dict[str, torch.Tensor]], stop_requested: bool
+) -> Launched:
+    """Forward/backward of one step's micro-batches and gradient clipping; the objective's named
+    losses and the tokens summed over all processes, and whether any process was asked to stop.
+
+    Each loss term is a mean per micro-batch, weighted by its share of the global batch in the
+    term's unit (:data:`~bertforge.training.objectives.UNITS`: masked tokens for MLM, labelled
+    pairs for NSP, real tokens for replaced-token detection)."""
+    objective, world = run.objective, run.info.world_size
+    terms, scores = objective.terms, objective.scores
+    # per micro-batch: masked tokens, pairs, real tokens (counted once, on the CPU)
     local = torch.tensor(
-        [
-            [
-                float((b["labels"] != IGNORE_INDEX).sum()),
-                float((b["partner" if use_contrastive else "next_sentence_label"] >= 0).sum()),
-                float(b["attention_mask"].sum()),
-            ]
-            for b in micro_batches
-        ],
-        dtype=torch.float64,
+        [unit_counts(b, objective.pair_field) for b in micro_batches], dtype=torch.float64
     )  # (accum, 3)
-    n_masked, n_nsp, n_real = D.all_reduce_sum(local.sum(0)).tolist()  # over the global batch
-    # mlm CE sum, nsp/contrastive CE sum, tokens, stop, rtd sum, contrastive hits, bow CE sum:
+    total = dict(zip(UNITS, D.all_reduce_sum(local.sum(0)).tolist(), strict=True))  # global
     # summed where the losses are, read once at the end of the step (one wait for the device)
-    sums = torch.zeros(7, dtype=torch.float64, device=_sums_device(run.device))
+    where = _sums_device(run.device)
+    sums = {
+        name: torch.zeros((), dtype=torch.float64, device=where)
+        for name in [*terms, *scores, "tokens", "stop"]
+    }
 
     def loss_of(k: int) -> torch.Tensor:
-        n_local, n_local_nsp, n_tokens = local[k].tolist()
+        counts = dict(zip(UNITS, local[k].tolist(), strict=True))
         part = micro_batches[k]
-        padded = n_tokens < part["attention_mask"].numel()  # decided here, on the host
+        padded = counts["tokens"] < part["attention_mask"].numel()  # decided here, on the host
+        if "masked_rows" not in part:  # found on the host: no wait for the device (prefetch)
+            part = part | {"masked_rows": masked_rows(part["labels"])}
         batch = {key: v.to(run.device, non_blocking=True) for key, v in part.items()}
-        nsp = {"next_sentence_label": batch["next_sentence_label"]} if use_nsp else {}
         with autocast(run.device, run.precision):
             output = run.forward(
                 batch["input_ids"],
                 attention_mask=batch["attention_mask"] if padded else None,
                 token_type_ids=batch["token_type_ids"],
                 labels=batch["labels"],
-                **nsp,
+                **objective.forward_kwargs(batch, counts),
             )
-        # per-micro-batch means -> share of the global mean; DDP then averages ranks
-        mlm = output.mlm_loss if use_nsp or use_rtd or use_contrastive else output.loss
-        loss = mlm * (n_local * world / n_masked)
-        sums[0] += mlm.detach().to(sums) * n_local
-        if use_nsp and output.nsp_loss is not None:
-            loss = loss + nsp_weight * output.nsp_loss * (n_local_nsp * world / n_nsp)
-            sums[1] += output.nsp_loss.detach().to(sums) * n_local_nsp
-        if bow_weight and run.bow_weights is not None:
-            words = run.raw.bert.embeddings.word_embeddings.weight
-            text = torch.where(batch["labels"] != IGNORE_INDEX, batch["labels"], batch["input_ids"])
-            bow = bag_of_words_loss(output.pooler_output, words, text, run.bow_weights)
-            if bow is not None:
-                loss = loss + bow_weight * bow * (n_local_nsp * world / n_nsp)
-                sums[6] += bow.detach().to(sums) * n_local_nsp
-        if use_contrastive:
-            temperature = run.cfg.train.contrastive_temperature
-            doc, hits = contrastive_loss(output.pooler_output, batch["partner"], temperature)
-            if doc is not None:
-                loss = loss + doc * (n_local_nsp * world / n_nsp)
-                sums[1] += doc.detach().to(sums) * n_local_nsp
-                sums[5] += hits.to(sums)
-        if use_rtd:
-            weight = BertForReplacedTokenDetection.rtd_weight
-            loss = loss + weight * output.rtd_loss * (n_tokens * world / n_real)
-            sums[4] += output.rtd_loss.detach().to(sums) * n_tokens
-        sums[2] += n_tokens
+        loss = None
+        for name, value in objective.losses(output, batch, run.raw).items():
+            if name in scores:
+                sums[name] += value.to(sums[name])
+                continue
+            # a per-micro-batch mean -> its share of the global mean; DDP then averages ranks
+            unit, weight = terms[name].unit, terms[name].weight
+            part_loss = weight * value * (counts[unit] * world / total[unit])
+            loss = part_loss if loss is None else loss + part_loss
+            sums[name] += value.detach().to(sums[name]) * counts[unit]
+        sums["tokens"] += counts["tokens"]
         return loss
 
     steps.accumulate(
         range(len(micro_batches)), loss_of, run.ddp.no_sync if run.info.enabled else None
     )
     norm = steps.clip_norm(run.raw.parameters(), run.cfg.train.max_grad_norm)
-    sums[3] = float(stop_requested)
-    totals = D.all_reduce_sum(sums)
-    # the step's one wait for the device: the non-finite guard needs the loss and the norm
-    totals, grad_norm = _to_host(totals, norm)
-    mlm_loss = float(totals[0]) / n_masked
-    aux_loss = float(totals[1]) / n_nsp if (use_nsp or use_contrastive) and n_nsp else None
-    losses = {"loss": mlm_loss + nsp_weight * (aux_loss or 0.0), "mlm_loss": mlm_loss}
-    if use_nsp:
-        losses["nsp_loss"] = aux_loss or 0.0
-    if bow_weight:
-        losses["bow_loss"] = float(totals[6]) / n_nsp if n_nsp else 0.0
-        losses["loss"] += bow_weight * losses["bow_loss"]
-    if use_contrastive:
-        losses["contrastive_loss"] = aux_loss or 0.0
-        losses["contrastive_accuracy"] = float(totals[5]) / n_nsp if n_nsp else 0.0
-    if use_rtd:
-        losses["rtd_loss"] = float(totals[4]) / n_real
-        losses["loss"] += BertForReplacedTokenDetection.rtd_weight * losses["rtd_loss"]
-    report = steps.StepReport(0.0, grad_norm, float(totals[2]), 0.0, losses)
-    return report, bool(totals[3] > 0)
+    sums["stop"].fill_(float(stop_requested))
+    names = list(sums)
+    on_device = D.all_reduce_sum(torch.stack([sums[name] for name in names]))
+    return Launched(on_device, norm, lambda: _read_step(on_device, norm, names, total, objective))
+
+
+def _read_step(
+    on_device: torch.Tensor,
+    norm: torch.Tensor,
+    names: list[str],
+    total: dict[str, float],
+    objective: Objective,
+) -> tuple[steps.StepReport, bool]:
+    """A launched step's report: its sums (``names``) and norm read (the step's one wait for the
+    device) and turned into the objective's mean losses, each over its unit's ``total``."""
+    totals, grad_norm = _to_host(on_device, norm)
+    summed = dict(zip(names, totals.tolist(), strict=True))
+    terms = [(name, term.unit) for name, term in objective.terms.items()]
+    means = {
+        name: summed[name] / total[unit] if total[unit] else 0.0
+        for name, unit in [*terms, *objective.scores.items()]
+    }
+    loss = None
+    for name, term in objective.terms.items():
+        weighted = term.weight * means[name]
+        loss = weighted if loss is None else loss + weighted
+    losses = {"loss": loss or 0.0, **means}
+    report = steps.StepReport(0.0, grad_norm, summed["tokens"], 0.0, losses)
+    return report, summed["stop"] > 0
 
 
 def _sums_device(device: torch.device) -> torch.device:

@@ -1,8 +1,9 @@
 """Everything ``pretrain`` sets up before its first step, checked against each other: the prepared
 data (datasets, this process's sampler, the masking collator and the micro-batch split of the
-global batch), the model (fresh, started from a published or our own model with ``--init_from``,
-or continued from a checkpoint), which layers stay frozen, which checkpoint to resume from and
-the settings a resumed run must keep.
+global batch, as the objective needs them), the model (fresh, with the start variants of
+``training/start.py``; started from a published or our own model with ``--init_from``; or
+continued from a checkpoint), which checkpoint to resume from and the settings a resumed run
+must keep. The objectives themselves are in ``training/objectives.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from bertforge.data.loader import PretrainingCollator, PretrainingLoader, PretrainingSampler
@@ -22,20 +22,20 @@ from bertforge.data.shards import TOKENIZER_DIR, PretrainingDataset, read_meta
 from bertforge.errors import BertforgeError
 from bertforge.modeling.checkpoint import check_tokenizer_fits, read_safetensors
 from bertforge.modeling.config import CONFIG_NAME, BertConfig
-from bertforge.modeling.model import (
-    BertForMaskedLM,
-    BertForPreTraining,
-    BertForReplacedTokenDetection,
-    bag_of_words_weights,
-    cooccurrence_vectors,
-)
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import (
     TRAIN_STATE_JSON,
     intact_checkpoint,
     latest_checkpoint,
 )
-from bertforge.training.config import ALL_LAYERS, ModelSection, PretrainConfig, parse_freeze
+from bertforge.training.config import ModelSection, PretrainConfig
+from bertforge.training.objectives import PretrainingModel, objective_class
+from bertforge.training.start import (
+    freeze_parameters,
+    head_warm_counts,
+    start_fresh,
+    warm_fresh_head,
+)
 
 
 @dataclass
@@ -81,7 +81,8 @@ def open_data(cfg: PretrainConfig, *, rank: int = 0, world_size: int = 1) -> Pre
         splits = read_meta(path)["splits"]
         split = "validation" if splits.get("validation", {}).get("instances") else "train"
         extra[Path(path).name] = PretrainingDataset(path, split, tokenizer)
-    if tc.objective in PAIR_OBJECTIVES and train_ds.mode != "nsp":
+    objective = objective_class(tc.objective)
+    if objective.reads_pairs and train_ds.mode != "nsp":
         raise BertforgeError(
             f"{cfg.data} was prepared in {train_ds.mode!r} mode, without the sentence pairs "
             f"--train.objective {tc.objective} needs; use --train.objective mlm or prepare "
@@ -126,7 +127,7 @@ def open_data(cfg: PretrainConfig, *, rank: int = 0, world_size: int = 1) -> Pre
         whole_word=cfg.masking.whole_word,
         max_predictions=cfg.masking.max_predictions,
         seed=tc.seed,
-        split_pairs=tc.objective == "mlm_contrastive",
+        split_pairs=objective.split_pairs,
     )
     return PretrainingData(
         meta,
@@ -212,11 +213,6 @@ def fresh_modules(missing: list[str]) -> list[str]:
     return names
 
 
-PretrainingModel = BertForPreTraining | BertForMaskedLM | BertForReplacedTokenDetection
-PAIR_OBJECTIVES = ("mlm_nsp", "mlm_contrastive")
-"""The objectives that read ``--mode nsp`` sentence pairs and train BERT's pretraining model."""
-
-
 _START_POOLER = re.compile(r"(?:bert\.)?pooler\.dense\.(weight|bias)")
 
 
@@ -239,178 +235,46 @@ def start_pooler(directory: str | Path, model: torch.nn.Module) -> dict[str, tor
     return found if len(found) == 2 else {}
 
 
-def pretraining_class(objective: str) -> type[PretrainingModel]:
-    """The model an objective trains: BERT's pretraining model (mlm_nsp), the MLM-only model
-    (mlm) or the ELECTRA pair of generator and discriminator (rtd)."""
-    if objective == "rtd":
-        return BertForReplacedTokenDetection
-    return BertForPreTraining if objective in PAIR_OBJECTIVES else BertForMaskedLM
-
-
 def random_twin(cfg: PretrainConfig, data: PretrainingData) -> PretrainingModel:
     """The same network freshly initialised with the run's seed (the global RNG is left as it
     was): the third column of the start vs adapted table."""
-    model_cls = pretraining_class(cfg.train.objective)
+    model_cls = objective_class(cfg.train.objective).model_class
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.train.seed)
         return model_cls(data.model_config)
 
 
-def freeze_parameters(model: torch.nn.Module, freeze: str | None) -> list[str]:
-    """Stop gradients into the embeddings and/or the lowest N encoder layers (``--train.freeze``);
-    returns the frozen modules' names. Frozen word embeddings also freeze the tied output
-    decoder (the head's transform and bias still train)."""
-    embeddings, layers = parse_freeze(freeze)
-    base = getattr(model, "bert", model)
-    total = len(base.encoder.layer)
-    if layers == ALL_LAYERS:
-        layers = total
-    if layers > total:
-        raise BertforgeError(
-            f"--train.freeze {freeze}: the model has {total} layers; freeze at most {total}"
-        )
-    frozen = (["embeddings"] if embeddings else []) + [f"encoder.layer.{i}" for i in range(layers)]
-    for name in frozen:
-        base.get_submodule(name).requires_grad_(False)
-    return frozen
-
-
-def warm_fresh_head(
-    model: BertForPreTraining | BertForMaskedLM, missing: list[str], counts: torch.Tensor
-) -> list[str]:
-    """Start a freshly initialised MLM head where a context-free guesser stands instead of at
-    noise (a random head's first predictions are uniform over the vocabulary and its first
-    gradients into the encoder are noise): the output bias becomes the log frequency of each
-    token in ``counts`` (add-0.5 smoothed, mean 0; special tokens, which are never masked, get
-    the floor), the transform's dense layer the identity, so the encoder's last hidden states
-    meet the tied word embeddings as they are. Only parameters in ``missing`` change; returns
-    what was set. On all-MiniLM-L6-v2 and IMDB text the start moves from 0.02% to 8.7%
-    held-out masked-token accuracy (docs/results.md)."""
-    head = model.cls.predictions
-    done: list[str] = []
-    with torch.no_grad():
-        if "cls.predictions.bias" in missing:
-            log_p = torch.log((counts.double() + 0.5) / (counts.double() + 0.5).sum())
-            head.bias.copy_((log_p - log_p.mean()).to(head.bias.dtype))
-            done.append("cls.predictions.bias = log token frequencies of the training text")
-        dense = head.transform.dense
-        if "cls.predictions.transform.dense.weight" in missing:
-            dense.weight.copy_(torch.eye(dense.weight.shape[0], dtype=dense.weight.dtype))
-            if "cls.predictions.transform.dense.bias" in missing:
-                dense.bias.zero_()
-            done.append("cls.predictions.transform.dense = identity")
-    return done
-
-
-WARM_HEAD_PARAMETERS = [
-    "cls.predictions.bias",
-    "cls.predictions.transform.dense.weight",
-    "cls.predictions.transform.dense.bias",
-]
-"""What ``warm_fresh_head`` sets in a fresh model (``--train.fresh_head warm`` without
-``--init_from``)."""
-
-WARM_HEAD_TOKENS = 50_000_000
-"""Tokens of the training text counted for a warm head's bias: plenty for a unigram estimate,
-and start-up stays seconds on a corpus of billions."""
-
-
-def head_warm_counts(
-    train: PretrainingDataset, tokenizer: Tokenizer, vocab_size: int
-) -> torch.Tensor:
-    """Token counts of the training split for ``warm_fresh_head`` (one per id of a model with
-    ``vocab_size`` words), special tokens zeroed."""
-    counts = train.token_counts(vocab_size, tokenizer.special_ids, WARM_HEAD_TOKENS)
-    return torch.from_numpy(counts)
-
-
-WORD_INIT_TOKENS = 50_000_000
-"""Tokens of the training text counted for ``--train.word_init cooccurrence``: 31M took ~10 s
-on two cores (AMD EPYC Zen 4), and more text hardly changes the vectors of a small model."""
-WORD_INIT_CONTEXTS = 8192
-"""Context words of the co-occurrence matrix: the most frequent ones (all of a vocabulary this
-small), which keeps the matrix at vocabulary x 8,192 for a vocabulary of any size."""
-
-
-def init_word_vectors(model: torch.nn.Module, cfg: PretrainConfig, data: PretrainingData) -> str:
-    """``--train.word_init cooccurrence``: count the training split's co-occurrences, factorise
-    them (:func:`~bertforge.modeling.model.cooccurrence_vectors`) and start the model's word
-    embeddings there; returns what it did, for the log."""
-    tc, vocab = cfg.train, model.config.vocab_size
-    special = data.tokenizer.special_ids
-    frequency = data.train.token_counts(vocab, special, WORD_INIT_TOKENS)
-    contexts = np.sort(np.argsort(-frequency, kind="stable")[:WORD_INIT_CONTEXTS])
-    contexts = contexts[frequency[contexts] > 0]
-    if len(contexts) < 2:
-        raise BertforgeError(
-            f"{cfg.data}: too few distinct tokens for --train.word_init cooccurrence; "
-            "use --train.word_init normal"
-        )
-    counts = data.train.cooccurrence_counts(
-        vocab, contexts, tc.word_init_window, special, WORD_INIT_TOKENS
-    )
-    vectors, rows = cooccurrence_vectors(
-        counts, model.config.hidden_size, tc.word_init_std, seed=tc.seed
-    )
-    model.init_word_vectors(vectors, rows)
-    return (
-        f"word embeddings start from co-occurrence vectors: {int(rows.sum()):,} of {vocab:,} "
-        f"words, {vectors.shape[1]} dimensions, window {tc.word_init_window}, "
-        f"{int(frequency.sum()):,} tokens counted"  # token_counts stops at WORD_INIT_TOKENS
-    )
-
-
-def bag_of_words_token_weights(data: PretrainingData, vocab_size: int) -> torch.Tensor:
-    """``--train.bow_weight``: the weight of each word in the bag-of-words targets
-    (:func:`~bertforge.modeling.model.bag_of_words_weights` of the training split's counts;
-    special tokens 0)."""
-    counts = data.train.token_counts(vocab_size, data.tokenizer.special_ids, WORD_INIT_TOKENS)
-    return bag_of_words_weights(torch.from_numpy(counts))
-
-
 def build_model(
     cfg: PretrainConfig, data: PretrainingData, resume_dir: Path | None
 ) -> PretrainingModel:
-    """A fresh model of the objective (:func:`pretraining_class`) sized by
-    ``cfg.model``, the model in ``--init_from`` (heads it lacks freshly initialised: see
-    ``model.loading_info["missing"]``), or the one in ``resume_dir``, which must have the same
-    config. ``--train.freeze`` is applied to each."""
-    model_config = data.model_config
-    model_cls = pretraining_class(cfg.train.objective)
-    if resume_dir is None:
-        if cfg.init_from:
-            model = model_cls.from_pretrained(cfg.init_from)
-            info = getattr(model, "loading_info", None)
-            warmable = info and info["missing"] and hasattr(model, "cls")  # not for a full model
-            if warmable and cfg.train.fresh_head != "random":  # None: warm
-                counts = head_warm_counts(data.train, data.tokenizer, model.config.vocab_size)
-                info["warmed"] = warm_fresh_head(model, info["missing"], counts)
-        else:
-            model = model_cls(model_config)
-            if cfg.train.position_init == "sinusoidal":
-                model.init_sinusoidal_positions(cfg.train.position_init_std)
-            if cfg.train.segment_init_std is not None:
-                model.init_segment_embeddings(cfg.train.segment_init_std)
-            if cfg.train.special_init_std is not None:
-                special = sorted(data.tokenizer.special_ids)
-                model.init_special_embeddings(special, cfg.train.special_init_std)
-            if cfg.train.attention_init == "identity":
-                model.init_identity_attention()
-            if cfg.train.fresh_head == "warm" and hasattr(model, "cls"):
-                counts = head_warm_counts(data.train, data.tokenizer, model.config.vocab_size)
-                warm_fresh_head(model, WARM_HEAD_PARAMETERS, counts)
-        freeze_parameters(model, cfg.train.freeze)
-        return model.train()  # from_pretrained returns a model in eval mode
-    model = model_cls.from_pretrained(resume_dir)
-    if model.config.to_dict() | {"architectures": None} != model_config.to_dict() | {
-        "architectures": None
-    }:
-        raise BertforgeError(
-            f"{resume_dir}: its model config differs from --model.*; resume "
-            "with the original settings or start a new --output"
-        )
+    """The objective's model (:attr:`~bertforge.training.objectives.Objective.model_class`):
+    fresh, sized by ``cfg.model``, with each start variant of
+    :data:`~bertforge.training.start.FRESH_STARTS` it asks for (those charged to the budget are
+    left to the caller: :func:`~bertforge.training.start.start_fresh`); the model in
+    ``--init_from`` (heads it lacks freshly initialised, see ``model.loading_info["missing"]``,
+    and an MLM head among them started warm unless ``--train.fresh_head random``); or the one
+    in ``resume_dir``, which must have the same config. ``--train.freeze`` is applied to each."""
+    model_cls = objective_class(cfg.train.objective).model_class
+    if resume_dir is not None:
+        model = model_cls.from_pretrained(resume_dir)
+        ours, theirs = model.config.to_dict(), data.model_config.to_dict()
+        if ours | {"architectures": None} != theirs | {"architectures": None}:
+            raise BertforgeError(
+                f"{resume_dir}: its model config differs from --model.*; resume "
+                "with the original settings or start a new --output"
+            )
+    elif cfg.init_from:
+        model = model_cls.from_pretrained(cfg.init_from)
+        info = getattr(model, "loading_info", None)
+        warmable = info and info["missing"] and hasattr(model, "cls")  # not for a full model
+        if warmable and cfg.train.fresh_head != "random":  # None: warm
+            counts = head_warm_counts(data.train, data.tokenizer, model.config.vocab_size)
+            info["warmed"] = warm_fresh_head(model, info["missing"], counts)
+    else:
+        model = model_cls(data.model_config)
+        start_fresh(model, cfg, data, charged=False)
     freeze_parameters(model, cfg.train.freeze)
-    return model.train()
+    return model.train()  # from_pretrained returns a model in eval mode
 
 
 def start_report(cfg: PretrainConfig, model: torch.nn.Module) -> str:
@@ -476,18 +340,14 @@ def run_identity(cfg: PretrainConfig, meta: dict, n_train: int) -> dict[str, Any
 __all__ = [
     "PretrainingData",
     "build_model",
-    "start_pooler",
-    "init_word_vectors",
     "check_start_tokenizer",
     "find_resume",
-    "freeze_parameters",
     "fresh_modules",
     "model_contradictions",
     "open_data",
     "random_twin",
     "run_identity",
     "start_config",
+    "start_pooler",
     "start_report",
-    "head_warm_counts",
-    "warm_fresh_head",
 ]

@@ -1,0 +1,268 @@
+"""The pretraining objectives, one class each: what data an objective reads, which model (and so
+which heads) it trains, and its *named* loss terms. The training step
+(:func:`bertforge.training.pretrain.train_step`) knows none of them by name: it counts each
+micro-batch's units, calls :meth:`Objective.losses`, weighs every term by its share of the
+global batch and sums the terms by name.
+
+To add an objective: a subclass here (its ``name``, ``model_class``, data needs and
+``losses``), its entry in :data:`OBJECTIVES` and its name in the config's ``Objective`` literal
+(``training/config.py``; ``tests/test_objectives.py`` fails while the two disagree), and its
+test in ``tests/test_objectives.py``. A new head goes into ``modeling/model.py`` with the model
+class that carries it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, get_args
+
+import torch
+from torch import Tensor
+
+from bertforge.data.dataset import PretrainingDataset
+from bertforge.errors import BertforgeError
+from bertforge.modeling.model import (
+    IGNORE_INDEX,
+    BertForMaskedLM,
+    BertForPreTraining,
+    BertForReplacedTokenDetection,
+    bag_of_words_loss,
+    bag_of_words_weights,
+    contrastive_loss,
+)
+from bertforge.tokenizer.wordpiece import Tokenizer
+
+PretrainingModel = BertForPreTraining | BertForMaskedLM | BertForReplacedTokenDetection
+
+Unit = Literal["masked", "pairs", "tokens"]
+"""What a loss term is a mean over: masked tokens, sentence pairs (or rows with a partner) or
+real (non-padding) tokens."""
+UNITS: tuple[Unit, ...] = get_args(Unit)
+
+BOW_TOKENS = 50_000_000
+"""Tokens of the training text counted for the bag-of-words weights (as for the word start)."""
+
+
+@dataclass(frozen=True)
+class Term:
+    """How one named loss term enters the step's loss."""
+
+    unit: Unit
+    """Its value is a mean over these; a micro-batch's term counts by its share of them."""
+    weight: float = 1.0
+    """Its weight in the total loss."""
+
+
+class Objective:
+    """A pretraining objective: data needs, model, named loss terms. Subclasses set the class
+    attributes and :meth:`losses`; an instance holds the run's weights (and what it read from
+    the training split in :meth:`prepare`)."""
+
+    name: ClassVar[str]
+    """The ``--train.objective`` value."""
+    model_class: ClassVar[type[PretrainingModel]]
+    """The model it trains (which carries its heads)."""
+    reads_pairs: ClassVar[bool] = False
+    """Needs ``--mode nsp`` data (sentence pairs with their NSP labels)."""
+    split_pairs: ClassVar[bool] = False
+    """The collator turns each pair into two single-segment rows linked by ``partner``."""
+    pair_field: ClassVar[str] = "next_sentence_label"
+    """The batch field whose entries >= 0 are the ``pairs`` unit."""
+
+    def __init__(self, train: Any) -> None:
+        """``train``: the run's ``TrainConfig`` (the weights of the terms)."""
+        self.train = train
+
+    @property
+    def terms(self) -> dict[str, Term]:
+        """The loss terms by the name the log shows, in the order they are summed."""
+        return {"mlm_loss": Term("masked")}
+
+    @property
+    def scores(self) -> dict[str, Unit]:
+        """Counts logged beside the losses (not trained on), divided by the unit's total."""
+        return {}
+
+    def prepare(self, train: PretrainingDataset, tokenizer: Tokenizer, vocab_size: int) -> bool:
+        """Start-up work on the training split; True when there was any (its time is charged to
+        the budget)."""
+        return False
+
+    def to(self, device: torch.device) -> None:
+        """Move what :meth:`prepare` made to the training device."""
+
+    def forward_kwargs(
+        self, batch: dict[str, Tensor], counts: dict[str, float]
+    ) -> dict[str, Tensor]:
+        """Batch fields the model takes beyond ids, mask, segments and MLM labels, given the
+        micro-batch's unit ``counts`` (known on the host): by default the masked positions the
+        loop found on the host (``masked_rows``), which the sparse MLM head reads instead of
+        finding them on the device."""
+        return {"masked_rows": batch["masked_rows"]}
+
+    def losses(
+        self, output: Any, batch: dict[str, Tensor], model: torch.nn.Module
+    ) -> dict[str, Tensor]:
+        """This micro-batch's loss terms by name, each a mean over its unit (a term without any
+        unit in the micro-batch is left out), and the sums of its :attr:`scores`."""
+        return {"mlm_loss": output.loss}
+
+
+class MaskedLM(Objective):
+    """mlm: masked language modelling alone (RoBERTa's and cramming's choice)."""
+
+    name = "mlm"
+    model_class = BertForMaskedLM
+
+
+class MaskedLMWithNSP(Objective):
+    """mlm_nsp: BERT's objective, masked LM + next-sentence prediction (``--train.nsp_weight``),
+    with an optional bag-of-words loss on the pooler (``--train.bow_weight``)."""
+
+    name = "mlm_nsp"
+    model_class = BertForPreTraining
+    reads_pairs = True
+
+    def __init__(self, train: Any) -> None:
+        super().__init__(train)
+        self.bow_weights: Tensor | None = None
+        """Each word's weight in the bag-of-words targets (:meth:`prepare`)."""
+
+    @property
+    def terms(self) -> dict[str, Term]:
+        terms = {"mlm_loss": Term("masked"), "nsp_loss": Term("pairs", self.train.nsp_weight)}
+        if self.train.bow_weight:
+            terms["bow_loss"] = Term("pairs", self.train.bow_weight)
+        return terms
+
+    def prepare(self, train: PretrainingDataset, tokenizer: Tokenizer, vocab_size: int) -> bool:
+        if not self.train.bow_weight:
+            return False
+        counts = train.token_counts(vocab_size, tokenizer.special_ids, BOW_TOKENS)
+        self.bow_weights = bag_of_words_weights(torch.from_numpy(counts))
+        return True
+
+    def to(self, device: torch.device) -> None:
+        if self.bow_weights is not None:
+            self.bow_weights = self.bow_weights.to(device)
+
+    def forward_kwargs(
+        self, batch: dict[str, Tensor], counts: dict[str, float]
+    ) -> dict[str, Tensor]:
+        out = super().forward_kwargs(batch, counts)
+        if counts["pairs"] > 0:  # known here: the model need not ask the device
+            out["next_sentence_label"] = batch["next_sentence_label"]
+        return out
+
+    def losses(
+        self, output: Any, batch: dict[str, Tensor], model: torch.nn.Module
+    ) -> dict[str, Tensor]:
+        out = {"mlm_loss": output.mlm_loss}
+        if output.nsp_loss is not None:
+            out["nsp_loss"] = output.nsp_loss
+        if self.train.bow_weight and self.bow_weights is not None:
+            words = model.bert.embeddings.word_embeddings.weight
+            labels, ids = batch["labels"], batch["input_ids"]
+            text = torch.where(labels != IGNORE_INDEX, labels, ids)  # the unmasked text
+            bow = bag_of_words_loss(output.pooler_output, words, text, self.bow_weights)
+            if bow is not None:
+                out["bow_loss"] = bow
+        return out
+
+
+class ReplacedTokenDetection(Objective):
+    """rtd: ELECTRA's generator (masked LM) and discriminator (replaced or original, at every
+    real token, weighted ``rtd_weight``)."""
+
+    name = "rtd"
+    model_class = BertForReplacedTokenDetection
+
+    @property
+    def terms(self) -> dict[str, Term]:
+        return {
+            "mlm_loss": Term("masked"),
+            "rtd_loss": Term("tokens", BertForReplacedTokenDetection.rtd_weight),
+        }
+
+    def forward_kwargs(
+        self, batch: dict[str, Tensor], counts: dict[str, float]
+    ) -> dict[str, Tensor]:
+        return {}  # the generator finds its own rows (it replaces the tokens there)
+
+    def losses(
+        self, output: Any, batch: dict[str, Tensor], model: torch.nn.Module
+    ) -> dict[str, Tensor]:
+        return {"mlm_loss": output.mlm_loss, "rtd_loss": output.rtd_loss}
+
+
+class MaskedLMContrastive(Objective):
+    """mlm_contrastive: masked LM + InfoNCE on the pooler's output between the two halves of
+    each IsNext pair (``--train.contrastive_temperature``)."""
+
+    name = "mlm_contrastive"
+    model_class = BertForPreTraining
+    reads_pairs = True
+    split_pairs = True
+    pair_field = "partner"
+
+    @property
+    def terms(self) -> dict[str, Term]:
+        return {"mlm_loss": Term("masked"), "contrastive_loss": Term("pairs")}
+
+    @property
+    def scores(self) -> dict[str, Unit]:
+        return {"contrastive_accuracy": "pairs"}
+
+    def losses(
+        self, output: Any, batch: dict[str, Tensor], model: torch.nn.Module
+    ) -> dict[str, Tensor]:
+        out = {"mlm_loss": output.mlm_loss}
+        temperature = self.train.contrastive_temperature
+        loss, hits = contrastive_loss(output.pooler_output, batch["partner"], temperature)
+        if loss is not None:
+            out["contrastive_loss"] = loss
+            out["contrastive_accuracy"] = hits  # rows that ranked their partner first
+        return out
+
+
+OBJECTIVES: dict[str, type[Objective]] = {
+    o.name: o for o in (MaskedLMWithNSP, MaskedLM, ReplacedTokenDetection, MaskedLMContrastive)
+}
+"""Every objective by its ``--train.objective`` name."""
+
+
+def objective_class(name: str) -> type[Objective]:
+    """The objective called ``name``; a one-line error naming the option otherwise."""
+    if name not in OBJECTIVES:
+        raise BertforgeError(f"--train.objective {name!r}: choose one of {', '.join(OBJECTIVES)}")
+    return OBJECTIVES[name]
+
+
+def objective_for(train: Any) -> Objective:
+    """The objective of a ``TrainConfig``, holding its weights."""
+    return objective_class(train.objective)(train)
+
+
+def unit_counts(batch: dict[str, Tensor], pair_field: str) -> list[float]:
+    """A batch's masked tokens, pairs (entries >= 0 of ``pair_field``) and real tokens, in the
+    order of :data:`UNITS`, counted on the host."""
+    return [
+        float((batch["labels"] != IGNORE_INDEX).sum()),
+        float((batch[pair_field] >= 0).sum()),
+        float(batch["attention_mask"].sum()),
+    ]
+
+
+__all__ = [
+    "OBJECTIVES",
+    "UNITS",
+    "MaskedLM",
+    "MaskedLMContrastive",
+    "MaskedLMWithNSP",
+    "Objective",
+    "ReplacedTokenDetection",
+    "Term",
+    "objective_class",
+    "objective_for",
+    "unit_counts",
+]
