@@ -180,7 +180,9 @@ def run_transformers(args: argparse.Namespace, work: Path) -> dict:
     test_features = hf_features(tokenizer, test, args, train=False)
     test_rows = [{k: f[k] for k in ("input_ids", "token_type_ids", "attention_mask")} for f in test_features]  # fmt: skip
     transformers.set_seed(args.seed)  # as run_qa does before loading: the new head's init
-    model = transformers.AutoModelForQuestionAnswering.from_pretrained(model_dir)
+    model = transformers.AutoModelForQuestionAnswering.from_pretrained(
+        args.score_model or model_dir
+    )
     targs = transformers.TrainingArguments(
         output_dir=str(work / "transformers"),
         per_device_train_batch_size=args.batch_size,
@@ -209,7 +211,7 @@ def run_transformers(args: argparse.Namespace, work: Path) -> dict:
         train_dataset=train_rows,
         data_collator=transformers.DataCollatorWithPadding(tokenizer),
     )
-    out = trainer.train()
+    out = None if args.score_model else trainer.train()
     starts, ends = trainer.predict(test_rows).predictions
     answers = postprocess(test, test_features, np.asarray(starts), np.asarray(ends))
     metrics = squad_metrics(answers, {e.id: e.answers for e in test})
@@ -217,8 +219,8 @@ def run_transformers(args: argparse.Namespace, work: Path) -> dict:
         **metrics,
         "windows": len(test_features),
         "train_windows": len(train_rows),
-        "train_seconds": float(out.metrics["train_runtime"]),
-        "steps": int(out.global_step),
+        "train_seconds": float(out.metrics["train_runtime"]) if out else 0.0,
+        "steps": int(out.global_step) if out else 0,
     }
 
 
@@ -270,6 +272,11 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--schedule", choices=("parallel", "alternate"), default="parallel")
     parser.add_argument("--smoke", action="store_true", help="6 paragraphs, 2 steps: a quick test")
+    parser.add_argument(
+        "--score_model", default=None,
+        help="with --side transformers: no training, score this fine-tuned model (e.g. "
+        "bertforge's OUTPUT/bertforge) through the Trainer side's predict and post-processing",
+    )  # fmt: skip
     parser.add_argument("--output", default="runs/qa-reference")
     parser.add_argument("--side", choices=("bertforge", "transformers"), help=argparse.SUPPRESS)
     args = parser.parse_args()
