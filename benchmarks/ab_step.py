@@ -8,6 +8,8 @@ per-repetition ratios, which is robust to the machine drifting during the run.
     python benchmarks/ab_step.py --base HEAD~1 --case pretrain --precision bf16 --reps 9
     python benchmarks/ab_step.py --base c260361 --case encode
     python benchmarks/ab_step.py --base HEAD~1 --case classify   # `classify`, 64 IMDB reviews
+    python benchmarks/ab_step.py --base HEAD --size minilm --precision bf16 --varied --reps 9
+    python benchmarks/ab_step.py --base HEAD --case finetune --size minilm --precision bf16
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 from _common import log, minilm_dir
 from bench_infer import encode_fn, wikitext_windows
-from bench_train import make_step, pretraining_batch
+from bench_train import FIRST_WORD, make_step, pretraining_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,18 +68,95 @@ def module(package: str, *names: str) -> Any:
     raise ModuleNotFoundError(f"none of {names} in {package}")
 
 
-def pretrain_cases(packages: dict[str, str], size: str, precision: str) -> dict[str, Callable]:
-    torch.manual_seed(0)
-    batch = pretraining_batch(32, 128, 30522)
+def varied_batch(seed: int) -> dict[str, torch.Tensor]:
+    """A 32 x 128 pretraining batch as packed data gives them: ~30% of the sequences end early
+    (a document's last piece: padding after it), 15% of the real tokens masked; the masked and
+    real counts change from batch to batch."""
+    batch = pretraining_batch(32, 128, 30522, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    short = torch.rand(32, generator=g) < 0.3
+    lengths = torch.where(short, torch.randint(16, 128, (32,), generator=g), 128)
+    mask = (torch.arange(128)[None, :] < lengths[:, None]).long()  # (B, T)
+    batch["attention_mask"] = mask
+    batch["input_ids"] = batch["input_ids"] * mask
+    batch["labels"] = batch["labels"].masked_fill(mask == 0, -100)
+    return batch
+
+
+def finetune_batch(seed: int) -> dict[str, torch.Tensor]:
+    """A fine-tuning batch as bucketed batches of reviews come: 32 texts of similar length
+    (within 20% of a length drawn from 48-128 tokens), padded to the longest, a label each."""
+    g = torch.Generator().manual_seed(seed)
+    top = int(torch.randint(48, 129, (1,), generator=g))
+    lengths = torch.randint(int(top * 0.8), top + 1, (32,), generator=g)
+    lengths[0] = top
+    mask = (torch.arange(top)[None, :] < lengths[:, None]).long()  # (B, T)
+    ids = torch.randint(FIRST_WORD, 30522, (32, top), generator=g) * mask
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "token_type_ids": torch.zeros_like(ids),
+        "labels": torch.randint(0, 2, (32,), generator=g),
+    }
+
+
+def finetune_cases(packages: dict[str, str], size: str, precision: str, n: int) -> dict:
+    """Each side's fine-tuning step (sequence classification, 2 labels) on a new
+    :func:`finetune_batch` each call, the same ``n`` batches on both sides."""
+    batches = [finetune_batch(seed) for seed in range(n)]
     cases, state = {}, None
     for side, name in packages.items():
-        config = module(name, "modeling.config", "config").BertConfig.preset(size, vocab_size=30522)
+        config = sized_config(name, size)
+        config.num_labels = 2
+        torch.manual_seed(0)
+        model_cls = module(name, "modeling.model", "model").BertForSequenceClassification
+        model = model_cls(config).train()
+        if state is None:
+            state = model.state_dict()
+        model.load_state_dict(state)
+        optimizer = module(name, "training.optim", "optim").build_optimizer(model, 1e-4)
+        steps = [make_step(model, optimizer, b, precision) for b in batches]
+        calls = iter(range(10**9))
+        cases[side] = lambda steps=steps, calls=calls: steps[next(calls) % len(steps)]()
+    return cases
+
+
+def sized_config(name: str, size: str) -> Any:
+    """The preset ``size``, or ``minilm``: all-MiniLM-L6-v2's shape (6 x 384, 12 heads)."""
+    config_cls = module(name, "modeling.config", "config").BertConfig
+    if size == "minilm":
+        return config_cls(
+            vocab_size=30522,
+            hidden_size=384,
+            num_hidden_layers=6,
+            num_attention_heads=12,
+            intermediate_size=1536,
+        )
+    return config_cls.preset(size, vocab_size=30522)
+
+
+def pretrain_cases(
+    packages: dict[str, str], size: str, precision: str, varied: int = 0
+) -> dict[str, Callable]:
+    """Each side's training step; ``varied`` > 0: a new batch each call (:func:`varied_batch`,
+    the same sequence of ``varied`` batches on both sides), else one full batch repeated."""
+    torch.manual_seed(0)
+    batch = pretraining_batch(32, 128, 30522)
+    batches = [varied_batch(seed) for seed in range(varied)]
+    cases, state = {}, None
+    for side, name in packages.items():
+        config = sized_config(name, size)
         model = module(name, "modeling.model", "model").BertForPreTraining(config).train()
         if state is None:
             state = model.state_dict()
         model.load_state_dict(state)
         optimizer = module(name, "training.optim", "optim").build_optimizer(model, 1e-4)
-        cases[side] = make_step(model, optimizer, batch, precision)
+        if not batches:
+            cases[side] = make_step(model, optimizer, batch, precision)
+            continue
+        steps = [make_step(model, optimizer, b, precision) for b in batches]
+        calls = iter(range(10**9))
+        cases[side] = lambda steps=steps, calls=calls: steps[next(calls) % len(steps)]()
     return cases
 
 
@@ -117,8 +196,15 @@ def classify_cases(packages: dict[str, str]) -> dict[str, Callable]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base", required=True, help="git revision to compare against")
-    p.add_argument("--case", choices=["pretrain", "encode", "classify"], default="pretrain")
-    p.add_argument("--size", default="mini")
+    p.add_argument(
+        "--case", choices=["pretrain", "finetune", "encode", "classify"], default="pretrain"
+    )
+    p.add_argument("--size", default="mini", help="a preset, or minilm (6 x 384)")
+    p.add_argument(
+        "--varied",
+        action="store_true",
+        help="pretrain: a new padded batch each step (as training sees them), not one repeated",
+    )
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--reps", type=int, default=9)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -136,7 +222,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         packages = {"base": export_base(args.base, Path(tmp)), "this checkout": "bertforge"}
         if args.case == "pretrain":
-            cases = pretrain_cases(packages, args.size, args.precision)
+            varied = 2 * args.reps + 4 if args.varied else 0  # never a batch seen before
+            cases = pretrain_cases(packages, args.size, args.precision, varied)
+        elif args.case == "finetune":
+            cases = finetune_cases(packages, args.size, args.precision, 2 * args.reps + 4)
         elif args.case == "classify":
             cases = classify_cases(packages)
         else:
@@ -152,7 +241,9 @@ def main() -> None:
                 cases[name]()
                 times[name].append(clock() - t0)
     base, new = times["base"], times["this checkout"]
-    what = f"{args.case} {args.size} {args.precision}" if args.case == "pretrain" else args.case
+    trains = args.case in ("pretrain", "finetune")
+    what = f"{args.case} {args.size} {args.precision}" if trains else args.case
+    what += ", a new padded batch each step" if args.varied and args.case == "pretrain" else ""
     what += f", {torch.get_num_threads()} threads, {args.clock} time"
     print(
         f"{what}: base {statistics.median(base) * 1e3:.1f} ms, "

@@ -313,6 +313,61 @@ def test_bf16_autocast_loss_and_gradients_close_to_fp32(tiny_config):
         assert cos > 0.98, (name, cos.item())
 
 
+class ProductShapes(TorchDispatchMode):
+    """The shapes of the matrix products run inside (their inputs' shapes, per call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: set[tuple] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.name()
+        if any(p in name for p in ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear")):
+            self.shapes.add(tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)))
+        return func(*args, **(kwargs or {}))
+
+
+def test_bf16_row_counts_rounded_up_change_no_value_and_repeat_shapes(tiny_config, monkeypatch):
+    """In bf16 on the CPU the masked rows and the real tokens are rounded up to a multiple of
+    ONEDNN_ROWS (oneDNN keeps a kernel per product shape): the loss, the logits, the gradients
+    and the zeros at the padding are those of the counts as they are, and two batches with
+    different masked and real counts run the same product shapes."""
+    from bertforge.modeling.ops import shape_multiple, unpadding
+
+    tiny_config.hidden_dropout_prob = tiny_config.attention_probs_dropout_prob = 0.0
+    torch.manual_seed(8)
+    model = BertForPreTraining(tiny_config).train()
+    batch = padded_batch(tiny_config.vocab_size, seed=8)
+    assert shape_multiple(model.bert.embeddings.word_embeddings.weight) == 1  # fp32: BLAS
+    runs = {}
+    for rows in (1, 32):
+        monkeypatch.setattr(unpadding, "ONEDNN_ROWS", rows)
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert shape_multiple(model.bert.embeddings.word_embeddings.weight) == rows
+            out = model(**batch)
+            hidden = model.bert(*list(batch.values())[:3], skip_padding=True).last_hidden_state
+        out.loss.backward()
+        runs[rows] = (out, grads(model), hidden)
+    (plain, g1, h1), (rounded, g32, h32) = runs[1], runs[32]
+    n_masked = int((batch["labels"] != -100).sum())  # and the real tokens: both rounded up
+    assert rounded.prediction_logits.shape == plain.prediction_logits.shape == (n_masked, 120)
+    torch.testing.assert_close(rounded.prediction_logits, plain.prediction_logits)
+    torch.testing.assert_close(rounded.loss, plain.loss, atol=1e-5, rtol=0)
+    assert_grads_close(g32, g1, atol=2e-3)  # bf16 products of other shapes round differently
+    assert torch.equal(h32[~batch["attention_mask"].bool()], h1[~batch["attention_mask"].bool()])
+    torch.testing.assert_close(h32, h1, atol=1e-2, rtol=0)
+
+    shapes = []
+    for seed in (8, 9):  # other masked positions and another real-token count
+        other = padded_batch(tiny_config.vocab_size, seed=seed)
+        other["attention_mask"][1, 9 - seed + 8 :] = 0
+        with ProductShapes() as seen, torch.autocast("cpu", dtype=torch.bfloat16):
+            model(**other).loss.backward()
+        shapes.append(seen.shapes)
+    assert shapes[0] == shapes[1]
+
+
 @pytest.mark.parametrize("decoder", [True, False])
 def test_word_embedding_gradient_equals_f_embedding_over_steps(decoder):
     """The word lookup (and the tied decoder's weight it hands on) sums both weight gradients

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from bertforge import runtime
+from bertforge.errors import BertforgeError
 from bertforge.runtime import (
     BF16_MIN_HIDDEN,
     CoreWatch,
@@ -21,9 +23,12 @@ from bertforge.runtime import (
     explain_precision,
     format_bytes,
     oversubscribed,
+    parse_bytes,
     peak_memory_bytes,
     usable_cpus,
 )
+from bertforge.training.budget import MemoryUse, measure_use, plan_batches, saved_bytes
+from bertforge.training.config import FinetuneConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,12 +146,32 @@ def test_kernel_caches_are_bounded_unless_the_user_set_them(monkeypatch):
     assert not runtime.bound_kernel_caches(64)
 
 
+def test_pretraining_keeps_fewer_kernels_than_the_other_commands():
+    # pretraining's rounded row counts repeat (docs/memory.md): 32 kept each, 64 elsewhere
+    code = (
+        "import contextlib, io, os, sys\n"
+        "from bertforge import cli\n"
+        "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        "    cli.main([sys.argv[1], '--help'])\n"
+        "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], os.environ['LRU_CACHE_CAPACITY'])"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.endswith("CACHE_CAPACITY")}
+    caps = {}
+    for command in ("pretrain", "finetune"):
+        done = subprocess.run(
+            [sys.executable, "-c", code, command], capture_output=True, text=True, env=env
+        )
+        caps[command] = done.stdout.split()[-2:]
+    assert caps == {"pretrain": ["32", "32"], "finetune": ["64", "64"]}, caps
+
+
 # ---- peak memory of tiny jobs, each in its own process ----------------------------------------
 # Bounds: measured peaks (447 MB pretraining, 468 MB fine-tuning; Intel Xeon with AMX, 2 cores
 # shared with other jobs) plus ~50% headroom for noise and other torch builds; a change that
 # keeps a second model, a whole data set or unbounded kernel caches in memory goes past them.
 PRETRAIN_BOUND = 700 * 2**20
 FINETUNE_BOUND = 700 * 2**20
+EVALUATE_BOUND = 450 * 2**20  # measured 265 MB (the tiny MLM model, 200 lines of Shakespeare)
 
 
 def _bertforge(argv: list[str]) -> subprocess.CompletedProcess:
@@ -221,3 +246,146 @@ def test_tiny_finetuning_reports_its_peak_under_the_bound(task_files, tmp_path):
     assert "peak memory: " in done.stderr.splitlines()[-1]
     peak = json.loads((out / "eval_results.json").read_text())["peak_memory_bytes"]
     assert 50 * 2**20 < peak < FINETUNE_BOUND, format_bytes(peak)
+
+
+# ---- --max_memory: the micro-batch and evaluation batch under a budget ----------------------
+MB = 2**20
+
+
+def test_plan_batches_takes_the_largest_divisor_that_fits_or_says_what_would():
+    use = MemoryUse(held=500 * MB, per_sequence=10 * MB, per_eval_sequence=4 * MB)
+    plan = plan_batches(700 * MB, use, batch=32, micro=32, eval_batch=64, option="--max_memory")
+    assert (plan.micro, plan.eval_batch) == (16, 50)  # 20 fit: 16 divides 32; 200 MB / 4 MB
+    assert plan.peak == 700 * MB  # the evaluation batch's peak, the larger
+    said = plan.describe(700 * MB, use, 32, "--max_memory")
+    assert "micro-batch 16 (2 x 16 per step)" in said and "+ 10.0 MB a sequence" in said
+    # a micro-batch asked for is a ceiling; so is the evaluation batch
+    plan = plan_batches(4 * 2**30, use, batch=32, micro=8, eval_batch=16, option="--max_memory")
+    assert (plan.micro, plan.eval_batch) == (8, 16)
+    # 12 is not a divisor of 36's largest fit (13 sequences fit): 12 is, 13 is not
+    plan = plan_batches(630 * MB, use, batch=36, micro=36, eval_batch=8, option="--max_memory")
+    assert plan.micro == 12
+    with pytest.raises(BertforgeError) as err:
+        plan_batches(505 * MB, use, batch=32, micro=32, eval_batch=64, option="--train.max_memory")
+    said = str(err.value)
+    assert "--train.max_memory 505 MB" in said and "raise it to 510 MB" in said
+    assert "\n" not in said
+
+
+def test_max_memory_parses_sizes_and_refuses_nonsense():
+    assert parse_bytes("1.5GB") == 3 * 2**29 and parse_bytes("800mb") == 800 * MB
+    assert parse_bytes("2g") == 2 * 2**30 and parse_bytes(1024) == 1024
+    assert parse_bytes(None) is None and parse_bytes("off") is None
+    for bad in ("lots", "-1GB", "1.5XB", "GB"):
+        with pytest.raises(BertforgeError, match="not a memory size"):
+            parse_bytes(bad, "--train.max_memory")
+    with pytest.raises(BertforgeError, match="--max_memory"):
+        FinetuneConfig(model="m", train="t.csv", output="o", max_memory="much")
+
+
+def test_saved_bytes_counts_activations_not_parameters(tiny_config):
+    from bertforge import BertForMaskedLM
+
+    torch.manual_seed(0)
+    model = BertForMaskedLM(tiny_config).train()
+    params = list(model.parameters())
+
+    def forward(k: int) -> torch.Tensor:
+        ids = torch.randint(5, tiny_config.vocab_size, (k, 32))
+        labels = torch.where(torch.rand(k, 32) < 0.3, ids, torch.full_like(ids, -100))
+        return model(ids, labels=labels).loss
+
+    two, four = saved_bytes(lambda: forward(2), params), saved_bytes(lambda: forward(4), params)
+    assert 0 < two < four < 3 * two  # grows with the batch, and by about its share
+    with torch.no_grad():
+        assert saved_bytes(lambda: forward(4), params) == 0  # nothing kept without a backward
+    state = torch.get_rng_state()
+    use = measure_use(forward, model, resident=100 * MB, bf16_cpu=False)
+    assert torch.equal(torch.get_rng_state(), state)  # the run's random stream is untouched
+    assert use.held >= 100 * MB + 12 * sum(p.numel() for p in params)
+    assert 0 < use.per_sequence < 2 * four and 0 < use.per_eval_sequence < use.per_sequence
+
+
+def _tiny_pretraining(corpus: dict, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return _bertforge(
+        [
+            "pretrain",
+            "--data",
+            str(corpus["packed"]),
+            "--output",
+            str(out),
+            "--model.preset",
+            "tiny",
+            "--train.objective",
+            "mlm",
+            "--train.batch_size",
+            "16",
+            "--train.max_steps",
+            "3",
+            "--train.num_threads",
+            "1",
+            "--train.progress",
+            "false",
+            *extra,
+        ]
+    )
+
+
+def test_max_memory_picks_a_smaller_micro_batch_or_refuses(pretraining_corpus, tmp_path):
+    """A tiny pretraining job under budgets: a large one keeps the batch whole and says its
+    estimate; one that fits 4 sequences of the estimate's parts accumulates 4 x 4 and stays
+    under it; one below a single sequence refuses at start in one line."""
+    done = _tiny_pretraining(pretraining_corpus, tmp_path / "a", "--train.max_memory", "8GB")
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stderr.splitlines() if x.startswith("pretraining "))
+    assert "--train.max_memory 8.00 GB: micro-batch 16 (1 x 16 per step)" in line
+    found = re.search(r"= (\d+) MB held .* \+ ([\d.]+) MB a sequence", line)
+    assert found, line
+    held, per_sequence = (int(float(x) * MB) for x in found.groups())
+    assert per_sequence >= MB // 2  # BERT-Tiny's activations, its logits over 400 words
+
+    budget = held + 6 * per_sequence  # 4 sequences fit, 8 do not
+    out = tmp_path / "b"
+    done = _tiny_pretraining(pretraining_corpus, out, "--train.max_memory", str(budget))
+    assert done.returncode == 0, done.stderr
+    assert "batch 16 = 1 x 4 x 4" in done.stderr and "micro-batch 4 (4 x 4 per step)" in done.stderr
+    peak = json.loads((out / "results.json").read_text())["peak_memory_bytes"]
+    assert peak < budget, (format_bytes(peak), format_bytes(budget))
+    resolved = (out / "pretrain_config.yaml").read_text(encoding="utf-8")
+    assert "micro_batch_size: 4" in resolved
+
+    done = _tiny_pretraining(pretraining_corpus, tmp_path / "c", "--train.max_memory", "100MB")
+    assert done.returncode != 0
+    error = done.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: --train.max_memory 100 MB is below") and "raise it to" in error
+    assert not (tmp_path / "c" / "results.json").exists()
+
+
+def test_finetune_max_memory_says_its_choice_or_refuses(task_files, tmp_path):
+    model = task_files.tiny_start_model(tmp_path)
+    train = tmp_path / "train.csv"
+    task_files.write_sentiment(train, 120, seed=0)
+    argv = ["finetune", "--model", str(model), "--train", str(train), "--max_steps", "2"]
+    argv += ["--max_length", "64", "--batch_size", "16", "--num_threads", "1"]
+    argv += ["--progress", "false"]
+    done = _bertforge([*argv, "--output", str(tmp_path / "a"), "--max_memory", "8GB"])
+    assert done.returncode == 0, done.stderr
+    assert "--max_memory 8.00 GB: micro-batch 16 (1 x 16 per step), evaluation batch 64" in (
+        done.stderr
+    )
+    done = _bertforge([*argv, "--output", str(tmp_path / "b"), "--max_memory", "64MB"])
+    assert done.returncode != 0
+    error = done.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: --max_memory 64 MB is below") and "raise it to" in error
+
+
+def test_tiny_mlm_evaluation_reports_its_peak_under_the_bound(mlm_dir, shakespeare_file, tmp_path):
+    text = tmp_path / "text.txt"
+    lines = [x for x in shakespeare_file.read_text(encoding="utf-8").splitlines() if x.strip()]
+    text.write_text("\n".join(lines[:200]) + "\n", encoding="utf-8")
+    out = tmp_path / "eval.json"
+    argv = ["evaluate", "--model", str(mlm_dir), "--data", str(text), "--output", str(out)]
+    done = _bertforge([*argv, "--num_threads", "1", "--progress", "false"])
+    assert done.returncode == 0, done.stderr
+    peak = json.loads(out.read_text())["peak_memory_bytes"]
+    assert 50 * 2**20 < peak < EVALUATE_BOUND, format_bytes(peak)

@@ -8,6 +8,7 @@ pairs its two texts (and one that may take either, an optional second). Screensh
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -151,10 +152,15 @@ def test_classifier_attribution_errors_in_place_and_saving(page, port):
     panel = page.locator('.panel[data-model="clf"]')
     assert panel.locator(".prediction strong").inner_text() == prediction["label"]
     colours = [
-        b.evaluate("e => getComputedStyle(e).backgroundColor")
-        for b in panel.locator("button.tok").all()
+        b.evaluate("e => getComputedStyle(e).backgroundColor") for b in panel.locator(".tok").all()
     ]
     assert len(set(colours)) > 1  # tokens coloured by their attribution
+    # the classify view: WordPieces coloured, not the masked LM's buttons that mask a word
+    heading = panel.locator("h3").first.inner_text().lower()
+    assert "attribution" in heading and "mask" not in heading
+    assert panel.locator("button.tok").count() == 0
+    mlm_heading = page.locator('.panel[data-model="mlm"] h3').first.inner_text().lower()
+    assert "click one to mask" in mlm_heading
     # the masked LM cannot answer a text without [MASK]: said in its panel, not an alert box
     assert "No [MASK]" in page.locator('.panel[data-model="mlm"]').inner_text()
     shot(page, "5-classifier-attribution")
@@ -252,7 +258,7 @@ def test_a_pair_classifier_reads_both_texts(page, port):
     page.click("#run")
     wait_done(page)
     _, (alone,) = request(port, "POST", "/predict", {"inputs": [pair[0]], "model": "clf"})
-    assert clf.locator(".segment").count() == 0 and clf.locator("button.tok").count() == 6
+    assert clf.locator(".segment").count() == 0 and clf.locator(".tok:not(.special)").count() == 6
     assert clf.locator(".bar-row.top .value").inner_text() == (
         f"{max(alone['scores'].values()) * 100:.1f}%"
     )
@@ -304,6 +310,25 @@ def test_the_page_asks_for_the_key_once_and_then_works(keyed_port, browser):
         assert predictions(page, "mlm") == [c["token"] for c in answer["masks"][0]]
         assert page.evaluate(f"sessionStorage.getItem('{KEY_ITEM}')") == KEY
         shot(page, "key-2-accepted")
+        # the nav's /info and /metrics: fetched with the key and shown in the page (a plain
+        # link cannot send the header, and gets 401)
+        assert request(keyed_port, "GET", "/info")[0] == 401
+        page.click("nav a[href='/info']")
+        page.wait_for_selector("#raw", state="visible")
+        assert page.url == url and page.inner_text("#raw-title") == "GET /info"
+        shown = json.loads(page.inner_text("#raw-body"))
+        assert shown["default_model"] == "mlm" and shown["models"][0]["kind"] == "masked-lm"
+        shot(page, "key-3-info")
+        page.click("nav a[href='/metrics']")
+        page.wait_for_function(
+            "document.getElementById('raw-title').textContent === 'GET /metrics'"
+        )
+        metrics = page.inner_text("#raw-body")
+        assert "# TYPE bertforge_requests_total counter" in metrics
+        assert 'bertforge_requests_total{route="/fill-mask",status="200"}' in metrics
+        shot(page, "key-4-metrics")
+        page.click("#raw-close")
+        assert page.is_hidden("#raw")
         page.reload()  # the same tab keeps the key: not asked again
         wait_done(page)
         assert page.is_hidden("#key-form") and predictions(page, "mlm")

@@ -2,10 +2,13 @@
 tiny question-answering model fine-tuned here (a few dozen steps), served on localhost beside a
 sequence classifier; the routes answer what ``tag()`` and ``answer()`` give in Python, refuse
 bad bodies and wrong-kind models with a 422 saying what fits, and ``/info`` names each model's
-task (told apart by ``config.json``'s ``architectures``, not the weights' names)."""
+task (told apart by ``config.json``'s ``architectures``, not the weights' names). Their ONNX
+exports (``bertforge export --format onnx``) are served too, by ONNX Runtime, and answer
+``/tag`` and ``/answer`` as the PyTorch models do."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -14,6 +17,7 @@ pytest.importorskip("fastapi")
 
 from support.serve import qa_model, request, serve, tagger_model, tiny_models  # noqa: E402
 
+from bertforge import cli  # noqa: E402
 from bertforge.inference.qa import answer  # noqa: E402
 from bertforge.inference.tagging import tag  # noqa: E402
 from bertforge.modeling.model import (  # noqa: E402
@@ -38,13 +42,21 @@ QUESTIONS = [
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("tasks")
     tiny = tiny_models(root)
-    return {"ner": tagger_model(root, tiny["mlm"]), "qa": qa_model(root, tiny["mlm"]), **tiny}
+    made = {"ner": tagger_model(root, tiny["mlm"]), "qa": qa_model(root, tiny["mlm"]), **tiny}
+    if importlib.util.find_spec("onnxruntime") is not None:
+        for name in ("ner", "qa"):
+            out = root / f"{name}-onnx"
+            argv = ["export", "--model", str(made[name]), "--format", "onnx", "--output", str(out)]
+            assert cli.main(argv) == 0
+            made[f"{name}-onnx"] = out
+    return made
 
 
 @pytest.fixture(scope="module")
 def port(models, tmp_path_factory):
     log = tmp_path_factory.mktemp("tasks-log") / "server.log"
     served = {"ner": models["ner"], "qa": models["qa"], "clf": models["clf"]}
+    served.update({n: models[n] for n in ("ner-onnx", "qa-onnx") if n in models})
     with serve(served, "--max_input_length", "48", "--max_top_k", "5", log=log) as (port, _):
         yield port
 
@@ -61,7 +73,7 @@ def test_kinds_come_from_config_architectures(models):
 def test_info_names_each_models_task(port):
     status, info = request(port, "GET", "/info")
     assert status == 200
-    by_name = {m["name"]: m for m in info["models"]}
+    by_name = {m["name"]: m for m in info["models"] if not m["name"].endswith("-onnx")}
     assert {n: m["task"] for n, m in by_name.items()} == {
         "ner": "token-classification",
         "qa": "question-answering",
@@ -130,8 +142,8 @@ def test_answer_equals_answer_in_python_with_next_best_spans(port, models):
         ("/answer", {"inputs": "where?", "model": "qa"}, "inputs"),
         ("/answer", {"inputs": {"question": " ", "context": "x"}, "model": "qa"}, "question is empty"),
         ("/answer", {"inputs": {"question": "q", "context": "c"}, "model": "qa", "top_k": 9}, "--max_top_k=5"),
-        ("/tag", {"inputs": "anna", "model": "clf"}, "/tag needs a token-classifier model (ner served)"),
-        ("/answer", {"inputs": {"question": "q", "context": "c"}, "model": "ner"}, "/answer needs a question-answering model (qa served)"),
+        ("/tag", {"inputs": "anna", "model": "clf"}, "/tag needs a token-classifier model (ner"),
+        ("/answer", {"inputs": {"question": "q", "context": "c"}, "model": "ner"}, "/answer needs a question-answering model (qa"),
         ("/predict", {"inputs": "a film", "model": "ner"}, "/predict needs a classifier model (clf served)"),
     ],
 )  # fmt: skip
@@ -148,3 +160,42 @@ def test_a_long_input_is_413_naming_the_limit(port):
     body = {"inputs": {"question": "where is good ?", "context": long}, "model": "qa"}
     status, error = request(port, "POST", "/answer", body)
     assert status == 413 and "--max_input_length=48" in error["error"]
+
+
+def test_onnx_exports_of_a_tagger_and_a_qa_model_answer_as_pytorch_does(port, models):
+    pytest.importorskip("onnxruntime")
+    status, info = request(port, "GET", "/info")
+    by_name = {m["name"]: m for m in info["models"]}
+    ner, qa = by_name["ner-onnx"], by_name["qa-onnx"]
+    assert (ner["backend"], ner["kind"], qa["backend"], qa["kind"]) == (
+        "onnx",
+        "token-classifier",
+        "onnx",
+        "question-answering",
+    )
+    assert ner["routes"] == ["/tag", "/tokenize", "/embed", "/similarity"]
+    assert qa["routes"] == ["/answer", "/tokenize", "/embed", "/similarity"]
+    assert ner["labels"] == by_name["ner"]["labels"]
+    for aggregation in ("first", "simple"):
+        body = {"inputs": TEXTS, "aggregation": aggregation}
+        _, eager = request(port, "POST", "/tag", {**body, "model": "ner"})
+        status, exported = request(port, "POST", "/tag", {**body, "model": "ner-onnx"})
+        assert status == 200 and any(exported)
+        assert [[(e["entity"], e["start"], e["end"]) for e in t] for t in exported] == [
+            [(e["entity"], e["start"], e["end"]) for e in t] for t in eager
+        ]
+        got = [e["score"] for t in exported for e in t]
+        assert got == pytest.approx([e["score"] for t in eager for e in t], abs=1e-4)
+    body = {"inputs": [{"question": q, "context": c} for q, c in QUESTIONS], "top_k": 3}
+    _, eager = request(port, "POST", "/answer", {**body, "model": "qa"})
+    status, exported = request(port, "POST", "/answer", {**body, "model": "qa-onnx"})
+    assert status == 200 and exported[0]["answer"] == "good"
+    for a, b in zip(exported, eager, strict=True):
+        spans = [a, *a["alternatives"]]
+        assert [(s["start"], s["end"]) for s in spans] == [
+            (s["start"], s["end"]) for s in [b, *b["alternatives"]]
+        ]
+        assert a["score"] == pytest.approx(b["score"], abs=1e-4)
+    # no attention maps from ONNX Runtime: said in one line
+    status, error = request(port, "POST", "/attention", {"inputs": "anna", "model": "ner-onnx"})
+    assert status == 422 and "ner-onnx" in error["error"]

@@ -96,6 +96,11 @@ def test_entities_are_coloured_inline_by_type_with_a_legend(page, port):
         )
         == TEXT
     )
+    # the tag view, not the masked LM's WordPieces to click and mask
+    headings = page.locator('.panel[data-model="ner"] h3').all_inner_texts()
+    assert [h.lower() for h in headings] == ["entities", "attention"]
+    assert page.locator('.panel[data-model="ner"] .tok').count() == 0
+    assert "mask" not in page.inner_text("#text-hint").lower()
     legend = page.locator('.panel[data-model="ner"] .ent-key').all_inner_texts()
     assert [t.strip() for t in legend] == ["LOC", "PER"]
     # one colour per type: the marks of a type share their legend swatch's colour
@@ -124,6 +129,9 @@ def test_the_answer_is_highlighted_in_its_context_with_the_next_best_spans(page,
     panel = page.locator('.panel[data-model="qa"]')
     assert panel.locator("mark.answer").inner_text() == found["answer"] == "good"
     assert panel.locator(".answer-text").inner_text() == found["answer"]
+    headings = [h.lower() for h in panel.locator("h3").all_inner_texts()]
+    assert headings == ["answer", "next-best spans", "attention"]  # no WordPieces to mask
+    assert panel.locator(".tok").count() == 0
     context = panel.locator(".context").inner_text()
     assert context == CONTEXT
     rows = panel.locator("table.alternatives tbody tr")

@@ -141,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     module_name, function_name, _ = COMMANDS[name]
     if name in TRAINING_COMMANDS:  # a process of our own: malloc keeps what a step frees
         runtime.keep_freed_memory()
-    if name in BOUNDED_CACHE_COMMANDS:
-        runtime.bound_kernel_caches()
+    if name in BOUNDED_CACHE_COMMANDS:  # pretraining's shapes repeat: it keeps fewer
+        pretraining = name == "pretrain"
+        cap = runtime.PRETRAIN_CACHE_CAPACITY if pretraining else runtime.ONEDNN_CACHE_CAPACITY
+        runtime.bound_kernel_caches(cap)
     entry = getattr(importlib.import_module(module_name), function_name)
     try:
         rc = int(entry(rest) or 0)

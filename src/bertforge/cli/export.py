@@ -13,7 +13,7 @@ from bertforge.training.config import check_at_least, check_choice
 
 DESCRIPTION = (
     "Export a model for ONNX Runtime: model.onnx (dynamic batch and length axes) with its config "
-    "and tokenizer beside it; run it with `bertforge classify|embed --backend onnx --model DIR2`."
+    "and tokenizer beside it; run it with `bertforge classify|embed|tag|answer --backend onnx --model DIR2`."
 )
 
 

@@ -52,7 +52,10 @@ from bertforge.modeling.ops import (
     onednn_linear,
     query_attention,
     repad,
+    round_up,
+    shape_multiple,
     unpad,
+    unpadded_index,
     word_embedding,
 )
 
@@ -154,8 +157,11 @@ class Layout:
     mask: Tensor | None
     """(B, 1, 1, T) True at real tokens, or None when nothing is padded."""
     index: Tensor | None = None
-    """(N,) flat positions of the real tokens when the padding is skipped: states are (N, H)."""
+    """(N',) flat positions of the real tokens when the padding is skipped: states are (N', H);
+    N' may exceed the N real tokens by some padding positions (rounded up: ``unpadded_index``)."""
     output_attentions: bool = False
+    real: int = 0
+    """N, the real tokens (the first N of ``index``) when the padding is skipped."""
 
 
 class BertEmbeddings(nn.Module):
@@ -253,8 +259,9 @@ class BertSelfAttention(nn.Module):
         # known without waiting for the device nor breaking a compiled graph (T positions,
         # [CLS] twice at most; the extra rows are zeros, never read: ~0.1% of a BERT-base step)
         R = T + 1
-        if x.device.type == "cpu":
+        if x.device.type == "cpu":  # rounded where oneDNN builds a kernel per shape (bf16)
             R = int(slot.max()) + 1 if seq.numel() else 0
+            R = min(round_up(R, 1 + 7 * (shape_multiple(x) > 1)), T + 1)
         queries = q.new_zeros(B, R, H).index_put((seq, slot), q)  # (B, R, H)
         y = query_attention(queries, kv.view(B, T, 2 * H), nh, mask, self.dropout_p, self.training)
         return y[seq, slot]  # (n, H)
@@ -546,13 +553,16 @@ class BertModel(BertPreTrainedModel):
         if rows is not None and self.pooler is not None:  # append every [CLS] for the pooler
             rows = torch.cat([rows, torch.arange(B, device=rows.device) * T])  # (n + B,)
         if layout.mask is not None and skip_padding and not output_attentions:
-            layout.index = attention_mask.flatten().nonzero().squeeze(1)  # (N,)
-            x = unpad(x, layout.index)  # (N, H)
+            real = attention_mask.flatten()
+            # the real tokens first, then padding up to a count that repeats (bf16 on a CPU)
+            layout.index, layout.real = unpadded_index(real, shape_multiple(x))  # (N',)
+            x = unpad(x, layout.index)  # (N', H)
             if rows is not None:  # the same positions, counted among the real tokens
-                rows = (attention_mask.flatten().cumsum(0) - 1)[rows]
+                rows = (real.cumsum(0) - 1)[rows]
         x, attentions = self.encoder(x, layout, rows)
         if rows is None and layout.index is not None:
-            x = repad(x, layout.index, B, T)  # (B, T, H)
+            n = layout.real  # the rows past it sit at padding positions: left zero
+            x = repad(x[:n], layout.index[:n], B, T)  # (B, T, H)
         if self.pooler is None:
             return BertModelOutput(x, None, attentions)
         if rows is None:
@@ -605,9 +615,10 @@ class BertLMPredictionHead(nn.Module):
     def loss(
         self, x: Tensor, target: Tensor, weight: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        """(mean cross-entropy against ``target``, the (n, V) logits) of (n, H) rows ``x``:
+        """(mean cross-entropy against ``target``, the (n', V) logits) of (n', H) rows ``x``:
         ``cross_entropy(self(x, weight), target)``, the decoder and the loss fused in training
-        (:func:`~bertforge.modeling.ops.decoder_cross_entropy`)."""
+        (:func:`~bertforge.modeling.ops.decoder_cross_entropy`). Rows past the n targets (a
+        count rounded up) are computed and take no part in the loss."""
         weight = self.decoder.weight if weight is None else weight
         return decoder_cross_entropy(self.transform(x), weight, self.bias, target)
 
@@ -656,7 +667,10 @@ def masked_lm(
     positions only (row-major order: logits (n_masked, V)) and the loss is their mean CE.
     ``masked_rows``, when given, are those positions (``(labels.flatten() != -100).nonzero()``,
     found on the host by the training loop): on a GPU, finding them here is a wait for the
-    device in the middle of the forward pass."""
+    device in the middle of the forward pass. In bf16 on a CPU those rows are rounded up to a
+    multiple of 64 with [CLS] rows, whose logits are dropped: oneDNN then reuses a few kernels
+    instead of building (and keeping) new ones for every step's masked count
+    (docs/memory.md); the encoder output keeps the extra rows."""
     if labels is None:
         rows = None
     elif masked_rows is not None:
@@ -664,8 +678,14 @@ def masked_lm(
     else:
         rows = (labels.flatten() != IGNORE_INDEX).nonzero().squeeze(1)
     sparse = labels is not None
-    words, weight = None, None
+    n = 0 if rows is None else rows.numel()
     table = model.bert.embeddings.word_embeddings
+    extra = 0 if rows is None else round_up(n, shape_multiple(table.weight)) - n
+    if extra:  # a count that repeats (bf16 on a CPU): [CLS] rows, computed and never read
+        B, T = input_ids.shape
+        cls = torch.arange(extra, device=rows.device) % B * T  # (extra,)
+        rows = torch.cat([rows, cls])  # (n + extra,)
+    words, weight = None, None
     if sparse and model.cls.predictions.decoder.weight is table.weight:  # tied, as always built
         # the decoder's weight gradient and the lookup's then sum in one buffer (CPU training)
         words, weight = word_embedding(input_ids, table.weight, table.padding_idx)
@@ -673,8 +693,9 @@ def masked_lm(
     out = model.bert(*args)
     if rows is None:
         return out, model.cls.predictions(out.last_hidden_state, weight), None
-    loss, logits = model.cls.predictions.loss(out.last_hidden_state, labels.flatten()[rows], weight)
-    return out, logits, loss
+    target = labels.flatten()[rows[:n]]  # (n,): the extra rows' logits take no part
+    loss, logits = model.cls.predictions.loss(out.last_hidden_state, target, weight)
+    return out, logits[:n], loss
 
 
 class BertForPreTraining(BertPreTrainedModel):

@@ -30,7 +30,8 @@ def create_app(
 ) -> FastAPI:
     """The FastAPI application serving ``models`` under ``config``'s limits. ``models`` may be a
     function loading them: it runs on a thread when the application starts, and /health
-    answers 503 until it is done and each model has run once, 200 after."""
+    answers 503 until it is done and each model is warmed up (:mod:`~bertforge.serve.warmup`),
+    200 after."""
     server = Server(config)
     load = models if callable(models) else lambda: models
 

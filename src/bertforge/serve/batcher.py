@@ -34,6 +34,8 @@ class Job:
     run: RunBatch
     future: Future = field(default_factory=Future)
     enqueued: float = field(default_factory=time.perf_counter)
+    counted: bool = True
+    """Reported to ``on_batch`` (the metrics); the warm-up's passes are not."""
 
 
 @dataclass
@@ -102,6 +104,28 @@ class Batcher:
             self._ready.notify()
         return job.future
 
+    def on_every_worker(self, fn: Callable[[], Any]) -> list[Any]:
+        """Run ``fn`` once on each worker thread, side by side, and return what each returned
+        (the warm-up: each thread allocates from a heap of its own). Call it while nothing
+        else is queued: each worker then takes exactly one of these jobs, since a worker
+        holding one waits for the others to hold theirs before it runs ``fn``."""
+        barrier = threading.Barrier(len(self._threads))
+
+        def run(items: list[Any]) -> list[Any]:
+            barrier.wait(timeout=60)
+            return [fn()]
+
+        futures = []
+        for _ in self._threads:  # each job its own key: never merged into one pass
+            job = Job(object(), [None], 0, run, counted=False)
+            with self._ready:
+                if self._closed:
+                    raise RuntimeError("the batcher is closed")
+                self._queue.append(job)
+                self._ready.notify()
+            futures.append(job.future)
+        return [result for future in futures for result in future.result()]
+
     def close(self) -> None:
         """Stop the worker after the batch in progress; queued jobs are cancelled."""
         with self._ready:
@@ -157,7 +181,9 @@ class Batcher:
                 for job in batch:
                     self._run_alone(job)
             return
-        if self._on_batch is not None:  # before the answers: a client then sees its batch
+        if (
+            self._on_batch is not None and batch[0].counted
+        ):  # before the answers: a client then sees its batch
             self._on_batch(
                 BatchStats(
                     requests=len(batch),

@@ -2,8 +2,8 @@
 classes its weights allow (a classifier, a token classifier, a question-answering model, a masked
 LM, or the bare encoder; ``config.json``'s ``architectures`` tells the two classifiers apart). A directory written
 by ``bertforge export --format onnx`` (``model.onnx``, no ``model.safetensors``) is served by
-ONNX Runtime: ``/predict`` (an exported classifier), ``/embed``, ``/similarity`` and
-``/tokenize``; the routes that need the PyTorch model's internals (``/attention``, ``/attribute``)
+ONNX Runtime: ``/predict`` (an exported classifier), ``/tag`` (a token classifier), ``/answer``
+(a question-answering model), ``/embed``, ``/similarity`` and ``/tokenize``; the routes that need the PyTorch model's internals (``/attention``, ``/attribute``)
 are not offered for it."""
 
 from __future__ import annotations
@@ -24,11 +24,6 @@ from bertforge.inference.loading import (
     load_onnx_model,
 )
 from bertforge.inference.onnx import ONNX_FILE
-from bertforge.inference.predict import classify as predict_classify
-from bertforge.inference.predict import embed as predict_embed
-from bertforge.inference.predict import fill_mask as predict_fill_mask
-from bertforge.inference.qa import answer as predict_answer
-from bertforge.inference.tagging import tag as predict_tag
 from bertforge.modeling.checkpoint import check_model_directory, read_safetensors
 from bertforge.modeling.model import (
     BertForMaskedLM,
@@ -82,7 +77,8 @@ class ServedModel:
         """The model-specific routes this model answers."""
         common = ["/tokenize", "/embed", "/similarity", "/attention"]
         if self.backend == "onnx":  # no attention maps or gradients from ONNX Runtime
-            return ["/predict", *common[:3]] if self.kind == "classifier" else common[:3]
+            head = {"classifier": "/predict", **TASK_ROUTES}.get(self.kind)
+            return [head, *common[:3]] if head else common[:3]
         if self.kind == "masked-lm":
             return ["/fill-mask", *common]
         if self.kind == "classifier":
@@ -143,22 +139,6 @@ class ServedModel:
         if self.backend == "onnx":
             return self.model.parameter_count()
         return sum(p.numel() for p in self.model.parameters())
-
-    def warm(self) -> None:
-        """Run each of the model's inference functions once on a short text, so the first
-        request does not pay for first-call work (allocations, kernel selection, lazy inits)."""
-        options = {**self.options, "batch_size": 1}
-        text = "warm up"
-        predict_embed(self.encoder, self.tokenizer, [text], "cls", max_length=16, **options)
-        if self.kind == "masked-lm":
-            predict_fill_mask(self.model, self.tokenizer, ["warm [MASK]"], 1, **options)
-        elif self.kind == "classifier":
-            pairs = ["up"] if self.pair_columns else None
-            predict_classify(self.model, self.tokenizer, ["warm"], pairs, max_length=16, **options)
-        elif self.kind == "token-classifier":
-            predict_tag(self.model, self.tokenizer, [text], max_length=16, **options)
-        elif self.kind == "question-answering":
-            predict_answer(self.model, self.tokenizer, ["warm ?"], [text], **options)
 
     def labels(self) -> list[str]:
         """A classifier's or token classifier's labels, in output order."""
@@ -235,14 +215,16 @@ def load_served_model(name: str, directory: str, device: str, precision: str) ->
     ).is_file():
         if precision == "bf16":
             args.precision = "fp32"  # an export runs the precision it was exported with
-        if declared_kind(directory) is not None:
-            raise BertforgeError(
-                f"--model {name}={directory}: serve runs the ONNX export of a sequence classifier"
-                " or an encoder only; serve the PyTorch directory of this "
-                f"{declared_kind(directory)} model"
-            )
         model, tokenizer, options = load_onnx_model(args, output="last_hidden_state")
-        kind = "classifier" if "logits" in model.output_names else "encoder"
+        kind = declared_kind(directory) or (
+            "classifier" if "logits" in model.output_names else "encoder"
+        )
+        needs = {"token-classifier": "logits", "question-answering": "start_logits"}.get(kind)
+        if needs is not None and needs not in model.output_names:
+            raise BertforgeError(
+                f"--model {name}={directory}: config.json declares a {kind} model but the export"
+                f" has no {needs!r} output; export the fine-tuned model again"
+            )
         return ServedModel(name, str(directory), model, tokenizer, kind, options, "onnx", finetuned)
     kind = weights_kind(directory)
     cls = {

@@ -7,6 +7,7 @@ wrong; the inference itself goes through the :class:`~bertforge.serve.batcher.Ba
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -23,6 +24,7 @@ from bertforge.serve.limits import ApiError
 from bertforge.serve.metrics import Metrics
 from bertforge.serve.models import ServedModel
 from bertforge.serve.schemas import Pair, Texts
+from bertforge.serve.warmup import LARGEST_PASS, WarmLimits, timed, warm
 
 TRIM_SECONDS = 10.0
 """How often the server hands free memory back to the kernel (:func:`release_free_memory`)."""
@@ -41,21 +43,20 @@ class Server:
         self.metrics = Metrics()
         self.batcher: Batcher | None = None
         self.ready = False
-        """Every model is loaded and has run one forward pass: /health answers 200."""
+        """Every model is loaded and warmed up: /health answers 200."""
         self.load_error: BaseException | None = None
         self.draining = False
         """Shutting down: /health answers 503 while the requests in flight are answered."""
         self._stopped = threading.Event()
 
     def load(self, load: LoadModels, on_failure: Callable[[BaseException], None] | None) -> None:
-        """Load the models, run each once (so the first request pays no first-call costs),
+        """Load the models, warm them up (so requests pay no first-pass costs, :meth:`warm`),
         then serve them; a failure goes to ``on_failure`` and the server stays unready."""
         try:
             models = load()
             if not models:
                 raise BertforgeError("bertforge serve: give at least one --model DIR")
-            for served in models.values():
-                served.warm()
+            self.warm(models)
             pause_point("serve-ready")  # lets a test see /health while loading
             self.models, self.default = models, next(iter(models))
             self.ready = True
@@ -63,6 +64,30 @@ class Server:
             self.load_error = err
             if on_failure is not None:
                 on_failure(err)
+
+    def warm(self, models: dict[str, ServedModel]) -> None:
+        """Run every model's warm-up (:mod:`~bertforge.serve.warmup`) on every inference
+        worker, before /health says ready, and say on stderr how long it took."""
+        assert self.batcher is not None
+        config = self.config
+        limits = WarmLimits(
+            max_batch_tokens=min(config.max_batch_tokens, LARGEST_PASS),
+            max_items=config.max_concurrent_requests * config.max_client_batch_size,
+            max_attention_tokens=config.max_attention_tokens,
+        )
+
+        def each() -> int:
+            return sum(warm(m, self.length_limit(m)[0], limits) for m in models.values())
+
+        passes, seconds = timed(lambda: self.batcher.on_every_worker(each)[0])
+        workers = config.workers
+        print(
+            f"warmed {len(models)} model{'s' if len(models) > 1 else ''} in {seconds:.1f} s "
+            f"({passes} passes of the shapes requests may take, on each of {workers} "
+            f"inference thread{'s' if workers > 1 else ''})",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def begin_draining(self) -> None:
         """A signal asked the server to stop: /health answers 503 from now on."""

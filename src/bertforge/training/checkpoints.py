@@ -6,7 +6,6 @@ that is), and the check that a resumed run is the same run."""
 from __future__ import annotations
 
 import functools
-import io
 import json
 import os
 import re
@@ -24,7 +23,7 @@ from torch import nn
 from bertforge.errors import BertforgeError
 from bertforge.io import (
     atomic_directory,
-    atomic_write_bytes,
+    atomic_file,
     atomic_write_text,
     check_manifest,
     pause_point,
@@ -183,9 +182,8 @@ def save_train_state(
         blob["optimizer"] = optimizer.state_dict()
     if extra_tensors:
         blob.update(extra_tensors)
-    buffer = io.BytesIO()
-    torch.save(blob, buffer)
-    atomic_write_bytes(directory / TRAIN_STATE_TORCH, buffer.getvalue())
+    with atomic_file(directory / TRAIN_STATE_TORCH) as tmp:  # streamed: no copy in memory
+        torch.save(blob, tmp)
     atomic_write_text(
         directory / TRAIN_STATE_JSON, json.dumps(state, indent=2, sort_keys=True) + "\n"
     )

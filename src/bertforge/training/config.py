@@ -18,7 +18,7 @@ from bertforge.errors import BertforgeError
 from bertforge.modeling.checkpoint import FINETUNE_CONFIG
 from bertforge.modeling.config import BertConfig
 from bertforge.progress import parse_duration
-from bertforge.runtime import Precision
+from bertforge.runtime import Precision, parse_bytes
 from bertforge.training.optim import Schedule
 
 Objective = Literal["mlm_nsp", "mlm", "rtd", "mlm_contrastive"]
@@ -71,6 +71,8 @@ def check_training_options(cfg: Any, option: Callable[[str], str]) -> None:
     if cfg.dropout is not None and not 0.0 <= cfg.dropout < 1.0:
         raise BertforgeError(f"{option('dropout')} {cfg.dropout} must lie in [0, 1)")
     check_at_least(cfg, option, log_every=1, max_nonfinite=1, num_threads=1, max_grad_norm=0)
+    if parse_bytes(cfg.max_memory, option("max_memory")) is None:  # 0, none, off: no budget
+        cfg.max_memory = None
     try:  # 0, none, off or null: no time budget (unsets one a --config file gave)
         budget = parse_duration(cfg.max_time)
     except BertforgeError as err:
@@ -121,6 +123,11 @@ class LoopOptions:
     """torch CPU threads per process (None = torch's default)."""
     progress: bool = True
     """Show a progress bar."""
+    max_memory: str | None = None
+    """A resident-memory budget such as 1.5GB or 800MB: the micro-batch (gradient accumulation
+    keeps the batch) and the evaluation batch are the largest whose estimated peak, measured on
+    this model at start, stays under it; a run that would not fit even one sequence at a time
+    refuses to start and says what would (docs/memory.md). None = no budget."""
 
 
 # ---- bertforge pretrain ----------------------------------------------------------------

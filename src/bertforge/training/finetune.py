@@ -68,13 +68,16 @@ from bertforge.runtime import (
     CoreWatch,
     autocast,
     explain_precision,
+    parse_bytes,
     peak_memory_bytes,
     pick_device,
+    resident_memory_bytes,
     seed_everything,
     set_threads,
 )
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training import steps
+from bertforge.training.budget import measure_use, plan_batches
 from bertforge.training.checkpoints import (
     GracefulStop,
     check_same_run,
@@ -298,6 +301,9 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
         steps.set_dropout(model, cfg.dropout)
     model = model.to(device)
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
+    memory = (
+        "" if cfg.max_memory is None else "; " + plan_memory(cfg, data, model, precision, device)
+    )
     resolved = steps.config_dict(cfg)
     identity = {k: resolved[k] for k in RUN_IDENTITY + (QA_IDENTITY if qa else ())}
     state = FinetuneState(run=identity, scale=data.scale)
@@ -335,6 +341,7 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
         f"{total} steps of batch {cfg.batch_size} = {cfg.batch_size // micro} x {micro}"
         + (f" or {format_duration(budget)}" if budget else "")
         + f"; encoded in {time.perf_counter() - t0:.1f}s"
+        + memory
     )
     return run, state
 
@@ -417,6 +424,43 @@ def model_class(
     if task == "question_answering":
         return BertForQuestionAnswering
     return BertForSequenceClassification
+
+
+def plan_memory(
+    cfg: FinetuneConfig,
+    data: TaskData | TaggingTaskData | QATaskData,
+    model: torch.nn.Module,
+    precision: str,
+    device: torch.device,
+) -> str:
+    """``--max_memory``: measure this model's memory on the longest training examples
+    (:mod:`bertforge.training.budget`), then set ``--micro_batch_size`` and
+    ``--eval_batch_size`` to the largest that fit; returns the start line's account, or raises
+    saying what would fit."""
+    lengths = np.array([len(ids) for ids, _ in data.encoded_train])
+    longest = np.argsort(lengths, kind="stable")[-4:][::-1].tolist()
+    pad_id = model.config.pad_token_id
+
+    def forward(k: int) -> torch.Tensor:
+        rows = longest[:k]
+        batch = collate([data.encoded_train[i] for i in rows], pad_id)
+        batch = {key: v.to(device) for key, v in batch.items()}
+        labels = data.batch_labels(np.array(rows), batch["input_ids"].shape[1]).to(device)
+        if cfg.task == "question_answering":
+            batch |= {"start_positions": labels[:, 0], "end_positions": labels[:, 1]}
+        else:
+            batch["labels"] = labels
+        with autocast(device, precision):
+            return model(**batch).loss
+
+    bf16_cpu = precision == "bf16" and device.type == "cpu"
+    use = measure_use(forward, model, resident_memory_bytes(), bf16_cpu)
+    budget = parse_bytes(cfg.max_memory)
+    plan = plan_batches(
+        budget, use, cfg.batch_size, cfg.micro_batch, cfg.eval_batch_size, "--max_memory"
+    )
+    cfg.micro_batch_size, cfg.eval_batch_size = plan.micro, plan.eval_batch
+    return plan.describe(budget, use, cfg.batch_size, "--max_memory")
 
 
 def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:

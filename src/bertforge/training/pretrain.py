@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 import yaml
 
@@ -46,14 +47,17 @@ from bertforge.runtime import (
     autocast,
     compile_seconds,
     explain_precision,
+    parse_bytes,
     peak_memory_bytes,
     pick_device,
+    resident_memory_bytes,
     rng_state,
     seed_everything,
     set_rng_state,
     set_threads,
 )
 from bertforge.training import steps
+from bertforge.training.budget import BatchPlan, measure_use, plan_batches
 from bertforge.training.checkpoints import (
     GracefulStop,
     check_same_run,
@@ -300,6 +304,7 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
         steps.set_dropout(model, tc.dropout)
     raw = model.to(device)
     optimizer = build_optimizer(raw, tc.lr, tc.weight_decay, tuple(tc.betas), tc.eps)
+    memory = "" if tc.max_memory is None else "; " + plan_memory(cfg, data, raw, precision, device)
     torch.manual_seed(tc.seed + 1 + 7919 * info.rank)  # each rank its own dropout stream
     identity = run_identity(cfg, data.meta, len(data.train))
     state = PretrainState(run=identity, data=data.sampler.state_dict(), elapsed=spent)
@@ -340,8 +345,61 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
         f"({why}), {device}, {threads} thread(s), {info.world_size} process(es)) on {len(data.train):,} sequences; batch "
         f"{tc.batch_size} = {info.world_size} x {data.accum} x {data.micro}; budget "
         + " and ".join(x for x in limits if x)
+        + memory
     )
     return run, state
+
+
+def plan_memory(
+    cfg: PretrainConfig,
+    data: PretrainingData,
+    model: torch.nn.Module,
+    precision: str,
+    device: torch.device,
+) -> str:
+    """``--train.max_memory``: measure this model's memory on the longest training sequences
+    (:mod:`bertforge.training.budget`), then set the micro-batch (``data.micro``,
+    ``data.accum``, ``--train.micro_batch_size``) and ``--train.eval_batch_size`` to the largest
+    that fit; returns the start line's account, or raises saying what would fit."""
+    tc = cfg.train
+    longest = np.argsort(data.train.lengths, kind="stable")[-4:][::-1].tolist()
+    examples = [data.train[i] for i in longest]
+    nsp = tc.objective == "mlm_nsp"
+
+    def forward(k: int) -> torch.Tensor:
+        batch = data.collator(examples[:k], longest[:k], 0)
+        batch = {key: v.to(device) for key, v in batch.items()}
+        with autocast(device, precision):
+            return model(
+                batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                token_type_ids=batch["token_type_ids"],
+                labels=batch["labels"],
+                **({"next_sentence_label": batch["next_sentence_label"]} if nsp else {}),
+            ).loss
+
+    bf16_cpu = precision == "bf16" and device.type == "cpu"
+    rows = cfg.masking.mlm_probability * data.meta["max_seq_length"]  # masked per sequence
+    logits = int(rows * model.config.vocab_size)
+    use = measure_use(forward, model, resident_memory_bytes(), bf16_cpu, logits)
+    budget = parse_bytes(tc.max_memory, "--train.max_memory")
+    per_rank = data.micro * data.accum
+    wanted_eval = tc.eval_batch_size or data.micro
+    try:
+        plan = plan_batches(budget, use, per_rank, data.micro, wanted_eval, "--train.max_memory")
+        mine: tuple[int, int, str | None] = (plan.micro, plan.eval_batch, None)
+    except BertforgeError as err:  # every process hears of it (none is left waiting below)
+        mine = (0, 0, str(err))
+    # every process must accumulate alike: the smallest choice of any (their memory differs)
+    chosen = D.gather_object(mine)
+    refused = [why for *_, why in chosen if why]  # type: ignore[misc]
+    if refused:
+        raise BertforgeError(refused[0])
+    micro, evals = min(c[0] for c in chosen), min(c[1] for c in chosen)  # type: ignore[index]
+    plan = BatchPlan(micro, evals, max(use.peak(micro), use.eval_peak(evals)))
+    data.micro, data.accum = plan.micro, per_rank // plan.micro
+    tc.micro_batch_size, tc.eval_batch_size = plan.micro, plan.eval_batch
+    return plan.describe(budget, use, per_rank, "--train.max_memory")
 
 
 def start_up_work(

@@ -26,7 +26,8 @@ module per concern, the fused ones beside their C file in ``modeling/csrc/``:
 * ``buffers``: :func:`scratch`, large per-step buffers, pooled per name and reused once nobody
   holds them (no page faults), and :func:`padded_rows`;
 * ``unpadding``: :func:`unpad` / :func:`repad`, move between a padded (B, T) batch and its N
-  real tokens;
+  real tokens; :func:`shape_multiple` / :func:`unpadded_index`, row counts rounded up where
+  oneDNN builds a kernel per shape (bf16 on the CPU);
 * ``common`` (``common.h``): :func:`cpu_tuned`, the fp32 kernels' check, and
   :func:`autograd_free` (in inference, activations overwrite their input).
 
@@ -64,7 +65,14 @@ from bertforge.modeling.ops.softmax import (
     explicit_attention,
     query_attention,
 )
-from bertforge.modeling.ops.unpadding import repad, unpad
+from bertforge.modeling.ops.unpadding import (
+    ONEDNN_ROWS,
+    repad,
+    round_up,
+    shape_multiple,
+    unpad,
+    unpadded_index,
+)
 
 __all__ = [
     "AddNorm",
@@ -98,6 +106,10 @@ __all__ = [
     "scratch",
     "torch_dropout",
     "unpad",
+    "ONEDNN_ROWS",
+    "round_up",
+    "shape_multiple",
+    "unpadded_index",
     "word_embedding",
     "WordEmbedding",
 ]

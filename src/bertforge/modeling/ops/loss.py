@@ -23,13 +23,15 @@ from bertforge.modeling.ops.common import _fp32_cpu, cpu_tuned
 
 
 def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
-    """Mean cross-entropy of (n, V) logits of any float dtype against (n,) int64 targets, in
-    fp32: ``F.cross_entropy(logits.float(), target)`` in value and gradient, through the C
+    """Mean cross-entropy of (n', V) logits of any float dtype against (n,) int64 targets, in
+    fp32: ``F.cross_entropy(logits[:n].float(), target)`` in value and gradient (rows past the
+    targets, n' > n, take no part: a row count rounded up, :func:`masked_lm`), through the C
     kernel of :mod:`bertforge.kernels` for CPU fp32/bf16 logits with contiguous rows (such as
     :class:`DecoderLinear`'s padded ones), else :class:`CrossEntropy`."""
     kernels = cross_entropy_kernels(logits.dtype) if _kernel_takes(logits, target) else None
     if kernels is None:
-        return CrossEntropy.apply(logits, target)
+        n = target.shape[0]
+        return CrossEntropy.apply(logits if logits.shape[0] == n else logits[:n], target)
     return KernelCrossEntropy.apply(logits, target.contiguous(), kernels)
 
 
@@ -38,7 +40,7 @@ def _kernel_takes(logits: Tensor, target: Tensor) -> bool:
     least one row, and int64 targets inside [0, V). The kernel indexes rows by target
     unchecked; the torch form handles the rest (an empty batch's nan loss, an out-of-range
     target's error) as it always did."""
-    if logits.device.type != "cpu" or logits.dim() != 2 or logits.shape[0] == 0:
+    if logits.device.type != "cpu" or logits.dim() != 2 or target.shape[0] == 0:
         return False
     rows_ok = logits.stride(1) == 1 and logits.stride(0) >= logits.shape[1]
     if not (rows_ok or logits.is_contiguous()):
@@ -55,11 +57,12 @@ def _targets_take(target: Tensor, V: int) -> bool:
 
 class KernelCrossEntropy(torch.autograd.Function):
     """The kernel form: the forward keeps one log-sum-exp per row (nothing n x V is written),
-    the backward writes (softmax - one_hot) * grad / n in one pass, in the logits' dtype."""
+    the backward writes (softmax - one_hot) * grad / n in one pass, in the logits' dtype (and
+    zeros in the rows past the n targets)."""
 
     @staticmethod
     def forward(ctx: Any, logits: Tensor, target: Tensor, kernels: Any) -> Tensor:
-        lse, row_loss = kernels[0](logits, target)
+        lse, row_loss = kernels[0](logits[: target.shape[0]], target)
         ctx.save_for_backward(logits, target, lse)
         ctx.backward_kernel = kernels[1]
         return row_loss.mean()
@@ -67,11 +70,14 @@ class KernelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_loss: Tensor) -> tuple[Tensor, None, None]:
         logits, target, lse = ctx.saved_tensors
-        scale = float(grad_loss) / logits.shape[0]
+        n = target.shape[0]
+        scale = float(grad_loss) / n
         out = padded_rows(
             "logits.grad", logits.shape, logits.stride(0), logits.dtype, logits.device
         )
-        return ctx.backward_kernel(logits, target, lse, scale, out), None, None
+        out[n:].zero_()  # the rows past the targets (a rounded-up count): no gradient
+        ctx.backward_kernel(logits[:n], target, lse, scale, out[:n])
+        return out, None, None
 
 
 class CrossEntropy(torch.autograd.Function):
@@ -149,12 +155,13 @@ def decoder_cross_entropy(
     h: Tensor, weight: Tensor, bias: Tensor, target: Tensor
 ) -> tuple[Tensor, Tensor]:
     """``(cross_entropy(logits, target), logits)`` of the tied decoder's ``logits = h @
-    weight.T + bias`` over (n, H) rows: :class:`DecoderCrossEntropy` when training in fp32 on
-    the CPU with the C kernel, else :class:`DecoderLinear` (or ``F.linear``) and
+    weight.T + bias`` over (n', H) rows, the loss over the first n (``target`` (n,); rows past
+    them are computed and take no part): :class:`DecoderCrossEntropy` when training in fp32
+    on the CPU with the C kernel, else :class:`DecoderLinear` (or ``F.linear``) and
     :func:`cross_entropy`."""
     kernel = None
     fp32 = _fp32_cpu(h, weight, bias) and not torch.is_autocast_enabled("cpu")
-    if torch.is_grad_enabled() and h.dim() == 2 and fp32:
+    if torch.is_grad_enabled() and h.dim() == 2 and fp32 and h.shape[0] == target.shape[0]:
         kernel = cross_entropy_with_gradient_kernel()
     if kernel is not None and h.shape[0] > 0 and _targets_take(target, weight.shape[0]):
         return DecoderCrossEntropy.apply(h, weight, bias, target.contiguous(), kernel)

@@ -47,6 +47,37 @@ async function api(path, body) {
   return answer;
 }
 
+// The nav's /info and /metrics: a plain link cannot send the Authorization header, so with a
+// key the page fetches them itself and shows the answer here (without one the link is a link).
+async function showRaw(event) {
+  const path = event.currentTarget.getAttribute("href");
+  if (!sessionStorage.getItem(KEY_ITEM)) return; // no key held: the plain link works
+  event.preventDefault();
+  const headers = { Authorization: `Bearer ${sessionStorage.getItem(KEY_ITEM)}` };
+  let text;
+  try {
+    const response = await fetch(path, { headers });
+    if (response.status === 401) {
+      sessionStorage.removeItem(KEY_ITEM);
+      askForKey("the server refused this key; check it and try again");
+      return;
+    }
+    text = await response.text();
+    if (path === "/info" && response.ok) text = JSON.stringify(JSON.parse(text), null, 2);
+    else if (!response.ok) text = `HTTP ${response.status}\n${text}`;
+  } catch (err) {
+    text = `${path}: ${err.message}`;
+  }
+  $("raw-title").textContent = `GET ${path}`;
+  $("raw-body").textContent = text;
+  $("raw").hidden = false;
+  $("raw-close").focus();
+}
+
+function hideRaw() {
+  $("raw").hidden = true;
+}
+
 function askForKey(note) {
   $("key-form").hidden = false;
   $("key-note").textContent = note;
@@ -137,8 +168,8 @@ function updatePairBox() {
   const predicts = infos.some((m) => m.kind === "masked-lm");
   $("text-hint").replaceChildren(
     "(",
-    ...(predicts ? ["write ", el("code", { text: "[MASK]" }), " where a word should be predicted; "] : []),
-    "click a token below to mask its word; Ctrl+Enter runs)",
+    ...(predicts ? ["write ", el("code", { text: "[MASK]" }), " where a word should be predicted; click a token below to mask its word; "] : []),
+    "Ctrl+Enter runs)",
   );
   if (paired) {
     $("pair-hint").textContent = `(${paired.name} was fine-tuned on ${a} + ${b} pairs and reads both: [CLS] ${a} [SEP] ${b} [SEP])`;
@@ -197,8 +228,13 @@ async function runModel(name, text, pair, topK, panel) {
     fail(err);
     return;
   }
+  // the WordPieces, as each kind of model has them: a masked LM's to click and mask, a
+  // classifier's coloured by attribution, an encoder's as they are; a tagger's and a QA
+  // model's answers are drawn on the text itself (entities, the answer span) instead
   const tokenBox = el("div", { class: "token-rows", role: "group", "aria-label": "WordPieces" });
-  panel.append(el("h3", { text: "WordPieces (click one to mask its word)" }), tokenBox);
+  const heading = TOKEN_HEADINGS[info.kind];
+  if (heading) panel.append(el("h3", { text: heading }), tokenBox);
+  r.clickable = info.kind === "masked-lm";
   const jobs = [];
   const outputs = el("div");
   panel.append(outputs);
@@ -251,8 +287,14 @@ async function runModel(name, text, pair, topK, panel) {
       .then((answer) => { r.attention = answer; }).catch(fail));
   }
   await Promise.all(jobs);
-  drawTokens(tokenBox, r);
+  if (heading) drawTokens(tokenBox, r);
 }
+
+const TOKEN_HEADINGS = {
+  "masked-lm": "WordPieces (click one to mask its word)",
+  classifier: "WordPieces (coloured by attribution)",
+  encoder: "WordPieces",
+};
 
 // ---- tokens ---------------------------------------------------------------------------------
 function wordSpan(tokens, i) {
@@ -310,8 +352,9 @@ function drawTokens(box, r) {
       const mask = t.text === "[MASK]";
       const cls = "tok" + (t.special ? " special" : "") + (mask ? " mask" : "");
       let node;
-      if (t.special) {
-        node = el("span", { class: cls, text: t.text });
+      if (t.special || !r.clickable) {
+        const title = t.special ? "" : `id ${t.id}, characters ${t.start}–${t.stop}` + (attr ? `, attribution ${attr[k].toFixed(4)}` : "");
+        node = el("span", { class: cls, text: t.text, ...(title ? { title } : {}) });
       } else {
         node = el("button", {
           class: cls, type: "button", text: t.text,
@@ -651,5 +694,7 @@ function renderPng(header) {
 
 document.addEventListener("DOMContentLoaded", () => {
   $("key-form").addEventListener("submit", useKey);
+  for (const link of document.querySelectorAll("nav a[data-raw]")) link.addEventListener("click", showRaw);
+  $("raw-close").addEventListener("click", hideRaw);
   start();
 });
