@@ -237,6 +237,7 @@ def run_transformers(args: argparse.Namespace, work: Path) -> dict:
         report_to=[],
         disable_tqdm=True,
         dataloader_num_workers=0,
+        train_sampling_strategy="group_by_length" if args.group_by_length else "random",
     )
     trainer = transformers.Trainer(
         model=model,
@@ -280,6 +281,8 @@ def side_command(args: argparse.Namespace, side: str) -> list[str]:
         command += [f"--{name}", str(getattr(args, name))]
     if args.dropout is not None:
         command += ["--dropout", str(args.dropout)]
+    if args.group_by_length:
+        command.append("--group_by_length")
     return command
 
 
@@ -315,6 +318,11 @@ def main() -> None:
         "--dropout", type=float, default=None, help="both sides; default: each model's own"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--group_by_length", action="store_true",
+        help="Trainer's train_sampling_strategy=group_by_length (batches of similar length, as bertforge's); default off, "
+        "as in run_*.py",
+    )  # fmt: skip
     parser.add_argument(
         "--one_at_a_time", action="store_true",
         help="run bertforge, then transformers (default: both at once, sharing the load)",

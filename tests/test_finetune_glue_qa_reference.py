@@ -1,0 +1,70 @@
+"""benchmarks/finetune_glue_reference.py and finetune_qa_reference.py (issue 39: GLUE dev and
+XQuAD-en beside transformers' Trainer): the Trainer side reads the same inputs as ours (token ids,
+QA windows and their answer labels) and its run_qa post-processing picks the answers our decoder
+picks from the same logits. Real shared files, the real MiniLM tokenizer; nothing is trained."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def test_run_glue_pairs_are_our_token_ids(shared_data, minilm_dir):
+    transformers = pytest.importorskip("transformers")
+    from finetune_glue_reference import read_tsv
+
+    from bertforge.data.encoding import encode_examples
+    from bertforge.tokenizer.wordpiece import Tokenizer
+
+    header, rows = read_tsv(shared_data / "glue" / "RTE" / "dev.tsv")
+    first, second = [r[0] for r in rows[:80]], [r[1] for r in rows[:80]]
+    theirs = transformers.BertTokenizerFast.from_pretrained(minilm_dir)(
+        first, second, truncation=True, max_length=128
+    )
+    ours = encode_examples(Tokenizer.from_file(minilm_dir), first, second, max_length=128)
+    assert header[:2] == ["sentence1", "sentence2"]
+    assert sum(len(ids) == 128 for ids, _ in ours) >= 5  # some pairs were shortened
+    for i, (ids, len_a) in enumerate(ours):
+        assert ids.tolist() == theirs["input_ids"][i]
+        assert theirs["token_type_ids"][i].index(1) == len_a
+
+
+def test_run_qa_windows_labels_and_answers_are_ours(shared_data, minilm_dir):
+    transformers = pytest.importorskip("transformers")
+    from finetune_qa_reference import hf_features, postprocess
+
+    from bertforge.data.qa import decode_spans, encode_windows, read_qa
+    from bertforge.tokenizer.wordpiece import Tokenizer
+
+    examples, _ = read_qa(shared_data / "qa" / "squad_dev_train.json.gz")
+    # the longest contexts first: several windows each, answers in late windows too
+    examples = sorted(examples, key=lambda e: -len(e.context))[:40]
+    args = argparse.Namespace(max_length=192, doc_stride=64)
+    hf_tok = transformers.BertTokenizerFast.from_pretrained(minilm_dir)
+    train = hf_features(hf_tok, examples, args, train=True)
+    test = hf_features(hf_tok, examples, args, train=False)
+    ours = encode_windows(
+        Tokenizer.from_file(minilm_dir), examples, max_length=192, doc_stride=64, labels=True
+    )
+    assert len(ours) == len(train) == len(test) > len(examples) + 40
+    for w, (ids, _) in enumerate(ours.encoded):
+        assert ids.tolist() == train[w]["input_ids"]
+        assert tuple(ours.targets[w]) == (train[w]["start_positions"], train[w]["end_positions"])
+    assert sum(row["start_positions"] > 0 for row in train) >= 40  # each answer is somewhere
+
+    rng = np.random.default_rng(0)
+    starts = [rng.normal(size=len(ids)).astype(np.float32) for ids, _ in ours.encoded]
+    ends = [rng.normal(size=len(ids)).astype(np.float32) for ids, _ in ours.encoded]
+    width = max(len(s) for s in starts)  # Trainer pads the batches' logits with -100
+    padded = [np.pad(s, (0, width - len(s)), constant_values=-100) for s in (*starts, *ends)]
+    theirs = postprocess(examples, test, padded[: len(starts)], padded[len(starts) :])
+    spans = decode_spans(ours, examples, starts, ends, n_best=20, max_answer_length=30)
+    assert [theirs[e.id] for e in examples] == [s.text for s in spans]
+    assert sum(bool(s.text) for s in spans) == len(examples)
