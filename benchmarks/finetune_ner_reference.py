@@ -39,14 +39,21 @@ import sys
 import time
 from pathlib import Path
 
-from _common import SHARED_DATA, log, machine_markdown, markdown_table, minilm_dir
+from _common import (
+    SHARED_DATA,
+    TRAINER_RECIPE,
+    WARMUP_RATIO,
+    log,
+    machine_markdown,
+    markdown_table,
+    minilm_dir,
+    reference_trainer,
+)
 
 DATASETS = {"wikiann": "wikiann_en", "wnut17": "wnut17"}
 TRAIN_FILE = {"wikiann": "train.conll.gz", "wnut17": "train.conll"}
-WARMUP_RATIO = 0.1
-WEIGHT_DECAY = 0.01
-ADAM_EPS = 1e-6
-MAX_GRAD_NORM = 1.0
+WEIGHT_DECAY = TRAINER_RECIPE["weight_decay"]  # our side runs the same recipe
+MAX_GRAD_NORM = TRAINER_RECIPE["max_grad_norm"]
 
 
 def read_conll(path: Path) -> list[tuple[list[str], list[str]]]:
@@ -218,32 +225,15 @@ def run_transformers(args: argparse.Namespace, work: Path) -> dict:
         model_dir, num_labels=len(id2label), id2label=id2label, label2id=label2id, **extra
     )
     steps = -(-len(train_rows) // args.batch_size) * args.epochs
-    targs = transformers.TrainingArguments(
-        output_dir=str(work / "transformers"),
-        per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=64,
-        learning_rate=args.lr,
+    trainer = reference_trainer(
+        transformers,
+        model,
+        train_rows,
+        transformers.DataCollatorForTokenClassification(tokenizer),
+        work / "transformers",
+        args,
+        steps,
         num_train_epochs=args.epochs,
-        weight_decay=WEIGHT_DECAY,
-        adam_epsilon=ADAM_EPS,
-        max_grad_norm=MAX_GRAD_NORM,
-        lr_scheduler_type="linear",
-        warmup_steps=round(WARMUP_RATIO * steps),
-        use_cpu=True,
-        seed=args.seed,
-        save_strategy="no",
-        eval_strategy="no",
-        logging_strategy="no",
-        report_to=[],
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        train_sampling_strategy="group_by_length" if args.group_by_length else "random",
-    )
-    trainer = transformers.Trainer(
-        model=model,
-        args=targs,
-        train_dataset=train_rows,
-        data_collator=transformers.DataCollatorForTokenClassification(tokenizer),
     )
     out = trainer.train()
     logits = trainer.predict(test_rows).predictions
