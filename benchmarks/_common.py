@@ -308,3 +308,28 @@ def reference_trainer(
     return transformers.Trainer(
         model=model, args=targs, train_dataset=train_rows, data_collator=collator
     )
+
+
+def launch_side(command: list[str], num_threads: int) -> tuple[Any, float]:
+    """One side of a fine-tuning reference (``bertforge`` or ``transformers``) started as its own
+    process on ``num_threads`` threads; the process and when it started."""
+    import subprocess
+
+    env = dict(os.environ, OMP_NUM_THREADS=str(num_threads), TOKENIZERS_PARALLELISM="false")
+    return subprocess.Popen(command, env=env), time.perf_counter()
+
+
+def finish_side(proc: Any, start: float, side: str, result: Path) -> dict:
+    """Wait for a side started by :func:`launch_side`; its ``result`` JSON with its wall seconds
+    and peak resident memory (the child's own, from ``wait4``) added. A failed side stops the
+    script in one line."""
+    import json
+
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"the {side} side failed (exit {proc.returncode}); see its output above")
+    out = json.loads(result.read_text())
+    out["wall_seconds"] = time.perf_counter() - start
+    out["peak_rss_mb"] = usage.ru_maxrss / 1024  # KiB on Linux
+    return out

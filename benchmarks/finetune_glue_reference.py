@@ -38,15 +38,15 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from _common import (
     SHARED_DATA,
+    finish_side,
+    launch_side,
     log,
     machine_markdown,
     markdown_table,
@@ -225,28 +225,16 @@ def side_command(args: argparse.Namespace, side: str, task: str) -> list[str]:
 
 
 def launch(args: argparse.Namespace, side: str, task: str) -> tuple[subprocess.Popen, float]:
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.num_threads), TOKENIZERS_PARALLELISM="false")
-    return subprocess.Popen(side_command(args, side, task), env=env), time.perf_counter()
-
-
-def finish(proc: subprocess.Popen, start: float, side: str, path: Path) -> dict:
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise SystemExit(f"the {side} side failed (exit {proc.returncode}); see its output above")
-    result = json.loads(path.read_text())
-    result["wall_seconds"] = time.perf_counter() - start
-    result["peak_rss_mb"] = usage.ru_maxrss / 1024  # KiB on Linux (the largest child's)
-    return result
+    return launch_side(side_command(args, side, task), args.num_threads)
 
 
 def run_task(args: argparse.Namespace, work: Path, task: str, first: str) -> dict[str, dict]:
     sides = ("bertforge", "transformers") if first == "bertforge" else ("transformers", "bertforge")
     path = {side: work / side / f"{task}.json" for side in sides}
     if args.schedule == "alternate":
-        return {side: finish(*launch(args, side, task), side, path[side]) for side in sides}
+        return {side: finish_side(*launch(args, side, task), side, path[side]) for side in sides}
     running = {side: launch(args, side, task) for side in sides}
-    return {side: finish(*running[side], side, path[side]) for side in sides}
+    return {side: finish_side(*running[side], side, path[side]) for side in sides}
 
 
 def main() -> None:

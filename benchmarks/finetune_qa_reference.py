@@ -35,16 +35,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from _common import (
     SHARED_DATA,
     TRAINER_RECIPE,
     WARMUP_RATIO,
+    finish_side,
+    launch_side,
     log,
     machine_markdown,
     markdown_table,
@@ -229,19 +229,11 @@ def side_command(args: argparse.Namespace, side: str) -> list[str]:
 
 
 def launch(args: argparse.Namespace, side: str) -> tuple[subprocess.Popen, float]:
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.num_threads), TOKENIZERS_PARALLELISM="false")
-    return subprocess.Popen(side_command(args, side), env=env), time.perf_counter()
+    return launch_side(side_command(args, side), args.num_threads)
 
 
 def finish(proc: subprocess.Popen, start: float, side: str, work: Path) -> dict:
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise SystemExit(f"the {side} side failed (exit {proc.returncode}); see its output above")
-    result = json.loads((work / f"{side}.json").read_text())
-    result["wall_seconds"] = time.perf_counter() - start
-    result["peak_rss_mb"] = usage.ru_maxrss / 1024  # KiB on Linux (the largest child's)
-    return result
+    return finish_side(proc, start, side, work / f"{side}.json")
 
 
 def main() -> None:
