@@ -12,9 +12,9 @@ of the PyTorch one: same batching, ONNX Runtime runs the batches (anything that 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -33,6 +33,8 @@ from bertforge.modeling.pooling import (
 from bertforge.progress import item_bar
 from bertforge.runtime import autocast
 from bertforge.tokenizer.wordpiece import valid_unicode
+
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -57,6 +59,36 @@ def _batches(
         yield index, {k: v.to(device) for k, v in batch.items()}
 
 
+def head_batches(
+    model: Any,
+    encoded: Sequence[tuple[np.ndarray, int]],
+    pad_id: int,
+    onnx: Callable[[dict[str, np.ndarray]], T],
+    eager: Callable[[dict[str, torch.Tensor]], T],
+    *,
+    batch_size: int,
+    precision: str,
+    progress: bool,
+    desc: str,
+) -> Iterator[tuple[np.ndarray, T]]:
+    """Each padded batch of ``encoded`` (longest first) as its input indices and the head's
+    outputs: ``onnx(arrays)`` for an exported :class:`~bertforge.inference.onnx.OnnxModel`, else
+    ``eager(tensors)`` under the model's device and ``precision`` (evaluation mode meanwhile);
+    a bar labelled ``desc`` when ``progress``. Consume it whole."""
+    with item_bar(len(encoded), desc, enabled=progress) as bar:
+        if not isinstance(model, nn.Module):
+            for index, batch in _batches(encoded, pad_id, batch_size, torch.device("cpu")):
+                yield index, onnx({k: v.numpy() for k, v in batch.items()})
+                bar.update(len(index))
+            return
+        with _evaluating(model) as device:
+            for index, batch in _batches(encoded, pad_id, batch_size, device):
+                with autocast(device, precision):
+                    out = eager(batch)
+                yield index, out
+                bar.update(len(index))
+
+
 def _check_texts(texts: Sequence[str]) -> list[str]:
     if isinstance(texts, str):
         raise BertforgeError("pass a list of texts, not a single string (wrap it: [text])")
@@ -78,18 +110,18 @@ def sequence_logits(
     :class:`~bertforge.inference.onnx.OnnxModel`), in input order (``progress``: a bar on a
     terminal's stderr, labelled ``desc``)."""
     out = np.zeros((len(encoded), model.config.num_labels), dtype=np.float32)
-    if not isinstance(model, nn.Module):  # an OnnxModel: ONNX Runtime runs the batches
-        with item_bar(len(encoded), desc, enabled=progress) as bar:
-            for index, batch in _batches(encoded, pad_id, batch_size, torch.device("cpu")):
-                out[index] = model.sequence_logits({k: v.numpy() for k, v in batch.items()})
-                bar.update(len(index))
-        return out
-    with _evaluating(model) as device, item_bar(len(encoded), desc, enabled=progress) as bar:
-        for index, batch in _batches(encoded, pad_id, batch_size, device):
-            with autocast(device, precision):
-                logits = model(**batch, cls_only=True).logits  # (B, num_labels)
-            out[index] = logits.float().cpu().numpy()
-            bar.update(len(index))
+    for index, logits in head_batches(
+        model,
+        encoded,
+        pad_id,
+        lambda arrays: model.sequence_logits(arrays),
+        lambda batch: model(**batch, cls_only=True).logits.float().cpu().numpy(),  # (B, C)
+        batch_size=batch_size,
+        precision=precision,
+        progress=progress,
+        desc=desc,
+    ):
+        out[index] = logits
     return out
 
 

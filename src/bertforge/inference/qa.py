@@ -10,13 +10,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from bertforge.data.qa import QAExample, QAWindows, Span, decode_spans, encode_windows
 from bertforge.errors import BertforgeError
-from bertforge.inference.predict import _batches, _evaluating, _max_length, saved_settings
-from bertforge.progress import item_bar
-from bertforge.runtime import autocast
+from bertforge.inference.predict import _max_length, head_batches, saved_settings
 
 DOC_STRIDE = 128
 """Overlap of consecutive windows (tokens) when the model directory records none."""
@@ -48,22 +45,22 @@ def window_logits(
             n = len(encoded[int(w)][0])
             starts[int(w)], ends[int(w)] = start[row, :n].copy(), end[row, :n].copy()
 
-    with item_bar(len(encoded), desc, enabled=progress) as bar:
-        if not isinstance(model, nn.Module):
-            for index, batch in _batches(encoded, pad_id, batch_size, torch.device("cpu")):
-                keep(index, *model.span_logits({k: v.numpy() for k, v in batch.items()}))
-                bar.update(len(index))
-            return starts, ends
-        with _evaluating(model) as device:
-            for index, batch in _batches(encoded, pad_id, batch_size, device):
-                with autocast(device, precision):
-                    out = model(**batch)
-                keep(
-                    index,
-                    out.start_logits.float().cpu().numpy(),
-                    out.end_logits.float().cpu().numpy(),
-                )
-                bar.update(len(index))
+    def eager(batch: dict[str, torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+        out = model(**batch)
+        return out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
+
+    for index, (start, end) in head_batches(
+        model,
+        encoded,
+        pad_id,
+        lambda arrays: model.span_logits(arrays),
+        eager,
+        batch_size=batch_size,
+        precision=precision,
+        progress=progress,
+        desc=desc,
+    ):
+        keep(index, start, end)
     return starts, ends
 
 

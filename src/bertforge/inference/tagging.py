@@ -24,14 +24,11 @@ from bertforge.data.iob import entities
 from bertforge.data.tagging import split_windows
 from bertforge.errors import BertforgeError
 from bertforge.inference.predict import (
-    _batches,
     _check_texts,
-    _evaluating,
     _max_length,
+    head_batches,
     saved_settings,
 )
-from bertforge.progress import item_bar
-from bertforge.runtime import autocast
 from bertforge.tokenizer.wordpiece import valid_unicode
 
 Aggregation = Literal["first", "simple"]
@@ -52,23 +49,19 @@ def token_logits(
     """(length, num_labels) float32 logits of every encoded window, in input order, from a
     ``BertForTokenClassification`` or its ONNX export (an ``OnnxModel``)."""
     out: list[np.ndarray] = [np.empty(0)] * len(encoded)
-    onnx = not isinstance(model, nn.Module)
-    with item_bar(len(encoded), desc, enabled=progress) as bar:
-        if onnx:
-            for index, batch in _batches(encoded, pad_id, batch_size, torch.device("cpu")):
-                logits = model.token_logits({k: v.numpy() for k, v in batch.items()})
-                for row, i in enumerate(index):
-                    out[int(i)] = logits[row, : len(encoded[int(i)][0])]
-                bar.update(len(index))
-            return out
-        with _evaluating(model) as device:
-            for index, batch in _batches(encoded, pad_id, batch_size, device):
-                with autocast(device, precision):
-                    logits = model(**batch).logits  # (B, T, C)
-                logits = logits.float().cpu().numpy()
-                for row, i in enumerate(index):
-                    out[int(i)] = logits[row, : len(encoded[int(i)][0])]
-                bar.update(len(index))
+    for index, logits in head_batches(
+        model,
+        encoded,
+        pad_id,
+        lambda arrays: model.token_logits(arrays),
+        lambda batch: model(**batch).logits.float().cpu().numpy(),  # (B, T, C)
+        batch_size=batch_size,
+        precision=precision,
+        progress=progress,
+        desc=desc,
+    ):
+        for row, i in enumerate(index):
+            out[int(i)] = logits[row, : len(encoded[int(i)][0])]
     return out
 
 
