@@ -102,15 +102,7 @@ def score_on_file(
     device = pick_device(cfg.device)
     model = BertForSequenceClassification.from_pretrained(model_dir).to(device)
     tokenizer = Tokenizer.from_file(model_dir)
-    data, _ = load_labelled(
-        list(test),
-        text_column=cfg.text_column,
-        label_column=cfg.label_column,
-        text_pair_column=cfg.text_pair_column,
-        task=cfg.task,
-        encoding_errors=cfg.encoding_errors,
-        label2id=None if model.config.is_regression else model.config.label2id,
-    )
+    data = read_test(cfg, test, model.config)
     encoded = encode_examples(
         tokenizer, data.texts, data.pairs, max_length=cfg.max_length, truncation=cfg.truncation
     )
@@ -132,15 +124,7 @@ def majority_on_file(
     reported: a class name, or the mean target) for every test example."""
     config = BertConfig.load(model_dir)
     regression = config.is_regression
-    data, _ = load_labelled(
-        list(test),
-        text_column=cfg.text_column,
-        label_column=cfg.label_column,
-        text_pair_column=cfg.text_pair_column,
-        task=cfg.task,
-        encoding_errors=cfg.encoding_errors,
-        label2id=None if regression else config.label2id,
-    )
+    data = read_test(cfg, test, config)
     value = float(predicts) if regression else config.label2id[str(predicts)]
     kind = "regression" if regression else "classification"
     return {
@@ -150,9 +134,12 @@ def majority_on_file(
     }
 
 
-def read_test(cfg: FinetuneConfig, test: Sequence[str]) -> LabelledData:
+def read_test(
+    cfg: FinetuneConfig, test: Sequence[str], config: BertConfig | None = None
+) -> LabelledData:
     """The test file(s), read with the fine-tuning columns; fails before any training if a column
-    is missing or a label is empty."""
+    is missing or a label is empty. With a trained model's ``config``, labels become its ids."""
+    label2id = None if config is None or config.is_regression else config.label2id
     data, _ = load_labelled(
         list(test),
         text_column=cfg.text_column,
@@ -160,6 +147,7 @@ def read_test(cfg: FinetuneConfig, test: Sequence[str]) -> LabelledData:
         text_pair_column=cfg.text_pair_column,
         task=cfg.task,
         encoding_errors=cfg.encoding_errors,
+        label2id=label2id,
     )
     if not len(data):
         raise BertforgeError(f"--test {', '.join(test)}: no rows; pass a labelled test file")
