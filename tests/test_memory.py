@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -415,3 +416,41 @@ def test_saved_bytes_counts_what_the_batch_uses_of_a_pooled_buffer(tiny_config):
     two, four = saved_bytes(lambda: forward(2), params), saved_bytes(lambda: forward(4), params)
     assert 0 < two < four < 3 * two
     assert four < 4_000_000  # a tiny model's activations, not the pools' tens of MB
+
+
+_FREED_TWICE = """
+import ctypes, os, sys
+import psutil
+from bertforge.runtime import fix_mmap_threshold
+fixed = fix_mmap_threshold(4 << 20) if sys.argv[1] == "fixed" else None
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+rss = psutil.Process().memory_info().rss
+for _ in range(3):  # glibc raises its threshold when the first block is freed
+    p = libc.malloc(24 << 20)
+    ctypes.memset(p, 1, 24 << 20)
+    libc.free(p)
+print(fixed, (psutil.Process().memory_info().rss - rss) >> 20)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
+def test_a_fixed_mmap_threshold_returns_large_freed_blocks_to_the_kernel():
+    # the serving process fixes it (docs/reliability.md): by default the second 24 MB block
+    # comes from the heap and stays resident after it is freed
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    seen = {}
+    for mode in ("default", "fixed"):
+        out = subprocess.run(
+            [sys.executable, "-c", _FREED_TWICE, mode], env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        seen[mode] = out.stdout.split()
+    assert seen["default"][0] == "None" and int(seen["default"][1]) >= 20
+    assert seen["fixed"] == ["True", seen["fixed"][1]] and int(seen["fixed"][1]) < 4
+    env["MALLOC_MMAP_THRESHOLD_"] = "1048576"  # the user's own setting wins
+    out = subprocess.run(
+        [sys.executable, "-c", _FREED_TWICE, "fixed"], env=env, capture_output=True, text=True
+    )
+    assert out.stdout.split()[0] == "False"

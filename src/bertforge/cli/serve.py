@@ -11,8 +11,14 @@ import torch
 
 from bertforge.cli.options import parse_config
 from bertforge.errors import BertforgeError
+from bertforge.runtime import fix_mmap_threshold
 from bertforge.serve.config import ServeConfig
 from bertforge.serve.models import check_served_directory, load_served_model
+
+MMAP_THRESHOLD_BYTES = 4 << 20
+"""Allocations of this size or more get mappings of their own in the serving process
+(:func:`~bertforge.runtime.fix_mmap_threshold`): in a paired 5-minute soak the resident memory
+grew 1.8% instead of 7.7%, for 5% fewer answers (docs/reliability.md)."""
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -77,6 +83,8 @@ def main(argv: list[str]) -> int:
     def stop(err: BaseException) -> None:
         server.should_exit = True  # the error is raised below, once uvicorn has stopped
 
+    # the serving process only (not a library's caller, nor the tests' in-process servers)
+    fix_mmap_threshold(MMAP_THRESHOLD_BYTES)
     with sock:
         app = create_app(config, load, on_load_failure=stop)
         server = lifecycle.make_server(config, app, on_stop=app.state.server.begin_draining)
