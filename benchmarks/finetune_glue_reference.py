@@ -9,7 +9,8 @@ AdamW (weight decay 0.01, eps 1e-6), clipping at 1, the model's own dropout (or 
 both), ``--precision`` (fp32, or bf16 autocast: ``Trainer(bf16=True)`` on the CPU), the final
 model scored on the whole dev file by the same metric code (``bertforge.evaluation.benchmark``).
 
-* bertforge: the CLI, ``bertforge benchmark --suite glue --tasks T --seeds 1`` with the recipe's
+* bertforge: the CLI, ``bertforge benchmark --suite glue --tasks T --seeds S+1`` (seed S = ``--seed``;
+  the earlier seeds are skipped when this ``--output`` holds them) with the recipe's
   options (its defaults: batches of similar length, padded to their longest).
 * transformers: ``run_glue``: ``tokenizer(s1, s2, truncation=True, max_length=...)``, labels
   sorted (regression: one output, raw targets), ``AutoModelForSequenceClassification``
@@ -105,11 +106,15 @@ def prepare(args: argparse.Namespace, work: Path) -> dict[str, int]:
 
 
 def run_ours(args: argparse.Namespace, work: Path, task: str) -> dict:
-    """``bertforge benchmark`` for one task, one seed; its own clock and score."""
+    """``bertforge benchmark`` for one task, seed ``--seed``; its own clock and score. The
+    benchmark runs seeds 0..N-1 and skips those whose results are on disk, so it is asked for
+    ``--seed + 1`` seeds in an output directory that every ``--seed`` of this ``--output``
+    shares: the seeds before it are reused when they ran already."""
     out = work / "bertforge" / task
     command = [
         sys.executable, "-m", "bertforge", "benchmark", "--model", str(minilm_dir()),
-        "--suite", "glue", "--tasks", task, "--seeds", "1", "--data_dir", str(work / "data"),
+        "--suite", "glue", "--tasks", task, "--seeds", str(args.seed + 1),
+        "--data_dir", str(work / "data"),
         "--output", str(out), "--epochs", str(args.epochs), "--lr", str(args.lr),
         "--batch_size", str(args.batch_size), "--max_length", str(args.max_length),
         "--precision", args.precision, "--num_threads", str(args.num_threads),
@@ -119,10 +124,14 @@ def run_ours(args: argparse.Namespace, work: Path, task: str) -> dict:
     log("bertforge: " + " ".join(command))
     subprocess.run(command, check=True)
     result = json.loads((out / "results" / "model" / f"{task}.json").read_text())
-    seed = result["seeds"][0]
+    from bertforge.evaluation.benchmark import select_tasks, task_score
+
+    seed = result["seeds"][args.seed]
+    assert seed["seed"] == args.seed, (seed["seed"], args.seed)
+    (spec,) = select_tasks("glue", [task])
     return {
-        "scores": result["scores"],
-        "score": result["score"],
+        "scores": seed["scores"],
+        "score": task_score(seed["scores"], spec),
         "train_seconds": seed["train_seconds"],
         "steps": seed["steps"],
     }
