@@ -68,3 +68,35 @@ def test_run_qa_windows_labels_and_answers_are_ours(shared_data, minilm_dir):
     spans = decode_spans(ours, examples, starts, ends, n_best=20, max_answer_length=30)
     assert [theirs[e.id] for e in examples] == [s.text for s in spans]
     assert sum(bool(s.text) for s in spans) == len(examples)
+
+
+def test_the_seed_reaches_bertforges_side(tmp_path, monkeypatch):
+    # it ran seed 0 whatever --seed said: now the benchmark is asked for seed + 1 seeds (the
+    # earlier ones are reused from disk) and the asked seed's scores are the side's
+    import json
+
+    import finetune_glue_reference as ref
+
+    seen = []
+
+    def fake_run(command, check):
+        seen.append(command)
+        seeds = int(command[command.index("--seeds") + 1])
+        out = Path(command[command.index("--output") + 1]) / "results" / "model"
+        out.mkdir(parents=True, exist_ok=True)
+        runs = [
+            {"seed": s, "scores": {"accuracy": 0.5 + s / 10}, "steps": 7, "train_seconds": s}
+            for s in range(seeds)
+        ]
+        median = {"scores": {"accuracy": 0.0}, "score": 0.0}  # not the seed's: never reported
+        (out / "RTE.json").write_text(json.dumps({**median, "seeds": runs}))
+
+    monkeypatch.setattr(ref.subprocess, "run", fake_run)
+    args = argparse.Namespace(
+        epochs=1, lr=1e-4, batch_size=8, max_length=32, precision="fp32", num_threads=1,
+        dropout=None, seed=2,
+    )  # fmt: skip
+    side = ref.run_ours(args, tmp_path, "RTE")
+    assert seen[0][seen[0].index("--seeds") + 1] == "3"
+    assert side["scores"] == {"accuracy": 0.7} and side["score"] == pytest.approx(0.7)
+    assert side["train_seconds"] == 2 and side["steps"] == 7
