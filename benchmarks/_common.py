@@ -310,6 +310,32 @@ def reference_trainer(
     )
 
 
+def add_side_options(parser: Any) -> None:
+    """The options every fine-tuning reference passes to both sides (:func:`reference_trainer`
+    and :func:`launch_side` read them): ``--num_threads``, ``--seed``, ``--group_by_length``."""
+    parser.add_argument("--num_threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--group_by_length", action="store_true",
+        help="Trainer's train_sampling_strategy=group_by_length (batches of similar length, as bertforge's); default off, "
+        "as in run_*.py",
+    )  # fmt: skip
+
+
+def side_command(script: str, args: Any, side: str, names: tuple[str, ...]) -> list[str]:
+    """The command that runs ``script`` again as one ``side`` of a fine-tuning reference:
+    ``--output``, the options ``names`` (values from ``args``), ``--dropout`` when set, and
+    ``--group_by_length`` when on."""
+    command = [sys.executable, script, "--side", side, "--output", args.output]
+    for name in names:
+        command += [f"--{name}", str(getattr(args, name))]
+    if getattr(args, "dropout", None) is not None:
+        command += ["--dropout", str(args.dropout)]
+    if args.group_by_length:
+        command.append("--group_by_length")
+    return command
+
+
 def launch_side(command: list[str], num_threads: int) -> tuple[Any, float]:
     """One side of a fine-tuning reference (``bertforge`` or ``transformers``) started as its own
     process on ``num_threads`` threads; the process and when it started."""

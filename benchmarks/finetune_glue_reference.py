@@ -46,6 +46,7 @@ from pathlib import Path
 
 from _common import (
     SHARED_DATA,
+    add_side_options,
     finish_side,
     launch_side,
     log,
@@ -53,6 +54,7 @@ from _common import (
     markdown_table,
     minilm_dir,
     reference_trainer,
+    side_command,
 )
 
 TASKS = ("CoLA", "SST-2", "MRPC", "STS-B", "RTE")
@@ -124,14 +126,13 @@ def run_ours(args: argparse.Namespace, work: Path, task: str) -> dict:
     log("bertforge: " + " ".join(command))
     subprocess.run(command, check=True)
     result = json.loads((out / "results" / "model" / f"{task}.json").read_text())
-    from bertforge.evaluation.benchmark import select_tasks, task_score
+    from bertforge.evaluation.benchmark import task_score
 
     seed = result["seeds"][args.seed]
     assert seed["seed"] == args.seed, (seed["seed"], args.seed)
-    (spec,) = select_tasks("glue", [task])
     return {
         "scores": seed["scores"],
-        "score": task_score(seed["scores"], spec),
+        "score": task_score(seed["scores"], spec_of(task)),
         "train_seconds": seed["train_seconds"],
         "steps": seed["steps"],
     }
@@ -222,19 +223,13 @@ def run_transformers(args: argparse.Namespace, work: Path, task: str) -> dict:
 # ---- the driver ---------------------------------------------------------------------------------
 
 
-def side_command(args: argparse.Namespace, side: str, task: str) -> list[str]:
-    command = [sys.executable, __file__, "--side", side, "--output", args.output, "--tasks", task]
-    for name in ("epochs", "lr", "batch_size", "max_length", "num_threads", "seed", "precision"):
-        command += [f"--{name}", str(getattr(args, name))]
-    if args.dropout is not None:
-        command += ["--dropout", str(args.dropout)]
-    if args.group_by_length:
-        command.append("--group_by_length")
-    return command
+SIDE_OPTIONS = ("epochs", "lr", "batch_size", "max_length", "num_threads", "seed", "precision")
+"""What both sides are given (with --dropout and --group_by_length)."""
 
 
 def launch(args: argparse.Namespace, side: str, task: str) -> tuple[subprocess.Popen, float]:
-    return launch_side(side_command(args, side, task), args.num_threads)
+    command = side_command(__file__, args, side, SIDE_OPTIONS) + ["--tasks", task]
+    return launch_side(command, args.num_threads)
 
 
 def run_task(args: argparse.Namespace, work: Path, task: str, first: str) -> dict[str, dict]:
@@ -258,16 +253,10 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--max_length", type=int, default=128)
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
-    parser.add_argument("--num_threads", type=int, default=1)
     parser.add_argument(
         "--dropout", type=float, default=None, help="both sides; default: each model's own"
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--group_by_length", action="store_true",
-        help="Trainer's train_sampling_strategy=group_by_length (batches of similar length, as bertforge's); default off, "
-        "as in run_*.py",
-    )  # fmt: skip
+    add_side_options(parser)
     parser.add_argument("--schedule", choices=("parallel", "alternate"), default="parallel")
     parser.add_argument("--smoke", action="store_true", help="48 rows per task: a quick test")
     parser.add_argument("--output", default="runs/glue-reference")

@@ -34,13 +34,13 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 from _common import (
     SHARED_DATA,
     TRAINER_RECIPE,
     WARMUP_RATIO,
+    add_side_options,
     finish_side,
     launch_side,
     log,
@@ -48,6 +48,7 @@ from _common import (
     markdown_table,
     minilm_dir,
     reference_trainer,
+    side_command,
 )
 
 DATASETS = {"wikiann": "wikiann_en", "wnut17": "wnut17"}
@@ -263,22 +264,14 @@ def run_transformers(args: argparse.Namespace, work: Path) -> dict:
 # ---- the driver ---------------------------------------------------------------------------------
 
 
-def side_command(args: argparse.Namespace, side: str) -> list[str]:
-    command = [sys.executable, __file__, "--side", side, "--output", args.output]
-    for name in (
-        "dataset", "epochs", "lr", "batch_size", "max_length", "num_threads", "seed",
-    ):  # fmt: skip
-        command += [f"--{name}", str(getattr(args, name))]
-    if args.dropout is not None:
-        command += ["--dropout", str(args.dropout)]
-    if args.group_by_length:
-        command.append("--group_by_length")
-    return command
+SIDE_OPTIONS = ("dataset", "epochs", "lr", "batch_size", "max_length", "num_threads", "seed")
+"""What both sides are given (with --dropout and --group_by_length)."""
 
 
 def launch(args: argparse.Namespace, side: str) -> tuple[subprocess.Popen, float]:
-    log(f"{side}: {' '.join(side_command(args, side))}")
-    return launch_side(side_command(args, side), args.num_threads)
+    command = side_command(__file__, args, side, SIDE_OPTIONS)
+    log(f"{side}: {' '.join(command)}")
+    return launch_side(command, args.num_threads)
 
 
 def finish(proc: subprocess.Popen, start: float, side: str, work: Path) -> dict:
@@ -295,16 +288,10 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--max_length", type=int, default=64)
-    parser.add_argument("--num_threads", type=int, default=1)
     parser.add_argument(
         "--dropout", type=float, default=None, help="both sides; default: each model's own"
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--group_by_length", action="store_true",
-        help="Trainer's train_sampling_strategy=group_by_length (batches of similar length, as bertforge's); default off, "
-        "as in run_*.py",
-    )  # fmt: skip
+    add_side_options(parser)
     parser.add_argument(
         "--one_at_a_time", action="store_true",
         help="run bertforge, then transformers (default: both at once, sharing the load)",

@@ -43,6 +43,7 @@ from _common import (
     SHARED_DATA,
     TRAINER_RECIPE,
     WARMUP_RATIO,
+    add_side_options,
     finish_side,
     launch_side,
     log,
@@ -50,6 +51,7 @@ from _common import (
     markdown_table,
     minilm_dir,
     reference_trainer,
+    side_command,
 )
 
 WEIGHT_DECAY = TRAINER_RECIPE["weight_decay"]  # our side runs the same recipe
@@ -216,20 +218,14 @@ def run_transformers(args: argparse.Namespace, work: Path) -> dict:
 # ---- the driver ---------------------------------------------------------------------------------
 
 
-def side_command(args: argparse.Namespace, side: str) -> list[str]:
-    command = [sys.executable, __file__, "--side", side, "--output", args.output]
-    for name in (
-        "max_steps", "lr", "batch_size", "max_length", "doc_stride", "num_threads", "seed",
-        "precision",
-    ):  # fmt: skip
-        command += [f"--{name}", str(getattr(args, name))]
-    if args.group_by_length:
-        command.append("--group_by_length")
-    return command
+SIDE_OPTIONS = (
+    "max_steps", "lr", "batch_size", "max_length", "doc_stride", "num_threads", "seed", "precision",
+)  # fmt: skip
+"""What both sides are given (with --group_by_length)."""
 
 
 def launch(args: argparse.Namespace, side: str) -> tuple[subprocess.Popen, float]:
-    return launch_side(side_command(args, side), args.num_threads)
+    return launch_side(side_command(__file__, args, side, SIDE_OPTIONS), args.num_threads)
 
 
 def finish(proc: subprocess.Popen, start: float, side: str, work: Path) -> dict:
@@ -244,13 +240,7 @@ def main() -> None:
     parser.add_argument("--max_length", type=int, default=384)
     parser.add_argument("--doc_stride", type=int, default=128)
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
-    parser.add_argument("--num_threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--group_by_length", action="store_true",
-        help="Trainer's train_sampling_strategy=group_by_length (batches of similar length, as bertforge's); default off, "
-        "as in run_*.py",
-    )  # fmt: skip
+    add_side_options(parser)
     parser.add_argument("--schedule", choices=("parallel", "alternate"), default="parallel")
     parser.add_argument("--smoke", action="store_true", help="6 paragraphs, 2 steps: a quick test")
     parser.add_argument(
