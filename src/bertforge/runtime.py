@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import platform
 import random
@@ -249,8 +250,10 @@ class CoreWatch:
             )
 
 
+@functools.cache
 def _glibc() -> Any | None:
-    """glibc's ``libc.so.6`` through ctypes, or None off Linux or glibc."""
+    """glibc's ``libc.so.6`` through ctypes, or None off Linux or glibc (looked up once: the
+    server trims every second)."""
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return None
     try:
@@ -268,8 +271,8 @@ def fix_mmap_threshold(nbytes: int) -> bool:
     when freed (glibc's ``mallopt(M_MMAP_THRESHOLD)``). By default glibc raises this threshold
     each time such a block is freed (up to 32 MB), after which the large, ever-different tensors
     of a server's merged batches come from the heaps and leave holes in them that trimming
-    cannot return: the resident memory of a 10-minute soak grew 7.7% in 5 minutes; at 4 MiB,
-    1.8% (docs/reliability.md). A ``MALLOC_MMAP_THRESHOLD_`` in the environment wins. Returns
+    cannot return: the resident memory of a 5-minute soak grew 7.7%; at 4 MiB, 1.8% in a run
+    beside it (docs/reliability.md). A ``MALLOC_MMAP_THRESHOLD_`` in the environment wins. Returns
     whether it was set (False off Linux or glibc)."""
     libc = _glibc()
     if libc is None or "MALLOC_MMAP_THRESHOLD_" in os.environ:

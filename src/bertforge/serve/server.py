@@ -28,8 +28,8 @@ from bertforge.serve.warmup import LARGEST_PASS, WarmLimits, timed, warm
 
 TRIM_SECONDS = 1.0
 """How often the server hands free memory back to the kernel (:func:`release_free_memory`): a
-trim costs 0.2-2.5 ms of one core, and at 10 s the free memory held between trims moved a
-10-minute soak's per-minute RSS median within a band of ~6% (docs/reliability.md)."""
+trim costs 0.2-2.5 ms of one core, and at 10 s the server held about 80 MiB more in a
+10-minute soak (docs/reliability.md)."""
 
 LoadModels = Callable[[], dict[str, ServedModel]]
 """Loads the served models (name -> model), called once on a thread of its own."""
