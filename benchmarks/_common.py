@@ -305,9 +305,24 @@ def reference_trainer(
         **TRAINER_RECIPE,
         **length,
     )
-    return transformers.Trainer(
+    return _in_order(transformers.Trainer)(
         model=model, args=targs, train_dataset=train_rows, data_collator=collator
     )
+
+
+def _in_order(trainer_class: Any) -> Any:
+    """``trainer_class`` whose evaluation and prediction read their rows in order. transformers
+    5 applies ``train_sampling_strategy="group_by_length"`` to ``predict`` as well (its
+    ``_get_eval_sampler`` returns a ``LengthGroupedSampler``), so the predictions come back
+    shuffled against the rows they were asked for; the QA reference's post-processing pairs them
+    with its windows by position, and scored a model at the first-words baseline that way."""
+    import torch
+
+    class InOrderTrainer(trainer_class):
+        def _get_eval_sampler(self, eval_dataset: Any) -> Any:
+            return torch.utils.data.SequentialSampler(eval_dataset)
+
+    return InOrderTrainer
 
 
 def add_side_options(parser: Any) -> None:

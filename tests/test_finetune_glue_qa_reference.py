@@ -100,3 +100,38 @@ def test_the_seed_reaches_bertforges_side(tmp_path, monkeypatch):
     assert seen[0][seen[0].index("--seeds") + 1] == "3"
     assert side["scores"] == {"accuracy": 0.7} and side["score"] == pytest.approx(0.7)
     assert side["train_seconds"] == 2 and side["steps"] == 7
+
+
+def test_the_reference_trainer_predicts_in_order_with_batches_grouped_by_length(tmp_path):
+    # transformers 5 applies group_by_length to predict too: its predictions came back shuffled
+    # against the QA windows, and a model that answers scored at the first-words baseline
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from _common import reference_trainer
+
+    config = transformers.BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=64, num_labels=3,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config).eval()
+    gen = np.random.default_rng(0)
+    lengths = gen.permutation(np.arange(4, 44))  # 40 rows, every length once, shuffled
+    rows = [{"input_ids": gen.integers(1, 50, n).tolist(), "label": 0} for n in lengths]
+    args = argparse.Namespace(batch_size=4, lr=1e-4, seed=0, group_by_length=True)
+    collator = transformers.DataCollatorWithPadding(
+        transformers.PreTrainedTokenizerFast(
+            tokenizer_object=_word_level_tokenizer(), pad_token="[PAD]"
+        )
+    )
+    trainer = reference_trainer(transformers, model, rows, collator, tmp_path, args, 1, max_steps=1)
+    predicted = trainer.predict(rows).predictions
+    with torch.no_grad():
+        alone = [model(torch.tensor([r["input_ids"]])).logits[0].numpy() for r in rows]
+    np.testing.assert_allclose(predicted, np.stack(alone), atol=1e-5)
+
+
+def _word_level_tokenizer():
+    from tokenizers import Tokenizer, models
+
+    return Tokenizer(models.WordLevel({"[PAD]": 0, "[UNK]": 1}, unk_token="[UNK]"))
