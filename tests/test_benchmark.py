@@ -117,10 +117,10 @@ def test_task_names_and_suites():
     ]
     with pytest.raises(ValueError, match="--tasks QNLI: not a task of --suite glue; choose from"):
         B.select_tasks("glue", ["QNLI"])
-    available = get_args(Task)
-    assert B.missing_kinds(B.GLUE, available) == []
-    assert B.missing_kinds(B.NER, ("classification",)) == ["token_classification"]
-    assert B.missing_kinds(B.QA, ("classification",)) == ["question_answering"]
+    # every suite's tasks are fine-tuning tasks bertforge finetune offers
+    kinds = {spec.kind for suite in B.SUITES.values() for spec in suite}
+    assert kinds == {"classification", "regression", "token_classification", "question_answering"}
+    assert kinds <= set(get_args(Task))
 
 
 # ---- the command end to end -----------------------------------------------------------------
@@ -236,8 +236,6 @@ def test_one_line_errors(tiny_glue_model, shared_data, tmp_path, capsys, monkeyp
     partial = tmp_path / "glue"
     shutil.copytree(Path(glue) / "CoLA", partial / "CoLA")
     cases.append((["--data_dir", str(partial)], "no SST-2/train.tsv.gz (the training file)"))
-    if "token_classification" not in get_args(Task):
-        cases.append((["--suite", "ner"], "--suite ner needs bertforge finetune --task token_"))
     for options, message in cases:
         assert cli.main(bench(tiny_glue_model, tmp_path / "out", *options)) == 2, options
         err = capsys.readouterr().err.strip()

@@ -2,9 +2,9 @@
 is scored and fine-tuned by default, the published numbers beside ours; and the pure functions
 that turn predictions into a suite's scores, its average and its markdown table.
 
-A suite is a tuple of :class:`TaskSpec` (declarations, no code): ``GLUE`` is complete; ``NER``
-and ``QA`` are declared for the ``token_classification`` and ``question_answering`` fine-tuning
-tasks, and run once ``bertforge finetune --task`` offers them (see :func:`missing_kinds`).
+A suite is a tuple of :class:`TaskSpec` (declarations, no code): ``GLUE`` fine-tunes sequence
+classifiers and regressors, ``NER`` the ``token_classification`` task and ``QA`` the
+``question_answering`` task of ``bertforge finetune``.
 
 Scores are fractions (0.8 = 80 %) everywhere in JSON; tables print GLUE points (x 100). A task's
 *score* is the mean of its metrics (MRPC: F1 and accuracy; STS-B: Pearson and Spearman), the
@@ -188,12 +188,6 @@ def select_tasks(suite: str, names: Sequence[str] | None) -> tuple[TaskSpec, ...
     return tuple(s for s in specs if _key(s.name) in chosen)
 
 
-def missing_kinds(specs: Sequence[TaskSpec], available: Sequence[str]) -> list[str]:
-    """The fine-tuning tasks ``specs`` need that ``available`` (``bertforge finetune``'s
-    ``--task`` choices) lacks, in order, each once."""
-    return list(dict.fromkeys(s.kind for s in specs if s.kind not in available))
-
-
 # ---- scores ---------------------------------------------------------------------------------
 
 
@@ -292,7 +286,6 @@ __all__ = [
     "TaskSpec",
     "constant_baseline",
     "median_scores",
-    "missing_kinds",
     "pick",
     "published_scores",
     "select_tasks",

@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from bertforge.data.encoding import encode_examples
 from bertforge.data.labelled import load_labelled
@@ -40,7 +40,6 @@ from bertforge.runtime import Precision, pick_device, pick_precision
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.config import (
     FinetuneConfig,
-    Task,
     check_at_least,
     check_choice,
     check_positive,
@@ -365,19 +364,6 @@ def constant_column(spec: B.TaskSpec, files: tuple[Path, Path]) -> dict[str, Any
 # ---- the suite --------------------------------------------------------------------------------
 
 
-def check_suite_available(specs: tuple[B.TaskSpec, ...], suite: str) -> None:
-    """A one-line error when this build's ``bertforge finetune`` lacks a task the suite needs."""
-    available = get_args(Task)
-    missing = B.missing_kinds(specs, available)
-    if missing:
-        usable = [name for name, tasks in B.SUITES.items() if not B.missing_kinds(tasks, available)]
-        raise BertforgeError(
-            f"--suite {suite} needs bertforge finetune --task {' and '.join(missing)}, which this "
-            f"build does not have (its tasks: {', '.join(available)}); use --suite "
-            + " or ".join(usable)
-        )
-
-
 def benchmark(cfg: BenchmarkConfig) -> dict[str, Any]:
     """Run (or resume) the suite as configured; write and return results.json's content."""
 
@@ -385,7 +371,6 @@ def benchmark(cfg: BenchmarkConfig) -> dict[str, Any]:
         print(text, file=sys.stderr, flush=True)
 
     specs = B.select_tasks(cfg.suite, cfg.tasks)  # names checked by BenchmarkConfig
-    check_suite_available(specs, cfg.suite)
     first = B.SUITES[cfg.suite][0]
     data_dir = data_directory(cfg.data_dir, cfg.suite, f"{first.folder}/{first.train}")
     files = {
