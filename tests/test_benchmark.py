@@ -312,3 +312,33 @@ def test_qa_smoke_end_to_end(tiny_qa_model, shared_data, tmp_path):
     assert 0.0 <= scores["exact_match"] <= scores["f1"] <= 1.0
     md = (out / "results.md").read_text()
     assert "| model | XQuAD-en (EM/F1, test) |" in md
+
+
+def test_more_seeds_extend_a_finished_task(tmp_path, monkeypatch):
+    # --seeds 3 after --seeds 1: seed 0 is read back, seeds 1 and 2 run, the median is of all
+    # three; it stopped with "holds a result of other settings (seeds was 1, now 3)" before
+    import bertforge.training.benchmark as TB
+
+    trained = []
+
+    def fake_seed(cfg, spec, model_dir, files, run_dir, seed, settings):
+        trained.append(seed)
+        scores = {"accuracy": 0.5 + seed / 10}
+        return {"seed": seed, "scores": scores, "examples": 9, "steps": 3, "epochs": 1.0,
+                "train_seconds": 1.0}  # fmt: skip
+
+    monkeypatch.setattr(TB, "run_seed", fake_seed)
+    spec = B.select_tasks("glue", ["RTE"])[0]
+
+    def task(seeds: int, **more) -> dict:
+        cfg = BenchmarkConfig(model="m", output=str(tmp_path), seeds=seeds, **more)
+        return TB.run_task(cfg, spec, "model", "m", (tmp_path, tmp_path), lambda _: None)
+
+    assert task(1)["scores"] == {"accuracy": 0.5} and trained == [0]
+    three = task(3)
+    assert trained == [0, 1, 2] and [s["seed"] for s in three["seeds"]] == [0, 1, 2]
+    assert three["scores"] == {"accuracy": pytest.approx(0.6)}  # the median of 0.5, 0.6, 0.7
+    assert task(3) == three and trained == [0, 1, 2]  # done: nothing runs again
+    assert task(2)["scores"] == {"accuracy": pytest.approx(0.55)} and trained == [0, 1, 2]
+    with pytest.raises(BertforgeError, match=r"RTE.json holds a result of other settings \(lr"):
+        task(2, lr=1e-3)  # other settings than the seed count stay an error

@@ -296,13 +296,14 @@ def run_task(
     if column == "random_init":
         settings["init_seed"] = cfg.init_seed
     task_file = out / "results" / column / f"{spec.name}.json"
-    done = _saved(task_file, settings)
-    if done is not None:
+    # a seed's result holds for any number of seeds (its time budget share is in the settings):
+    # a task done with other --seeds is summed up again from its seeds, run where missing
+    seed_settings = {k: v for k, v in settings.items() if k != "seeds"}
+    done = _saved(task_file, _with_seeds_of(task_file, settings, seed_settings))
+    if done is not None and done["settings"] == settings:
         say(f"[{spec.name}] {column}: done before ({task_file}), skipped")
         return done
     runs = []
-    # a seed's result holds for any number of seeds (its time budget share is in the settings)
-    seed_settings = {k: v for k, v in settings.items() if k != "seeds"}
     for seed in range(settings["seeds"]):
         seed_file = out / "results" / column / spec.name / f"seed-{seed}.json"
         result = _saved(seed_file, seed_settings)
@@ -342,6 +343,18 @@ def run_task(
     median = "median of " + str(len(runs)) if len(runs) > 1 else "one seed"
     say(f"[{spec.name}] {column}: {format_scores(scores)} ({median})")
     return summary
+
+
+def _with_seeds_of(
+    path: Path, settings: dict[str, Any], seed_settings: dict[str, Any]
+) -> dict[str, Any]:
+    """``settings`` with the seed count of the result at ``path`` when that result differs from
+    them in its seed count alone (so it is not an error of other settings), else ``settings``."""
+    if not path.is_file():
+        return settings
+    old = read_json_object(path, "delete it to run that part again").get("settings") or {}
+    same = {k: v for k, v in old.items() if k != "seeds"} == seed_settings
+    return {**settings, "seeds": old.get("seeds")} if same else settings
 
 
 def make_parent(path: Path) -> Path:
