@@ -263,14 +263,16 @@ def run_seed(
     }
 
 
-def _saved(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
-    """A finished result of these settings, None when there is none; one of other settings is an
-    error naming what differs."""
+def _saved(
+    path: Path, settings: dict[str, Any], may_differ: tuple[str, ...] = ()
+) -> dict[str, Any] | None:
+    """A finished result of these settings (or of settings that differ only in ``may_differ``),
+    None when there is none; one of other settings is an error naming everything that differs."""
     if not path.is_file():
         return None
     saved = read_json_object(path, "delete it to run that part again")
-    if saved.get("settings") != settings:
-        old = saved.get("settings") or {}
+    old = saved.get("settings") or {}
+    if _without(old, may_differ) != _without(settings, may_differ):
         changed = [
             f"{k} was {old.get(k)!r}, now {v!r}" for k, v in settings.items() if old.get(k) != v
         ]
@@ -279,6 +281,10 @@ def _saved(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
             "--output, or delete it to run again with these"
         )
     return saved
+
+
+def _without(settings: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {k: v for k, v in settings.items() if k not in keys}
 
 
 def run_task(
@@ -298,8 +304,8 @@ def run_task(
     task_file = out / "results" / column / f"{spec.name}.json"
     # a seed's result holds for any number of seeds (its time budget share is in the settings):
     # a task done with other --seeds is summed up again from its seeds, run where missing
-    seed_settings = {k: v for k, v in settings.items() if k != "seeds"}
-    done = _saved(task_file, _with_seeds_of(task_file, settings, seed_settings))
+    seed_settings = _without(settings, ("seeds",))
+    done = _saved(task_file, settings, may_differ=("seeds",))
     if done is not None and done["settings"] == settings:
         say(f"[{spec.name}] {column}: done before ({task_file}), skipped")
         return done
@@ -343,18 +349,6 @@ def run_task(
     median = "median of " + str(len(runs)) if len(runs) > 1 else "one seed"
     say(f"[{spec.name}] {column}: {format_scores(scores)} ({median})")
     return summary
-
-
-def _with_seeds_of(
-    path: Path, settings: dict[str, Any], seed_settings: dict[str, Any]
-) -> dict[str, Any]:
-    """``settings`` with the seed count of the result at ``path`` when that result differs from
-    them in its seed count alone (so it is not an error of other settings), else ``settings``."""
-    if not path.is_file():
-        return settings
-    old = read_json_object(path, "delete it to run that part again").get("settings") or {}
-    same = {k: v for k, v in old.items() if k != "seeds"} == seed_settings
-    return {**settings, "seeds": old.get("seeds")} if same else settings
 
 
 def make_parent(path: Path) -> Path:
