@@ -327,7 +327,8 @@ def _in_order(trainer_class: Any) -> Any:
 
 def add_side_options(parser: Any) -> None:
     """The options every fine-tuning reference passes to both sides (:func:`reference_trainer`
-    and :func:`launch_side` read them): ``--num_threads``, ``--seed``, ``--group_by_length``."""
+    and :func:`launch_side` read them): ``--num_threads``, ``--seed``, ``--group_by_length``;
+    and ``--schedule`` (:func:`run_sides`)."""
     parser.add_argument("--num_threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -335,6 +336,31 @@ def add_side_options(parser: Any) -> None:
         help="Trainer's train_sampling_strategy=group_by_length (batches of similar length, as bertforge's); default off, "
         "as in run_*.py",
     )  # fmt: skip
+    parser.add_argument(
+        "--schedule", choices=SCHEDULES, default="parallel",
+        help="parallel: both sides at once, one process each (sharing the machine's load); "
+        "alternate: the first side, then the other",
+    )  # fmt: skip
+
+
+SCHEDULES = ("parallel", "alternate")
+
+
+def run_sides(
+    schedule: str,
+    sides: tuple[str, ...],
+    launch: Callable[[str], tuple[Any, float]],
+    result_path: Callable[[str], Path],
+) -> dict[str, dict]:
+    """Run each of ``sides`` (``launch(side)`` starts its process) at once (``schedule`` =
+    ``parallel``) or one after the other in the given order (``alternate``); each side's result
+    from :func:`finish_side`, read from ``result_path(side)``."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
+    if schedule == "alternate":
+        return {side: finish_side(*launch(side), side, result_path(side)) for side in sides}
+    running = {side: launch(side) for side in sides}
+    return {side: finish_side(*running[side], side, result_path(side)) for side in sides}
 
 
 def side_command(script: str, args: Any, side: str, names: tuple[str, ...]) -> list[str]:

@@ -47,13 +47,13 @@ from pathlib import Path
 from _common import (
     SHARED_DATA,
     add_side_options,
-    finish_side,
     launch_side,
     log,
     machine_markdown,
     markdown_table,
     minilm_dir,
     reference_trainer,
+    run_sides,
     side_command,
 )
 
@@ -234,11 +234,10 @@ def launch(args: argparse.Namespace, side: str, task: str) -> tuple[subprocess.P
 
 def run_task(args: argparse.Namespace, work: Path, task: str, first: str) -> dict[str, dict]:
     sides = ("bertforge", "transformers") if first == "bertforge" else ("transformers", "bertforge")
-    path = {side: work / side / f"{task}.json" for side in sides}
-    if args.schedule == "alternate":
-        return {side: finish_side(*launch(args, side, task), side, path[side]) for side in sides}
-    running = {side: launch(args, side, task) for side in sides}
-    return {side: finish_side(*running[side], side, path[side]) for side in sides}
+    return run_sides(
+        args.schedule, sides, lambda side: launch(args, side, task),
+        lambda side: work / side / f"{task}.json",
+    )  # fmt: skip
 
 
 def main() -> None:
@@ -257,7 +256,6 @@ def main() -> None:
         "--dropout", type=float, default=None, help="both sides; default: each model's own"
     )
     add_side_options(parser)
-    parser.add_argument("--schedule", choices=("parallel", "alternate"), default="parallel")
     parser.add_argument("--smoke", action="store_true", help="48 rows per task: a quick test")
     parser.add_argument("--output", default="runs/glue-reference")
     parser.add_argument("--side", choices=("bertforge", "transformers"), help=argparse.SUPPRESS)

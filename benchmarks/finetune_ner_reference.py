@@ -41,13 +41,13 @@ from _common import (
     TRAINER_RECIPE,
     WARMUP_RATIO,
     add_side_options,
-    finish_side,
     launch_side,
     log,
     machine_markdown,
     markdown_table,
     minilm_dir,
     reference_trainer,
+    run_sides,
     side_command,
 )
 
@@ -274,10 +274,6 @@ def launch(args: argparse.Namespace, side: str) -> tuple[subprocess.Popen, float
     return launch_side(command, args.num_threads)
 
 
-def finish(proc: subprocess.Popen, start: float, side: str, work: Path) -> dict:
-    return finish_side(proc, start, side, work / f"{side}.json")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", choices=sorted(DATASETS), default="wikiann")
@@ -292,10 +288,6 @@ def main() -> None:
         "--dropout", type=float, default=None, help="both sides; default: each model's own"
     )
     add_side_options(parser)
-    parser.add_argument(
-        "--one_at_a_time", action="store_true",
-        help="run bertforge, then transformers (default: both at once, sharing the load)",
-    )  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="32 sentences, 2 steps: a quick test")
     parser.add_argument("--output", default=None)
     parser.add_argument("--side", choices=("bertforge", "transformers"), help=argparse.SUPPRESS)
@@ -313,14 +305,10 @@ def main() -> None:
 
     counts = prepare(args, work)
     log(f"{args.dataset}: {counts}")
-    results = {}
-    if args.one_at_a_time:
-        for side in ("bertforge", "transformers"):
-            results[side] = finish(*launch(args, side), side, work)
-    else:
-        running = {side: launch(args, side) for side in ("bertforge", "transformers")}
-        for side, (proc, start) in running.items():
-            results[side] = finish(proc, start, side, work)
+    results = run_sides(
+        args.schedule, ("bertforge", "transformers"), lambda side: launch(args, side),
+        lambda side: work / f"{side}.json",
+    )  # fmt: skip
 
     ours, theirs = results["bertforge"], results["transformers"]
     n_whole = ours["whole_sentences"]
@@ -360,7 +348,7 @@ def main() -> None:
         f"max_length {args.max_length}, dropout "
         f"{'model default' if args.dropout is None else args.dropout}, fp32, "
         f"{args.num_threads} thread(s) each, "
-        f"{'one after the other' if args.one_at_a_time else 'both sides at once'}\n\n{table}\n\n"
+        f"{'one after the other' if args.schedule == 'alternate' else 'both sides at once'}\n\n{table}\n\n"
         f"entity F1 difference (bertforge - transformers): {diff:+.4f}; "
         f"training time ratio (transformers / bertforge): {ratio:.2f}x\n\n{machine_markdown()}"
     )

@@ -44,13 +44,13 @@ from _common import (
     TRAINER_RECIPE,
     WARMUP_RATIO,
     add_side_options,
-    finish_side,
     launch_side,
     log,
     machine_markdown,
     markdown_table,
     minilm_dir,
     reference_trainer,
+    run_sides,
     side_command,
 )
 
@@ -228,10 +228,6 @@ def launch(args: argparse.Namespace, side: str) -> tuple[subprocess.Popen, float
     return launch_side(side_command(__file__, args, side, SIDE_OPTIONS), args.num_threads)
 
 
-def finish(proc: subprocess.Popen, start: float, side: str, work: Path) -> dict:
-    return finish_side(proc, start, side, work / f"{side}.json")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max_steps", type=int, default=60)
@@ -241,7 +237,6 @@ def main() -> None:
     parser.add_argument("--doc_stride", type=int, default=128)
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
     add_side_options(parser)
-    parser.add_argument("--schedule", choices=("parallel", "alternate"), default="parallel")
     parser.add_argument("--smoke", action="store_true", help="6 paragraphs, 2 steps: a quick test")
     parser.add_argument(
         "--score_model", default=None,
@@ -262,12 +257,10 @@ def main() -> None:
 
     counts = prepare(args, work)
     log(f"questions: {counts}")
-    sides = ("bertforge", "transformers")
-    if args.schedule == "alternate":
-        results = {side: finish(*launch(args, side), side, work) for side in sides}
-    else:
-        running = {side: launch(args, side) for side in sides}
-        results = {side: finish(*running[side], side, work) for side in sides}
+    results = run_sides(
+        args.schedule, ("bertforge", "transformers"), lambda side: launch(args, side),
+        lambda side: work / f"{side}.json",
+    )  # fmt: skip
     ours, theirs = results["bertforge"], results["transformers"]
     rows = [
         [

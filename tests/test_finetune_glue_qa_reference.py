@@ -135,3 +135,31 @@ def _word_level_tokenizer():
     from tokenizers import Tokenizer, models
 
     return Tokenizer(models.WordLevel({"[PAD]": 0, "[UNK]": 1}, unk_token="[UNK]"))
+
+
+@pytest.mark.parametrize("schedule", ["parallel", "alternate"])
+def test_the_sides_run_at_once_or_one_after_the_other(tmp_path, schedule):
+    """Every reference script's ``--schedule``: two real side processes, each writing when it
+    started and ended; ``alternate`` starts the second only after the first has ended (in the
+    order given), ``parallel`` has both running at the same time. A schedule of another name is
+    refused before anything starts."""
+    from _common import launch_side, run_sides
+
+    body = (
+        "import json, sys, time; t0 = time.time(); time.sleep(0.5); "
+        "json.dump({'start': t0, 'end': time.time()}, open(sys.argv[1], 'w'))"
+    )
+
+    def launch(side: str):
+        return launch_side([sys.executable, "-c", body, str(tmp_path / f"{side}.json")], 1)
+
+    results = run_sides(schedule, ("second", "first"), launch, lambda s: tmp_path / f"{s}.json")
+    assert list(results) == ["second", "first"]
+    first, then = results["second"], results["first"]
+    assert all(r["wall_seconds"] >= 0.5 and r["peak_rss_mb"] > 1 for r in results.values())
+    if schedule == "alternate":
+        assert then["start"] >= first["end"]
+    else:
+        assert then["start"] < first["end"] and first["start"] < then["end"]
+    with pytest.raises(ValueError, match="schedule 'both'"):
+        run_sides("both", ("a",), launch, lambda s: tmp_path / f"{s}.json")
