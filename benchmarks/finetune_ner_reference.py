@@ -5,7 +5,8 @@ Both sides read the same subset of ``shared/data/ner/<set>/`` (the first ``--tra
 training sentences, the first ``--test_examples`` test sentences, written to CoNLL files in
 ``--output``), start from the same checkpoint with the same tag set, and train with the same
 hyper-parameters: epochs, peak lr with 10% linear warmup then linear decay, batch, max length,
-AdamW (weight decay 0.01 off biases/LayerNorm, eps 1e-6), gradient clipping at 1, fp32, the
+AdamW (weight decay 0.01 off biases/LayerNorm, eps 1e-6), gradient clipping at 1, ``--precision``
+(fp32 by default; bf16 = autocast on both, ``Trainer(bf16=True)``, in training and the test pass), the
 model's own dropout (or ``--dropout`` on both), ``--num_threads`` threads each.
 
 * bertforge: the library's ``finetune`` as ``bertforge finetune`` runs it (its defaults: length
@@ -134,7 +135,7 @@ def run_ours(args: argparse.Namespace, work: Path) -> dict:
         max_grad_norm=MAX_GRAD_NORM,
         dropout=args.dropout,
         seed=args.seed,
-        precision="fp32",
+        precision=args.precision,
         device="cpu",
         num_threads=args.num_threads,
         progress=False,
@@ -148,7 +149,7 @@ def run_ours(args: argparse.Namespace, work: Path) -> dict:
     true = tag_ids(test, label2id)
     with torch.inference_mode():
         metrics, predicted = evaluate_tagging_model(
-            model, windows, true, tok.pad_id, precision="fp32"
+            model, windows, true, tok.pad_id, precision=args.precision
         )
     fit = whole(test.words, args.max_length)
     uncut = tag_metrics(model.config, [true[i] for i in fit], [predicted[i] for i in fit])
@@ -264,7 +265,9 @@ def run_transformers(args: argparse.Namespace, work: Path) -> dict:
 # ---- the driver ---------------------------------------------------------------------------------
 
 
-SIDE_OPTIONS = ("dataset", "epochs", "lr", "batch_size", "max_length", "num_threads", "seed")
+SIDE_OPTIONS = (
+    "dataset", "epochs", "lr", "batch_size", "max_length", "num_threads", "seed", "precision",
+)  # fmt: skip
 """What both sides are given (with --dropout and --group_by_length)."""
 
 
@@ -284,6 +287,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--max_length", type=int, default=64)
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument(
         "--dropout", type=float, default=None, help="both sides; default: each model's own"
     )
@@ -346,7 +350,7 @@ def main() -> None:
         f"({theirs['cut_test_sentences']} cut by transformers' truncation), validation (ours) "
         f"{counts['validation']}; {args.epochs} epoch(s), batch {args.batch_size}, lr {args.lr:g}, "
         f"max_length {args.max_length}, dropout "
-        f"{'model default' if args.dropout is None else args.dropout}, fp32, "
+        f"{'model default' if args.dropout is None else args.dropout}, {args.precision}, "
         f"{args.num_threads} thread(s) each, "
         f"{'one after the other' if args.schedule == 'alternate' else 'both sides at once'}\n\n{table}\n\n"
         f"entity F1 difference (bertforge - transformers): {diff:+.4f}; "
