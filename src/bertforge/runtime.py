@@ -73,16 +73,21 @@ def transparent_huge_pages_mode(setting: Path = THP_SETTING) -> str | None:
     return text[start + 1 : end] if 0 <= start < end else None
 
 
-def _anon_huge_bytes() -> int:
-    """Anonymous memory of this process backed by huge pages now (``AnonHugePages``)."""
+def _proc_bytes(path: str, field: str) -> int | None:
+    """A ``field: N kB`` line of a ``/proc`` file in bytes; None where it cannot be read."""
     try:
-        with open("/proc/self/smaps_rollup", encoding="ascii") as f:
+        with open(path, encoding="ascii") as f:
             for line in f:
-                if line.startswith("AnonHugePages:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024  # kB
     except (OSError, ValueError, IndexError):
         pass
-    return 0
+    return None
+
+
+def _anon_huge_bytes() -> int:
+    """Anonymous memory of this process backed by huge pages now (``AnonHugePages``)."""
+    return _proc_bytes("/proc/self/smaps_rollup", "AnonHugePages") or 0
 
 
 def use_huge_pages() -> bool:
@@ -114,14 +119,7 @@ def use_huge_pages() -> bool:
 def resident_memory_bytes() -> int:
     """This process's resident memory now (``VmRSS`` on Linux), 0 where the platform does not
     say."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    return _proc_bytes("/proc/self/status", "VmRSS") or 0
 
 
 def peak_memory_bytes() -> int:
@@ -130,13 +128,9 @@ def peak_memory_bytes() -> int:
     ``ru_maxrss``: the kernel carries the latter over an ``exec`` from the process that spawned
     this one, so a command started by a 1 GB parent (a test runner, a notebook) would report
     1 GB whatever it used. Elsewhere ``ru_maxrss`` (macOS counts bytes)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        pass
+    hwm = _proc_bytes("/proc/self/status", "VmHWM")
+    if hwm is not None:
+        return hwm
     try:
         import resource
     except ImportError:  # Windows
