@@ -6,7 +6,7 @@ kernels. Prints each side's training seconds (the fine-tuning run's own clock, t
 and scoring left out), their medians, the median of the per-repetition ratios, and each side's
 peak resident memory and minor page faults (the child's own, from ``wait4``).
 
-    python benchmarks/ab_env.py --env THP_MEM_ALLOC_ENABLE=0 --steps 150 --reps 3
+    python benchmarks/ab_env.py --env THP_MEM_ALLOC_ENABLE=1 --steps 150 --reps 4
     python benchmarks/ab_env.py --env BERTFORGE_MALLOC=default --task RTE --precision fp32
 """
 
@@ -72,7 +72,7 @@ def main() -> None:
     args = parser.parse_args()
     name, sep, value = args.env.partition("=")
     if not sep or not name:
-        raise SystemExit(f"--env {args.env!r}: give NAME=VALUE, e.g. THP_MEM_ALLOC_ENABLE=0")
+        raise SystemExit(f"--env {args.env!r}: give NAME=VALUE, e.g. BERTFORGE_KERNELS=0")
     base = {k: v for k, v in os.environ.items() if k != name}
     base["OMP_NUM_THREADS"] = str(args.num_threads)
     sides = {"as is": base, args.env: {**base, name: value}}

@@ -185,12 +185,11 @@ def test_training_commands_keep_freed_memory_and_others_do_not(monkeypatch, caps
 
     calls = []
     monkeypatch.setattr(runtime, "keep_freed_memory", lambda: calls.append("malloc") or True)
-    monkeypatch.setattr(runtime, "use_huge_pages", lambda: calls.append("thp") or True)
     for name in ("pretrain", "tokenizer"):
         with contextlib.suppress(SystemExit):
             cli.main([name, "--help"])
     capsys.readouterr()
-    assert calls == ["thp", "malloc"]  # pretrain only
+    assert calls == ["malloc"]  # pretrain only
     assert set(cli.COMMANDS) >= cli.TRAINING_COMMANDS
 
 
@@ -210,59 +209,3 @@ def test_compile_seconds_counts_the_time_torch_compile_takes():
     assert after > before
     compiled(x)
     assert compile_seconds() == after
-
-
-def test_the_kernels_huge_page_mode_is_read_from_its_brackets(tmp_path):
-    from bertforge.runtime import transparent_huge_pages_mode
-
-    setting = tmp_path / "enabled"
-    for text, mode in (
-        ("always [madvise] never\n", "madvise"),
-        ("[always] madvise never", "always"),
-    ):
-        setting.write_text(text)
-        assert transparent_huge_pages_mode(setting) == mode
-    setting.write_text("always madvise never")
-    assert transparent_huge_pages_mode(setting) is None
-    assert transparent_huge_pages_mode(tmp_path / "missing") is None
-
-
-HUGE_PAGES_PROBE = """
-import sys, torch
-from bertforge import runtime
-if sys.argv[1] == "late":
-    early = torch.ones(1 << 20)  # PyTorch has allocated: its switch is read already
-took = runtime.use_huge_pages()
-x = torch.ones(16 << 20)  # 64 MB, touched
-print(took, runtime._anon_huge_bytes() >= 32 << 20, runtime.THP_SWITCH in __import__("os").environ)
-"""
-
-
-@pytest.mark.parametrize("case", ["first", "late", "disabled"])
-def test_large_tensors_lie_in_huge_pages_where_the_kernel_gives_them_on_request(case):
-    """In a process of its own (PyTorch reads its switch once): in the kernel's ``madvise``
-    mode, calling :func:`use_huge_pages` before PyTorch's first allocation puts a fresh 64 MB
-    tensor in huge pages and says so; called after it, or with ``BERTFORGE_MALLOC=default``,
-    nothing is in huge pages and it says False. In mode ``always`` it says True and sets
-    nothing; in ``never`` (or without THP) False."""
-    import subprocess
-    import sys
-
-    from bertforge.runtime import transparent_huge_pages_mode
-
-    mode = transparent_huge_pages_mode()
-    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
-    env["BERTFORGE_MALLOC"] = "default" if case == "disabled" else ""
-    out = subprocess.run(
-        [sys.executable, "-c", HUGE_PAGES_PROBE, case], env=env, capture_output=True, text=True
-    )
-    assert out.returncode == 0, out.stderr
-    took, in_huge_pages, switch_set = (word == "True" for word in out.stdout.split())
-    if case == "disabled":
-        assert not took and not switch_set
-        assert in_huge_pages == (mode == "always")
-    elif mode == "madvise":
-        assert switch_set
-        assert took == in_huge_pages == (case == "first")
-    else:
-        assert took == (mode == "always") and not switch_set

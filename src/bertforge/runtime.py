@@ -1,6 +1,6 @@
 """Where and how tensors run, for training and inference alike: the device, the precision
 (autocast), seeds and the RNG state a bit-exact resume restores, and the training commands'
-allocator settings (:func:`keep_freed_memory`, :func:`use_huge_pages`). Checkpoint rotation and the
+allocator setting (:func:`keep_freed_memory`). Checkpoint rotation and the
 train-state file are in ``bertforge.training.checkpoints``; the progress bar, metrics log and
 durations in ``bertforge.progress``.
 """
@@ -56,23 +56,6 @@ def keep_freed_memory(trim_threshold: int = 1 << 30) -> bool:
     return bool(mmap_ok and mallopt(_M_TRIM_THRESHOLD, min(trim_threshold, 2**31 - 1)))
 
 
-THP_SWITCH = "THP_MEM_ALLOC_ENABLE"
-"""PyTorch's own switch (``c10/core/alloc_cpu.cpp``): CPU allocations of 2 MB and more are
-marked ``MADV_HUGEPAGE``. Read once, at PyTorch's first CPU allocation."""
-THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-
-
-def transparent_huge_pages_mode(setting: Path = THP_SETTING) -> str | None:
-    """The kernel's transparent-huge-page mode: ``always``, ``madvise`` (only memory that asks
-    for them), ``never``; None where the kernel does not say (not Linux, or no THP)."""
-    try:
-        text = setting.read_text(encoding="ascii")
-    except (OSError, UnicodeDecodeError):
-        return None
-    start, end = text.find("["), text.find("]")
-    return text[start + 1 : end] if 0 <= start < end else None
-
-
 def _proc_bytes(path: str, field: str) -> int | None:
     """A ``field: N kB`` line of a ``/proc`` file in bytes; None where it cannot be read."""
     try:
@@ -83,37 +66,6 @@ def _proc_bytes(path: str, field: str) -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
-
-
-def _anon_huge_bytes() -> int:
-    """Anonymous memory of this process backed by huge pages now (``AnonHugePages``)."""
-    return _proc_bytes("/proc/self/smaps_rollup", "AnonHugePages") or 0
-
-
-def use_huge_pages() -> bool:
-    """Back this process's large CPU tensors (2 MB and up) with transparent huge pages, where
-    the kernel gives them only to memory that asks (mode ``madvise``, common on distributions
-    and VMs): sets PyTorch's ``THP_MEM_ALLOC_ENABLE`` unless the environment already says. A
-    fresh large tensor then faults once per 2 MB instead of once per 4 KB, and products walk
-    fewer TLB entries: a MiniLM CoLA fine-tuning run 1.08x faster for 5.6% more peak memory
-    (docs/performance.md). PyTorch reads the switch at its first CPU
-    allocation, so the training commands call this first (``BERTFORGE_MALLOC=default`` leaves
-    it off); it is process-wide, and the library never calls it by itself. Returns whether a
-    fresh 4 MB tensor now lies in huge pages (always True in mode ``always``; False in
-    ``never``, off Linux, when disabled, or when PyTorch had allocated already)."""
-    if os.environ.get("BERTFORGE_MALLOC", "").strip().lower() == "default":
-        return False
-    mode = transparent_huge_pages_mode()
-    if mode == "always":
-        return True
-    if mode != "madvise":
-        return False
-    os.environ.setdefault(THP_SWITCH, "1")
-    before = _anon_huge_bytes()
-    probe = torch.ones(1 << 20, dtype=torch.float32)  # 4 MB: two huge pages, touched
-    took = _anon_huge_bytes() - before >= 2 << 20
-    del probe
-    return took
 
 
 def resident_memory_bytes() -> int:
@@ -564,8 +516,6 @@ __all__ = [
     "pick_precision",
     "fix_mmap_threshold",
     "release_free_memory",
-    "transparent_huge_pages_mode",
-    "use_huge_pages",
     "rng_state",
     "seed_everything",
     "set_rng_state",

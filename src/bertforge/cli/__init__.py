@@ -116,8 +116,7 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
-#: commands that train: :func:`bertforge.runtime.keep_freed_memory` and
-#: :func:`bertforge.runtime.use_huge_pages` run before them
+#: commands that train: :func:`bertforge.runtime.keep_freed_memory` runs before them
 TRAINING_COMMANDS = frozenset({"pretrain", "finetune", "downstream", "benchmark", "recipe"})
 #: commands that print their peak resident memory at the end; oneDNN's kernel caches are
 #: bounded before them (:func:`bertforge.runtime.bound_kernel_caches`)
@@ -140,8 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module_name, function_name, _ = COMMANDS[name]
-    if name in TRAINING_COMMANDS:  # a process of our own: malloc keeps what a step frees,
-        runtime.use_huge_pages()  # and large tensors lie in huge pages (before any allocation)
+    if name in TRAINING_COMMANDS:  # a process of our own: malloc keeps what a step frees
         runtime.keep_freed_memory()
     if name in BOUNDED_CACHE_COMMANDS:  # pretraining's shapes repeat: it keeps fewer
         pretraining = name == "pretrain"
