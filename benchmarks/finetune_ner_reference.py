@@ -114,12 +114,14 @@ def whole(words: list[list[str]], max_length: int) -> list[int]:
 def run_ours(args: argparse.Namespace, work: Path) -> dict:
     import torch
 
+    from bertforge.cli import configure_process
     from bertforge.data.tagging import encode_tagged, read_tagged, tag_ids
     from bertforge.evaluation.tagging import evaluate_tagging_model, tag_metrics
     from bertforge.modeling.model import BertForTokenClassification
     from bertforge.tokenizer.wordpiece import Tokenizer
     from bertforge.training.finetune import FinetuneConfig, finetune
 
+    configure_process("finetune")  # malloc and oneDNN's kernel caches as `bertforge finetune`
     cfg = FinetuneConfig(
         model=str(minilm_dir()),
         task="token_classification",

@@ -209,3 +209,21 @@ def test_compile_seconds_counts_the_time_torch_compile_takes():
     assert after > before
     compiled(x)
     assert compile_seconds() == after
+
+
+def test_a_script_configures_its_process_as_the_command_would(monkeypatch):
+    """``cli.configure_process``, which ``main`` runs before a command and a benchmark script
+    calls in a process of its own: malloc for the training commands, oneDNN's kernel caches
+    bounded (fewer for pretraining), nothing for the others."""
+    from bertforge import cli, runtime
+
+    calls = []
+    monkeypatch.setattr(runtime, "keep_freed_memory", lambda: calls.append("malloc") or True)
+    monkeypatch.setattr(runtime, "bound_kernel_caches", lambda cap: calls.append(cap))
+    for name in ("finetune", "pretrain", "serve", "tokenizer"):
+        cli.configure_process(name)
+    assert calls == [
+        "malloc", runtime.ONEDNN_CACHE_CAPACITY,
+        "malloc", runtime.PRETRAIN_CACHE_CAPACITY,
+        runtime.ONEDNN_CACHE_CAPACITY,
+    ]  # fmt: skip

@@ -35,7 +35,7 @@ import sys
 from bertforge import __version__, runtime
 from bertforge.errors import BertforgeError
 
-__all__ = ["COMMANDS", "main"]
+__all__ = ["COMMANDS", "configure_process", "main"]
 
 # subcommand -> (module, function ``f(argv: list[str]) -> int`` in it, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -126,6 +126,20 @@ MEMORY_COMMANDS = TRAINING_COMMANDS | {"evaluate"}
 BOUNDED_CACHE_COMMANDS = MEMORY_COMMANDS | {"serve"}
 
 
+def configure_process(command: str) -> None:
+    """The process-wide settings ``bertforge COMMAND`` makes before it runs: malloc keeps what a
+    training step frees (:func:`bertforge.runtime.keep_freed_memory`), and oneDNN keeps a bounded
+    number of kernels (:func:`bertforge.runtime.bound_kernel_caches`; fewer for pretraining,
+    whose shapes repeat). A script that calls the library in a process of its own calls this to
+    run as the command would (``benchmarks/finetune_ner_reference.py`` does)."""
+    if command in TRAINING_COMMANDS:
+        runtime.keep_freed_memory()
+    if command in BOUNDED_CACHE_COMMANDS:
+        pretraining = command == "pretrain"
+        cap = runtime.PRETRAIN_CACHE_CAPACITY if pretraining else runtime.ONEDNN_CACHE_CAPACITY
+        runtime.bound_kernel_caches(cap)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -139,12 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module_name, function_name, _ = COMMANDS[name]
-    if name in TRAINING_COMMANDS:  # a process of our own: malloc keeps what a step frees
-        runtime.keep_freed_memory()
-    if name in BOUNDED_CACHE_COMMANDS:  # pretraining's shapes repeat: it keeps fewer
-        pretraining = name == "pretrain"
-        cap = runtime.PRETRAIN_CACHE_CAPACITY if pretraining else runtime.ONEDNN_CACHE_CAPACITY
-        runtime.bound_kernel_caches(cap)
+    configure_process(name)
     entry = getattr(importlib.import_module(module_name), function_name)
     try:
         rc = int(entry(rest) or 0)
