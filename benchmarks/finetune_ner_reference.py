@@ -137,6 +137,7 @@ def run_ours(args: argparse.Namespace, work: Path) -> dict:
         max_grad_norm=MAX_GRAD_NORM,
         dropout=args.dropout,
         seed=args.seed,
+        eval_every=1 << 40,  # validation at the end only: the final model is scored, as Trainer's
         precision=args.precision,
         device="cpu",
         num_threads=args.num_threads,
