@@ -52,7 +52,7 @@ SMOKE = {"train_rows": 48, "eval_rows": 48, "max_steps": 2, "max_length": 64, "b
 """``--smoke``: rows of each file, steps, length and batch: seconds per task, numbers of no worth."""
 SMOKE_QA_LENGTH = 192
 """``--smoke``'s window for question answering: a question and some context must fit in it."""
-_EVALUATE_ONCE = 1 << 40
+EVALUATE_ONCE = 1 << 40
 """``--eval_every`` of the fine-tuning runs: never before the end, so the scored file is seen once,
 by the final model (it must not pick a checkpoint)."""
 
@@ -229,7 +229,7 @@ def run_seed(
         ),
         max_steps=settings["max_steps"],
         max_time=None if max_time is None else f"{max_time}s",
-        eval_every=_EVALUATE_ONCE,
+        eval_every=EVALUATE_ONCE,
         seed=seed,
         dropout=settings["dropout"],
         precision=settings["precision"],
@@ -442,4 +442,6 @@ def _sampled(
     return train, scored
 
 
-__all__ = ["CONFIG_FILE", "SMOKE", "BenchmarkConfig", "benchmark", "run_task", "task_settings"]
+__all__ = [
+    "CONFIG_FILE", "EVALUATE_ONCE", "SMOKE", "BenchmarkConfig", "benchmark", "run_task", "task_settings",
+]  # fmt: skip
