@@ -48,10 +48,13 @@ def run_once(args: argparse.Namespace, env: dict[str, str], output: Path) -> dic
     ]  # fmt: skip
     if pair:
         command += ["--text_pair_column", pair]
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    log_path = output.with_suffix(".log")  # a file, not a pipe: a long run's log cannot fill it
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"the fine-tuning run failed:\n{proc.stderr.read().decode()[-2000:]}")
+        tail = log_path.read_text(errors="replace")[-2000:]
+        raise SystemExit(f"the fine-tuning run failed:\n{tail}")
     result = json.loads((output / "eval_results.json").read_text())
     return {
         "train_seconds": result["train_seconds"],
