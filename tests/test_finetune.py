@@ -299,6 +299,10 @@ def test_micro_batches_split_rows_and_weight_by_share():
     split = training.micro_batches(np.arange(8), 2)
     assert [c.tolist() for c, _ in split] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert [w for _, w in split] == [0.25] * 4
+    # weighted by units (a tagger's labelled words); a micro-batch without any is left out
+    assert training.micro_batches([7, 3, 5], 2, units=[2, 1, 1]) == [([7, 3], 0.75), ([5], 0.25)]
+    assert training.micro_batches([7, 3, 5], 2, units=[0, 0, 4]) == [([5], 1.0)]
+    assert training.micro_batches([7, 3], 1, units=[0, 0]) == []
 
 
 def test_gradient_accumulation_takes_the_same_steps_as_the_whole_batch(

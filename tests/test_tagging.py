@@ -29,6 +29,7 @@ from bertforge.errors import BertforgeError
 from bertforge.evaluation.entities import entities, entity_scores
 from bertforge.inference.tagging import tag
 from bertforge.modeling.model import BertForTokenClassification
+from bertforge.progress import read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import list_checkpoints
 from bertforge.training.config import FinetuneConfig
@@ -419,3 +420,31 @@ def test_resume_from_a_checkpoint_continues_exactly(work, tmp_path):
     a = BertForTokenClassification.from_pretrained(last).state_dict()
     b = BertForTokenClassification.from_pretrained(list_checkpoints(resumed)[-1]).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_micro_batches_weigh_by_labelled_words_and_take_the_whole_batch_step(work, tmp_path):
+    """The loss of a batch is the mean over its labelled words (as transformers'), whose
+    sentences hold 4 to 12 each: micro-batches of 4 and of 2 sentences take the same two
+    optimizer steps as the batch of 16 in one pass only when each micro-batch's mean is weighted
+    by its share of the labelled words, not of the sentences."""
+    options = ["--max_steps", "2", "--eval_every", "1000", "--keep_checkpoints", "0"]
+    options += ["--keep_final_checkpoint", "--schedule", "constant", *FAST]
+    argv = ["finetune", "--task", "token_classification", "--model", str(work["start"])]
+    argv += ["--train", str(work["train"]), "--validation", str(work["dev"])]
+    weights = {}
+    for micro in (None, "4", "2"):
+        out = tmp_path / f"micro-{micro}"
+        extra = ["--micro_batch_size", micro] if micro else []
+        assert cli.main([*argv, "--output", str(out), *options, *extra]) == 0
+        losses = [r["loss"] for r in read_metrics(out) if r["split"] == "train"]
+        last = list_checkpoints(out)[-1]
+        weights[micro] = BertForTokenClassification.from_pretrained(last).state_dict(), losses
+    reference, losses = weights.pop(None)
+    start = BertForTokenClassification.from_pretrained(work["start"]).state_dict()
+    encoder = [k for k in start if k.startswith("bert.")]
+    assert max(float((reference[k] - start[k]).abs().max()) for k in encoder) > 1e-3
+    for micro, (got, got_losses) in weights.items():
+        for key, expected in reference.items():
+            where = f"micro-batch {micro}, {key}"
+            torch.testing.assert_close(got[key], expected, atol=2e-6, rtol=1e-5, msg=where)
+        assert got_losses == pytest.approx(losses, rel=1e-5)

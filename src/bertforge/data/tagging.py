@@ -438,6 +438,13 @@ class TaggingTaskData:
         """(B, length) labels of training windows ``rows``."""
         return self.train_windows.batch_labels(rows, length)
 
+    def labelled(self, rows: Sequence[int]) -> list[int]:
+        """The labelled positions of each training window of ``rows``: the loss is a mean over
+        them, so they weigh a micro-batch's share of its batch."""
+        labels = self.train_windows.labels
+        assert labels is not None
+        return [int((labels[int(i)] != IGNORE).sum()) for i in rows]
+
 
 def _split_note(source: str, windows: Windows, max_length: int) -> list[str]:
     counts = np.bincount(windows.sentence, minlength=len(windows.words))

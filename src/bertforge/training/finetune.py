@@ -4,9 +4,9 @@ extractive question answering (whose data, validation and report are ``training.
 
 Per optimizer step: set the LR (a pure function of the step, or of elapsed time for a wall-clock
 budget) -> take the next batch and accumulate its dynamically padded micro-batches (forward/
-backward under autocast, each loss weighted by its share of the batch's rows) -> clip ->
-step unless the loss is non-finite -> log -> maybe evaluate (keep the best model, stop early) /
-checkpoint / stop on a signal. The progress bar, metrics log, checkpoints, resume and signal
+backward under autocast, each loss weighted by its share of the batch's rows, a tagger's by its
+share of the labelled words) -> clip -> step unless the loss is non-finite -> log -> maybe
+evaluate (keep the best model, stop early) / checkpoint / stop on a signal. The progress bar, metrics log, checkpoints, resume and signal
 handling are the pretraining loop's (``bertforge.progress``, ``bertforge.training.checkpoints``
 and ``bertforge.training.steps``).
 
@@ -465,7 +465,8 @@ def plan_memory(
 
 def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
     """Forward/backward of the batch ``rows`` in dynamically padded micro-batches (each loss
-    weighted by its share of the rows) and gradient clipping."""
+    weighted by its share of the rows, or of the labelled words for a tagger) and gradient
+    clipping."""
     data, device = run.data, run.device
     totals = {"loss": 0.0, "tokens": 0}
 
@@ -480,12 +481,14 @@ def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
             batch["labels"] = labels
         with autocast(device, run.precision):
             loss = run.model(**batch).loss
-        # a mean over this micro-batch's rows -> its share of the mean over the batch
+        # a mean over this micro-batch's rows (words) -> its share of the mean over the batch
         totals["loss"] += float(loss.detach()) * share
         totals["tokens"] += int(batch["attention_mask"].sum())
         return loss * share
 
-    steps.accumulate(steps.micro_batches(rows, run.cfg.micro_batch), loss_of)
+    # a tagger's loss is a mean over labelled words (transformers'), the others' over rows
+    units = data.labelled(rows) if isinstance(data, TaggingTaskData) else None
+    steps.accumulate(steps.micro_batches(rows, run.cfg.micro_batch, units), loss_of)
     grad_norm = steps.clip_gradients(run.model.parameters(), run.cfg.max_grad_norm)
     return steps.StepReport(0.0, grad_norm, totals["tokens"], 0.0, {"loss": totals["loss"]})
 

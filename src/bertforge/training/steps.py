@@ -128,12 +128,23 @@ def budget_spent(
     )
 
 
-def micro_batches(rows: Sequence[int], micro: int) -> list[tuple[Sequence[int], float]]:
+def micro_batches(
+    rows: Sequence[int], micro: int, units: Sequence[float] | None = None
+) -> list[tuple[Sequence[int], float]]:
     """Split a batch's ``rows`` into consecutive micro-batches of ``micro`` rows (the last one
     smaller when ``micro`` does not divide them, as in an epoch's short last batch), each paired
-    with its share of the rows: the weight of its mean loss in the mean loss of the batch."""
+    with its share of the batch: the weight of its mean loss in the mean loss of the batch. The
+    share counts rows, or ``units`` (one count per row) where the loss is a mean over something
+    else, e.g. a tagger's labelled words, so that the micro-batches add up to the batch's mean; a
+    micro-batch with none is left out (a batch with none at all has no micro-batches)."""
     n = len(rows)
-    return [(rows[i : i + micro], min(micro, n - i) / n) for i in range(0, n, micro)]
+    if units is None:
+        return [(rows[i : i + micro], min(micro, n - i) / n) for i in range(0, n, micro)]
+    counts = [float(u) for u in units]
+    total = sum(counts)
+    parts = [(rows[i : i + micro], sum(counts[i : i + micro])) for i in range(0, n, micro)]
+    # a micro-batch without units adds nothing to the mean (and its own mean would be NaN)
+    return [(part, count / total) for part, count in parts if count > 0]
 
 
 def config_dict(cfg: Any) -> dict[str, Any]:
