@@ -9,9 +9,10 @@ AdamW (weight decay 0.01 off biases/LayerNorm, eps 1e-6), gradient clipping at 1
 (fp32 by default; bf16 = autocast on both, ``Trainer(bf16=True)``, in training and the test pass), the
 model's own dropout (or ``--dropout`` on both), ``--num_threads`` threads each.
 
-* bertforge: the library's ``finetune`` as ``bertforge finetune`` runs it (its defaults: length
-  bucketing, a validation pass at the end on the first ``--val_examples`` dev sentences), then
-  scored on the test subset by ``bertforge.evaluation`` (entity F1 as seqeval's default mode).
+* bertforge: the library's ``finetune`` as ``bertforge finetune`` runs it (its defaults: batches
+  in random order, as Trainer's, unless ``--bucket true`` groups them by length; a validation pass
+  at the end on the first ``--val_examples`` dev sentences), then scored on the test subset by
+  ``bertforge.evaluation`` (entity F1 as seqeval's default mode).
 * transformers: ``run_ner``'s conventions: ``tokenizer(words, is_split_into_words=True,
   truncation=True, max_length=...)``, the word's tag on its first piece and -100 elsewhere,
   ``DataCollatorForTokenClassification``, ``AutoModelForTokenClassification``, ``Trainer``;
@@ -138,6 +139,7 @@ def run_ours(args: argparse.Namespace, work: Path) -> dict:
         max_grad_norm=MAX_GRAD_NORM,
         dropout=args.dropout,
         seed=args.seed,
+        bucket=None if args.bucket == "default" else args.bucket == "true",
         eval_every=EVALUATE_ONCE,  # validation at the end only: the final model is scored, as Trainer's
         precision=args.precision,
         device="cpu",
@@ -271,6 +273,7 @@ def run_transformers(args: argparse.Namespace, work: Path) -> dict:
 
 SIDE_OPTIONS = (
     "dataset", "epochs", "lr", "batch_size", "max_length", "num_threads", "seed", "precision",
+    "bucket",
 )  # fmt: skip
 """What both sides are given (with --dropout and --group_by_length)."""
 
@@ -295,6 +298,10 @@ def main() -> None:
     parser.add_argument(
         "--dropout", type=float, default=None, help="both sides; default: each model's own"
     )
+    parser.add_argument(
+        "--bucket", choices=("default", "true", "false"), default="default",
+        help="bertforge's length bucketing (the library's default for taggers: off)",
+    )  # fmt: skip
     add_side_options(parser)
     parser.add_argument("--smoke", action="store_true", help="32 sentences, 2 steps: a quick test")
     parser.add_argument("--output", default=None)
@@ -355,7 +362,7 @@ def main() -> None:
         f"{counts['validation']}; {args.epochs} epoch(s), batch {args.batch_size}, lr {args.lr:g}, "
         f"max_length {args.max_length}, dropout "
         f"{'model default' if args.dropout is None else args.dropout}, {args.precision}, "
-        f"{args.num_threads} thread(s) each, "
+        f"{args.num_threads} thread(s) each, bertforge's length bucketing {args.bucket}, "
         f"{'one after the other' if args.schedule == 'alternate' else 'both sides at once'}\n\n{table}\n\n"
         f"entity F1 difference (bertforge - transformers): {diff:+.4f}; "
         f"training time ratio (transformers / bertforge): {ratio:.2f}x\n\n{machine_markdown()}"

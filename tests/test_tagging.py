@@ -382,11 +382,18 @@ def test_held_out_sentences_and_label_all_tokens_run(work, tmp_path):
     assert cli.main(argv) == 0
     results = json.loads((out / "eval_results.json").read_text())
     assert results["validation"]["examples"] == 64  # a quarter of the 256 sentences
-    assert json.loads((out / "finetune_config.json").read_text())["label_all_tokens"] is True
+    recorded = json.loads((out / "finetune_config.json").read_text())
+    assert recorded["label_all_tokens"] is True
+    assert recorded["bucket"] is False  # a tagger's default: batches in random order
     with pytest.raises(BertforgeError, match="does not fit --task token_classification"):
         FinetuneConfig(
             model="m", train=["t"], output="o", task="token_classification", metric="mcc"
         )
+    tagger = {"model": "m", "train": ["t"], "output": "o", "task": "token_classification"}
+    assert FinetuneConfig(**tagger).bucket is False
+    assert FinetuneConfig(**tagger, bucket=True).bucket is True
+    assert FinetuneConfig(model="m", train=["t"], output="o").bucket is True
+    assert FinetuneConfig(**{**tagger, "task": "question_answering"}).bucket is True
 
 
 def test_texts_to_tag_reads_lines_columns_and_conll_as_written(tmp_path):

@@ -544,8 +544,11 @@ class FinetuneConfig(LoopOptions):
     for regression spearman, pearson, mse, mae (default spearman), for token_classification
     entity_f1 (the default) or token_accuracy, for question_answering f1, exact_match (SQuAD
     v1.1's, default f1)."""
-    bucket: bool = True
-    """Group examples of similar length into batches (less padding); batches stay shuffled."""
+    bucket: bool | None = None
+    """Group examples of similar length into batches (less padding); batches stay shuffled.
+    Default: on, except for token_classification, where batches of alike sentences cost entity
+    F1 (WNUT-17: 1.7 points over five seeds) and save little time (the task models skip the
+    padding anyway)."""
     seed: int = 0
     """Seed for the head's initialisation, validation split, data order and dropout."""
     keep_checkpoints: int = 1
@@ -582,6 +585,8 @@ class FinetuneConfig(LoopOptions):
             "question_answering": "f1",
         }
         self.metric = self.metric or default.get(self.task, "accuracy")
+        if self.bucket is None:
+            self.bucket = self.task != "token_classification"
         allowed = {
             "regression": REGRESSION_METRICS,
             "token_classification": TAGGING_METRICS,
