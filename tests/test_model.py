@@ -140,6 +140,48 @@ def test_training_gradients_match_hf(tiny_config):
         torch.testing.assert_close(p.grad, theirs[name].grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("task", ["sequence", "token"])
+def test_task_model_training_gradients_match_hf_over_two_steps(tiny_config, task):
+    """The task models in training (skipped padding, the tagger's labelled rows only, the word
+    table's gradient in a reused buffer): over two backward passes, the second with the first's
+    gradient zeroed in place and one with it set to None, every gradient equals transformers'."""
+    from bertforge.modeling.model import BertForTokenClassification
+
+    torch.manual_seed(6)
+    tiny_config.hidden_dropout_prob = tiny_config.attention_probs_dropout_prob = 0.0
+    tiny_config.num_labels = 3
+    mine, theirs = {
+        "sequence": (BertForSequenceClassification, transformers.BertForSequenceClassification),
+        "token": (BertForTokenClassification, transformers.BertForTokenClassification),
+    }[task]
+    ours = mine(tiny_config).train()
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    hf = theirs(hf_config(tiny_config)).train()
+    hf.load_state_dict(ours.state_dict())
+    for step, set_to_none in enumerate((False, True)):
+        ids, mask, types = padded_batch(tiny_config.vocab_size, seed=step)
+        ids[0, :3] = ids[1, 4]  # a word repeated in the batch: its rows' gradients add up
+        if task == "sequence":
+            labels = torch.tensor([0, 2, 1, 1])
+        else:
+            labels = torch.randint(0, 3, ids.shape)
+            labels[mask == 0] = -100
+            labels[:, 0] = -100
+        kwargs = dict(attention_mask=mask, token_type_ids=types, labels=labels)
+        a, b = ours(ids, **kwargs).loss, hf(input_ids=ids, **kwargs).loss
+        a.backward()
+        b.backward()
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+        hf_params = dict(hf.named_parameters())
+        for name, p in ours.named_parameters():
+            expected = hf_params[name].grad
+            torch.testing.assert_close(p.grad, expected, atol=1e-5, rtol=1e-4, msg=name)
+        ours.zero_grad(set_to_none=set_to_none)
+        hf.zero_grad(set_to_none=set_to_none)
+
+
 def test_attention_probabilities_match_hf(tiny_config):
     torch.manual_seed(5)
     ours = BertModel(tiny_config).eval()

@@ -19,7 +19,8 @@ for speed only and never changes the function (``tests/test_fast_paths.py`` chec
   residual + LayerNorm), attention's softmax + dropout and the feed-forward's bias + GELU use
   the fused CPU forms of ``bertforge.modeling.ops`` (C kernels when a compiler is at hand), and
   the tied decoder's weight gradient comes out contiguous;
-* sums go into buffers nobody else holds, and in inference (no autograd) the residual stream and
+* sums go into buffers nobody else holds (in CPU training the word table's gradient too: a
+  reused zeroed buffer, not a fresh 30k x H one a step), and in inference (no autograd) the residual stream and
   the activations are updated in place: fewer new tensors, whose first touch costs page faults.
 """
 
@@ -180,7 +181,10 @@ class BertEmbeddings(nn.Module):
         """``words``: the (B, T, H) word vectors of ``input_ids`` when the caller looked them up
         (a tensor of its own: the sums below go into it in place)."""
         T = input_ids.shape[1]
-        x = self.word_embeddings(input_ids) if words is None else words  # (B, T, H), a new tensor
+        if words is None:  # training on a CPU: the gradient goes into a reused zeroed buffer
+            table = self.word_embeddings
+            words, _ = word_embedding(input_ids, table.weight, table.padding_idx)
+        x = words  # (B, T, H), a new tensor
         x += self.position_embeddings.weight[:T]
         if token_type_ids is None:
             x += self.token_type_embeddings.weight[0]
