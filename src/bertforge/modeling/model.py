@@ -20,8 +20,9 @@ for speed only and never changes the function (``tests/test_fast_paths.py`` chec
   the fused CPU forms of ``bertforge.modeling.ops`` (C kernels when a compiler is at hand), and
   the tied decoder's weight gradient comes out contiguous;
 * sums go into buffers nobody else holds (in CPU training the word table's gradient too: a
-  reused zeroed buffer, not a fresh 30k x H one a step), and in inference (no autograd) the residual stream and
-  the activations are updated in place: fewer new tensors, whose first touch costs page faults.
+  reused zeroed buffer, not a fresh 30k x H one a step), and in inference (no autograd) the
+  residual stream and the activations are updated in place: fewer new tensors, whose first
+  touch costs page faults.
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ class BertEmbeddings(nn.Module):
         """``words``: the (B, T, H) word vectors of ``input_ids`` when the caller looked them up
         (a tensor of its own: the sums below go into it in place)."""
         T = input_ids.shape[1]
-        if words is None:  # training on a CPU: the gradient goes into a reused zeroed buffer
+        if words is None:  # F.embedding's function; in CPU training a reused gradient buffer
             table = self.word_embeddings
             words, _ = word_embedding(input_ids, table.weight, table.padding_idx)
         x = words  # (B, T, H), a new tensor

@@ -6,9 +6,9 @@ Per optimizer step: set the LR (a pure function of the step, or of elapsed time 
 budget) -> take the next batch and accumulate its dynamically padded micro-batches (forward/
 backward under autocast, each loss weighted by its share of the batch's rows, a tagger's by its
 share of the labelled words) -> clip -> step unless the loss is non-finite -> log -> maybe
-evaluate (keep the best model, stop early) / checkpoint / stop on a signal. The progress bar, metrics log, checkpoints, resume and signal
-handling are the pretraining loop's (``bertforge.progress``, ``bertforge.training.checkpoints``
-and ``bertforge.training.steps``).
+evaluate (keep the best model, stop early) / checkpoint / stop on a signal. The progress bar,
+metrics log, checkpoints, resume and signal handling are the pretraining loop's
+(``bertforge.progress``, ``bertforge.training.checkpoints`` and ``bertforge.training.steps``).
 
 OUTPUT holds the best model by the validation metric (a ``BertForSequenceClassification``, or
 for ``--task token_classification`` a ``BertForTokenClassification`` scored by entity F1, with
