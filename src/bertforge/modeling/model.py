@@ -166,11 +166,20 @@ class Layout:
     """N, the real tokens (the first N of ``index``) when the padding is skipped."""
 
 
+class WordEmbeddings(nn.Embedding):
+    """``nn.Embedding`` (same parameter, same function, its hooks still called) whose gradient in
+    CPU training goes into a reused zeroed buffer (:func:`~bertforge.modeling.ops.word_embedding`)
+    instead of a fresh vocabulary x hidden tensor a step."""
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        return word_embedding(input_ids, self.weight, self.padding_idx)[0]
+
+
 class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         H = config.hidden_size
-        self.word_embeddings = nn.Embedding(config.vocab_size, H, padding_idx=config.pad_token_id)
+        self.word_embeddings = WordEmbeddings(config.vocab_size, H, padding_idx=config.pad_token_id)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, H)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, H)
         self.LayerNorm = nn.LayerNorm(H, eps=config.layer_norm_eps)
@@ -182,10 +191,7 @@ class BertEmbeddings(nn.Module):
         """``words``: the (B, T, H) word vectors of ``input_ids`` when the caller looked them up
         (a tensor of its own: the sums below go into it in place)."""
         T = input_ids.shape[1]
-        if words is None:  # F.embedding's function; in CPU training a reused gradient buffer
-            table = self.word_embeddings
-            words, _ = word_embedding(input_ids, table.weight, table.padding_idx)
-        x = words  # (B, T, H), a new tensor
+        x = self.word_embeddings(input_ids) if words is None else words  # (B, T, H), a new tensor
         x += self.position_embeddings.weight[:T]
         if token_type_ids is None:
             x += self.token_type_embeddings.weight[0]
