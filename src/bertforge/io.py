@@ -10,12 +10,14 @@ intact directory from an altered or partly copied one (see :func:`check_manifest
 
 from __future__ import annotations
 
+import bz2
 import contextlib
 import ctypes
 import errno
 import gzip
 import hashlib
 import json
+import lzma
 import os
 import re
 import shutil
@@ -23,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from bertforge.errors import BertforgeError
 
@@ -362,17 +364,56 @@ ENCODING_ERRORS = ("strict", "replace")
 """What a reader does with bytes that are not UTF-8: stop (naming file and line) or read U+FFFD."""
 
 
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz")
+"""Compressed files every reader opens transparently (gzip, bzip2, xz), streamed."""
+READ_ERRORS = (OSError, EOFError, lzma.LZMAError)
+"""What reading a missing, truncated or corrupt (compressed) file raises."""
+
+
+def compression_suffix(name: str | Path) -> str:
+    """The compression suffix ending a file name (``.gz``, ``.bz2``, ``.xz``), or ``""``."""
+    lower = str(name).lower()
+    return next((s for s in COMPRESSED_SUFFIXES if lower.endswith(s)), "")
+
+
+def plain_name(name: str | Path) -> str:
+    """A file's name, lower-cased, without its compression suffix: what its format is read from
+    (``train.csv.bz2`` -> ``train.csv``)."""
+    lower = Path(name).name.lower()
+    return lower.removesuffix(compression_suffix(lower))
+
+
+def open_binary(path: str | Path) -> BinaryIO:
+    """A file opened for reading bytes, decompressed as it streams when its name ends in ``.gz``,
+    ``.bz2`` or ``.xz`` (:data:`COMPRESSED_SUFFIXES`)."""
+    suffix = compression_suffix(path)
+    if suffix == ".gz":
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    if suffix == ".bz2":
+        return bz2.open(path, "rb")  # type: ignore[return-value]
+    if suffix == ".xz":
+        return lzma.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")  # noqa: SIM115
+
+
+def read_text(path: str | Path, encoding_errors: str = "strict") -> str:
+    """A whole UTF-8 text file (compressed or not, a BOM dropped) as one string; bytes that are
+    not UTF-8 raise :func:`text_lines`'s one-line error naming the file and line."""
+    return "".join(text_lines(path, encoding_errors))
+
+
 def text_lines(path: str | Path, encoding_errors: str = "strict") -> Iterator[str]:
-    """The lines of a UTF-8 text file (``.gz`` read transparently), each with its newline; a
+    """The lines of a UTF-8 text file (``.gz``/``.bz2``/``.xz`` read transparently), each with
+    its newline; a
     byte-order mark opening the file (Excel's "CSV UTF-8" writes one) is dropped. Bytes that
     are not UTF-8 are the one error of every reader: the file, the line, the bytes and the fix
     (``encoding_errors="replace"`` reads them as U+FFFD instead)."""
     path = Path(path)
     if encoding_errors not in ENCODING_ERRORS:
         raise BertforgeError(f"--encoding_errors {encoding_errors!r}: choose strict or replace")
-    packed = path.name.lower().endswith(".gz")
+    packed = bool(compression_suffix(path))
     try:
-        with gzip.open(path, "rb") if packed else open(path, "rb") as fh:  # noqa: SIM115
+        with open_binary(path) as fh:
             for number, raw in enumerate(fh, start=1):
                 try:
                     text = raw.decode("utf-8", errors=encoding_errors)
@@ -381,7 +422,7 @@ def text_lines(path: str | Path, encoding_errors: str = "strict") -> Iterator[st
                 yield text.removeprefix("\ufeff") if number == 1 else text
     except FileNotFoundError:
         raise BertforgeError(f"{path}: no such file") from None
-    except (OSError, EOFError) as err:  # a truncated or corrupt gzip
+    except READ_ERRORS as err:  # a truncated or corrupt archive
         raise BertforgeError(f"{path}: cannot read the file ({err}); check it") from None
 
 

@@ -13,8 +13,8 @@ Formats (``format="auto"`` picks one per file, see :func:`detect_format`):
 - ``csv``, ``tsv``, ``jsonl``: one row is one document, taken from ``text_column`` (multi-line
   cells are read as paragraphs).
 
-Files may be gzip-compressed (``.gz``). Directories expand to the corpus files under them
-(:data:`CORPUS_SUFFIXES`) and globs to their matches, each in sorted order. HTML line breaks (``<br />``, as in IMDB) become spaces.
+Files may be compressed (``.gz``, ``.bz2``, ``.xz``: read as they stream). Directories expand to the corpus files under them
+(:data:`CORPUS_SUFFIXES`, optionally compressed) and globs to their matches, each in sorted order. HTML line breaks (``<br />``, as in IMDB) become spaces.
 Undecodable bytes raise :class:`~bertforge.errors.BertforgeError` naming the file and byte
 offset, unless ``encoding_errors="replace"``. Everything streams: memory does not grow with the
 file size.
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import csv
 import glob
-import gzip
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Literal, get_args
 
 from bertforge.data.tables import BR_TAG, jsonl_rows
 from bertforge.errors import BertforgeError
-from bertforge.io import text_lines
+from bertforge.io import READ_ERRORS, open_binary, plain_name, text_lines
 
 Format = Literal["auto", "text", "lines", "wikitext", "csv", "tsv", "jsonl"]
 """How an input file is read (``auto``: from its name; see the module docstring)."""
@@ -106,7 +105,7 @@ def split_sentences(text: str) -> list[str]:
 
 
 def _is_corpus_file(path: Path) -> bool:
-    name = path.name.lower().removesuffix(".gz")
+    name = plain_name(path)
     return not name.startswith(".") and Path(name).suffix in CORPUS_SUFFIXES
 
 
@@ -139,28 +138,24 @@ def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
     return files
 
 
-def _open_binary(path: Path):
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
-
-
 def iter_lines(path: Path, encoding_errors: str = "strict") -> Iterator[str]:
-    """Decoded lines of a (possibly gzip) file, newline kept (:func:`bertforge.io.text_lines`:
+    """Decoded lines of a (possibly compressed) file, newline kept (:func:`bertforge.io.text_lines`:
     a BOM dropped, bytes that are not UTF-8 named by file and line)."""
     return text_lines(path, encoding_errors)
 
 
 def detect_format(path: Path) -> str:
     """Guess a file's format from its name and, for text, its first 64 KiB."""
-    name = path.name.lower().removesuffix(".gz")
+    name = plain_name(path)
     for fmt, suffixes in (("csv", (".csv",)), ("tsv", (".tsv",)), ("jsonl", (".jsonl", ".ndjson"))):
         if name.endswith(suffixes):
             return fmt
     if name.endswith(".tokens"):
         return "wikitext"
     try:
-        with _open_binary(path) as fh:
+        with open_binary(path) as fh:
             head = fh.read(65536)
-    except (OSError, EOFError) as err:  # a truncated or corrupt gzip
+    except READ_ERRORS as err:  # a truncated or corrupt archive
         raise BertforgeError(f"{path}: cannot read the file ({err}); check it") from None
     # split on "\n" only, as the reader does (str.splitlines also splits on \x85, \u2028, ...)
     lines = head.decode("utf-8", errors="replace").split("\n")

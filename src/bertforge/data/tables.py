@@ -14,21 +14,20 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
-from bertforge.io import text_lines
+from bertforge.io import plain_name, text_lines
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".ndjson")
 BR_TAG = re.compile(r"<br\s*/?>", re.IGNORECASE)
 
 
 def table_format(path: str | Path) -> str:
-    """``csv``, ``tsv`` or ``jsonl`` from a file name (a trailing ``.gz`` is ignored)."""
-    name = Path(path).name.lower()
-    name = name[:-3] if name.endswith(".gz") else name
+    """``csv``, ``tsv`` or ``jsonl`` from a file name (a compression suffix is ignored)."""
+    name = plain_name(path)
     for suffix in TABLE_SUFFIXES:
         if name.endswith(suffix):
             return {"json": "jsonl", "ndjson": "jsonl"}.get(suffix[1:], suffix[1:])
     raise BertforgeError(
-        f"{path}: unknown file type; use .csv, .tsv or .jsonl (each optionally .gz)"
+        f"{path}: unknown file type; use .csv, .tsv or .jsonl (each optionally .gz, .bz2 or .xz)"
     )
 
 
