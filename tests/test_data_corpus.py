@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import json
+import lzma
 from pathlib import Path
 
 import pytest
@@ -70,6 +72,54 @@ def test_one_document_per_line_is_detected_and_gzip_is_transparent(tmp_path: Pat
         ["Awful.", "Avoid."],
         ["Meh it was ok."],
     ]
+
+
+@pytest.mark.parametrize("opener", [bz2.open, lzma.open], ids=["bz2", "xz"])
+def test_bz2_and_xz_files_stream_as_gzip_does(tmp_path: Path, opener) -> None:
+    suffix = ".bz2" if opener is bz2.open else ".xz"
+    text = tmp_path / f"books.txt{suffix}"
+    with opener(text, "wt", encoding="utf-8") as f:
+        f.write("Call me Ishmael. Some years ago I went.\nIt was cold.\n\nA second book.\n")
+    table = tmp_path / f"rows.csv{suffix}"
+    with opener(table, "wt", encoding="utf-8") as f:
+        f.write("label,text\n1,Good film. Loved it.\n")
+    assert detect_format(text) == "text" and detect_format(table) == "csv"
+    assert list(read_documents(text)) == [
+        ["Call me Ishmael.", "Some years ago I went.", "It was cold."],
+        ["A second book."],
+    ]
+    assert list(read_documents(table, text_column="text")) == [["Good film.", "Loved it."]]
+    assert expand_inputs([tmp_path]) == sorted([table, text])
+    bad = tmp_path / f"bad.txt{suffix}"
+    with opener(bad, "wb") as f:
+        f.write(b"fine line\ncaf\xe9 au lait\n")
+    with pytest.raises(
+        BertforgeError, match=rf"bad.txt\{suffix}:2: not UTF-8 .*after decompression"
+    ):
+        list(read_documents(bad, format="text"))
+    cut = tmp_path / f"cut.txt{suffix}"
+    cut.write_bytes(text.read_bytes()[:20])
+    with pytest.raises(BertforgeError, match="cannot read the file"):
+        list(read_documents(cut, format="text"))
+
+
+def test_paragraph_per_line_books_longer_than_the_old_64k_scan_are_documents(tmp_path: Path):
+    # ../shared/data/general's layout: one paragraph a line, a blank line between books; the
+    # first book runs for hundreds of kilobytes before its blank line
+    paragraph = "It was a dark night. The wind blew hard, and Mr. Holmes sat by the fire."
+    book = "\n".join([paragraph] * 3000)  # ~220 KB
+    path = tmp_path / "gutenberg.txt.bz2"
+    with bz2.open(path, "wt", encoding="utf-8") as f:
+        f.write(book + "\n\n" + book + "\n")
+    assert detect_format(path) == "text"
+    documents = list(read_documents(path))
+    assert len(documents) == 2
+    assert documents[0][:3] == [
+        "It was a dark night.",
+        "The wind blew hard, and Mr. Holmes sat by the fire.",
+        "It was a dark night.",
+    ]
+    assert len(documents[0]) == 6000
 
 
 def test_wikitext_titles_start_documents_and_sections_do_not(tmp_path: Path) -> None:

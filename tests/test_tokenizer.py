@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import json
 import random
@@ -18,7 +19,7 @@ from transformers import BertTokenizerFast
 from bertforge import cli
 from bertforge.cli import main as cli_main
 from bertforge.errors import BertforgeError
-from bertforge.tokenizer.files import SPECIAL_TOKENS
+from bertforge.tokenizer.files import SPECIAL_TOKENS, sample_texts
 from bertforge.tokenizer.wordpiece import Tokenizer
 
 MAX_LENGTH = 64
@@ -358,3 +359,34 @@ def test_tokenizer_train_reads_the_text_column_of_a_table(tmp_path, capsys):
         vocab = (out / "vocab.txt").read_text().split()
         assert "movie" in vocab  # a filler word of the texts
         assert not {"zqxlabel", "label", '"', "{"} & set(vocab), fmt  # nothing but the texts
+
+
+def test_sample_texts_is_bounded_uniform_ordered_and_seeded():
+    texts = [f"line {i:05d} " + "x" * (i % 7) for i in range(20000)]
+    whole = sum(len(t) for t in texts)
+    sample, read, kept = sample_texts(iter(texts + ["", "  \n"]), whole // 10, seed=1)
+    assert read == whole and kept == sum(len(t) for t in sample) <= whole // 10
+    assert kept > whole // 10 - 40  # full up to about one line
+    positions = [int(t.split()[1]) for t in sample]
+    assert positions == sorted(positions)  # the input's order, not the keys'
+    # uniform over the input: each tenth of the corpus gives about a tenth of the sample
+    per_tenth = [sum(1 for p in positions if p // 2000 == k) for k in range(10)]
+    assert min(per_tenth) > 0.75 * len(sample) / 10 and max(per_tenth) < 1.25 * len(sample) / 10
+    assert sample_texts(iter(texts), whole // 10, seed=1)[0] == sample
+    assert sample_texts(iter(texts), whole // 10, seed=2)[0] != sample
+    assert sample_texts(iter(texts), whole, seed=1) == (texts, whole, whole)  # fits: all of it
+
+
+def test_tokenizer_train_says_it_trained_on_a_sample_of_a_large_input(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt.bz2"
+    words = [f"word{i}" for i in range(300)]
+    with bz2.open(corpus, "wt", encoding="utf-8") as f:
+        for i in range(3000):
+            f.write(" ".join(words[(i * 7 + j) % 300] for j in range(12)) + ".\n")
+    argv = ["tokenizer", "train", "--input", str(corpus), "--vocab_size", "400"]
+    assert cli_main([*argv, "--output", str(tmp_path / "all")]) == 0
+    assert "sample" not in capsys.readouterr().out
+    assert cli_main([*argv, "--output", str(tmp_path / "part"), "--max_chars", "20000"]) == 0
+    out = capsys.readouterr().out
+    assert "random sample of 19,9" in out and "(--max_chars 20000, --seed 0)" in out
+    assert Tokenizer.from_file(tmp_path / "part").token_to_id("word") is not None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,7 +11,13 @@ from bertforge.cli.options import parse_config
 from bertforge.data.corpus import EncodingErrors, detect_format, read_documents
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_directory, describe_directory, directory_entries, make_directory
-from bertforge.tokenizer.files import CONFIG_FILE, TOKENIZER_FILE, VOCAB_FILE, iter_text_lines
+from bertforge.tokenizer.files import (
+    CONFIG_FILE,
+    TOKENIZER_FILE,
+    VOCAB_FILE,
+    iter_text_lines,
+    sample_texts,
+)
 from bertforge.tokenizer.wordpiece import Tokenizer
 
 TOKENIZER_FILES = (VOCAB_FILE, TOKENIZER_FILE, CONFIG_FILE)
@@ -23,7 +29,8 @@ class TokenizerTrainConfig:
     """Options of ``bertforge tokenizer train`` (:meth:`Tokenizer.train` checks the values)."""
 
     input: list[str]
-    """UTF-8 text files, or csv/tsv/jsonl tables with --text_column (.gz is read transparently)."""
+    """UTF-8 text files, or csv/tsv/jsonl tables with --text_column (.gz, .bz2 and .xz are read
+    as they stream)."""
     vocab_size: int
     """Vocabulary size including the 5 special tokens (BERT: 30522)."""
     output: str
@@ -46,6 +53,12 @@ class TokenizerTrainConfig:
     """Record the longest sequence the model will take (e.g. 512) in tokenizer_config.json."""
     overwrite: bool = False
     """Replace an existing tokenizer directory (never a model or any other directory)."""
+    max_chars: int | None = 100_000_000
+    """Train on a uniform random sample of the lines of at most this many characters when the
+    input is larger (the vocabulary of a 100M-character sample is that of the whole; the trainer's
+    memory and time grow with the text); null: every line."""
+    seed: int = 0
+    """Seed of that sample."""
     progress: bool = False
     """Show the trainer's progress bars."""
 
@@ -68,8 +81,18 @@ def main(argv: list[str]) -> int:
     output = Path(cfg.output)
     check_output(output, cfg.overwrite)  # before training, which may take minutes
     start = time.perf_counter()
+    texts: Iterable[str] = training_text(cfg)
+    sampled = ""
+    if cfg.max_chars is not None:
+        texts, read, kept = sample_texts(texts, cfg.max_chars, cfg.seed)
+        if kept < read:
+            sampled = (
+                f" on a random sample of {kept:,} of its {read:,} characters "
+                f"(--max_chars {cfg.max_chars}, --seed {cfg.seed})"
+            )
+            print(f"tokenizer train: the input is large; training{sampled}", flush=True)
     tok = Tokenizer.train_from_iterator(
-        training_text(cfg),
+        texts,
         cfg.vocab_size,
         source=", ".join(cfg.input),
         min_frequency=cfg.min_frequency,
@@ -88,7 +111,7 @@ def main(argv: list[str]) -> int:
     case = "lowercased" if cfg.lowercase else "cased"
     print(
         f"trained a {case} WordPiece vocabulary of {tok.vocab_size} tokens on {len(cfg.input)} "
-        f"file(s) ({size_mb:.1f} MB on disk) in {time.perf_counter() - start:.1f} s -> {cfg.output} "
+        f"file(s) ({size_mb:.1f} MB on disk){sampled} in {time.perf_counter() - start:.1f} s -> {cfg.output} "
         f"(fingerprint {tok.fingerprint})"
     )
     return 0

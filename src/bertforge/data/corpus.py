@@ -6,7 +6,9 @@ Formats (``format="auto"`` picks one per file, see :func:`detect_format`):
   Google's BERT expects. Every line goes through :func:`split_sentences`, so a line holding a
   whole paragraph becomes its sentences and a line holding one sentence stays one.
 - ``lines``: one document per line (e.g. IMDB's ``unsup`` text); auto-detected for a text file
-  whose first 64 KiB holds several lines and no blank line.
+  with several lines and no blank line in its first 8 MiB (:data:`BLANK_LINE_SCAN`: a book of
+  paragraph lines, as in ``../shared/data/general``, can run for megabytes before its first
+  document ends).
 - ``wikitext``: ``wiki.*.tokens`` files; a `` = Title = `` heading starts a document, section
   headings (`` = = Sub = = ``) are dropped, WikiText's ``@-@``, ``@,@``, ``@.@`` are undone
   and its ``<unk>`` becomes ``[UNK]`` (one unknown token).
@@ -144,8 +146,14 @@ def iter_lines(path: Path, encoding_errors: str = "strict") -> Iterator[str]:
     return text_lines(path, encoding_errors)
 
 
+BLANK_LINE_SCAN = 8 << 20
+"""Bytes of a text file :func:`detect_format` reads looking for a blank line (a document end)."""
+
+
 def detect_format(path: Path) -> str:
-    """Guess a file's format from its name and, for text, its first 64 KiB."""
+    """Guess a file's format from its name and, for text, its first lines: ``wikitext`` for a
+    `` = Title = `` first line, ``lines`` for several lines and no blank one in the first
+    :data:`BLANK_LINE_SCAN` bytes, else ``text``."""
     name = plain_name(path)
     for fmt, suffixes in (("csv", (".csv",)), ("tsv", (".tsv",)), ("jsonl", (".jsonl", ".ndjson"))):
         if name.endswith(suffixes):
@@ -154,17 +162,24 @@ def detect_format(path: Path) -> str:
         return "wikitext"
     try:
         with open_binary(path) as fh:
-            head = fh.read(65536)
+            first, count, blank, read = "", 0, False, 0
+            while read < BLANK_LINE_SCAN and not (blank and first):
+                # lines end at "\n" only, as the reader splits them (not at \x85, \u2028, ...)
+                raw = fh.readline(BLANK_LINE_SCAN - read)
+                read += len(raw)
+                if not raw.endswith(b"\n"):
+                    break  # the file's last line, or one cut by the scan: not counted
+                count += 1
+                text = raw.decode("utf-8", errors="replace").rstrip("\n")
+                if not text.strip():
+                    blank = True
+                elif not first:
+                    first = text
     except READ_ERRORS as err:  # a truncated or corrupt archive
         raise BertforgeError(f"{path}: cannot read the file ({err}); check it") from None
-    # split on "\n" only, as the reader does (str.splitlines also splits on \x85, \u2028, ...)
-    lines = head.decode("utf-8", errors="replace").split("\n")
-    if len(lines) > 1:
-        lines = lines[:-1]  # the last line may be cut or empty
-    first = next((line for line in lines if line.strip()), "")
     if _WIKI_TITLE.match(first):
         return "wikitext"
-    if len(lines) >= 3 and all(line.strip() for line in lines):
+    if count >= 3 and not blank:
         return "lines"
     return "text"
 

@@ -6,8 +6,10 @@ and training text, and writing the three files a saved tokenizer consists of (``
 
 from __future__ import annotations
 
+import heapq
 import json
-from collections.abc import Iterator, Sequence
+import random
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +70,45 @@ def read_tokenizer_config(directory: Path) -> dict[str, Any]:
 
 
 def iter_text_lines(files: Sequence[Path], encoding_errors: str = "strict") -> Iterator[str]:
-    """The lines of UTF-8 text files (``.gz`` read transparently), one file after the other
-    (:func:`bertforge.io.text_lines`)."""
+    """The lines of UTF-8 text files (``.gz``/``.bz2``/``.xz`` read transparently), one file
+    after the other (:func:`bertforge.io.text_lines`)."""
     for path in files:
         yield from text_lines(path, encoding_errors)
+
+
+def sample_texts(texts: Iterable[str], max_chars: int, seed: int = 0) -> tuple[list[str], int, int]:
+    """A uniform random sample of ``texts`` (lines, sentences) holding at most ``max_chars``
+    characters, in the order they came: ``(sample, characters read, characters kept)``; blank texts are
+    neither read nor kept.
+
+    Each text draws a random key; the texts with the smallest keys are kept while they fit, so
+    every text is equally likely to be in the sample whatever its file or position (a prefix of
+    a large corpus would train the vocabulary on its first files only). Memory is bounded by
+    ``max_chars``; everything is read once. When the whole input fits, it is returned whole.
+    """
+    if max_chars < 1:
+        raise BertforgeError(f"max_chars={max_chars}: must be >= 1 (a size such as 100M)")
+    rng = random.Random(seed)
+    heap: list[tuple[float, int, str]] = []  # (-key, position, text): the largest key on top
+    kept = total = 0
+    for position, text in enumerate(texts):
+        if not text.strip():
+            continue
+        size = len(text)
+        total += size
+        key = rng.random()
+        if kept + size <= max_chars:
+            heapq.heappush(heap, (-key, position, text))
+            kept += size
+            continue
+        # full: the new text replaces the largest keys above its own while that makes room
+        while heap and -heap[0][0] > key and kept + size > max_chars:
+            kept -= len(heapq.heappop(heap)[2])
+        if kept + size <= max_chars:
+            heapq.heappush(heap, (-key, position, text))
+            kept += size
+    heap.sort(key=lambda item: item[1])
+    return [text for _, _, text in heap], total, kept
 
 
 def write_tokenizer_files(
