@@ -13,13 +13,20 @@ from bertforge.cli import main as cli_main
 from bertforge.cli.options import parse_config
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_write_text
-from bertforge.recipes import RECIPES, Recipe, default_data_root, summary
+from bertforge.recipes import (
+    RECIPES,
+    TAKES_PRETRAIN_OPTIONS,
+    Recipe,
+    default_data_root,
+    summary,
+)
 from bertforge.training.config import check_at_least
 
 DESCRIPTION = (
     "Run a recipe: a chain of bertforge commands on the shared data sets, ending in a results "
     "table (OUTPUT/results.md, results.json). Steps whose output exists are skipped, so a rerun "
-    "continues. Recipes: " + "; ".join(f"{name}: {help_}" for name, (_, help_) in RECIPES.items())
+    "continues. Options after -- go to the recipe's pretraining step (e.g. -- --train.lr 1e-3). "
+    "Recipes: " + "; ".join(f"{name}: {help_}" for name, (_, help_) in RECIPES.items())
 )
 
 
@@ -59,12 +66,16 @@ class RecipeOptions:
 
 def main(argv: list[str]) -> int:
     """``bertforge recipe NAME [--smoke] [--data DIR] [--output DIR] [--budget 30m]
-    [--num_threads 1]``; with no argument at all, the list of recipes."""
+    [--num_threads 1] [-- PRETRAIN OPTIONS]``; with no argument at all, the list of recipes."""
     if not argv:
         print("recipes (run one with: bertforge recipe NAME; options: bertforge recipe --help):")
         for name, (_, help_) in RECIPES.items():
             print(f"  {name:<18} {help_}")
         return 0
+    pretrain_args: list[str] = []
+    if "--" in argv:  # what follows goes to the recipe's pretraining step
+        cut = argv.index("--")
+        argv, pretrain_args = argv[:cut], argv[cut + 1 :]
     cfg = parse_config(
         RecipeOptions,
         argv,
@@ -73,6 +84,11 @@ def main(argv: list[str]) -> int:
         positional=("name", "the recipe: " + ", ".join(RECIPES)),
     )
     name = cfg.name[0]
+    if pretrain_args and name not in TAKES_PRETRAIN_OPTIONS:
+        raise BertforgeError(
+            f"recipe {name} takes no pretraining options after --; only "
+            f"{', '.join(sorted(TAKES_PRETRAIN_OPTIONS))} does"
+        )
     output = Path(cfg.output or f"runs/recipes/{name}{'-smoke' if cfg.smoke else ''}")
     recipe = Recipe(
         name=name,
@@ -84,6 +100,7 @@ def main(argv: list[str]) -> int:
         budget=cfg.budget,
         seeds=tuple(cfg.seeds or ([0] if cfg.smoke else [0, 1])),
         num_threads=cfg.num_threads,
+        pretrain_args=tuple(pretrain_args),
     )
     if cfg.num_threads is not None:  # the recipe's own work between the commands too
         torch.set_num_threads(cfg.num_threads)

@@ -136,9 +136,17 @@ def _document_key(doc: Document) -> bytes:
 
 
 def _tagged_documents(
-    inputs, validation_inputs, fraction, read, excluded: set[bytes], stats: dict[str, Any]
+    inputs,
+    validation_inputs,
+    fraction,
+    read,
+    excluded: set[bytes],
+    stats: dict[str, Any],
+    held_out: frozenset[bytes] = frozenset(),
 ) -> Iterator[tuple[str, Document]]:
-    """(split, document) pairs; documents whose text is in ``excluded`` are skipped and counted."""
+    """(split, document) pairs; documents whose text is in ``excluded``, and training documents
+    whose text is in ``held_out`` (the ``--validation`` files' documents), are skipped and
+    counted."""
     tagged = (
         ("validation" if fraction > 0 and _is_validation(i, fraction) else "train", doc)
         for i, doc in enumerate(iter_documents(inputs, **read))
@@ -151,6 +159,9 @@ def _tagged_documents(
     for split, doc in tagged:
         if excluded and _document_key(doc) in excluded:
             skipped["text in --exclude"] = skipped.get("text in --exclude", 0) + 1
+            continue
+        if held_out and split == "train" and _document_key(doc) in held_out:
+            skipped["text in --validation"] = skipped.get("text in --validation", 0) + 1
             continue
         yield split, doc
 
@@ -208,7 +219,8 @@ class PrepareConfig:
     validation_fraction: float = 0.01
     """Share of the documents held out for validation (spread evenly)."""
     validation: list[str] | None = None
-    """Files holding the validation documents (instead of a fraction)."""
+    """Files holding the validation documents (instead of a fraction); an input document with
+    the same text is left out of training (held out, not seen twice)."""
     exclude: list[str] | None = None
     """Drop documents whose text equals one in these files (e.g. an evaluation set)."""
     text_column: str | None = None
@@ -272,7 +284,14 @@ def prepare(
         held.enter_context(_held(tmp))
         writers = {split: ShardWriter(tmp, split, dtype, shard_tokens) for split in SPLITS}
         builders = _builders(cfg, tokenizer, writers, stats, chunk_chars, pool)
-        tagged = _tagged_documents(cfg.input, cfg.validation, fraction, read, excluded, stats)
+        held_out = (
+            frozenset(_document_key(d) for d in iter_documents(cfg.validation, **read))
+            if cfg.validation
+            else frozenset()
+        )
+        tagged = _tagged_documents(
+            cfg.input, cfg.validation, fraction, read, excluded, stats, held_out
+        )
         n_docs, n_sentences = _feed(tagged, builders, stats, start, cfg.progress)
         for split in SPLITS:
             builders[split].finish()

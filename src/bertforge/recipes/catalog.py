@@ -13,6 +13,8 @@ time) and prints a summary table.
   80% of the AG News test texts; MLM on the other 20% vs random init and the token-frequency
   guesser; fine-tuned on the 2,000 labelled train rows (beside its random twin, once per seed),
   tested on the held-out 20%.
+- ``general``: a WordPiece vocabulary and BERT-Tiny pretrained from nothing on general English
+  (Wikipedia + Project Gutenberg books), see :mod:`bertforge.recipes.general`.
 - ``wikitext-nsp``: BERT-Mini with MLM + NSP on WikiText-2 test + Tiny Shakespeare, evaluated on
   WikiText-2 validation (MLM loss, perplexity, masked-token and NSP accuracy vs random init).
 """
@@ -32,11 +34,13 @@ from bertforge.io import atomic_write_text
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForMaskedLM, BertModel
 from bertforge.progress import format_duration, parse_duration
+from bertforge.recipes.general import general
 from bertforge.recipes.runner import (
     Recipe,
     clean_text,
     fixed_split,
     minilm_dir,
+    pretrain_results,
     read_rows,
     sample,
     unigram_baseline,
@@ -189,25 +193,6 @@ def seeds_and_mean(runs: dict[str, dict[str, float]], metrics: Sequence[str]) ->
         if all(k in v for v in runs.values())
     }
     return {"seeds": runs, "mean": mean}
-
-
-def pretrain_results(run: Path, head: Path | None = None) -> dict[str, Any]:
-    """The evaluations a pretraining run wrote: random init, start, final, per evaluation set.
-    With ``head`` (a head-fitting run before ``run``), the start is that run's, and its steps and
-    seconds count too (``head_steps``, ``head_seconds``)."""
-    result = json.loads((run / "results.json").read_text())
-    first = json.loads((head / "results.json").read_text()) if head else result
-    keep = ("loss", "perplexity", "accuracy", "top5_accuracy", "nsp_accuracy", "tokens")
-    columns = {"random_init": result.get("random_init"), "start": first["initial"]}
-    columns["final"] = result["final"]
-    tables: dict[str, Any] = {}
-    for label, evals in columns.items():
-        for split, metrics in (evals or {}).items():
-            tables.setdefault(split, {})[label] = {k: metrics.get(k) for k in keep}
-    out = {"steps": result["step"], "seconds": round(result["elapsed"], 1), "eval": tables}
-    if head:
-        out["head_steps"], out["head_seconds"] = first["step"], round(first["elapsed"], 1)
-    return out
 
 
 def imdb_task(r: Recipe) -> dict[str, Any]:
@@ -464,11 +449,15 @@ def wikitext_nsp(r: Recipe) -> None:
 
 
 RECIPES: dict[str, tuple[Callable[[Recipe], None], str]] = {
+    "general": (general, "tokenizer + BERT-Tiny from nothing on Wikipedia + books (2h)"),
     "reviews-adapted": (reviews_adapted, "all-MiniLM-L6-v2 adapted on IMDB review text (15m)"),
     "review-scores": (review_scores, "Metacritic scores from MiniLM, with/without adaptation"),
     "news-from-scratch": (news_from_scratch, "tokenizer + BERT-Mini from nothing on AG News"),
     "wikitext-nsp": (wikitext_nsp, "BERT-Mini MLM + NSP on WikiText-2 test + Shakespeare (20m)"),
 }
 
+TAKES_PRETRAIN_OPTIONS = frozenset({"general"})
+"""Recipes whose pretraining step takes the options after ``--``."""
 
-__all__ = ["RECIPES", "REVIEW_SENTENCES"]
+
+__all__ = ["RECIPES", "REVIEW_SENTENCES", "TAKES_PRETRAIN_OPTIONS"]

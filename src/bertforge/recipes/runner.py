@@ -80,6 +80,9 @@ class Recipe:
     """Fine-tuning seeds (two: the run-to-run noise beside the difference)."""
     num_threads: int | None = None
     """torch CPU threads of every command that computes (None: torch's default)."""
+    pretrain_args: tuple[str, ...] = ()
+    """Options added to the recipe's pretraining step (what follows ``--`` on the command line,
+    e.g. ``--train.lr 1e-3``): the recipe's own settings stay, these come after and win."""
     commands: list[dict[str, Any]] = field(default_factory=list)
     results: dict[str, Any] = field(default_factory=dict)
 
@@ -129,9 +132,30 @@ class Recipe:
         self.results["budget"] = self.budget
         self.results["seeds"] = list(self.seeds)
         self.results["num_threads"] = self.num_threads
+        if self.pretrain_args:
+            self.results["pretrain_args"] = list(self.pretrain_args)
         path = self.path("results.json")
         atomic_write_text(path, json.dumps(self.results, indent=2) + "\n")
         return path
+
+
+def pretrain_results(run: Path, head: Path | None = None) -> dict[str, Any]:
+    """The evaluations a pretraining run wrote: random init, start, final, per evaluation set.
+    With ``head`` (a head-fitting run before ``run``), the start is that run's, and its steps and
+    seconds count too (``head_steps``, ``head_seconds``)."""
+    result = json.loads((run / "results.json").read_text())
+    first = json.loads((head / "results.json").read_text()) if head else result
+    keep = ("loss", "perplexity", "accuracy", "top5_accuracy", "nsp_accuracy", "tokens")
+    columns = {"random_init": result.get("random_init"), "start": first["initial"]}
+    columns["final"] = result["final"]
+    tables: dict[str, Any] = {}
+    for label, evals in columns.items():
+        for split, metrics in (evals or {}).items():
+            tables.setdefault(split, {})[label] = {k: metrics.get(k) for k in keep}
+    out = {"steps": result["step"], "seconds": round(result["elapsed"], 1), "eval": tables}
+    if head:
+        out["head_steps"], out["head_seconds"] = first["step"], round(first["elapsed"], 1)
+    return out
 
 
 # ---- text and labelled slices -----------------------------------------------------------------
@@ -205,6 +229,7 @@ __all__ = [
     "default_data_root",
     "fixed_split",
     "minilm_dir",
+    "pretrain_results",
     "read_rows",
     "sample",
     "unigram_baseline",
