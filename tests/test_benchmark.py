@@ -19,7 +19,7 @@ from bertforge.data.suite_files import DATA_ENV, conll_sentences, data_directory
 from bertforge.data.tables import read_table
 from bertforge.errors import BertforgeError
 from bertforge.evaluation import benchmark as B
-from bertforge.evaluation.benchmark_report import average_label
+from bertforge.evaluation.benchmark_report import average_label, lr_grid_note
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForPreTraining
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -88,7 +88,7 @@ def test_medians_scores_and_averages():
 
 def test_task_settings_defaults_overrides_budget_and_smoke():
     cola, sst2 = B.select_tasks("glue", ["CoLA", "SST-2"])
-    cfg = BenchmarkConfig(model="m", output="o", task_budget="6m", lr=1e-4)
+    cfg = BenchmarkConfig(model="m", output="o", task_budget="6m", lr=[1e-4])
     settings = task_settings(cfg, cola)
     assert (settings["epochs"], settings["lr"], settings["batch_size"]) == (3.0, 1e-4, 32)
     assert settings["seeds"] == 3 and settings["max_time_per_seed"] == 120.0
@@ -341,4 +341,25 @@ def test_more_seeds_extend_a_finished_task(tmp_path, monkeypatch):
     assert task(3) == three and trained == [0, 1, 2]  # done: nothing runs again
     assert task(2)["scores"] == {"accuracy": pytest.approx(0.55)} and trained == [0, 1, 2]
     with pytest.raises(BertforgeError, match=r"RTE.json holds a result of other settings \(lr"):
-        task(2, lr=1e-3)  # other settings than the seed count stay an error
+        task(2, lr=[1e-3])  # other settings than the seed count stay an error
+
+    # a learning-rate grid: every value with every seed, each in its own folder; the best wins
+    def by_lr(cfg, spec, model_dir, files, run_dir, seed, settings):
+        score = {3e-4: 0.6, 1e-4: 0.7, 5e-5: 0.7}[settings["lr"]] + seed / 100
+        return {"seed": seed, "scores": {"accuracy": score}, "examples": 9, "steps": 3,
+                "epochs": 1.0, "train_seconds": 1.0}  # fmt: skip
+
+    monkeypatch.setattr(TB, "run_seed", by_lr)
+    said: list[str] = []
+    cfg = BenchmarkConfig(model="m", output=str(tmp_path / "grid"), seeds=3, lr=[3e-4, 1e-4, 5e-5])
+    best = TB.run_grid(cfg, spec, "model", "m", (tmp_path, tmp_path), said.append)
+    assert best["settings"]["lr"] == 1e-4  # 1e-4 and 5e-5 tie: the first given wins
+    assert best["grid"] == pytest.approx({"0.0003": 0.61, "0.0001": 0.71, "5e-05": 0.71})
+    assert sorted(p.name for p in (tmp_path / "grid/results/model").iterdir()) == [
+        "lr-0.0001", "lr-0.0003", "lr-5e-05"
+    ]  # fmt: skip
+    assert "best lr 0.0001 of 0.0003 (61.0), 0.0001 (71.0), 5e-05 (71.0)" in said[-1]
+    note = lr_grid_note({"RTE": {"model": best}}, "ours")
+    assert note is not None and "grid 0.0003, 0.0001, 5e-05" in note and "RTE ours 0.0001" in note
+    with pytest.raises(BertforgeError, match="--lr -0.001: a learning rate must be > 0"):
+        BenchmarkConfig(model="m", output="o", lr=[1e-4, -1e-3])

@@ -123,6 +123,28 @@ def seed_table(name: str, tasks: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def lr_grid_note(tasks: Mapping[str, Mapping[str, Any]], name: str) -> str | None:
+    """What a learning-rate grid chose (``bertforge benchmark --lr`` with several values): the
+    grid, and per task and fine-tuned column the value whose median scored best; None without a
+    grid."""
+    chosen = []
+    grid: list[str] = []
+    for task, entry in tasks.items():
+        for column in ("model", "random_init"):
+            res = entry.get(column)
+            if res and res.get("grid"):
+                grid = grid or list(res["grid"])
+                label = COLUMN_LABELS.get(column, name)
+                chosen.append(f"{task} {label} {res['settings']['lr']:g}")
+    if not chosen:
+        return None
+    return (
+        f"Learning rate: the best of the grid {', '.join(grid)} for each task and model, chosen "
+        "on the scored file itself, as Google's miniature numbers were (an upper estimate of a "
+        "held-out score). Chosen: " + "; ".join(chosen) + "."
+    )
+
+
 def write_report(output: Path, result: dict[str, Any]) -> str:
     """Write ``result`` (with its ``rows``) to results.json, results.md and results.png in
     ``output``; return the markdown table."""
@@ -144,6 +166,9 @@ def write_report(output: Path, result: dict[str, Any]) -> str:
             else ""
         ),
     ]
+    grid_note = lr_grid_note(tasks, name)
+    if grid_note:
+        notes.append(grid_note)
     if result.get("published_source"):
         notes.append(f"\\* {result['published_source']}: GLUE *test*-set numbers; ours are dev.")
     if result.get("smoke"):
@@ -173,6 +198,7 @@ def write_report(output: Path, result: dict[str, Any]) -> str:
 __all__ = [
     "COLUMN_LABELS",
     "format_scores",
+    "lr_grid_note",
     "markdown_table",
     "seed_table",
     "table_rows",

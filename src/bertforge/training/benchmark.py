@@ -88,8 +88,11 @@ class BenchmarkConfig:
     current directory."""
     epochs: float | None = None
     """Override every task's epochs (default: each task's, see docs/benchmark.md)."""
-    lr: float | None = None
-    """Override every task's peak learning rate."""
+    lr: list[float] | None = None
+    """Override every task's peak learning rate. Several values (--lr 3e-4 1e-4 5e-5 3e-5) are
+    a grid: each is run with every seed, and each task reports its best value's median on the
+    scored file, named as such (Google's BERT miniatures report the best of that grid, 4 epochs,
+    on GLUE dev)."""
     batch_size: int | None = None
     """Override every task's batch size."""
     max_length: int | None = None
@@ -123,7 +126,12 @@ class BenchmarkConfig:
         option = lambda name: f"--{name}"  # noqa: E731
         check_at_least(self, option, seeds=1, batch_size=1, max_length=8, num_threads=1)
         check_at_least(self, option, max_train_examples=2)
-        check_positive(self, option, "epochs", "lr")
+        check_positive(self, option, "epochs")
+        for lr in self.lr or []:
+            if not lr > 0:
+                raise BertforgeError(f"--lr {lr:g}: a learning rate must be > 0, e.g. 5e-5")
+        if self.lr is not None and len(set(self.lr)) != len(self.lr):
+            raise BertforgeError(f"--lr {self.lr}: a value repeats; give each once")
         parse_duration(self.task_budget)
         try:
             B.select_tasks(self.suite, self.tasks)
@@ -134,15 +142,20 @@ class BenchmarkConfig:
 # ---- one task -------------------------------------------------------------------------------
 
 
-def task_settings(cfg: BenchmarkConfig, spec: B.TaskSpec) -> dict[str, Any]:
-    """What a task's numbers depend on: its defaults with the command's overrides, the budget,
-    the data sample and the smoke mode."""
+def task_settings(
+    cfg: BenchmarkConfig, spec: B.TaskSpec, lr: float | None = None
+) -> dict[str, Any]:
+    """What a task's numbers depend on: its defaults with the command's overrides (``lr``: one
+    value of the --lr grid, else the task's own), the budget, the data sample and the smoke
+    mode."""
     d = spec.defaults
+    if lr is None and cfg.lr and len(cfg.lr) == 1:
+        lr = cfg.lr[0]
     seeds = 1 if cfg.smoke else cfg.seeds or d.seeds
     budget = parse_duration(cfg.task_budget)
     return {
         "epochs": cfg.epochs or d.epochs,
-        "lr": cfg.lr or d.lr,
+        "lr": lr or d.lr,
         "batch_size": SMOKE["batch_size"] if cfg.smoke else cfg.batch_size or d.batch_size,
         "max_length": (
             SMOKE_QA_LENGTH if spec.kind == "question_answering" else SMOKE["max_length"]
@@ -287,7 +300,7 @@ def _without(settings: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k not in keys}
 
 
-def run_task(
+def run_grid(
     cfg: BenchmarkConfig,
     spec: B.TaskSpec,
     column: str,
@@ -295,13 +308,42 @@ def run_task(
     files: tuple[Path, Path],
     say: Any,
 ) -> dict[str, Any]:
-    """All seeds of one task for one column, each skipped when its result is on disk; the
-    median and the seeds, written to ``results/<column>/<task>.json``."""
+    """:func:`run_task` at the one learning rate of --lr (or the task's own); with several, at
+    each of them (under ``lr-<value>/``), returning the best one's summary with ``grid``: the
+    task score of every value (a tie goes to the value given first)."""
+    if not cfg.lr or len(cfg.lr) == 1:
+        return run_task(cfg, spec, column, model_dir, files, say)
+    tried = {
+        lr: run_task(cfg, spec, column, model_dir, files, say, lr, f"lr-{lr:g}") for lr in cfg.lr
+    }
+    best = max(cfg.lr, key=lambda lr: tried[lr]["score"])
+    grid = {f"{lr:g}": tried[lr]["score"] for lr in cfg.lr}
+    say(
+        f"[{spec.name}] {column}: best lr {best:g} of "
+        + ", ".join(f"{k} ({100 * v:.1f})" for k, v in grid.items())
+    )
+    return {**tried[best], "grid": grid}
+
+
+def run_task(
+    cfg: BenchmarkConfig,
+    spec: B.TaskSpec,
+    column: str,
+    model_dir: str,
+    files: tuple[Path, Path],
+    say: Any,
+    lr: float | None = None,
+    tag: str | None = None,
+) -> dict[str, Any]:
+    """All seeds of one task for one column at ``lr`` (None: the task's own), each skipped when
+    its result is on disk; the median and the seeds, written to ``results/<column>/<task>.json``
+    (``results/<column>/<tag>/...`` and ``runs/<column>/<tag>/...`` with ``tag``)."""
     out = Path(cfg.output)
-    settings = task_settings(cfg, spec)
+    settings = task_settings(cfg, spec, lr)
     if column == "random_init":
         settings["init_seed"] = cfg.init_seed
-    task_file = out / "results" / column / f"{spec.name}.json"
+    folder = f"{column}/{tag}" if tag else column
+    task_file = out / "results" / folder / f"{spec.name}.json"
     # a seed's result holds for any number of seeds (its time budget share is in the settings):
     # a task done with other --seeds is summed up again from its seeds, run where missing
     seed_settings = _without(settings, ("seeds",))
@@ -311,7 +353,7 @@ def run_task(
         return done
     runs = []
     for seed in range(settings["seeds"]):
-        seed_file = out / "results" / column / spec.name / f"seed-{seed}.json"
+        seed_file = out / "results" / folder / spec.name / f"seed-{seed}.json"
         result = _saved(seed_file, seed_settings)
         where = f"[{spec.name}] {column} seed {seed + 1}/{settings['seeds']}"
         if result is None:
@@ -320,7 +362,7 @@ def run_task(
                 f"{settings['lr']:g}, batch {settings['batch_size']}, length "
                 f"{settings['max_length']})"
             )
-            run_dir = out / "runs" / column / spec.name / f"seed-{seed}"
+            run_dir = out / "runs" / folder / spec.name / f"seed-{seed}"
             result = {
                 "settings": seed_settings,
                 **run_seed(cfg, spec, model_dir, files, run_dir, seed, settings),
@@ -404,7 +446,7 @@ def benchmark(cfg: BenchmarkConfig) -> dict[str, Any]:
         say(f"== task {i}/{len(specs)}: {spec.name} ({spec.split} {', '.join(spec.metrics)})")
         entry: dict[str, Any] = {"metrics": list(spec.metrics), "split": spec.split}
         for column, model_dir in columns.items():
-            entry[column] = run_task(cfg, spec, column, model_dir, files[spec.name], say)
+            entry[column] = run_grid(cfg, spec, column, model_dir, files[spec.name], say)
         entry["constant"] = constant_column(spec, files[spec.name])
         entry["published"] = B.published_scores(spec)
         entry["examples"] = entry["model"]["examples"]
@@ -443,5 +485,6 @@ def _sampled(
 
 
 __all__ = [
-    "CONFIG_FILE", "EVALUATE_ONCE", "SMOKE", "BenchmarkConfig", "benchmark", "run_task", "task_settings",
+    "CONFIG_FILE", "EVALUATE_ONCE", "SMOKE", "BenchmarkConfig", "benchmark", "run_grid", "run_task",
+    "task_settings",
 ]  # fmt: skip
