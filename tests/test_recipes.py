@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from datetime import date
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from bertforge.cli import main as cli_main
 from bertforge.data.dataset import PretrainingDataset
@@ -225,3 +229,31 @@ def test_a_recipe_report_marks_a_seed_that_did_not_beat_the_baseline():
     )
     assert "| 0.2612*, 0.5600 |" in table
     assert "* did not beat the majority baseline" in table and "--lr" in table
+
+
+def test_general_script_smoke_holds_out_documents_and_passes_options_to_pretrain(
+    shared_data, tmp_path
+):
+    # scripts/pretrain_general.sh -> bertforge recipe general: held-out documents, a tokenizer,
+    # sentence pairs of the paragraph-per-line text, pretraining with the options after OUT
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "general"
+    env = {**os.environ, "SMOKE": "1", "BERTFORGE_SHARED_DATA": str(shared_data)}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    script = [str(repo / "scripts/pretrain_general.sh"), str(out), "--train.lr", "1e-3"]
+    done = subprocess.run(["bash", *script], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["smoke"] and results["pretrain_args"] == ["--train.lr", "1e-3"]
+    assert yaml.safe_load((out / "run/pretrain_config.yaml").read_text())["train"]["lr"] == 1e-3
+    heldout = (out / "heldout.txt").read_text().split("\n\n")
+    assert len(heldout) == 2  # the smoke slice's last two Wikipedia articles
+    meta = json.loads((out / "data-1000-128-nsp/meta.json").read_text())
+    counts = meta["counts"]
+    assert counts["documents_used"]["validation"] == 2  # held out, and left out of training
+    assert counts["skipped_documents"] == {"text in --validation": 2}
+    finite_mlm(results, "val", ("random_init", "start", "final"))
+    assert (out / "run/model/model.safetensors").is_file()
+    # a rerun continues: every finished step is skipped
+    again = subprocess.run(["bash", *script], env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and again.stderr.count("== (done)") == 4, again.stderr[-2000:]
