@@ -311,6 +311,8 @@ def test_cooccurrence_counts_equal_the_pair_by_pair_definition(
     some = np.sort(np.random.default_rng(0).choice(vocab, 97, replace=False))
     for contexts, window in ((every, 3), (some, 2)):
         expected = cooccurrence_by_loop(ds, vocab, contexts, window, special)
+        if window == 3:
+            expected_every = expected
         got = ds.cooccurrence_counts(vocab, contexts, window, special)
         assert got.shape == expected.shape and got.dtype == torch.float32
         np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-4)
@@ -318,6 +320,12 @@ def test_cooccurrence_counts_equal_the_pair_by_pair_definition(
     monkeypatch.setattr(dataset_module, "_COUNT_BLOCK_CELLS", 50 * 97)  # 50 rows at a time
     blocked = ds.cooccurrence_counts(vocab, some, 2, special)
     assert torch.equal(blocked, got)
+    # a few tokens at a time: pairs across chunk edges (and not across sequences) still count
+    monkeypatch.setattr(dataset_module, "_COUNT_BLOCK_CELLS", 1 << 26)
+    monkeypatch.setattr(dataset_module, "_COUNT_CHUNK_TOKENS", 1001)
+    assert torch.equal(ds.cooccurrence_counts(vocab, some, 2, special), got)
+    whole = ds.cooccurrence_counts(vocab, every, 3, special)
+    np.testing.assert_allclose(whole.numpy(), expected_every, rtol=1e-5, atol=1e-4)
     first = ds.cooccurrence_counts(vocab, every, 1, special, max_tokens=1000).sum()
     assert 0 < first < ds.cooccurrence_counts(vocab, every, 1, special).sum() / 10
 
