@@ -25,10 +25,6 @@ OPTIONS=(--output "$OUT")
 if [ "${SMOKE:-0}" = 1 ]; then OPTIONS+=(--smoke); fi
 if [ -n "${THREADS:-}" ]; then OPTIONS+=(--num_threads "$THREADS"); fi
 if [ -n "${BERTFORGE_SHARED_DATA:-}" ]; then OPTIONS+=(--data "$BERTFORGE_SHARED_DATA"); fi
-# budgets such as `--train.max_time 30m` name the recipe's budget too (results.md says it)
-for ((i = 1; i < $#; i++)); do
-    if [ "${!i}" = "--train.max_time" ]; then j=$((i + 1)); OPTIONS+=(--budget "${!j}"); fi
-done
 bertforge recipe general "${OPTIONS[@]}" -- "$@"
 
 if [ "${GLUE:-0}" = 1 ]; then

@@ -241,10 +241,12 @@ def test_general_script_smoke_holds_out_documents_and_passes_options_to_pretrain
     env = {**os.environ, "SMOKE": "1", "BERTFORGE_SHARED_DATA": str(shared_data)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     script = [str(repo / "scripts/pretrain_general.sh"), str(out), "--train.lr", "1e-3"]
+    script += ["--train.max_time", "7m"]  # the smoke run's 3 steps end first
     done = subprocess.run(["bash", *script], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads((out / "results.json").read_text())
-    assert results["smoke"] and results["pretrain_args"] == ["--train.lr", "1e-3"]
+    assert results["smoke"] and results["budget"] == "7m"
+    assert results["pretrain_args"] == ["--train.lr", "1e-3", "--train.max_time", "7m"]
     assert yaml.safe_load((out / "run/pretrain_config.yaml").read_text())["train"]["lr"] == 1e-3
     heldout = (out / "heldout.txt").read_text().split("\n\n")
     assert len(heldout) == 2  # the smoke slice's last two Wikipedia articles

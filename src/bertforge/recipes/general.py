@@ -142,6 +142,10 @@ def general(r: Recipe) -> None:
     argv += ["--output", wiki, "--max_seq_length", "128", "--mode", "nsp"]
     r.run(argv + ["--validation_fraction", "0", "--progress", "false"], done=wiki / "meta.json")
 
+    extra = list(r.pretrain_args)
+    if "--train.max_time" in extra[:-1]:  # a budget given as a pretrain option is the budget
+        last = len(extra) - 1 - extra[::-1].index("--train.max_time")
+        r.budget = extra[last + 1]
     r.budget = r.budget or BUDGET
     run = r.path("run")
     argv = ["pretrain", "--data", data, "--extra_eval", f"[{wiki}]", "--output", run]
@@ -149,8 +153,8 @@ def general(r: Recipe) -> None:
     if r.smoke:
         argv += ["--train.max_steps", "3", "--train.batch_size", "8"]
         argv += ["--train.eval_examples", "32", "--train.eval_every", "0"]
-    else:
+    elif "--train.max_time" not in extra:
         argv += ["--train.max_time", r.budget]
-    r.run(argv + list(r.pretrain_args), done=run / "results.json")
+    r.run(argv + extra, done=run / "results.json")
     r.results["mlm"] = pretrain_results(run)
     r.results["model"] = str(run / "model")
