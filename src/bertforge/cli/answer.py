@@ -11,12 +11,14 @@ from pathlib import Path
 
 from bertforge.cli.common import BackendOption, ModelOptions, load_model, load_onnx_model
 from bertforge.cli.options import parse_config
+from bertforge.data.corpus import EncodingErrors
 from bertforge.data.qa import QAExample, read_qa
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.qa import squad_metrics
 from bertforge.inference.qa import answer
 from bertforge.io import atomic_write_text
 from bertforge.modeling.model import BertForQuestionAnswering
+from bertforge.training.config import check_choice
 
 QA_HEAD = (
     "qa_outputs.",
@@ -35,7 +37,10 @@ class AnswerConfig(ModelOptions, BackendOption):
     """The text that holds the answer (with --question)."""
     input: str | None = None
     """A file of questions instead: SQuAD .json or .jsonl rows {id, question, context} (answers
-    optional; with them EM/F1 are printed), optionally .gz."""
+    optional; with them EM/F1 are printed), optionally .gz, .bz2 or .xz."""
+    encoding_errors: EncodingErrors = "strict"
+    """strict: stop at bytes of --input that are not UTF-8 (naming the line); replace: read them
+    as U+FFFD."""
     output: str | None = None
     """With --input: the SQuAD-style predictions {id: answer} JSON to write."""
     details: str | None = None
@@ -51,6 +56,7 @@ class AnswerConfig(ModelOptions, BackendOption):
     def __post_init__(self) -> None:
         ModelOptions.__post_init__(self)
         BackendOption.__post_init__(self)
+        check_choice(self.encoding_errors, EncodingErrors, "--encoding_errors")
         if self.input is None and (self.question is None or self.context is None):
             raise BertforgeError("give --question Q --context C, or --input FILE --output F")
         if self.input is not None and (self.question is not None or self.context is not None):
@@ -68,7 +74,7 @@ def main(argv: list[str]) -> int:
         description="Find the answer to a question in its context (extractive QA).",
     )
     if cfg.input:
-        examples, warnings = read_qa(cfg.input, labelled=False)
+        examples, warnings = read_qa(cfg.input, labelled=False, encoding_errors=cfg.encoding_errors)
         for warning in warnings:
             print(warning, file=sys.stderr)
     else:

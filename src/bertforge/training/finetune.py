@@ -359,6 +359,7 @@ def load_data(cfg: FinetuneConfig, tokenizer: Tokenizer) -> TaskData | TaggingTa
             seed=cfg.seed,
             max_length=cfg.max_length,
             label_all_tokens=cfg.label_all_tokens,
+            encoding_errors=cfg.encoding_errors,
         )
     return load_task_data(
         tokenizer,
