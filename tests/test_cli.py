@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -241,6 +242,31 @@ def test_max_time_zero_or_none_unsets_the_budget():
         assert cfg.max_time is None, value
     with pytest.raises(BertforgeError, match="--max_time: duration '-5m'"):
         FinetuneConfig(model="m", train=["t.csv"], output="o", max_time="-5m")
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["finetune", "--max_time", "-1m"], "--max_time: duration '-1m' must be positive"),
+        (["finetune", "--max_memory", "-1GB"], "--max_memory '-1GB' is not a memory size"),
+        (["finetune", "--max_answer_length", "-3"], "--max_answer_length -3 must be at least 1"),
+        (["pretrain", "--data", "d", "--train.max_time", "-1m"], "duration '-1m' must be positive"),
+    ],
+)
+def test_a_negative_budget_is_refused_by_the_config_not_taken_for_an_option(argv, expected, capsys):
+    base = ["--model", "m", "--train", "t.csv"] if argv[0] == "finetune" else []
+    err = one_line_error([argv[0], *base, *argv[1:], "--output", "never-written"], capsys)
+    assert expected in err and "expected one argument" not in err, err
+
+
+def test_help_says_what_a_zero_budget_means(capsys):
+    for command, option in (("finetune", "--max_time"), ("finetune", "--max_memory"),
+                            ("pretrain", "--train.max_time"), ("pretrain", "--train.max_memory")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        entries = re.split(r"\n\s+(?=--)", capsys.readouterr().out)  # one per option
+        entry = next(e for e in entries if e.startswith(option + " "))
+        assert "0 or none: no limit" in " ".join(entry.split()), entry
 
 
 # ---- progress bars and --version -----------------------------------------------------------------

@@ -31,6 +31,8 @@ def parse_duration(text: str | float | int | None) -> float | None:
         seconds = float(text)
     else:
         s = str(text).strip().lower().replace(" ", "")
+        if s.startswith("-") and s[1:2].isdigit():
+            raise BertforgeError(f"duration {text!r} must be positive (0 or none: no time limit)")
         parts = re.findall(r"(\d+(?:\.\d+)?)([smhd]?)", s)
         if not parts or "".join(n + u for n, u in parts) != s:
             raise BertforgeError(

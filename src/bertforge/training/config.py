@@ -127,7 +127,7 @@ class LoopOptions:
     """A resident-memory budget such as 1.5GB or 800MB: the micro-batch (gradient accumulation
     keeps the batch) and the evaluation batch are the largest whose estimated peak, measured on
     this model at start, stays under it; a run that would not fit even one sequence at a time
-    refuses to start and says what would (docs/memory.md). None = no budget."""
+    refuses to start and says what would (docs/memory.md). 0 or none: no limit."""
 
 
 # ---- bertforge pretrain ----------------------------------------------------------------
@@ -271,7 +271,7 @@ class TrainConfig(LoopOptions):
     ends training and the LR schedule follows the one further along)."""
     max_time: str | None = None
     """Wall-clock training budget such as 15m or 1h30m; the LR schedule follows elapsed time.
-    Evaluation and checkpoint time is not counted."""
+    Evaluation and checkpoint time is not counted. 0 or none: no limit."""
     lr: float = 1e-4
     """Peak learning rate."""
     betas: tuple[float, float] = (0.9, 0.999)
@@ -531,7 +531,7 @@ class FinetuneConfig(LoopOptions):
     as transformers' max_steps; the LR schedule ends there)."""
     max_time: str | None = None
     """Wall-clock training budget such as 40m (evaluation time not counted); the LR schedule
-    follows whichever of time and steps is further along."""
+    follows whichever of time and steps is further along. 0 or none: no limit."""
     dropout: float | None = None
     """Dropout rate while fine-tuning (hidden, attention, classifier); None keeps the model's.
     On CPU 0 is several times faster: dropout masks cost more than the matrix products there."""
