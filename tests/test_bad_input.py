@@ -683,7 +683,7 @@ def test_bytes_that_are_not_utf8_get_one_message_everywhere(classifier, tmp_path
 
 @pytest.fixture(scope="module")
 def heads(start, tmp_path_factory) -> dict[str, Path]:
-    """A tagger and a question answerer (untrained heads on the tiny start model)."""
+    """A tagger, a question answerer and a classifier (untrained heads on the tiny start model)."""
     root = tmp_path_factory.mktemp("heads")
     tokenizer = Tokenizer.from_file(start)
     tagger = root / "tagger"
@@ -692,7 +692,11 @@ def heads(start, tmp_path_factory) -> dict[str, Path]:
     ).save_pretrained(tagger, tokenizer=tokenizer)
     qa = root / "qa"
     BertForQuestionAnswering.from_pretrained(start).save_pretrained(qa, tokenizer=tokenizer)
-    return {"tagger": tagger, "qa": qa}
+    classifier = root / "classifier"
+    BertForSequenceClassification.from_pretrained(
+        start, num_labels=3, id2label={0: "a", 1: "b", 2: "c"}
+    ).save_pretrained(classifier, tokenizer=tokenizer)
+    return {"tagger": tagger, "qa": qa, "classifier": classifier}
 
 
 def test_qa_and_tagging_readers_give_the_one_utf8_message(start, heads, tmp_path, capsys):
@@ -739,3 +743,15 @@ def test_qa_reader_opens_bz2_and_xz(tmp_path):
     for name, pack in (("q.jsonl.bz2", bz2.compress), ("q.jsonl.xz", lzma.compress)):
         examples, _ = read_qa(_write(tmp_path / name, pack(text)))
         assert [e.answers for e in examples] == [["Ada"]]
+
+
+def test_a_model_of_another_task_names_its_task_and_command(heads, capsys):
+    err = one_line_error(["tag", "--model", str(heads["qa"]), "Paris"], capsys)
+    assert "a question-answering model (BertForQuestionAnswering)" in err, err
+    assert "bertforge answer" in err and "no classifier weights" not in err
+    argv = ["answer", "--model", str(heads["tagger"]), "--question", "q", "--context", "c"]
+    err = one_line_error(argv, capsys)
+    assert "a token classifier (BertForTokenClassification)" in err and "bertforge tag" in err
+    # a sentence classifier's head has the shape of a tagger's: refused by its task, not loaded
+    err = one_line_error(["tag", "--model", str(heads["classifier"]), "Paris"], capsys)
+    assert "a text classifier (BertForSequenceClassification)" in err and "classify" in err

@@ -269,6 +269,37 @@ def test_help_says_what_a_zero_budget_means(capsys):
         assert "0 or none: no limit" in " ".join(entry.split()), entry
 
 
+def _help_text(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_help_matches_what_the_tasks_do(capsys):
+    out = _help_text(["finetune"], capsys)
+    assert "token classification" in out.split("options:")[0]  # the description
+    assert "question_answering: SQuAD .json or .jsonl" in out
+    assert "split into windows at word boundaries" in out and "--doc_stride" in out
+    top = (main(["--help"]), capsys.readouterr().out)[1]
+    line = next(x for x in top.splitlines() if x.strip().startswith("benchmark"))
+    assert "NER" in line and "QA" in line, line
+    assert "ner" in _help_text(["benchmark"], capsys).split("options:")[0]
+    out = _help_text(["answer"], capsys)
+    assert "--top_k" in out
+    entries = re.split(r"\s(?=--)", out)
+    batch = next(e for e in entries if e.startswith("--batch_size "))
+    assert "Windows" in batch and "Texts" not in batch, batch
+
+
+def test_plural_says_one_step_and_two_steps():
+    from bertforge.progress import plural
+
+    assert plural(1, "step") == "1 step" and plural(2, "step") == "2 steps"
+    assert plural(1_000, "window") == "1,000 windows" and plural(0, "entity", "entities") == (
+        "0 entities"
+    )
+
+
 # ---- progress bars and --version -----------------------------------------------------------------
 
 

@@ -46,6 +46,12 @@ def parse_duration(text: str | float | int | None) -> float | None:
     return seconds
 
 
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """``1 step``, ``2 steps``, ``1,000 windows``: a count and its noun, plural unless one
+    (``many`` where the plural is not noun + s)."""
+    return f"{count:,} {noun if count == 1 else many or noun + 's'}"
+
+
 def format_duration(seconds: float) -> str:
     seconds = max(0, int(round(seconds)))  # a clock step back must not print "-1h59m59s"
     h, rest = divmod(seconds, 3600)
@@ -229,6 +235,7 @@ __all__ = [
     "MetricsLogger",
     "ProgressBar",
     "format_duration",
+    "plural",
     "parse_duration",
     "read_metrics",
 ]

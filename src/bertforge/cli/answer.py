@@ -35,6 +35,8 @@ class AnswerConfig(ModelOptions, BackendOption):
 
     question: str | None = None
     """The question (with --context)."""
+    batch_size: int = 32
+    """Windows per forward pass (a window: the question and a piece of its context)."""
     context: str | None = None
     """The text that holds the answer (with --question)."""
     input: str | None = None

@@ -471,9 +471,10 @@ class FinetuneConfig(LoopOptions):
     """Starting model directory: our pretrained model or any BERT checkpoint (config.json,
     model.safetensors, vocab.txt or tokenizer.json), e.g. all-MiniLM-L6-v2."""
     train: list[str]
-    """Training file(s): .csv, .tsv or .jsonl, optionally .gz; several files are concatenated.
-    token_classification: CoNLL-style files (a token and its tag per line) or JSONL with
-    ``tokens``/``tags`` lists (docs/tasks.md)."""
+    """Training file(s), each optionally .gz, .bz2 or .xz; several files are concatenated.
+    classification, regression: .csv, .tsv or .jsonl tables; token_classification: CoNLL-style
+    files (a token and its tag per line) or JSONL with ``tokens``/``tags`` lists;
+    question_answering: SQuAD .json or .jsonl rows (docs/tasks.md)."""
     output: str
     """Output directory for the fine-tuned model, metrics, plots and checkpoints."""
     text_column: str = "text"
@@ -504,8 +505,10 @@ class FinetuneConfig(LoopOptions):
     normalize_targets: bool = True
     """Regression: train on z-scored targets (the saved head is rescaled back to the original units)."""
     max_length: int = 256
-    """Tokens per example including [CLS]/[SEP]; longer texts are truncated (question answering:
-    tokens per window, 384 as in BERT's SQuAD runs)."""
+    """Tokens per example including [CLS]/[SEP]. classification, regression: longer texts are
+    truncated (--truncation); token_classification: longer sentences are split into windows at
+    word boundaries, never cut; question_answering: tokens per window of question + context, a
+    longer context read in windows overlapping by --doc_stride (384 in BERT's SQuAD runs)."""
     doc_stride: int = 128
     """Question answering: a context longer than one window is read in windows overlapping by
     this many tokens."""

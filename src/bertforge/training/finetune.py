@@ -63,7 +63,7 @@ from bertforge.modeling.model import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from bertforge.progress import MetricsLogger, format_duration, parse_duration
+from bertforge.progress import MetricsLogger, format_duration, parse_duration, plural
 from bertforge.runtime import (
     CoreWatch,
     autocast,
@@ -336,9 +336,9 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
         what = "windows" if isinstance(data, TaggingTaskData) else "examples"
         counts = f"{len(data.encoded_train):,} {what}, validating on {len(data.encoded_val):,}"
     run.say(
-        f"fine-tuning {cfg.model} for {cfg.task} ({2 if qa else outputs} output(s)) on {counts}; "
-        f"{precision} ({why}) on {device}, {threads} thread(s); "
-        f"{total} steps of batch {cfg.batch_size} = {cfg.batch_size // micro} x {micro}"
+        f"fine-tuning {cfg.model} for {cfg.task} ({plural(2 if qa else outputs, 'output')}) on "
+        f"{counts}; {precision} ({why}) on {device}, {plural(threads, 'thread')}; "
+        f"{plural(total, 'step')} of batch {cfg.batch_size} = {cfg.batch_size // micro} x {micro}"
         + (f" or {format_duration(budget)}" if budget else "")
         + f"; encoded in {time.perf_counter() - t0:.1f}s"
         + memory
