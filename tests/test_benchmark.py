@@ -102,6 +102,23 @@ def test_task_settings_defaults_overrides_budget_and_smoke():
         BenchmarkConfig(model="m", output="o", seeds=0)
 
 
+def test_the_seed_line_says_what_runs_and_a_model_folder_is_named_by_its_run(tmp_path):
+    from bertforge.training.benchmark import default_name, training_plan
+
+    cola = B.select_tasks("glue", ["CoLA"])[0]
+    smoke = task_settings(BenchmarkConfig(model="m", output="o", smoke=True), cola)
+    assert training_plan(smoke) == "2 steps, lr 5e-05, batch 8, length 64"  # not "epochs 3"
+    full = task_settings(BenchmarkConfig(model="m", output="o"), cola)
+    assert training_plan(full).startswith("3 epochs, lr ")
+    timed = task_settings(BenchmarkConfig(model="m", output="o", task_budget="6m"), cola)
+    assert training_plan(timed).startswith("3 epochs or 2m00s, lr ")
+    run = tmp_path / "runs" / "pt-mini" / "model"
+    run.mkdir(parents=True)
+    assert default_name(str(run)) == "pt-mini"  # a pretraining run's model/: the run's name
+    assert default_name(str(run) + "/") == "pt-mini"
+    assert default_name(str(tmp_path / "runs" / "pt-mini")) == "pt-mini"
+
+
 def test_the_average_column_says_what_it_averages():
     assert average_label("glue", 5) == "average"
     assert average_label("glue", 2) == "average (2 of 5 tasks)"

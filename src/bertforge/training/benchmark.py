@@ -34,8 +34,9 @@ from bertforge.evaluation import benchmark as B
 from bertforge.evaluation.benchmark_report import format_scores, table_rows, write_report
 from bertforge.evaluation.task_scores import class_names, evaluate_sequence_model
 from bertforge.io import atomic_write_text, make_directory, read_json_object
+from bertforge.modeling.checkpoint import RUN_MODEL_DIR
 from bertforge.modeling.model import BertForSequenceClassification
-from bertforge.progress import format_duration, parse_duration
+from bertforge.progress import format_duration, parse_duration, plural
 from bertforge.runtime import Precision, pick_device, pick_precision
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.config import (
@@ -81,7 +82,8 @@ class BenchmarkConfig:
     init_seed: int = 0
     """Seed of the random twin's initialisation."""
     name: str | None = None
-    """The model's name in the tables (default: its directory's name)."""
+    """The model's name in the tables (default: its directory's name; for a directory named
+    model, as a training run's, the run's)."""
     data_dir: str | None = None
     """The suite's data folder (glue/: CoLA/train.tsv, CoLA/dev.tsv, ...). Default:
     $BERTFORGE_DATA/<suite> when that variable is set, else ../shared/data/<suite> from the
@@ -157,6 +159,29 @@ def task_settings(cfg: BenchmarkConfig, spec: B.TaskSpec) -> dict[str, Any]:
         "dropout": cfg.dropout,
         "precision": cfg.precision,
     }
+
+
+def training_plan(settings: dict[str, Any]) -> str:
+    """What one seed's fine-tuning runs, for the line that starts it: ``--smoke``'s step cap (not
+    the epochs it never reaches), else the epochs and any time share, then lr, batch and length."""
+    if settings["max_steps"] is not None:
+        length = plural(settings["max_steps"], "step")
+    else:
+        epochs = settings["epochs"]
+        length = f"{epochs:g} epoch{'' if epochs == 1 else 's'}"
+        if settings["max_time_per_seed"]:
+            length += f" or {format_duration(settings['max_time_per_seed'])}"
+    return (
+        f"{length}, lr {settings['lr']:g}, batch {settings['batch_size']}, length "
+        f"{settings['max_length']}"
+    )
+
+
+def default_name(model: str) -> str:
+    """The name of ``model`` in tables without ``--name``: its folder's, or for a folder named
+    ``model`` (where a training run keeps its model) the run's folder's."""
+    path = Path(model).resolve()
+    return path.parent.name if path.name == RUN_MODEL_DIR and path.parent.name else path.name
 
 
 def score_sequence_model(
@@ -315,11 +340,7 @@ def run_task(
         result = _saved(seed_file, seed_settings)
         where = f"[{spec.name}] {column} seed {seed + 1}/{settings['seeds']}"
         if result is None:
-            say(
-                f"{where}: fine-tuning {model_dir} (epochs {settings['epochs']:g}, lr "
-                f"{settings['lr']:g}, batch {settings['batch_size']}, length "
-                f"{settings['max_length']})"
-            )
+            say(f"{where}: fine-tuning {model_dir} ({training_plan(settings)})")
             run_dir = out / "runs" / column / spec.name / f"seed-{seed}"
             result = {
                 "settings": seed_settings,
@@ -409,7 +430,7 @@ def benchmark(cfg: BenchmarkConfig) -> dict[str, Any]:
         entry["published"] = B.published_scores(spec)
         entry["examples"] = entry["model"]["examples"]
         tasks[spec.name] = entry
-    name = cfg.name or Path(cfg.model).resolve().name
+    name = cfg.name or default_name(cfg.model)
     published = any(entry["published"] for entry in tasks.values())
     result = {
         "suite": cfg.suite,
