@@ -34,7 +34,7 @@ from bertforge.evaluation import benchmark as B
 from bertforge.evaluation.benchmark_report import format_scores, table_rows, write_report
 from bertforge.evaluation.task_scores import class_names, evaluate_sequence_model
 from bertforge.io import atomic_write_text, make_directory, read_json_object
-from bertforge.modeling.checkpoint import RUN_MODEL_DIR
+from bertforge.modeling.checkpoint import RUN_MODEL_DIR, resolve_model
 from bertforge.modeling.model import BertForSequenceClassification
 from bertforge.progress import format_duration, parse_duration, plural
 from bertforge.runtime import Precision, pick_device, pick_precision
@@ -121,6 +121,7 @@ class BenchmarkConfig:
     """Progress bars of the fine-tuning runs (the benchmark prints a line per run either way)."""
 
     def __post_init__(self) -> None:
+        self.model = resolve_model(self.model)
         check_choice(self.suite, B.Suite, "--suite")
         option = lambda name: f"--{name}"  # noqa: E731
         check_at_least(self, option, seeds=1, batch_size=1, max_length=8, num_threads=1)

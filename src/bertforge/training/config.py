@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args
 from bertforge.data.corpus import EncodingErrors
 from bertforge.data.encoding import Truncation, check_max_length
 from bertforge.errors import BertforgeError
-from bertforge.modeling.checkpoint import FINETUNE_CONFIG
+from bertforge.modeling.checkpoint import FINETUNE_CONFIG, resolve_model
 from bertforge.modeling.config import BertConfig
 from bertforge.progress import parse_duration
 from bertforge.runtime import Precision, parse_bytes
@@ -454,6 +454,10 @@ class PretrainConfig:
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     """Downstream probe at evaluation points (off unless probe.train and probe.test are set)."""
 
+    def __post_init__(self) -> None:
+        if self.init_from is not None:
+            self.init_from = resolve_model(self.init_from)
+
 
 # ---- bertforge finetune ----------------------------------------------------------------
 
@@ -469,7 +473,8 @@ class FinetuneConfig(LoopOptions):
 
     model: str
     """Starting model directory: our pretrained model or any BERT checkpoint (config.json,
-    model.safetensors, vocab.txt or tokenizer.json), e.g. all-MiniLM-L6-v2."""
+    model.safetensors, vocab.txt or tokenizer.json); all-MiniLM-L6-v2 names the installed copy
+    of that published model."""
     train: list[str]
     """Training file(s), each optionally .gz, .bz2 or .xz; several files are concatenated.
     classification, regression: .csv, .tsv or .jsonl tables; token_classification: CoNLL-style
@@ -560,6 +565,7 @@ class FinetuneConfig(LoopOptions):
     finished run; by default it is deleted and only the fine-tuned model stays."""
 
     def __post_init__(self) -> None:
+        self.model = resolve_model(self.model)
         check_choice(self.task, Task, "--task")
         check_choice(self.truncation, Truncation, "--truncation")
         check_choice(self.encoding_errors, EncodingErrors, "--encoding_errors")
