@@ -455,3 +455,33 @@ def test_a_fixed_mmap_threshold_returns_large_freed_blocks_to_the_kernel():
         [sys.executable, "-c", _FREED_TWICE, "fixed"], env=env, capture_output=True, text=True
     )
     assert out.stdout.split()[0] == "False"
+
+
+def test_a_peak_over_the_budget_is_said_with_how_much():
+    from bertforge.training.budget import over_budget
+
+    assert over_budget(900 * MB, 1024 * MB, "--max_memory") is None
+    note = over_budget(1331 * MB, 1024 * MB, "--max_memory")
+    assert note is not None and note.startswith("warning: peak memory 1.30 GB went over ")
+    assert "--max_memory 1.00 GB by 307 MB (30%)" in note
+
+
+def test_finetune_says_when_its_peak_went_over_max_memory(
+    task_files, tmp_path, monkeypatch, capsys
+):
+    import importlib
+
+    from bertforge import cli
+
+    F = importlib.import_module("bertforge.training.finetune")  # the module, not the function
+
+    model = task_files.tiny_start_model(tmp_path)
+    train = tmp_path / "train.csv"
+    task_files.write_sentiment(train, 40, seed=0)
+    argv = ["finetune", "--model", str(model), "--train", str(train), "--max_steps", "1"]
+    argv += ["--max_length", "32", "--batch_size", "8", "--num_threads", "1"]
+    argv += ["--progress", "false", "--output", str(tmp_path / "a"), "--max_memory", "8GB"]
+    monkeypatch.setattr(F, "peak_memory_bytes", lambda: 9 * 2**30)  # as a run that overshot
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "peak memory 9.00 GB went over --max_memory 8.00 GB by 1.00 GB (12%)" in err, err

@@ -120,6 +120,20 @@ def plan_batches(
     return BatchPlan(chosen, evals, max(use.peak(chosen), use.eval_peak(evals)))
 
 
+def over_budget(peak: int, budget: int, option: str) -> str | None:
+    """What a run that finished over its budget says at the end (None within it): the estimate
+    at start is a measurement of a few forward passes, and a run can go past it (the allocator's
+    slack over many steps, shapes the start did not try); the user learns by how much."""
+    if peak <= budget:
+        return None
+    over = peak - budget
+    return (
+        f"warning: peak memory {format_bytes(peak)} went over {option} {format_bytes(budget)} by "
+        f"{format_bytes(over)} ({over / budget:.0%}), which the estimate at start missed; lower "
+        f"{option} by as much to stay under {format_bytes(budget)}"
+    )
+
+
 def saved_bytes(forward: Callable[[], torch.Tensor], parameters: list[torch.Tensor]) -> int:
     """Bytes of the tensors autograd saves for the backward pass while ``forward()`` runs,
     parameters left out (they are held anyway), each storage counted once, as far as the saved

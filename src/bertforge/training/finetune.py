@@ -77,7 +77,7 @@ from bertforge.runtime import (
 )
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training import steps
-from bertforge.training.budget import measure_use, plan_batches
+from bertforge.training.budget import measure_use, over_budget, plan_batches
 from bertforge.training.checkpoints import (
     GracefulStop,
     check_same_run,
@@ -581,6 +581,11 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     warning = baseline_warning(cfg.metric, metrics[cfg.metric], base)
     if warning:
         run.say(warning)
+    over = cfg.max_memory and over_budget(
+        result["peak_memory_bytes"], parse_bytes(cfg.max_memory), "--max_memory"
+    )
+    if over:
+        run.say(over)
     kept = copy_pooling_declaration(cfg.model, out)  # embed pools it as its start (MiniLM)
     if kept:
         run.say(f"kept from {cfg.model}: {', '.join(kept)} (how bertforge embed pools it)")

@@ -57,7 +57,7 @@ from bertforge.runtime import (
     set_threads,
 )
 from bertforge.training import steps
-from bertforge.training.budget import BatchPlan, measure_use, plan_batches
+from bertforge.training.budget import BatchPlan, measure_use, over_budget, plan_batches
 from bertforge.training.checkpoints import (
     GracefulStop,
     check_same_run,
@@ -716,6 +716,12 @@ def finish(run: Run, state: PretrainState) -> dict[str, Any]:
         run.say(
             f"\nmodel: {out / FINAL_DIR}\nplot:  {out / PLOT_FILE}\nmetrics: {out / 'metrics.jsonl'}"
         )
+        tc = run.cfg.train
+        over = tc.max_memory and over_budget(
+            result["peak_memory_bytes"], parse_bytes(tc.max_memory), "--train.max_memory"
+        )
+        if over:
+            run.say(over)
     D.barrier()
     return result
 
