@@ -525,3 +525,39 @@ def test_measuring_the_budget_leaves_no_memory_behind():
     kept, measured = map(int, done.stdout.split())
     assert measured > 40, measured  # the four sequences saved that much for the backward pass
     assert kept < measured / 4, (kept, measured)
+
+
+def test_the_end_of_a_run_frees_the_optimizer_before_reloading_the_best_model(
+    task_files, tmp_path, monkeypatch
+):
+    # the reload of the best model beside the last one was the peak of a MiniLM QA run with
+    # --max_memory 1GB (1.10 GB); the gradients and AdamW's moments are done with by then
+    import importlib
+
+    from bertforge import cli
+
+    F = importlib.import_module("bertforge.training.finetune")
+    seen = {}
+    real = F.finish
+
+    def spy(run, state):
+        original = F.model_class
+
+        def reload(task):
+            seen["grads"] = sum(p.grad is not None for p in run.model.parameters())
+            seen["moments"] = len(run.optimizer.state)
+            return original(task)
+
+        monkeypatch.setattr(F, "model_class", reload)
+        seen["before"] = len(run.optimizer.state)
+        return real(run, state)
+
+    monkeypatch.setattr(F, "finish", spy)
+    model = task_files.tiny_start_model(tmp_path)
+    train = tmp_path / "train.csv"
+    task_files.write_sentiment(train, 40, seed=0)
+    argv = ["finetune", "--model", str(model), "--train", str(train), "--max_steps", "1"]
+    argv += ["--max_length", "32", "--batch_size", "8", "--num_threads", "1", "--progress"]
+    assert cli.main([*argv, "false", "--output", str(tmp_path / "a")]) == 0
+    assert seen["before"] > 0  # trained: AdamW held its moments
+    assert seen["grads"] == 0 and seen["moments"] == 0, seen
