@@ -269,6 +269,7 @@ def run_seed(
             f"fine-tuning {spec.name} (seed {seed}) was interrupted at step {run['step']}; run "
             "the same command again to resume"
         )
+    baseline = None
     if spec.kind in ("classification", "regression"):
         scores, examples = score_sequence_model(run_dir, scored, spec, settings, cfg)
     else:  # evaluated once, at the end, on the scored file: its metrics are the test scores
@@ -279,6 +280,7 @@ def run_seed(
                 f"{err.args[0]}: bertforge finetune --task {spec.kind} reports other metrics; "
                 "name them in the suite's TaskSpec (bertforge.evaluation.benchmark)"
             ) from None
+        baseline = task_baseline(run.get("baseline"), spec)
     return {
         "seed": seed,
         "scores": scores,
@@ -286,7 +288,18 @@ def run_seed(
         "steps": run["steps"],
         "epochs": run["epochs"],
         "train_seconds": run["train_seconds"],
+        "baseline": baseline,
     }
+
+
+def task_baseline(base: dict[str, Any] | None, spec: B.TaskSpec) -> dict[str, Any] | None:
+    """The baseline fine-tuning scored beside the model on the test file (token classification:
+    no entity; question answering: the context's first words), as the baseline column."""
+    if not base:
+        return None
+    scores = B.pick(base, spec)
+    return {"label": "baseline", "predicts": base["predicts"], "definition": base["definition"],
+            "scores": scores, "score": B.task_score(scores, spec)}  # fmt: skip
 
 
 def _saved(
@@ -366,6 +379,7 @@ def run_task(
         ],
         "examples": runs[0]["examples"],
         "train_seconds": round(sum(r["train_seconds"] for r in runs), 1),
+        "baseline": runs[0].get("baseline"),  # the same for every seed: it reads the data only
     }
     atomic_write_text(make_parent(task_file), json.dumps(summary, indent=2) + "\n")
     median = "median of " + str(len(runs)) if len(runs) > 1 else "one seed"
@@ -427,7 +441,9 @@ def benchmark(cfg: BenchmarkConfig) -> dict[str, Any]:
         entry: dict[str, Any] = {"metrics": list(spec.metrics), "split": spec.split}
         for column, model_dir in columns.items():
             entry[column] = run_task(cfg, spec, column, model_dir, files[spec.name], say)
-        entry["constant"] = constant_column(spec, files[spec.name])
+        entry["constant"] = constant_column(spec, files[spec.name]) or entry["model"].get(
+            "baseline"
+        )
         entry["published"] = B.published_scores(spec)
         entry["examples"] = entry["model"]["examples"]
         tasks[spec.name] = entry
