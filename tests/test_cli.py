@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -241,6 +242,62 @@ def test_max_time_zero_or_none_unsets_the_budget():
         assert cfg.max_time is None, value
     with pytest.raises(BertforgeError, match="--max_time: duration '-5m'"):
         FinetuneConfig(model="m", train=["t.csv"], output="o", max_time="-5m")
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["finetune", "--max_time", "-1m"], "--max_time: duration '-1m' must be positive"),
+        (["finetune", "--max_memory", "-1GB"], "--max_memory '-1GB' is not a memory size"),
+        (["finetune", "--max_answer_length", "-3"], "--max_answer_length -3 must be at least 1"),
+        (["pretrain", "--data", "d", "--train.max_time", "-1m"], "duration '-1m' must be positive"),
+    ],
+)
+def test_a_negative_budget_is_refused_by_the_config_not_taken_for_an_option(argv, expected, capsys):
+    base = ["--model", "m", "--train", "t.csv"] if argv[0] == "finetune" else []
+    err = one_line_error([argv[0], *base, *argv[1:], "--output", "never-written"], capsys)
+    assert expected in err and "expected one argument" not in err, err
+
+
+def test_help_says_what_a_zero_budget_means(capsys):
+    for command, option in (("finetune", "--max_time"), ("finetune", "--max_memory"),
+                            ("pretrain", "--train.max_time"), ("pretrain", "--train.max_memory")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        entries = re.split(r"\n\s+(?=--)", capsys.readouterr().out)  # one per option
+        entry = next(e for e in entries if e.startswith(option + " "))
+        assert "0 or none: no limit" in " ".join(entry.split()), entry
+
+
+def _help_text(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_help_matches_what_the_tasks_do(capsys):
+    out = _help_text(["finetune"], capsys)
+    assert "token classification" in out.split("options:")[0]  # the description
+    assert "question_answering: SQuAD .json or .jsonl" in out
+    assert "split into windows at word boundaries" in out and "--doc_stride" in out
+    top = (main(["--help"]), capsys.readouterr().out)[1]
+    line = next(x for x in top.splitlines() if x.strip().startswith("benchmark"))
+    assert "NER" in line and "QA" in line, line
+    assert "ner" in _help_text(["benchmark"], capsys).split("options:")[0]
+    out = _help_text(["answer"], capsys)
+    assert "--top_k" in out
+    entries = re.split(r"\s(?=--)", out)
+    batch = next(e for e in entries if e.startswith("--batch_size "))
+    assert "Windows" in batch and "Texts" not in batch, batch
+
+
+def test_plural_says_one_step_and_two_steps():
+    from bertforge.progress import plural
+
+    assert plural(1, "step") == "1 step" and plural(2, "step") == "2 steps"
+    assert plural(1_000, "window") == "1,000 windows" and plural(0, "entity", "entities") == (
+        "0 entities"
+    )
 
 
 # ---- progress bars and --version -----------------------------------------------------------------

@@ -196,3 +196,23 @@ def test_curves_plot_like_with_like_and_draw_points_for_short_runs(tmp_path):
     nsp = drawn["NSP loss"]
     assert list(nsp.lines[0].get_ydata()) == [2.0, 3.0, 4.0]
     assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_the_evaluation_panel_says_score_not_accuracy_for_f1(tmp_path, monkeypatch):
+    # a question-answering run logs val f1: its axis said "accuracy"
+    drawn = {}
+    real_save = plots._save
+
+    def spy(fig, output):
+        drawn.update({ax.get_title(): ax for ax in fig.axes})
+        return real_save(fig, output)
+
+    monkeypatch.setattr(plots, "_save", spy)
+    for name, record in (("qa", {"f1": 0.4, "exact_match": 0.3}), ("mlm", {"accuracy": 0.1})):
+        logger = MetricsLogger(tmp_path / name)
+        logger.log(1, "train", loss=2.0, lr=1e-4)
+        logger.log(1, "val", loss=1.5, **record)
+        logger.close()
+        plots.plot_training_curves(tmp_path / name, tmp_path / name / "curves.png")
+        expected = "score" if name == "qa" else "accuracy"
+        assert drawn["evaluation"].get_ylabel() == expected, name

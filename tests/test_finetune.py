@@ -520,3 +520,12 @@ def test_a_finished_finetune_drops_its_checkpoint_and_prints_sizes(pair_run, cap
         [*pair_run["argv"], "--output", str(out.parent / "kept"), "--keep_final_checkpoint"], capsys
     )
     assert code == 0 and len(list((out.parent / "kept").glob("checkpoint-*"))) == 1
+
+
+def test_the_start_line_counts_in_words_one_step_not_1_steps(work, tmp_path, capsys):
+    argv = finetune_argv(work, tmp_path / "one", "--max_steps", "1", "--num_threads", "1")
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    start = next(line for line in err.splitlines() if line.startswith("fine-tuning "))
+    assert "1 step of batch" in start and "1 thread;" in start and "(2 outputs)" in start, start
+    assert "(s)" not in start and " 1 steps" not in err, err

@@ -447,3 +447,49 @@ def test_bad_input_is_one_line(tiny: Path, tmp_path: Path, capsys):
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and message in err and "\n" not in err, err
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_answer_and_finetune_refuse_the_same_max_answer_length(tiny: Path, tmp_path, capsys, value):
+    good = _write_jsonl(tmp_path / "good.jsonl", _rows(8, seed=0))
+    expected = f"--max_answer_length {value} must be at least 1"
+    for argv in (
+        ["answer", "--model", str(tiny), "--question", "q", "--context", "c"],
+        ["finetune", "--model", str(tiny), "--task", "question_answering", "--train", str(good),
+         "--output", str(tmp_path / "out")],
+    ):  # fmt: skip
+        assert cli.main([*argv, "--max_answer_length", value]) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and expected in err and "\n" not in err, err
+    with pytest.raises(BertforgeError, match="max_answer_length"):
+        answer(None, None, ["q"], ["c"], max_answer_length=int(value))
+
+
+def _strict_json(text: str) -> dict:
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_answer_prints_valid_json_without_any_candidate(trained, monkeypatch, capsys):
+    from bertforge.cli import answer as answer_cli
+    from bertforge.data.qa import Span
+
+    # no span fits (e.g. every top start logit lies in the question): an empty answer, no score
+    monkeypatch.setattr(answer_cli, "answer", lambda *a, **k: [Span("", 0, 0, float("-inf"))])
+    argv = ["answer", "--model", str(trained["out"]), "--question", "q", "--context", "the film"]
+    assert cli.main(argv) == 0
+    result = _strict_json(capsys.readouterr().out)
+    assert result["answer"] == "" and result["score"] is None
+
+
+def test_answer_top_k_lists_alternatives(trained, capsys):
+    context = "the movie was good and the plot was a film"
+    argv = ["answer", "--model", str(trained["out"]), "--question", "where is good ?",
+            "--context", context, "--top_k", "3", "--precision", "fp32"]  # fmt: skip
+    assert cli.main(argv) == 0
+    result = _strict_json(capsys.readouterr().out)
+    assert result["answer"] == "good" and len(result["alternatives"]) == 2
+    for other in result["alternatives"]:
+        assert context[other["start"] : other["end"]] == other["answer"] != "good"

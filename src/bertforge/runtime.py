@@ -395,7 +395,10 @@ def auto_precision(
     if device_type != "cpu":
         return "fp32", f"auto: fp32 on {device_type}"
     if not fast_bf16:
-        return "fp32", "auto: this CPU has no native bf16 (AVX512-BF16/AMX), so bf16 is emulated"
+        return (
+            "fp32",
+            "auto: this CPU has no native bf16 (AVX512-BF16/AMX), so bf16 would be emulated (slow)",
+        )
     if hidden_size is not None and hidden_size < BF16_MIN_HIDDEN:
         return "fp32", (
             f"auto: hidden size {hidden_size} < {BF16_MIN_HIDDEN}, where fp32 trains faster and "

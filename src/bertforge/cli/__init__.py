@@ -63,7 +63,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "benchmark": (
         "bertforge.cli.benchmark",
         "main",
-        "fine-tune and score a model on GLUE, beside published BERT miniatures",
+        "fine-tune and score a model on a suite (GLUE, NER or QA), beside baselines",
     ),
     "evaluate": ("bertforge.cli.evaluate", "main", "evaluate an MLM or a fine-tuned model"),
     "fill-mask": (

@@ -7,9 +7,10 @@ from bertforge.cli.options import parse_config
 from bertforge.training.benchmark import BenchmarkConfig, benchmark
 
 DESCRIPTION = (
-    "Fine-tune a model on a suite of public tasks (glue: CoLA, SST-2, MRPC, STS-B, RTE) and "
-    "score each on its dev/test file, beside a constant baseline, optionally the model's random "
-    "twin (--baseline), and Google's published BERT miniatures (GLUE test-set numbers). Writes "
+    "Fine-tune a model on a suite of public tasks (glue: CoLA, SST-2, MRPC, STS-B, RTE; ner: "
+    "WikiANN-en, WNUT-17; qa: XQuAD-en) and score each on its dev/test file, beside a constant "
+    "baseline, optionally the model's random twin (--baseline), and for glue Google's published "
+    "BERT miniatures (GLUE test-set numbers). Writes "
     "results.json, results.md and results.png; run it again to resume (finished tasks are "
     "skipped). See docs/benchmark.md."
 )

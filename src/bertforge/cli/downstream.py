@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from bertforge.cli.options import parse_config
+from bertforge.modeling.checkpoint import resolve_model
 from bertforge.training.config import FinetuneConfig
 from bertforge.training.downstream import downstream
 
@@ -41,5 +42,6 @@ def main(argv: list[str]) -> int:
     """``bertforge downstream --model DIR --train FILE --test FILE --output DIR [options]``."""
     cfg = parse_config(DownstreamConfig, argv, prog="bertforge downstream", description=DESCRIPTION)
     finetune_cfg = FinetuneConfig(**{f.name: getattr(cfg, f.name) for f in fields(FinetuneConfig)})
-    downstream(finetune_cfg, cfg.test, baseline=cfg.baseline, init_seed=cfg.init_seed)
+    baseline = None if cfg.baseline is None else resolve_model(cfg.baseline)
+    downstream(finetune_cfg, cfg.test, baseline=baseline, init_seed=cfg.init_seed)
     return 0

@@ -9,6 +9,7 @@ import torch
 
 from bertforge.cli.options import parse_config
 from bertforge.inference.onnx import Quantization, export_onnx
+from bertforge.modeling.checkpoint import resolve_model
 from bertforge.training.config import check_at_least, check_choice
 
 DESCRIPTION = (
@@ -41,6 +42,7 @@ class ExportConfig:
     """CPU threads for the export and the quantization (default: torch's, one per core)."""
 
     def __post_init__(self) -> None:
+        self.model = resolve_model(self.model)
         check_choice(self.format, Literal["onnx"], "--format")
         check_at_least(self, lambda name: f"--{name}", num_threads=1)
         if self.quantize is not None:

@@ -16,8 +16,8 @@ def main(argv: list[str]) -> int:
         argv,
         prog="bertforge finetune",
         description=(
-            "Fine-tune a BERT model for text classification, regression or extractive "
-            "question answering."
+            "Fine-tune a BERT model for text classification, regression, token classification "
+            "(named entities) or extractive question answering (docs/tasks.md)."
         ),
     )
     finetune(cfg)

@@ -72,6 +72,11 @@ def option_kinds(cls: type, prefix: str = "") -> dict[str, str]:
     return kinds
 
 
+def _dash_value(token: str) -> bool:
+    """A value that starts with one dash (``-1m``, ``-1GB``, ``-3``), never an option (``--x``)."""
+    return token.startswith("-") and not token.startswith("--") and len(token) > 1
+
+
 def normalize_argv(argv: Sequence[str], kinds: dict[str, str], prog: str) -> list[str]:
     """``argv`` in the spelling the parser takes (see the module docstring); one note on stderr
     names the old spellings it rewrote."""
@@ -100,6 +105,11 @@ def normalize_argv(argv: Sequence[str], kinds: dict[str, str], prog: str) -> lis
             out += [new, "false"]
         elif eq:
             out.append(f"{new}={value}")
+        elif kind == "value" and i < len(argv) and _dash_value(str(argv[i])):
+            # "--max_time -1m": argparse would take -1m for an option ("expected one argument");
+            # joined, the value reaches the config, whose check says what is wrong with it
+            out.append(f"{new}={argv[i]}")
+            i += 1
         elif kind == "bool" and (i >= len(argv) or str(argv[i]).lower() not in _BOOL_WORDS):
             out += [new, "true"]
         elif kind == "list" and i < len(argv) and not str(argv[i]).startswith(("[", "-")):

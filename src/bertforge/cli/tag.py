@@ -73,7 +73,11 @@ def main(argv: list[str]) -> int:
         ),
         positional=("texts", "texts (or --input FILE)"),
     )
-    texts = texts_to_tag(cfg.input, cfg.text_column, cfg.input_format) if cfg.input else cfg.texts
+    texts = (
+        texts_to_tag(cfg.input, cfg.text_column, cfg.input_format, cfg.encoding_errors)
+        if cfg.input
+        else cfg.texts
+    )
     if cfg.backend == "onnx":
         model, tokenizer, options = load_onnx_model(cfg, output="logits")
     else:

@@ -4,9 +4,9 @@ window [SEP]`` (transformers' ``run_qa`` conventions), and the windows' answer p
 
 Readers:
 
-* SQuAD v1.1 JSON (``.json``, optionally ``.gz``): ``{"data": [{"paragraphs": [{"context",
+* SQuAD v1.1 JSON (``.json``, optionally ``.gz``/``.bz2``/``.xz``): ``{"data": [{"paragraphs": [{"context",
   "qas": [{"id", "question", "answers": [{"text", "answer_start"}]}]}]}]}``;
-* JSON lines (``.jsonl``, optionally ``.gz``), one question per row as the Hugging Face
+* JSON lines (``.jsonl``, likewise), one question per row as the Hugging Face
   ``datasets`` SQuAD layout has it: ``{"id", "question", "context", "answers": {"text": [...],
   "answer_start": [...]}}``.
 
@@ -26,7 +26,6 @@ window that does not hold the whole (first) answer is labelled at [CLS] (positio
 
 from __future__ import annotations
 
-import gzip
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ import numpy as np
 
 from bertforge.data.tables import jsonl_rows
 from bertforge.errors import BertforgeError
+from bertforge.io import plain_name, read_text, text_lines
 
 QA_SUFFIXES = (".json", ".jsonl")
 
@@ -57,24 +57,16 @@ class QAExample:
 # ---- reading ------------------------------------------------------------------------------------
 
 
-def _open(path: Path) -> Any:
-    if not path.is_file():
-        raise BertforgeError(f"{path}: no such file")
-    if path.name.lower().endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")  # noqa: SIM115
-
-
 def qa_format(path: str | Path) -> str:
     """``squad`` (a SQuAD JSON document) or ``jsonl`` (one question per line) from the name."""
-    name = Path(path).name.lower().removesuffix(".gz")
+    name = plain_name(path)
     if name.endswith(".jsonl"):
         return "jsonl"
     if name.endswith(".json"):
         return "squad"
     raise BertforgeError(
         f"{path}: unknown question-answering file type; use SQuAD .json or .jsonl rows "
-        "(each optionally .gz)"
+        "(each optionally .gz, .bz2 or .xz)"
     )
 
 
@@ -151,30 +143,34 @@ def _squad_rows(document: Any, path: Path) -> list[tuple[dict, str, str]]:
 
 
 def read_qa(
-    paths: str | Path | Sequence[str | Path], *, labelled: bool = True
+    paths: str | Path | Sequence[str | Path],
+    *,
+    labelled: bool = True,
+    encoding_errors: str = "strict",
 ) -> tuple[list[QAExample], list[str]]:
     """Questions of SQuAD JSON / JSONL files (see the module docstring) and the warnings about
     them (answers moved to the nearest occurrence of their text). ``labelled=False`` reads
-    questions without answers too (inference)."""
+    questions without answers too (inference). Files are read by :func:`bertforge.io.text_lines`
+    (``.gz``/``.bz2``/``.xz``; bytes that are not UTF-8 named by file and line unless
+    ``encoding_errors="replace"``)."""
     paths = [paths] if isinstance(paths, str | Path) else list(paths)
     examples: list[QAExample] = []
     moved: list[str] = []
     seen: set[str] = set()
     for path in map(Path, paths):
-        with _open(path) as f:
-            if qa_format(path) == "squad":
-                try:
-                    document = json.load(f)
-                except json.JSONDecodeError as err:
-                    raise BertforgeError(
-                        f"{path}: not valid JSON ({err.msg}, line {err.lineno}); fix the file"
-                    ) from None
-                rows = _squad_rows(document, path)
-            else:
-                rows = []
-                for number, row in jsonl_rows(f, path):
-                    rows.append((row, _field(row, "context", str, f"{path}:{number}"),
-                                 f"{path}:{number}"))  # fmt: skip
+        if qa_format(path) == "squad":
+            try:
+                document = json.loads(read_text(path, encoding_errors))
+            except json.JSONDecodeError as err:
+                raise BertforgeError(
+                    f"{path}: not valid JSON ({err.msg}, line {err.lineno}); fix the file"
+                ) from None
+            rows = _squad_rows(document, path)
+        else:
+            rows = []
+            for number, row in jsonl_rows(text_lines(path, encoding_errors), path):
+                rows.append((row, _field(row, "context", str, f"{path}:{number}"),
+                             f"{path}:{number}"))  # fmt: skip
         for row, context, where in rows:
             qid = row.get("id") if isinstance(row, dict) else None
             if not isinstance(qid, str | int) or isinstance(qid, bool) or str(qid) == "":

@@ -4,10 +4,10 @@ word's first piece (transformers' ``run_ner`` convention).
 
 Files:
 
-* CoNLL-style (any name but ``.jsonl``, optionally ``.gz``): one token per line, its tag in the
+* CoNLL-style (any name but ``.jsonl``, optionally ``.gz``/``.bz2``/``.xz``): one token per line, its tag in the
   last column (columns split by tabs, else by spaces), a blank line between sentences;
   ``-DOCSTART-`` lines are skipped and blank lines at either end do not matter.
-* JSONL (``.jsonl``, optionally ``.gz``): one sentence per line, ``{"tokens": [...], "tags":
+* JSONL (``.jsonl``, likewise): one sentence per line, ``{"tokens": [...], "tags":
   [...]}``.
 
 Tags are IOB2 (``B-X`` opens an entity, ``I-X`` continues it, ``O`` is outside). An ``I-X`` that
@@ -19,7 +19,7 @@ back into one tag per word.
 
 from __future__ import annotations
 
-import gzip
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,13 +33,14 @@ from bertforge.data.encoding import check_max_length
 from bertforge.data.labels import quoted
 from bertforge.data.tables import read_columns, table_format
 from bertforge.errors import BertforgeError
+from bertforge.io import plain_name, text_lines
 from bertforge.tokenizer.wordpiece import valid_unicode
 
 IGNORE = -100
 """The label of positions without a target ([CLS], [SEP], later pieces of a word, padding)."""
 DOCSTART = "-DOCSTART-"
 CONLL_SUFFIXES = (".conll", ".conllu", ".iob", ".iob2", ".bio", ".ner")
-"""File names ``bertforge tag`` reads as CoNLL-style without being told (``.gz`` allowed)."""
+"""File names ``bertforge tag`` reads as CoNLL-style without being told (``.gz``/``.bz2``/``.xz`` allowed)."""
 
 # ---- reading -----------------------------------------------------------------------------------
 
@@ -75,25 +76,19 @@ class TaggedData:
         return f"{path}:{line + token if per_token else line}"
 
 
-def _text_lines(path: Path) -> list[str]:
-    if not path.is_file():
-        raise BertforgeError(f"{path}: no such file")
-    opener = gzip.open if path.name.endswith(".gz") else open
-    try:
-        with opener(path, "rt", encoding="utf-8-sig", newline=None) as f:
-            return f.read().split("\n")
-    except (UnicodeDecodeError, EOFError, gzip.BadGzipFile, OSError) as err:
-        raise BertforgeError(
-            f"{path}: cannot read it as UTF-8 text ({err}); fix the file"
-        ) from None
+def _text_lines(path: Path, encoding_errors: str = "strict") -> list[str]:
+    """The lines of a text file without their line ends, read by :func:`bertforge.io.text_lines`
+    (the one UTF-8 rule and compression of every reader)."""
+    return [line.rstrip("\r\n") for line in text_lines(path, encoding_errors)]
 
 
 def _is_jsonl(path: Path) -> bool:
-    name = path.name.lower()
-    return name.endswith((".jsonl", ".jsonl.gz"))
+    return plain_name(path).endswith(".jsonl")
 
 
-def read_conll(path: str | Path, *, tagged: bool = True) -> TaggedData:
+def read_conll(
+    path: str | Path, *, tagged: bool = True, encoding_errors: str = "strict"
+) -> TaggedData:
     """Sentences of a CoNLL-style file (see the module docstring). ``tagged=False`` reads the
     first column only (a file to tag)."""
     path = Path(path)
@@ -101,7 +96,7 @@ def read_conll(path: str | Path, *, tagged: bool = True) -> TaggedData:
     words: list[str] = []
     tags: list[str] = []
     start = 0
-    for number, raw in enumerate(_text_lines(path) + [""], start=1):
+    for number, raw in enumerate(_text_lines(path, encoding_errors) + [""], start=1):
         line = raw.strip()
         if line and not line.startswith(DOCSTART):
             columns = line.split("\t") if "\t" in line else line.split()
@@ -126,11 +121,13 @@ def read_conll(path: str | Path, *, tagged: bool = True) -> TaggedData:
     return data
 
 
-def read_tagged_jsonl(path: str | Path, *, tagged: bool = True) -> TaggedData:
+def read_tagged_jsonl(
+    path: str | Path, *, tagged: bool = True, encoding_errors: str = "strict"
+) -> TaggedData:
     """Sentences of a JSONL file with ``tokens`` and ``tags`` lists (see the module docstring)."""
     path = Path(path)
     data = TaggedData([], [] if tagged else None)
-    for number, raw in enumerate(_text_lines(path), start=1):
+    for number, raw in enumerate(_text_lines(path, encoding_errors), start=1):
         if not raw.strip():
             continue
         try:
@@ -160,18 +157,21 @@ def read_tagged_jsonl(path: str | Path, *, tagged: bool = True) -> TaggedData:
     return data
 
 
-def read_tagged(paths: str | Path | Sequence[str | Path], *, tagged: bool = True) -> TaggedData:
+def read_tagged(
+    paths: str | Path | Sequence[str | Path],
+    *,
+    tagged: bool = True,
+    encoding_errors: str = "strict",
+) -> TaggedData:
     """Read one or more CoNLL-style or JSONL files (sentences concatenated in order); tags are
-    checked (:func:`check_tags`) and IOB1 openings rewritten to IOB2."""
+    checked (:func:`check_tags`) and IOB1 openings rewritten to IOB2. Bytes that are not UTF-8
+    are an error naming file and line unless ``encoding_errors="replace"``."""
     paths = [paths] if isinstance(paths, str | Path) else list(paths)
     out = TaggedData([], [] if tagged else None)
     for path in paths:
         path = Path(path)
-        part = (
-            read_tagged_jsonl(path, tagged=tagged)
-            if _is_jsonl(path)
-            else read_conll(path, tagged=tagged)
-        )
+        reader = read_tagged_jsonl if _is_jsonl(path) else read_conll
+        part = reader(path, tagged=tagged, encoding_errors=encoding_errors)
         if not part.words:
             raise BertforgeError(f"{path}: holds no sentence; give a CoNLL-style or JSONL file")
         if part.tags is not None:
@@ -234,17 +234,23 @@ def tag_ids(
     return out
 
 
-def texts_to_tag(path: str | Path, text_column: str | None = None, form: str = "auto") -> list[str]:
+def texts_to_tag(
+    path: str | Path,
+    text_column: str | None = None,
+    form: str = "auto",
+    encoding_errors: str = "strict",
+) -> list[str]:
     """The texts of a file for ``bertforge tag``, exactly as written (offsets index them).
 
     ``form``: ``lines`` (each non-blank line a text), ``table`` (``text_column`` of a CSV/TSV/
     JSONL file), ``conll`` (each sentence of a CoNLL-style or ``tokens`` JSONL file, its tokens
     joined by spaces), or ``auto``: ``conll`` for a CoNLL suffix (``.conll``...) or a JSONL
     file with ``tokens`` and no ``--text_column``, ``table`` for another .csv/.tsv/.jsonl,
-    else ``lines``.
+    else ``lines``. Bytes that are not UTF-8 are an error naming file and line unless
+    ``encoding_errors="replace"`` (read as U+FFFD).
     """
     path = Path(path)
-    name = path.name.lower().removesuffix(".gz")
+    name = plain_name(path)
     if form == "auto":
         form = "lines"
         if name.endswith(CONLL_SUFFIXES):
@@ -252,20 +258,22 @@ def texts_to_tag(path: str | Path, text_column: str | None = None, form: str = "
         elif name.endswith((".csv", ".tsv", ".jsonl", ".json", ".ndjson")):
             form = "table"
             if table_format(path) == "jsonl" and text_column is None:
-                first = next((line for line in _text_lines(path) if line.strip()), "")
+                with contextlib.closing(text_lines(path, encoding_errors)) as lines:
+                    first = next((line for line in lines if line.strip()), "")
                 try:
                     row = json.loads(first)
                 except json.JSONDecodeError:
                     row = None
                 form = "conll" if isinstance(row, dict) and "tokens" in row else "table"
     if form == "conll":
-        return [" ".join(words) for words in read_tagged(path, tagged=False).words]
+        words = read_tagged(path, tagged=False, encoding_errors=encoding_errors).words
+        return [" ".join(sentence) for sentence in words]
     if form == "table":
-        values = read_columns(path, [text_column or "text"])[0]
+        values = read_columns(path, [text_column or "text"], encoding_errors)[0]
         return ["" if v is None else str(v) for v in values]
     if form != "lines":
         raise BertforgeError(f"--input_format {form!r}: choose auto, lines, table or conll")
-    texts = [line.rstrip("\r") for line in _text_lines(path) if line.strip()]
+    texts = [line for line in _text_lines(path, encoding_errors) if line.strip()]
     if not texts:
         raise BertforgeError(f"{path}: the file is empty (no non-blank line)")
     return texts
@@ -467,11 +475,12 @@ def load_tagging_data(
     seed: int,
     max_length: int,
     label_all_tokens: bool = False,
+    encoding_errors: str = "strict",
 ) -> TaggingTaskData:
     """Read, split and encode a token-classification data set. Without ``validation_paths`` a
     random ``validation_fraction`` of the training sentences is held out (a pure function of
     ``seed``); a validation tag that training lacks is an error naming its file:line."""
-    train = read_tagged(train_paths)
+    train = read_tagged(train_paths, encoding_errors=encoding_errors)
     id2label = build_tag_map(train.tags or [])
     if len(id2label) < 2:
         raise BertforgeError(
@@ -479,7 +488,7 @@ def load_tagging_data(
             "classification needs at least two tags"
         )
     if validation_paths:
-        val = read_tagged(validation_paths)
+        val = read_tagged(validation_paths, encoding_errors=encoding_errors)
     else:
         if not 0.0 < validation_fraction < 1.0:
             raise BertforgeError(

@@ -38,8 +38,10 @@ def table_rows(
     columns: list[tuple[str, str, dict[str, Mapping[str, float]]]] = []
     for column in ("model", "random_init", "constant"):
         cells = {t: e[column]["scores"] for t, e in tasks.items() if e.get(column)}
+        # a baseline of its own kind (no entity, the context's first words) names itself
+        named = [e[column]["label"] for e in tasks.values() if (e.get(column) or {}).get("label")]
         if cells:
-            columns.append((column, COLUMN_LABELS.get(column, name), cells))
+            columns.append((column, named[0] if named else COLUMN_LABELS.get(column, name), cells))
     published = {m for e in tasks.values() for m in e["published"]}
     for model in sorted(published, key=_size_rank):
         cells = {t: e["published"][model] for t, e in tasks.items() if model in e["published"]}
@@ -169,6 +171,10 @@ def write_report(output: Path, result: dict[str, Any]) -> str:
     grid_note = lr_grid_note(tasks, name)
     if grid_note:
         notes.append(grid_note)
+    for task, entry in tasks.items():
+        base = entry.get("constant") or {}
+        if base.get("label"):  # the task's own baseline, scored on its test file
+            notes.append(f"{task}'s baseline predicts {base['predicts']} ({base['definition']}).")
     if result.get("published_source"):
         notes.append(f"\\* {result['published_source']}: GLUE *test*-set numbers; ours are dev.")
     if result.get("smoke"):
@@ -178,25 +184,41 @@ def write_report(output: Path, result: dict[str, Any]) -> str:
     notes += ["", seed_table(name, tasks), ""]
     atomic_write_text(output / "results.md", "\n".join(notes))
     atomic_write_text(output / "results.json", json.dumps(result, indent=2) + "\n")
+    shown = {t: category_label(t, e["metrics"]) for t, e in tasks.items()}
     bars = {}
     for row in rows:
-        values = {t: 100 * v for t, v in row["scores"].items()}
+        values = {shown[t]: 100 * v for t, v in row["scores"].items()}
         if average and row["average"] is not None:
             values[average] = 100 * row["average"]
         bars[row["label"]] = values
+    published = any(r["published"] for r in rows)
     plot_grouped_bars(
         bars,
-        [*tasks, *([average] if average else [])],
+        [*shown.values(), *([average] if average else [])],
         output / "results.png",
-        title=f"{name} on {result['suite']} ({splits}; * = GLUE test set)",
+        title=f"{name} on {result['suite']} ({splits}{'; * = GLUE test set' if published else ''})"
+        + (
+            "\n--smoke run (48 examples, 2 steps): the numbers mean nothing"
+            if result.get("smoke")
+            else ""
+        ),
         ylabel="task score (points)",
         hatched=tuple(r["label"] for r in rows if r["published"]),
     )
     return table
 
 
+def category_label(task: str, metrics: Sequence[str]) -> str:
+    """A task's name under its bars: with ``(mean of EM, F1)`` when its score averages several
+    metrics (the GLUE convention), which the bar alone does not say."""
+    if len(metrics) < 2:
+        return task
+    return f"{task}\n(mean of {', '.join(B.METRIC_NAMES[m] for m in metrics)})"
+
+
 __all__ = [
     "COLUMN_LABELS",
+    "category_label",
     "format_scores",
     "lr_grid_note",
     "markdown_table",

@@ -147,7 +147,8 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
             s, v = _series(records, split, key)
             if s:
                 ax_acc.plot(s, v, label=f"{split} {key}", **eval_style(len(s)))
-    ax_acc.set(xlabel="step", ylabel="accuracy", title="evaluation")
+    accuracies = all(k.endswith("accuracy") for k in acc_keys)  # F1, Spearman: scores
+    ax_acc.set(xlabel="step", ylabel="accuracy" if accuracies else "score", title="evaluation")
     if ax_acc.lines:
         ax_acc.legend(fontsize=8)
 
@@ -227,6 +228,11 @@ def plot_regression_scatter(y_true, y_pred, output: str | Path, title: str | Non
     return _save(fig, output)
 
 
+def bar_value(value: float) -> str:
+    """A bar's label: one decimal below 10 (2.8 is not "3", 0.3 not "0"), whole numbers above."""
+    return f"{value:.1f}" if abs(value) < 10 else f"{value:.0f}"
+
+
 def plot_grouped_bars(
     groups: dict[str, dict[str, float]],
     categories: list[str],
@@ -249,16 +255,18 @@ def plot_grouped_bars(
         ys = [values[c] for c in categories if c in values]
         style = {"hatch": "///", "alpha": 0.6} if series in hatched else {}
         bars = ax.bar(xs, ys, width=width * 0.95, label=series, **style)
-        ax.bar_label(bars, fmt="%.0f", fontsize=6, padding=1)
+        ax.bar_label(bars, fmt=bar_value, fontsize=6, padding=1)
     ax.set_xticks(range(len(categories)), categories)
     ax.set(ylabel=ylabel, title=title or "")
     ax.axhline(0, color="black", linewidth=0.6)
-    ax.legend(fontsize=7, ncol=min(4, n), loc="upper center", bbox_to_anchor=(0.5, -0.08))
+    below = 0.08 + 0.05 * max((c.count("\n") for c in categories), default=0)  # under the ticks
+    ax.legend(fontsize=7, ncol=min(4, n), loc="upper center", bbox_to_anchor=(0.5, -below))
     fig.tight_layout()
     return _save(fig, output)
 
 
 __all__ = [
+    "bar_value",
     "plot_confusion_matrix",
     "plot_grouped_bars",
     "plot_regression_scatter",

@@ -41,6 +41,27 @@ class LoadOptions:
     """CPU threads (None: leave torch's setting)."""
 
 
+TASK_COMMANDS = {
+    "BertForSequenceClassification": ("a text classifier", "bertforge classify"),
+    "BertForTokenClassification": ("a token classifier", "bertforge tag"),
+    "BertForQuestionAnswering": ("a question-answering model", "bertforge answer"),
+}
+"""What a fine-tuned model's ``architectures`` says it is, and the command that uses it."""
+
+
+def other_task(config: Any, wanted: type) -> str | None:
+    """For a command that needs a ``wanted`` model: what a fine-tuned model of another task is
+    and the command for it (from config.json's ``architectures``), or None."""
+    for name in getattr(config, "architectures", None) or []:
+        if name in TASK_COMMANDS and name != wanted.__name__:
+            what, command = TASK_COMMANDS[name]
+            return (
+                f"{what} ({name}), not the kind of model this command runs; use {command}, or "
+                "fine-tune a model for this task (bertforge finetune --task ...)"
+            )
+    return None
+
+
 def load_model(
     cls: type, args: LoadOptions, require: tuple[str, str] | None = None
 ) -> tuple[nn.Module, Any, dict[str, Any]]:
@@ -56,6 +77,8 @@ def load_model(
     device = pick_device(args.device)
     model = cls.from_pretrained(args.model).to(device)
     missing = model.loading_info["missing"]
+    if require is not None and (other := other_task(model.config, cls)):
+        raise BertforgeError(f"{args.model}: {other}")  # a classifier's head fits a tagger's
     if require is not None and any(k.startswith(require[0]) for k in missing):
         raise BertforgeError(f"{args.model}: {require[1]}")
     options = {

@@ -89,6 +89,8 @@ def answer(
     (``finetune_config.json``), else to the model's positions, 128 and 30. ``top_k`` above 1
     puts the next-best ``top_k - 1`` distinct spans in each answer's ``alternatives``.
     """
+    if max_answer_length is not None and max_answer_length < 1:
+        raise BertforgeError(f"--max_answer_length {max_answer_length} must be at least 1")
     if isinstance(questions, str) or isinstance(contexts, str):
         raise BertforgeError("pass lists of questions and contexts, not single strings (wrap them)")
     if contexts is not None:
@@ -116,7 +118,7 @@ def answer(
         model, windows, tokenizer.pad_id, batch_size=batch_size, precision=precision,
         progress=progress,
     )  # fmt: skip
-    limit = max_answer_length or settings.get("max_answer_length", MAX_ANSWER_LENGTH)
+    limit = max_answer_length or int(settings.get("max_answer_length", MAX_ANSWER_LENGTH))
     return decode_spans(
         windows, examples, starts, ends, n_best=n_best, max_answer_length=limit, top_k=top_k
     )

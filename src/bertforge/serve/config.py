@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from bertforge.errors import BertforgeError
+from bertforge.modeling.checkpoint import resolve_model
 from bertforge.runtime import Precision
 from bertforge.training.config import check_at_least, check_choice
 
@@ -141,7 +142,7 @@ class ServeConfig:
     @property
     def models(self) -> dict[str, str]:
         """Served name -> model directory, in the order given."""
-        return dict(parse_model_spec(spec) for spec in self.model)
+        return {name: resolve_model(d) for name, d in map(parse_model_spec, self.model)}
 
     @property
     def scheme(self) -> str:

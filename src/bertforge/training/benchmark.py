@@ -34,8 +34,9 @@ from bertforge.evaluation import benchmark as B
 from bertforge.evaluation.benchmark_report import format_scores, table_rows, write_report
 from bertforge.evaluation.task_scores import class_names, evaluate_sequence_model
 from bertforge.io import atomic_write_text, make_directory, read_json_object
+from bertforge.modeling.checkpoint import RUN_MODEL_DIR, resolve_model
 from bertforge.modeling.model import BertForSequenceClassification
-from bertforge.progress import format_duration, parse_duration
+from bertforge.progress import format_duration, parse_duration, plural
 from bertforge.runtime import Precision, pick_device, pick_precision
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.config import (
@@ -81,7 +82,8 @@ class BenchmarkConfig:
     init_seed: int = 0
     """Seed of the random twin's initialisation."""
     name: str | None = None
-    """The model's name in the tables (default: its directory's name)."""
+    """The model's name in the tables (default: its directory's name; for a directory named
+    model, as a training run's, the run's)."""
     data_dir: str | None = None
     """The suite's data folder (glue/: CoLA/train.tsv, CoLA/dev.tsv, ...). Default:
     $BERTFORGE_DATA/<suite> when that variable is set, else ../shared/data/<suite> from the
@@ -122,6 +124,7 @@ class BenchmarkConfig:
     """Progress bars of the fine-tuning runs (the benchmark prints a line per run either way)."""
 
     def __post_init__(self) -> None:
+        self.model = resolve_model(self.model)
         check_choice(self.suite, B.Suite, "--suite")
         option = lambda name: f"--{name}"  # noqa: E731
         check_at_least(self, option, seeds=1, batch_size=1, max_length=8, num_threads=1)
@@ -170,6 +173,29 @@ def task_settings(
         "dropout": cfg.dropout,
         "precision": cfg.precision,
     }
+
+
+def training_plan(settings: dict[str, Any]) -> str:
+    """What one seed's fine-tuning runs, for the line that starts it: ``--smoke``'s step cap (not
+    the epochs it never reaches), else the epochs and any time share, then lr, batch and length."""
+    if settings["max_steps"] is not None:
+        length = plural(settings["max_steps"], "step")
+    else:
+        epochs = settings["epochs"]
+        length = f"{epochs:g} epoch{'' if epochs == 1 else 's'}"
+        if settings["max_time_per_seed"]:
+            length += f" or {format_duration(settings['max_time_per_seed'])}"
+    return (
+        f"{length}, lr {settings['lr']:g}, batch {settings['batch_size']}, length "
+        f"{settings['max_length']}"
+    )
+
+
+def default_name(model: str) -> str:
+    """The name of ``model`` in tables without ``--name``: its folder's, or for a folder named
+    ``model`` (where a training run keeps its model) the run's folder's."""
+    path = Path(model).resolve()
+    return path.parent.name if path.name == RUN_MODEL_DIR and path.parent.name else path.name
 
 
 def score_sequence_model(
@@ -256,6 +282,7 @@ def run_seed(
             f"fine-tuning {spec.name} (seed {seed}) was interrupted at step {run['step']}; run "
             "the same command again to resume"
         )
+    baseline = None
     if spec.kind in ("classification", "regression"):
         scores, examples = score_sequence_model(run_dir, scored, spec, settings, cfg)
     else:  # evaluated once, at the end, on the scored file: its metrics are the test scores
@@ -266,6 +293,7 @@ def run_seed(
                 f"{err.args[0]}: bertforge finetune --task {spec.kind} reports other metrics; "
                 "name them in the suite's TaskSpec (bertforge.evaluation.benchmark)"
             ) from None
+        baseline = task_baseline(run.get("baseline"), spec)
     return {
         "seed": seed,
         "scores": scores,
@@ -273,7 +301,18 @@ def run_seed(
         "steps": run["steps"],
         "epochs": run["epochs"],
         "train_seconds": run["train_seconds"],
+        "baseline": baseline,
     }
+
+
+def task_baseline(base: dict[str, Any] | None, spec: B.TaskSpec) -> dict[str, Any] | None:
+    """The baseline fine-tuning scored beside the model on the test file (token classification:
+    no entity; question answering: the context's first words), as the baseline column."""
+    if not base:
+        return None
+    scores = B.pick(base, spec)
+    return {"label": "baseline", "predicts": base["predicts"], "definition": base["definition"],
+            "scores": scores, "score": B.task_score(scores, spec)}  # fmt: skip
 
 
 def _saved(
@@ -357,11 +396,7 @@ def run_task(
         result = _saved(seed_file, seed_settings)
         where = f"[{spec.name}] {column} seed {seed + 1}/{settings['seeds']}"
         if result is None:
-            say(
-                f"{where}: fine-tuning {model_dir} (epochs {settings['epochs']:g}, lr "
-                f"{settings['lr']:g}, batch {settings['batch_size']}, length "
-                f"{settings['max_length']})"
-            )
+            say(f"{where}: fine-tuning {model_dir} ({training_plan(settings)})")
             run_dir = out / "runs" / folder / spec.name / f"seed-{seed}"
             result = {
                 "settings": seed_settings,
@@ -386,6 +421,7 @@ def run_task(
         ],
         "examples": runs[0]["examples"],
         "train_seconds": round(sum(r["train_seconds"] for r in runs), 1),
+        "baseline": runs[0].get("baseline"),  # the same for every seed: it reads the data only
     }
     atomic_write_text(make_parent(task_file), json.dumps(summary, indent=2) + "\n")
     median = "median of " + str(len(runs)) if len(runs) > 1 else "one seed"
@@ -447,11 +483,13 @@ def benchmark(cfg: BenchmarkConfig) -> dict[str, Any]:
         entry: dict[str, Any] = {"metrics": list(spec.metrics), "split": spec.split}
         for column, model_dir in columns.items():
             entry[column] = run_grid(cfg, spec, column, model_dir, files[spec.name], say)
-        entry["constant"] = constant_column(spec, files[spec.name])
+        entry["constant"] = constant_column(spec, files[spec.name]) or entry["model"].get(
+            "baseline"
+        )
         entry["published"] = B.published_scores(spec)
         entry["examples"] = entry["model"]["examples"]
         tasks[spec.name] = entry
-    name = cfg.name or Path(cfg.model).resolve().name
+    name = cfg.name or default_name(cfg.model)
     published = any(entry["published"] for entry in tasks.values())
     result = {
         "suite": cfg.suite,

@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args
 from bertforge.data.corpus import EncodingErrors
 from bertforge.data.encoding import Truncation, check_max_length
 from bertforge.errors import BertforgeError
-from bertforge.modeling.checkpoint import FINETUNE_CONFIG
+from bertforge.modeling.checkpoint import FINETUNE_CONFIG, resolve_model
 from bertforge.modeling.config import BertConfig
 from bertforge.progress import parse_duration
 from bertforge.runtime import Precision, parse_bytes
@@ -127,7 +127,7 @@ class LoopOptions:
     """A resident-memory budget such as 1.5GB or 800MB: the micro-batch (gradient accumulation
     keeps the batch) and the evaluation batch are the largest whose estimated peak, measured on
     this model at start, stays under it; a run that would not fit even one sequence at a time
-    refuses to start and says what would (docs/memory.md). None = no budget."""
+    refuses to start and says what would (docs/memory.md). 0 or none: no limit."""
 
 
 # ---- bertforge pretrain ----------------------------------------------------------------
@@ -271,7 +271,7 @@ class TrainConfig(LoopOptions):
     ends training and the LR schedule follows the one further along)."""
     max_time: str | None = None
     """Wall-clock training budget such as 15m or 1h30m; the LR schedule follows elapsed time.
-    Evaluation and checkpoint time is not counted."""
+    Evaluation and checkpoint time is not counted. 0 or none: no limit."""
     lr: float = 1e-4
     """Peak learning rate."""
     betas: tuple[float, float] = (0.9, 0.999)
@@ -454,6 +454,10 @@ class PretrainConfig:
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     """Downstream probe at evaluation points (off unless probe.train and probe.test are set)."""
 
+    def __post_init__(self) -> None:
+        if self.init_from is not None:
+            self.init_from = resolve_model(self.init_from)
+
 
 # ---- bertforge finetune ----------------------------------------------------------------
 
@@ -469,11 +473,13 @@ class FinetuneConfig(LoopOptions):
 
     model: str
     """Starting model directory: our pretrained model or any BERT checkpoint (config.json,
-    model.safetensors, vocab.txt or tokenizer.json), e.g. all-MiniLM-L6-v2."""
+    model.safetensors, vocab.txt or tokenizer.json); all-MiniLM-L6-v2 names the installed copy
+    of that published model."""
     train: list[str]
-    """Training file(s): .csv, .tsv or .jsonl, optionally .gz; several files are concatenated.
-    token_classification: CoNLL-style files (a token and its tag per line) or JSONL with
-    ``tokens``/``tags`` lists (docs/tasks.md)."""
+    """Training file(s), each optionally .gz, .bz2 or .xz; several files are concatenated.
+    classification, regression: .csv, .tsv or .jsonl tables; token_classification: CoNLL-style
+    files (a token and its tag per line) or JSONL with ``tokens``/``tags`` lists;
+    question_answering: SQuAD .json or .jsonl rows (docs/tasks.md)."""
     output: str
     """Output directory for the fine-tuned model, metrics, plots and checkpoints."""
     text_column: str = "text"
@@ -504,8 +510,10 @@ class FinetuneConfig(LoopOptions):
     normalize_targets: bool = True
     """Regression: train on z-scored targets (the saved head is rescaled back to the original units)."""
     max_length: int = 256
-    """Tokens per example including [CLS]/[SEP]; longer texts are truncated (question answering:
-    tokens per window, 384 as in BERT's SQuAD runs)."""
+    """Tokens per example including [CLS]/[SEP]. classification, regression: longer texts are
+    truncated (--truncation); token_classification: longer sentences are split into windows at
+    word boundaries, never cut; question_answering: tokens per window of question + context, a
+    longer context read in windows overlapping by --doc_stride (384 in BERT's SQuAD runs)."""
     doc_stride: int = 128
     """Question answering: a context longer than one window is read in windows overlapping by
     this many tokens."""
@@ -531,7 +539,7 @@ class FinetuneConfig(LoopOptions):
     as transformers' max_steps; the LR schedule ends there)."""
     max_time: str | None = None
     """Wall-clock training budget such as 40m (evaluation time not counted); the LR schedule
-    follows whichever of time and steps is further along."""
+    follows whichever of time and steps is further along. 0 or none: no limit."""
     dropout: float | None = None
     """Dropout rate while fine-tuning (hidden, attention, classifier); None keeps the model's.
     On CPU 0 is several times faster: dropout masks cost more than the matrix products there."""
@@ -557,6 +565,7 @@ class FinetuneConfig(LoopOptions):
     finished run; by default it is deleted and only the fine-tuned model stays."""
 
     def __post_init__(self) -> None:
+        self.model = resolve_model(self.model)
         check_choice(self.task, Task, "--task")
         check_choice(self.truncation, Truncation, "--truncation")
         check_choice(self.encoding_errors, EncodingErrors, "--encoding_errors")

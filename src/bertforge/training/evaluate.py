@@ -166,7 +166,7 @@ def _evaluate_tagging_model(cfg: EvaluateConfig, config: Any) -> dict[str, Any]:
     start = time.perf_counter()
     ft = finetune_defaults(cfg.model)
     model, tokenizer, options = load_model(BertForTokenClassification, cfg)
-    data = read_tagged(cfg.data)
+    data = read_tagged(cfg.data, encoding_errors=cfg.encoding_errors)
     for note in data.notes:
         print(note, file=sys.stderr)
     true = tag_ids(data, config.label2id, train_source="model's")
@@ -211,7 +211,7 @@ def _evaluate_qa_model(cfg: EvaluateConfig) -> dict[str, Any]:
     start = time.perf_counter()
     ft = finetune_defaults(cfg.model)
     model, tokenizer, options = load_model(BertForQuestionAnswering, cfg)
-    examples, warnings = read_qa(cfg.data)
+    examples, warnings = read_qa(cfg.data, encoding_errors=cfg.encoding_errors)
     for warning in warnings:
         print(warning, file=sys.stderr)
     limit = model.config.max_position_embeddings

@@ -63,7 +63,7 @@ from bertforge.modeling.model import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from bertforge.progress import MetricsLogger, format_duration, parse_duration
+from bertforge.progress import MetricsLogger, format_duration, parse_duration, plural
 from bertforge.runtime import (
     CoreWatch,
     autocast,
@@ -77,7 +77,7 @@ from bertforge.runtime import (
 )
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training import steps
-from bertforge.training.budget import measure_use, plan_batches
+from bertforge.training.budget import measure_use, over_budget, plan_batches
 from bertforge.training.checkpoints import (
     GracefulStop,
     check_same_run,
@@ -336,9 +336,9 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
         what = "windows" if isinstance(data, TaggingTaskData) else "examples"
         counts = f"{len(data.encoded_train):,} {what}, validating on {len(data.encoded_val):,}"
     run.say(
-        f"fine-tuning {cfg.model} for {cfg.task} ({2 if qa else outputs} output(s)) on {counts}; "
-        f"{precision} ({why}) on {device}, {threads} thread(s); "
-        f"{total} steps of batch {cfg.batch_size} = {cfg.batch_size // micro} x {micro}"
+        f"fine-tuning {cfg.model} for {cfg.task} ({plural(2 if qa else outputs, 'output')}) on "
+        f"{counts}; {precision} ({why}) on {device}, {plural(threads, 'thread')}; "
+        f"{plural(total, 'step')} of batch {cfg.batch_size} = {cfg.batch_size // micro} x {micro}"
         + (f" or {format_duration(budget)}" if budget else "")
         + f"; encoded in {time.perf_counter() - t0:.1f}s"
         + memory
@@ -359,6 +359,7 @@ def load_data(cfg: FinetuneConfig, tokenizer: Tokenizer) -> TaskData | TaggingTa
             seed=cfg.seed,
             max_length=cfg.max_length,
             label_all_tokens=cfg.label_all_tokens,
+            encoding_errors=cfg.encoding_errors,
         )
     return load_task_data(
         tokenizer,
@@ -530,6 +531,11 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     """The end-of-run report: the best model reloaded from disk, its validation report and
     plots, eval_results.json."""
     cfg, out, data = run.cfg, run.out, run.data
+    # training is over: its gradients and AdamW's moments (12 bytes a parameter) go before the
+    # best model is loaded beside the last one (a MiniLM QA run with --max_memory 1GB otherwise
+    # peaked here, 0.10 GB over, after training steps that kept under it)
+    run.model.zero_grad(set_to_none=True)
+    run.optimizer.state.clear()
     best = model_class(cfg.task).from_pretrained(out).to(run.device)
     if cfg.task == "question_answering":
         plot = None
@@ -580,6 +586,11 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     warning = baseline_warning(cfg.metric, metrics[cfg.metric], base)
     if warning:
         run.say(warning)
+    over = cfg.max_memory and over_budget(
+        result["peak_memory_bytes"], parse_bytes(cfg.max_memory), "--max_memory"
+    )
+    if over:
+        run.say(over)
     kept = copy_pooling_declaration(cfg.model, out)  # embed pools it as its start (MiniLM)
     if kept:
         run.say(f"kept from {cfg.model}: {', '.join(kept)} (how bertforge embed pools it)")

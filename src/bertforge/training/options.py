@@ -13,6 +13,7 @@ from typing import Literal
 from bertforge.data.corpus import EncodingErrors
 from bertforge.data.encoding import Truncation
 from bertforge.errors import BertforgeError
+from bertforge.modeling.checkpoint import resolve_model
 from bertforge.runtime import Precision
 from bertforge.training.config import check_at_least, check_choice
 
@@ -23,7 +24,8 @@ class ModelOptions:
     ``classify``, ``embed``)."""
 
     model: str
-    """Model directory: config.json, model.safetensors and the tokenizer files."""
+    """Model directory: config.json, model.safetensors and the tokenizer files (or
+    all-MiniLM-L6-v2: the installed copy of the published model)."""
     batch_size: int = 32
     """Texts per forward pass."""
     device: str = "auto"
@@ -36,6 +38,7 @@ class ModelOptions:
     """CPU threads (default: torch's, one per core; 1 on a machine other jobs share)."""
 
     def __post_init__(self) -> None:
+        self.model = resolve_model(self.model)
         check_choice(self.precision, Precision, "--precision")
         check_at_least(self, lambda name: f"--{name}", batch_size=1, num_threads=1)
 

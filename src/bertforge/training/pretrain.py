@@ -41,7 +41,7 @@ from bertforge.evaluation.probe import LinearProbe
 from bertforge.io import atomic_directory, atomic_write_text, check_run_directory
 from bertforge.modeling.model import BertForReplacedTokenDetection
 from bertforge.modeling.pooling import copy_pooling_declaration
-from bertforge.progress import MetricsLogger, format_duration, parse_duration
+from bertforge.progress import MetricsLogger, format_duration, parse_duration, plural
 from bertforge.runtime import (
     CoreWatch,
     autocast,
@@ -57,7 +57,7 @@ from bertforge.runtime import (
     set_threads,
 )
 from bertforge.training import steps
-from bertforge.training.budget import BatchPlan, measure_use, plan_batches
+from bertforge.training.budget import BatchPlan, measure_use, over_budget, plan_batches
 from bertforge.training.checkpoints import (
     GracefulStop,
     check_same_run,
@@ -339,10 +339,11 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
         used = f" ({format_duration(state.elapsed)} of the budget used)" if budget else ""
         run.say(f"resuming from {resume_dir} at step {state.step}{used}")
     n_params = sum(p.numel() for p in raw.parameters())
-    limits = (tc.max_steps and f"{tc.max_steps} steps", budget and format_duration(budget))
+    limits = (tc.max_steps and plural(tc.max_steps, "step"), budget and format_duration(budget))
     run.say(
         f"pretraining {type(raw).__name__} ({n_params / 1e6:.2f}M parameters, {precision} "
-        f"({why}), {device}, {threads} thread(s), {info.world_size} process(es)) on {len(data.train):,} sequences; batch "
+        f"({why}), {device}, {plural(threads, 'thread')}, "
+        f"{plural(info.world_size, 'process', 'processes')}) on {len(data.train):,} sequences; batch "
         f"{tc.batch_size} = {info.world_size} x {data.accum} x {data.micro}; budget "
         + " and ".join(x for x in limits if x)
         + memory
@@ -689,11 +690,11 @@ def finish(run: Run, state: PretrainState) -> dict[str, Any]:
         assert state.initial_eval is not None
         for name in final:
             title = f"{name} ({'validation split' if name == 'val' else 'extra evaluation set'})"
-            trained = f"trained ({state.step} steps)"
+            trained = f"trained ({plural(state.step, 'step')})"
             columns = {"random init": state.initial_eval[name], trained: final[name]}
             legend = ""
             if not starts_random(run.cfg):  # start vs trained, beside the random-init network
-                done = f"{'adapted' if run.cfg.init_from else 'trained'} ({state.step} steps)"
+                done = f"{'adapted' if run.cfg.init_from else 'trained'} ({plural(state.step, 'step')})"
                 start = "step 0 (--init_from)" if run.cfg.init_from else "step 0 (own init)"
                 columns = {
                     "BERT random init": (state.random_eval or {}).get(name, {}),
@@ -715,6 +716,12 @@ def finish(run: Run, state: PretrainState) -> dict[str, Any]:
         run.say(
             f"\nmodel: {out / FINAL_DIR}\nplot:  {out / PLOT_FILE}\nmetrics: {out / 'metrics.jsonl'}"
         )
+        tc = run.cfg.train
+        over = tc.max_memory and over_budget(
+            result["peak_memory_bytes"], parse_bytes(tc.max_memory), "--train.max_memory"
+        )
+        if over:
+            run.say(over)
     D.barrier()
     return result
 

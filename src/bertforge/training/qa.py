@@ -91,9 +91,9 @@ def split_by_context(
 
 def load_qa_task(cfg: FinetuneConfig, tokenizer: Any) -> QATaskData:
     """Read, split and window the run's questions."""
-    train, warnings = read_qa(cfg.train)
+    train, warnings = read_qa(cfg.train, encoding_errors=cfg.encoding_errors)
     if cfg.validation:
-        val, more = read_qa(cfg.validation)
+        val, more = read_qa(cfg.validation, encoding_errors=cfg.encoding_errors)
         warnings += more
     else:
         train, val = split_by_context(train, cfg.validation_fraction, cfg.seed)

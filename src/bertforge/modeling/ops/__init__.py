@@ -37,7 +37,7 @@ patches a name patches it in the module that uses it. ``tests/test_fast_paths.py
 kernels).
 """
 
-from bertforge.modeling.ops.buffers import padded_rows, scratch
+from bertforge.modeling.ops.buffers import clear_scratch, padded_rows, scratch
 from bertforge.modeling.ops.common import autograd_free, cpu_tuned
 from bertforge.modeling.ops.embedding import WordEmbedding, word_embedding
 from bertforge.modeling.ops.gelu import BiasGelu, activation, dense_activation
@@ -91,6 +91,7 @@ __all__ = [
     "dense_dropout_norm",
     "attention",
     "autograd_free",
+    "clear_scratch",
     "cpu_tuned",
     "cross_entropy",
     "dense_activation",

@@ -57,6 +57,14 @@ def scratch(
         return buf[:numel].view(shape)
 
 
+def clear_scratch() -> None:
+    """Drop the pooled buffers (those no tensor holds stay allocated only as long as their
+    holders): after passes of a size the run will not take again, e.g. the larger batches that
+    measure a memory budget, whose buffers would otherwise stay pooled at that size."""
+    with _SCRATCH_LOCK:
+        _SCRATCH.clear()
+
+
 def _padded(width: int, multiple: int = 16) -> int:
     """``width`` rounded up to a multiple of ``multiple`` elements (16 floats = 64 bytes)."""
     return -(-width // multiple) * multiple
@@ -87,4 +95,4 @@ def _laid_out(name: str, x: Tensor) -> Tensor:
     return scratch(name, x.shape, x.dtype, x.device).copy_(x)
 
 
-__all__ = ["scratch", "padded_rows"]
+__all__ = ["clear_scratch", "scratch", "padded_rows"]
