@@ -82,7 +82,9 @@ def test_each_model_kind_opens_with_its_own_example_and_controls(page, port):
     shot(page, "tasks-0-open-tagger", "serve-open-tagger.png")
     text = page.input_value("#text")
     assert "[MASK]" not in text and "London" in text, text
-    assert page.locator("#top-k").is_hidden()
+    assert page.input_value("#question") == "Where was Ada Lovelace born ?"  # qa is compared
+    page.select_option("#model-b", "")
+    assert page.locator("#top-k").is_hidden()  # a tagger alone: nothing for top-k to do
     page.select_option("#model-a", "qa")
     assert page.locator("#top-k").is_visible()
     context, question = page.input_value("#text"), page.input_value("#question")
@@ -91,7 +93,7 @@ def test_each_model_kind_opens_with_its_own_example_and_controls(page, port):
     wait_done(page)
     # the attention of what the model reads: the question, then its context (a pair)
     drawn = page.locator('.panel[data-model="qa"] .headview svg text')
-    assert drawn.all_inner_texts().count("[SEP]") == 4  # each token drawn left and right
+    assert drawn.all_text_contents().count("[SEP]") == 4  # each token drawn left and right
     assert page.locator('.panel[data-model="qa"] .headview svg text.seg1').count() > 0
     assert page.errors == []
     shot(page, "tasks-0-open-qa", "serve-open-qa.png")

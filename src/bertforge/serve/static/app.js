@@ -126,7 +126,7 @@ async function start() {
     });
   }
   $("model-a").addEventListener("change", () => { useExample(); updatePairBox(); });
-  $("model-b").addEventListener("change", updatePairBox);
+  $("model-b").addEventListener("change", () => { useExample(); updatePairBox(); });
   state.example = { text: $("text").value, question: $("question").value };
   useExample();
   updatePairBox();
@@ -157,8 +157,10 @@ function useExample() {
   const example = EXAMPLES[modelInfo($("model-a").value).kind];
   if (!example) return;
   if ($("text").value === state.example.text) $("text").value = example.text;
-  if (example.question && $("question").value === state.example.question) {
-    $("question").value = example.question;
+  // a question for a QA model, as the first model or the one compared
+  const asks = selectedModels().map(modelInfo).some((m) => m.kind === "question-answering");
+  if (asks && $("question").value === state.example.question) {
+    $("question").value = EXAMPLES["question-answering"].question;
   }
   state.example = { text: $("text").value, question: $("question").value };
 }
