@@ -76,6 +76,32 @@ def shot(page, name: str, doc: str) -> None:
         page.screenshot(path=str(ROOT / "docs" / "img" / doc), clip=clip, full_page=True)
 
 
+def test_each_model_kind_opens_with_its_own_example_and_controls(page, port):
+    # the page opened on the tagger (the first model) with the fill-mask example, "[MASK]"
+    # tagged ORG, and a top-k box that does nothing for a tagger
+    shot(page, "tasks-0-open-tagger", "serve-open-tagger.png")
+    text = page.input_value("#text")
+    assert "[MASK]" not in text and "London" in text, text
+    assert page.input_value("#question") == "Where was Ada Lovelace born ?"  # qa is compared
+    page.select_option("#model-b", "")
+    assert page.locator("#top-k").is_hidden()  # a tagger alone: nothing for top-k to do
+    page.select_option("#model-a", "qa")
+    assert page.locator("#top-k").is_visible()
+    context, question = page.input_value("#text"), page.input_value("#question")
+    assert "London" in context and question.endswith("?") and "born" in question
+    page.click("#run")
+    wait_done(page)
+    # the attention of what the model reads: the question, then its context (a pair)
+    drawn = page.locator('.panel[data-model="qa"] .headview svg text')
+    assert drawn.all_text_contents().count("[SEP]") == 4  # each token drawn left and right
+    assert page.locator('.panel[data-model="qa"] .headview svg text.seg1').count() > 0
+    assert page.errors == []
+    shot(page, "tasks-0-open-qa", "serve-open-qa.png")
+    page.fill("#text", "my own text about Paris")  # a text of the user's own stays
+    page.select_option("#model-a", "ner")
+    assert page.input_value("#text") == "my own text about Paris"
+
+
 def test_entities_are_coloured_inline_by_type_with_a_legend(page, port):
     run(page, "ner", TEXT)
     assert page.locator("#question-row").is_hidden()  # no question for a tagger

@@ -82,3 +82,27 @@ def test_on_every_worker_runs_once_on_each_thread_and_is_not_a_batch():
         assert len(batches) == 1
     finally:
         batcher.close()
+
+
+def test_a_model_of_shapes_already_warmed_runs_each_route_once_per_length(tiny):
+    # two MiniLM-size models warmed the same grid twice (44 s to /health on 2 busy cores); the
+    # kernels and arenas a first pass builds belong to the shape, not to the model
+    from bertforge.serve.warmup import pass_tokens, shape_signature, warm_plan
+
+    limits = WarmLimits(max_batch_tokens=256, max_items=64, max_attention_tokens=16)
+    mlm = load_served_model("mlm", str(tiny["mlm"]), "cpu", "fp32")
+    clf = load_served_model("clf", str(tiny["clf"]), "cpu", "fp32")
+    assert shape_signature(mlm, 32) == shape_signature(clf, 32) != shape_signature(clf, 16)
+    plan = warm_plan([mlm, clf], lambda m: 32)
+    assert [(m.name, done) for m, _, done in plan] == [("mlm", False), ("clf", True)]
+    assert [
+        done for *_, done in warm_plan([mlm, clf], lambda m: {"mlm": 16, "clf": 32}[m.name])
+    ] == [
+        False,
+        False,  # a longer text than the first warmed: shapes of its own
+    ]
+    full, light = warm_passes(clf, 32, limits), warm_passes(clf, 32, limits, shapes_warmed=True)
+    batched = [r for r, _ in light if r in ("/embed", "/predict")]
+    assert len(batched) == 2 * len(warm_lengths(32))  # each route once per length
+    assert len(light) < len(full) and pass_tokens(light) < pass_tokens(full) / 4
+    assert {r for r, _ in light} == {r for r, _ in full}  # every route still runs

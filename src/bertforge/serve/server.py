@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -24,7 +25,15 @@ from bertforge.serve.limits import ApiError
 from bertforge.serve.metrics import Metrics
 from bertforge.serve.models import ServedModel
 from bertforge.serve.schemas import Pair, Texts
-from bertforge.serve.warmup import LARGEST_PASS, WarmLimits, timed, warm
+from bertforge.serve.warmup import (
+    LARGEST_PASS,
+    WarmLimits,
+    pass_tokens,
+    timed,
+    warm,
+    warm_passes,
+    warm_plan,
+)
 
 TRIM_SECONDS = 1.0
 """How often the server hands free memory back to the kernel (:func:`release_free_memory`): a
@@ -78,15 +87,48 @@ class Server:
             max_attention_tokens=config.max_attention_tokens,
         )
 
+        plan = warm_plan(list(models.values()), lambda m: self.length_limit(m)[0])
+        tokens = [pass_tokens(warm_passes(m, n, limits, done)) for m, n, done in plan]
+        workers = config.workers
+        threads = f"{workers} inference thread{'s' if workers > 1 else ''}"
+        print(
+            f"warming up {len(models)} model{'s' if len(models) > 1 else ''} before /health "
+            f"says ready: {sum(tokens):,} tokens of the shapes requests may take, on each of "
+            f"{threads}"
+            + (
+                f" ({sum(done for _, _, done in plan)} of the same sizes as one before: its "
+                "shapes are built, each route runs once per length)"
+                if any(done for _, _, done in plan)
+                else ""
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
+        said: set[str] = set()
+        lock = threading.Lock()
+        start = time.perf_counter()
+
         def each() -> int:
-            return sum(warm(m, self.length_limit(m)[0], limits) for m in models.values())
+            count = 0
+            for k, (served, longest, done) in enumerate(plan):
+                count += warm(served, longest, limits, done)
+                with lock:  # said once, by the first thread to finish the model
+                    if served.name in said or k == len(plan) - 1:
+                        continue
+                    said.add(served.name)
+                    spent = time.perf_counter() - start
+                    left = spent / max(sum(tokens[: k + 1]), 1) * sum(tokens[k + 1 :])
+                    print(
+                        f"warmed {served.name} ({spent:.1f} s so far); about {left:.0f} s left",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            return count
 
         passes, seconds = timed(lambda: self.batcher.on_every_worker(each)[0])
-        workers = config.workers
         print(
             f"warmed {len(models)} model{'s' if len(models) > 1 else ''} in {seconds:.1f} s "
-            f"({passes} passes of the shapes requests may take, on each of {workers} "
-            f"inference thread{'s' if workers > 1 else ''})",
+            f"({passes} passes of the shapes requests may take, on each of {threads})",
             file=sys.stderr,
             flush=True,
         )

@@ -12,12 +12,21 @@ into passes of up to ``--max_batch_tokens`` tokens, padded to their longest text
 buckets), so a pass may take any ``(batch, length)``: the warm-up runs lengths doubling from 8
 to the longest a request may have, each at batch sizes doubling from 1 to the most texts of that
 length one pass holds. The time it costs is printed at start (``warmed ... in N s``).
+
+What a first pass builds is the shape's, not the model's: oneDNN's and MKL's kernels are chosen
+per shape and dtype, our C kernels compiled per signature, and a thread's arena grows to the
+largest tensors it holds, all process-wide. A second model of the same sizes (two MiniLM-size
+models: an encoder and a fine-tuned tagger) meets every shape already built, so its grid is not
+run again: it runs each route once per length at batch 1 (its head's own small products), which
+halved the warm-up of two MiniLM-size models (:func:`warm_plan`). The server says before it
+starts how many passes and tokens the warm-up holds, and after each model how long it took and
+about how long the rest will take.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,12 +106,45 @@ def filler_word(served: ServedModel) -> str:
     return "[UNK]"  # no word piece at all: a special token is one token too
 
 
+def shape_signature(served: ServedModel, longest: int) -> tuple[Any, ...]:
+    """What the shapes of ``served``'s passes depend on: its encoder's sizes, precision,
+    backend and device, and the longest text it takes. Two models with one signature run the
+    same products at the same shapes."""
+    c = served.model.config
+    sizes = (c.hidden_size, c.num_attention_heads, c.intermediate_size, c.num_hidden_layers)
+    device = served.describe()["device"]
+    return (*sizes, served.options.get("precision"), served.backend, device, longest)
+
+
+def warm_plan(
+    models: Sequence[ServedModel], longest: Callable[[ServedModel], int]
+) -> list[tuple[ServedModel, int, bool]]:
+    """``(model, longest text, shapes already warmed)`` per model, in order: the first model of
+    each :func:`shape_signature` runs the whole grid, a later one of the same signature only
+    each route once per length (see the module docstring)."""
+    seen: set[tuple[Any, ...]] = set()
+    plan = []
+    for served in models:
+        n = longest(served)
+        signature = shape_signature(served, n)
+        plan.append((served, n, signature in seen))
+        seen.add(signature)
+    return plan
+
+
+def pass_tokens(passes: Sequence[tuple[str, Any]]) -> int:
+    """Tokens of a warm-up's passes (their batch x length), for the estimate said at start."""
+    return sum(getattr(run, "tokens", 0) for _, run in passes)
+
+
 def warm_passes(
-    served: ServedModel, longest: int, limits: WarmLimits
+    served: ServedModel, longest: int, limits: WarmLimits, shapes_warmed: bool = False
 ) -> list[tuple[str, Callable[[], Any]]]:
     """``(route, pass)`` for every forward pass of ``served``'s warm-up: the inference
     function behind each of its routes, as the route calls it, at each shape
-    (:func:`warm_shapes`; /attention and /attribute one text at a time, as they run)."""
+    (:func:`warm_shapes`; /attention and /attribute one text at a time, as they run). With
+    ``shapes_warmed`` (a model of the same shapes ran the grid) the batched routes run once per
+    length, at batch 1."""
     word = filler_word(served)
     options = served.options
 
@@ -113,7 +155,11 @@ def warm_passes(
         return " ".join([word] * max(1, n))
 
     passes: list[tuple[str, Callable[[], Any]]] = []
-    shapes = warm_shapes(longest, limits.max_batch_tokens, limits.max_items)
+    shapes = (
+        [(1, length) for length in warm_lengths(longest)]
+        if shapes_warmed
+        else warm_shapes(longest, limits.max_batch_tokens, limits.max_items)
+    )
     pooling = served.declared_pooling[0] or "cls"
     for batch, length in shapes:
         opts = {**options, "batch_size": batch}
@@ -211,13 +257,32 @@ def warm_passes(
     return passes
 
 
+@dataclass(frozen=True)
+class _Pass:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    tokens: int
+    """Batch x length of the texts it runs (for the estimate said at start)."""
+
+    def __call__(self) -> Any:
+        return self.fn(*self.args, **self.kwargs)
+
+
 def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[[], Any]:
-    return lambda: fn(*args, **kwargs)
+    texts = next((a for a in args if isinstance(a, list) and a and isinstance(a[0], str)), None)
+    if texts is not None:  # a batched route: texts of about equal length
+        tokens = len(texts) * (len(texts[0].split()) + 2)
+    else:  # /attention, /attribute: one text of ids (x steps for /attribute)
+        ids = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        steps = next((a for a in args if isinstance(a, int) and not isinstance(a, bool)), 1)
+        tokens = (0 if ids is None else ids.numel()) * max(1, steps)
+    return _Pass(fn, args, kwargs, tokens)
 
 
-def warm(served: ServedModel, longest: int, limits: WarmLimits) -> int:
+def warm(served: ServedModel, longest: int, limits: WarmLimits, shapes_warmed: bool = False) -> int:
     """Run every pass of ``served``'s warm-up on this thread; returns how many ran."""
-    passes = warm_passes(served, longest, limits)
+    passes = warm_passes(served, longest, limits, shapes_warmed)
     for _, run in passes:
         run()
     return len(passes)
@@ -234,6 +299,9 @@ __all__ = [
     "LARGEST_PASS",
     "WarmLimits",
     "filler_word",
+    "pass_tokens",
+    "shape_signature",
+    "warm_plan",
     "timed",
     "warm",
     "warm_batch_sizes",

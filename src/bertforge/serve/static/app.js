@@ -125,8 +125,10 @@ async function start() {
       if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); run(); }
     });
   }
-  $("model-a").addEventListener("change", updatePairBox);
-  $("model-b").addEventListener("change", updatePairBox);
+  $("model-a").addEventListener("change", () => { useExample(); updatePairBox(); });
+  $("model-b").addEventListener("change", () => { useExample(); updatePairBox(); });
+  state.example = { text: $("text").value, question: $("question").value };
+  useExample();
   updatePairBox();
   $("view").addEventListener("change", () => { state.view = $("view").value; redrawAttention(); });
   $("layer").addEventListener("change", () => { state.layer = +$("layer").value; redrawAttention(); });
@@ -134,6 +136,33 @@ async function start() {
   $("save-html").addEventListener("click", () => save("html"));
   $("save-png").addEventListener("click", () => save("png"));
   run();
+}
+
+// ---- an example that fits the model ----------------------------------------------------------
+// Each kind of model opens with a text it does something with: a masked LM a [MASK] to fill,
+// a tagger names to find, a question-answering model a question and its context. A text the
+// user wrote stays; only the example the page put there is swapped.
+const EXAMPLES = {
+  "masked-lm": { text: "the movie was a [MASK] film about people in town ." },
+  classifier: { text: "the movie was a good film about people in town ." },
+  "token-classifier": { text: "Ada Lovelace was born in London and worked with Charles Babbage in Paris ." },
+  "question-answering": {
+    question: "Where was Ada Lovelace born ?",
+    text: "Ada Lovelace was born in London and worked with Charles Babbage in Paris .",
+  },
+  encoder: { text: "the movie was a good film about people in town ." },
+};
+
+function useExample() {
+  const example = EXAMPLES[modelInfo($("model-a").value).kind];
+  if (!example) return;
+  if ($("text").value === state.example.text) $("text").value = example.text;
+  // a question for a QA model, as the first model or the one compared
+  const asks = selectedModels().map(modelInfo).some((m) => m.kind === "question-answering");
+  if (asks && $("question").value === state.example.question) {
+    $("question").value = EXAMPLES["question-answering"].question;
+  }
+  state.example = { text: $("text").value, question: $("question").value };
 }
 
 function tokenCap() {
@@ -166,6 +195,8 @@ function updatePairBox() {
   $("pair-name").textContent = b;
   // [MASK] means something only to a masked-LM model among the selected ones
   const predicts = infos.some((m) => m.kind === "masked-lm");
+  // top-k: words per [MASK], spans per question; nothing to a tagger, a classifier, an encoder
+  $("top-k-label").hidden = !infos.some((m) => m.kind === "masked-lm" || m.kind === "question-answering");
   $("text-hint").replaceChildren(
     "(",
     ...(predicts ? ["write ", el("code", { text: "[MASK]" }), " where a word should be predicted; click a token below to mask its word; "] : []),
@@ -219,7 +250,10 @@ async function runModel(name, text, pair, topK, panel) {
   const fail = (err) => errors.append(el("div", { text: err.message }));
   const texts = textsFor(info, text, pair);
   const paired = texts.length === 2;
-  const example = paired ? texts : text; // one text or one [text, text_pair] pair
+  const question = $("question").value;
+  // one text or one [text, text_pair] pair; a QA model reads [CLS] question [SEP] context [SEP]
+  const asked = info.kind === "question-answering" && question.trim() !== "";
+  const example = asked ? [question, text] : paired ? texts : text;
   const r = (state.runs[name] = { name, text, texts, info, panel });
   const cap = Math.min(tokenCap(), info.config.max_position_embeddings);
   try {
@@ -267,7 +301,6 @@ async function runModel(name, text, pair, topK, panel) {
     jobs.push(api("/tag", { inputs: [text], model: name })
       .then(([found]) => drawEntities(entities, text, found, info)).catch(fail));
   } else if (info.kind === "question-answering") {
-    const question = $("question").value;
     const box = el("div");
     outputs.append(box);
     if (question.trim() === "") {
