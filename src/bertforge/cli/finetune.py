@@ -16,8 +16,8 @@ def main(argv: list[str]) -> int:
         argv,
         prog="bertforge finetune",
         description=(
-            "Fine-tune a BERT model for text classification, regression or extractive "
-            "question answering."
+            "Fine-tune a BERT model for text classification, regression, named entities, "
+            "extractive question answering or sentence embeddings."
         ),
     )
     finetune(cfg)

@@ -99,8 +99,19 @@ def baselines(data: PairData, dim: int) -> dict[str, dict[str, float]]:
     }
 
 
+def scores_table(rows: dict[str, dict[str, float]]) -> str:
+    """A plain-text table: one row per label (model, constant, random), one column per score of
+    the first row."""
+    names = list(next(iter(rows.values())))
+    lines = [f"{'':<12}" + "".join(f"{name:>12}" for name in names)]
+    for label, scores in rows.items():
+        lines.append(f"{label:<12}" + "".join(f"{scores[n]:>12.4f}" for n in names))
+    return "\n".join(lines) + "\n"
+
+
 __all__ = [
     "Vectors",
+    "scores_table",
     "baselines",
     "constant_vectors",
     "cosine_all",

@@ -19,7 +19,13 @@ import torch
 from bertforge.data.encoding import collate, encode_examples
 from bertforge.data.pairs import PairData, load_pairs, unique_batches
 from bertforge.errors import BertforgeError
-from bertforge.evaluation.embedding import baselines, model_vectors, random_vectors, score_vectors
+from bertforge.evaluation.embedding import (
+    baselines,
+    model_vectors,
+    random_vectors,
+    score_vectors,
+    scores_table,
+)
 from bertforge.modeling.model import BertModel
 from bertforge.modeling.pooling import declared_pooling, pool, write_pooling_declaration
 from bertforge.runtime import autocast
@@ -229,18 +235,14 @@ def save_embedding_model(model: BertModel, out: Path, tokenizer: Any, run: Any) 
 def embedding_report(run: Any, metrics: dict[str, float]) -> dict[str, Any]:
     """The end-of-run report: the scores beside the baselines', as text and as data."""
     base = validation_baselines(run.cfg, run.data, run.model.config.hidden_size)
-    names = [k for k in metrics if isinstance(metrics[k], float)]
-    lines = [f"{'':<12}" + "".join(f"{name:>12}" for name in names)]
-    for label, scores in (("model", metrics), *base.items()):
-        row = "".join(f"{scores.get(n, float('nan')):>12.4f}" for n in names)
-        lines.append(f"{label:<12}{row}")
+    table = scores_table({"model": metrics, **base})
     baseline = {
         "predicts": "random vectors",
         "definition": "a random vector per distinct text",
         **base["random"],
         "constant": base["constant"],
     }
-    return {"baseline": baseline, "report_text": "\n".join(lines) + "\n"}
+    return {"baseline": baseline, "report_text": table}
 
 
 __all__ = [
