@@ -419,3 +419,22 @@ def test_evaluate_scores_an_embedding_model_on_sts_and_retrieval(trained, tmp_pa
     result = json.loads((tmp_path / "s.json").read_text())
     assert result["task"] == "sts" and -1.0 <= result["spearman"] <= 1.0
     assert "random" in capsys.readouterr().out
+
+
+def test_benchmark_suite_embedding_scores_sts_and_retrieval_beside_baselines(
+    trained, shared_data, tmp_path
+):
+    out = tmp_path / "bench"
+    argv = ["benchmark", "--suite", "embedding", "--model", str(trained["out"]), "--smoke"]
+    argv += ["--output", str(out), "--data_dir", str(shared_data), "--precision", "fp32"]
+    assert cli.main(argv) == 0
+    result = json.loads((out / "results.json").read_text())
+    assert set(result["tasks"]) == {"STS-B", "XQuAD-en"}
+    sts, qa = result["tasks"]["STS-B"], result["tasks"]["XQuAD-en"]
+    assert sts["examples"] == qa["examples"] == 48
+    assert sts["constant"]["spearman"] == 0.0 and qa["constant"]["recall@1"] == 0.0
+    assert (
+        0.0 <= qa["random"]["mrr@10"] < 1.0
+        and "XQuAD-en mrr@10" in (out / "results.md").read_text()
+    )
+    assert cli.main([*argv[:-4], "--output", str(tmp_path / "b2"), "--tasks", "MNLI"]) == 2
