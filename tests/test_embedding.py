@@ -333,9 +333,15 @@ TEXTS = ["the music at night", "a story about town", "actors and a plot", "day o
 def test_sentence_transformers_loads_the_model_with_embeds_vectors(trained, tmp_path):
     st = pytest.importorskip("sentence_transformers")
     out = trained["out"]
-    theirs = st.SentenceTransformer(str(out), device="cpu").encode(TEXTS, convert_to_numpy=True)
+    loaded = st.SentenceTransformer(str(out), device="cpu")
+    theirs = loaded.encode(TEXTS, convert_to_numpy=True)
     ours = bertforge.embed(BertModel.from_pretrained(out), Tokenizer.from_file(out), TEXTS)
     np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+    # and back: the layout sentence-transformers saves (v6 writes "pooling_mode": "mean") embeds
+    loaded.save(str(tmp_path / "saved"))
+    again = tmp_path / "saved"
+    vectors = bertforge.embed(BertModel.from_pretrained(again), Tokenizer.from_file(again), TEXTS)
+    np.testing.assert_allclose(vectors, theirs, atol=1e-5, rtol=0)
     inputs = tmp_path / "texts.txt"
     inputs.write_text("\n".join(TEXTS) + "\n")
     argv = ["embed", "--model", str(out), "--input", str(inputs), "--precision", "fp32"]

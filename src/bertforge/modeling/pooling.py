@@ -57,11 +57,13 @@ def declared_pooling(directory: str | Path) -> tuple[str | None, str | None, boo
     if not path.is_file():
         return None, None, normalize
     config = read_json_object(path, "restore it or pass --pooling")
-    modes = [
-        k.removeprefix("pooling_mode_").removesuffix("_tokens").removesuffix("_token")
-        for k, v in config.items()
-        if k.startswith("pooling_mode_") and v is True
-    ]
+    named = config.get("pooling_mode")  # sentence-transformers 6: "mean" (or a list of them)
+    if named is not None:
+        names = [named] if isinstance(named, str) else list(named)
+    else:  # earlier versions: a flag per mode, pooling_mode_mean_tokens: true
+        names = [k.removeprefix("pooling_mode_") for k, v in config.items()
+                 if k.startswith("pooling_mode_") and v is True]  # fmt: skip
+    modes = [str(n).removesuffix("_tokens").removesuffix("_token") for n in names]
     if len(modes) != 1 or modes[0] not in POOLINGS:
         raise BertforgeError(
             f"{path}: pooling {' + '.join(modes) or 'none'} is not supported; choose one of "
