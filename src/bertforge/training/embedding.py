@@ -9,6 +9,7 @@ that ``SentenceTransformer(dir)``, ``bertforge embed`` and the server read alike
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,17 +169,22 @@ def embedding_step(run: Any, rows: np.ndarray) -> steps.StepReport:
     return steps.StepReport(0.0, grad_norm, tokens, 0.0, {"loss": float(loss.detach())})
 
 
-def memory_probe(run_data: EmbeddingTaskData, model: torch.nn.Module, pad_id: int, **kw: Any):
-    """``forward(k)`` for ``--max_memory``'s measurement: the ``k`` longest training texts
-    embedded with a graph (a mini-batch of GradCache's replay)."""
-    longest = sorted(
-        (ex for column in run_data.columns for ex in column), key=lambda ex: -len(ex[0])
-    )[:4]
+def memory_probe(
+    data: EmbeddingTaskData, model: torch.nn.Module, pad_id: int, **kw: Any
+) -> Callable[[int], torch.Tensor]:
+    """``forward(k)`` for ``--max_memory``'s measurement: the ``k`` longest training rows, every
+    column of them embedded with a graph (what a step without GradCache holds; a GradCache
+    replay holds one column's mini-batch, so the estimate is on the safe side)."""
+    total = [sum(len(column[i][0]) for column in data.columns) for i in range(len(data.train))]
+    longest = np.argsort(total, kind="stable")[-4:][::-1].tolist()
 
     def forward(k: int) -> torch.Tensor:
-        batch = {key: v.to(kw["device"]) for key, v in collate(longest[:k], pad_id).items()}
-        vectors = sentence_vectors(model, batch, run_data.pooling, **kw)
-        return vectors.square().sum()
+        loss = torch.zeros(())
+        for column in data.columns:
+            batch = collate([column[i] for i in longest[:k]], pad_id)
+            batch = {key: v.to(kw["device"]) for key, v in batch.items()}
+            loss = loss + sentence_vectors(model, batch, data.pooling, **kw).square().sum()
+        return loss
 
     return forward
 
