@@ -527,6 +527,34 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
         ),
         ("n.conll:1: tag 'PER' is not IOB; write O, B-TYPE or I-TYPE",),
     ),
+    *[
+        (
+            f"finetune-embedding-{name}",
+            lambda fx, t, f=file, c=content, o=options: (
+                ["finetune", "--model", fx["mlm"], "--train", _write(t / f, c), "--output"]
+                + [t / "out", "--task", "embedding", "--text_pair_column", "b", *o]
+                + ["--text_column", "a", *FAST_FINETUNE]
+            ),
+            expected,
+        )
+        for name, file, content, options, expected in [
+            ("empty-side", "p.csv", "a,b\nx,y\nz,\n", [], ("p.csv:3: empty text in column 'b'",)),
+            (
+                "score-is-text",
+                "p.tsv",
+                "a\tb\ts\nx\ty\t4\nz\tw\thigh\n",
+                ["--label_column", "s"],
+                ("p.tsv:3: column 's' holds 'high', not a number",),
+            ),
+            (
+                "negative-missing",
+                "p.jsonl",
+                '{"a":"x","b":"y","n":"u"}\n{"a":"z","b":"w"}\n',
+                ["--negative_column", "n"],
+                ("p.jsonl:2: no 'n' in this row",),
+            ),
+        ]
+    ],  # fmt: skip
     # finetune options
     (
         "finetune-lr-0",

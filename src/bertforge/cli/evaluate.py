@@ -14,7 +14,9 @@ DESCRIPTION = (
     "shape. A fine-tuned classifier/regressor: its metrics on a labelled file, with the "
     "per-class report. A token classifier: entity-level precision/recall/F1 (seqeval's default "
     "mode), token accuracy and the per-type report on tagged files. A fine-tuned "
-    "question-answering model: SQuAD v1.1 EM/F1 on a SQuAD .json or .jsonl file."
+    "question-answering model: SQuAD v1.1 EM/F1 on a SQuAD .json or .jsonl file. A "
+    "sentence-embedding model: STS Spearman/Pearson of scored pairs, or retrieval MRR@10, "
+    "nDCG@10 and recall@1/10/100 of pairs, beside constant and random vectors."
 )
 
 

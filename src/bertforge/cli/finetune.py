@@ -17,7 +17,8 @@ def main(argv: list[str]) -> int:
         prog="bertforge finetune",
         description=(
             "Fine-tune a BERT model for text classification, regression, token classification "
-            "(named entities) or extractive question answering (docs/tasks.md)."
+            "(named entities), extractive question answering or sentence embeddings "
+            "(docs/tasks.md, docs/embeddings.md)."
         ),
     )
     finetune(cfg)

@@ -119,9 +119,10 @@ def to_floats(
     column: str,
     source: str = "data",
     where: Sequence[str] | None = None,
+    need: str = "regression needs a numeric label column",
 ) -> np.ndarray:
-    """Numeric regression targets as float32; a non-number names the row (as
-    :func:`labels_to_ids`) and column."""
+    """Numeric regression targets (or pair scores) as float32; a non-number names the row (as
+    :func:`labels_to_ids`) and column, then ``need``."""
     out = np.empty(len(values), dtype=np.float32)
     for i, value in enumerate(values):
         try:
@@ -129,7 +130,7 @@ def to_floats(
         except (TypeError, ValueError):
             raise BertforgeError(
                 f"{_row(source, i, where)}: column {column!r} holds {quoted(value)}, not a number; "
-                "regression needs a numeric label column"
+                + need
             ) from None
         if not np.isfinite(out[i]):
             raise BertforgeError(

@@ -24,7 +24,7 @@ import numpy as np
 
 from bertforge.evaluation import metrics as M
 
-Suite = Literal["glue", "ner", "qa"]
+Suite = Literal["glue", "ner", "qa", "embedding"]
 
 METRIC_NAMES = {
     "mcc": "MCC",

@@ -1,5 +1,6 @@
 """Task metrics as pure NumPy functions: classification (accuracy, macro-F1, MCC, confusion matrix,
-per-class report) and regression (MSE, MAE, Pearson, Spearman).
+per-class report), regression (MSE, MAE, Pearson, Spearman) and retrieval (MRR@10, nDCG@10,
+recall@k).
 
 Every function takes array-likes of true and predicted values and returns plain Python numbers
 (or arrays), so fine-tuning, ``bertforge evaluate`` and the benchmarks all report the same thing.
@@ -172,7 +173,41 @@ def regression_metrics(y_true: ArrayLike, y_pred: ArrayLike) -> dict[str, float]
     }
 
 
+# ---- retrieval ------------------------------------------------------------------------------
+
+RETRIEVAL_METRICS: tuple[str, ...] = ("mrr@10", "ndcg@10", "recall@1", "recall@10", "recall@100")
+
+
+def retrieval_metrics(similarity: ArrayLike, relevant: ArrayLike) -> dict[str, float]:
+    """MRR@10, nDCG@10 (binary relevance) and recall@1/10/100, averaged over queries, of a
+    (Q, N) ``similarity`` of every query to every corpus document and a (Q, N) boolean
+    ``relevant``. Documents are ranked by similarity; a tie ranks the relevant document below the
+    others (so a constant similarity scores as badly as it should, not by the corpus order)."""
+    sim = np.asarray(similarity, dtype=np.float64)
+    rel = np.asarray(relevant, dtype=bool)
+    if sim.shape != rel.shape or sim.ndim != 2 or sim.size == 0:
+        raise ValueError(
+            f"similarity {sim.shape} and relevant {rel.shape}: two equal (Q, N) shapes"
+        )
+    if not rel.any(axis=1).all():
+        raise ValueError("every query needs at least one relevant document")
+    order = np.lexsort((rel, -sim), axis=-1)  # by similarity, ties: the relevant last
+    hits = np.take_along_axis(rel, order, axis=1)  # (Q, N): relevant at rank r (0-based)
+    n_relevant = rel.sum(axis=1)
+    first = hits.argmax(axis=1)  # 0-based rank of the best relevant document
+    mrr = np.where(first < 10, 1.0 / (first + 1), 0.0)
+    gains = 1.0 / np.log2(np.arange(2, 12))  # ranks 1..10
+    dcg = hits[:, :10] @ gains[: min(10, hits.shape[1])]
+    ideal = np.cumsum(gains)[np.minimum(n_relevant, 10) - 1]
+    out = {"mrr@10": float(mrr.mean()), "ndcg@10": float((dcg / ideal).mean())}
+    for k in (1, 10, 100):
+        out[f"recall@{k}"] = float((hits[:, :k].sum(axis=1) / n_relevant).mean())
+    return out
+
+
 __all__ = [
+    "RETRIEVAL_METRICS",
+    "retrieval_metrics",
     "accuracy",
     "classification_metrics",
     "confusion_matrix",

@@ -29,6 +29,11 @@ HIGHER_IS_BETTER = {
     "exact_match": True,
     "f1": True,
     "loss": False,
+    "mrr@10": True,
+    "ndcg@10": True,
+    "recall@1": True,
+    "recall@10": True,
+    "recall@100": True,
 }
 """Direction of each validation metric (which way is an improvement)."""
 

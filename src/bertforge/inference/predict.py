@@ -28,6 +28,7 @@ from bertforge.modeling.pooling import (
     PoolingMode,
     copy_pooling_declaration,
     declared_pooling,
+    pool,
     pooling_declaration,
 )
 from bertforge.progress import item_bar
@@ -364,18 +365,6 @@ def resolve_pooling(
     return PoolingChoice(chosen, norm, source, norm_source)
 
 
-def _pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch.Tensor:
-    """(B, T, H) hidden states and (B, T) attention mask -> (B, H) sentence vectors."""
-    if pooling == "cls":
-        return hidden[:, 0]
-    keep = mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
-    if pooling == "max":
-        return hidden.masked_fill(keep == 0, float("-inf")).amax(1)
-    count = keep.sum(1).clamp(min=1.0)  # (B, 1)
-    summed = (hidden * keep).sum(1)  # (B, H)
-    return summed / (count if pooling == "mean" else count.sqrt())
-
-
 @torch.inference_mode()
 def embed(
     model: nn.Module,
@@ -420,7 +409,7 @@ def embed(
                 with autocast(device, precision):
                     # token-wise ops on the real tokens only; pooling masks the (zero) pads
                     hidden = encoder(**batch, skip_padding=True).last_hidden_state.float()
-            vectors = _pool(hidden, batch["attention_mask"], choice.pooling)  # (B, H)
+            vectors = pool(hidden, batch["attention_mask"], choice.pooling)  # (B, H)
             if choice.normalize:
                 vectors = torch.nn.functional.normalize(vectors, dim=-1)
             out[index] = vectors.cpu().numpy()

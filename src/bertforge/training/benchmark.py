@@ -21,9 +21,12 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from bertforge.data.encoding import encode_examples
 from bertforge.data.labelled import load_labelled
@@ -32,10 +35,17 @@ from bertforge.data.tables import read_table
 from bertforge.errors import BertforgeError
 from bertforge.evaluation import benchmark as B
 from bertforge.evaluation.benchmark_report import format_scores, table_rows, write_report
+from bertforge.evaluation.embedding import model_vectors
+from bertforge.evaluation.embedding_suite import (
+    EMBEDDING_TASKS,
+    load_task,
+    score_task,
+    suite_markdown,
+)
 from bertforge.evaluation.task_scores import class_names, evaluate_sequence_model
 from bertforge.io import atomic_write_text, make_directory, read_json_object
 from bertforge.modeling.checkpoint import RUN_MODEL_DIR, resolve_model
-from bertforge.modeling.model import BertForSequenceClassification
+from bertforge.modeling.model import BertForSequenceClassification, BertModel
 from bertforge.progress import format_duration, parse_duration, plural
 from bertforge.runtime import Precision, pick_device, pick_precision
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -68,9 +78,10 @@ class BenchmarkConfig:
     """Output directory: fine-tuning runs, per-task results, results.json/.md/.png. Run the
     same command again to resume: finished tasks and seeds are skipped."""
     suite: B.Suite = "glue"
-    """glue (CoLA, SST-2, MRPC, STS-B, RTE; dev sets), ner (WikiANN-en, WNUT-17; test entity F1)
-    or qa (XQuAD-en EM/F1). ner and qa need bertforge finetune --task token_classification /
-    question_answering."""
+    """glue (CoLA, SST-2, MRPC, STS-B, RTE; dev sets), ner (WikiANN-en, WNUT-17; test entity F1),
+    qa (XQuAD-en EM/F1) or embedding (a sentence-embedding model scored zero-shot: STS-B dev
+    cosine Spearman/Pearson and XQuAD-en question-to-paragraph retrieval; --data_dir is then the
+    folder holding glue/ and qa/, docs/embeddings.md)."""
     tasks: list[str] | None = None
     """Run only these tasks of the suite (e.g. --tasks CoLA RTE); default: all."""
     seeds: int | None = None
@@ -136,6 +147,15 @@ class BenchmarkConfig:
         if self.lr is not None and len(set(self.lr)) != len(self.lr):
             raise BertforgeError(f"--lr {self.lr}: a value repeats; give each once")
         parse_duration(self.task_budget)
+        if self.suite == "embedding":
+            known = [t.name for t in EMBEDDING_TASKS]
+            unknown = sorted(set(self.tasks or []) - set(known))
+            if unknown:
+                raise BertforgeError(
+                    f"--tasks {' '.join(unknown)}: not in the embedding suite; choose among "
+                    + ", ".join(known)
+                )
+            return
         try:
             B.select_tasks(self.suite, self.tasks)
         except ValueError as err:
@@ -455,6 +475,8 @@ def benchmark(cfg: BenchmarkConfig) -> dict[str, Any]:
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
+    if cfg.suite == "embedding":
+        return embedding_benchmark(cfg, say)
     specs = B.select_tasks(cfg.suite, cfg.tasks)  # names checked by BenchmarkConfig
     first = B.SUITES[cfg.suite][0]
     data_dir = data_directory(cfg.data_dir, cfg.suite, f"{first.folder}/{first.train}")
@@ -505,6 +527,58 @@ def benchmark(cfg: BenchmarkConfig) -> dict[str, Any]:
     print(write_report(out, result))
     say(f"benchmark finished in {format_duration(time.perf_counter() - t0)}; {out / 'results.md'}")
     return result
+
+
+def embedding_benchmark(cfg: BenchmarkConfig, say: Callable[[str], None]) -> dict[str, Any]:
+    """``--suite embedding``: the model's vectors scored on each task beside constant and random
+    vectors (no training); writes results.json and results.md."""
+    data_dir = data_directory(cfg.data_dir, ".", "glue/STS-B/dev.tsv and qa/xquad_en_test.json.gz")
+    tasks = [t for t in EMBEDDING_TASKS if not cfg.tasks or t.name in cfg.tasks]
+    device = pick_device(cfg.device)
+    load_encoder_dir(cfg.model)  # a one-line error for anything that is not a BERT directory
+    model = BertModel.from_pretrained(cfg.model).to(device)
+    tokenizer = Tokenizer.from_file(cfg.model)
+    max_length = cfg.max_length or declared_max_length(cfg.model)
+    options = dict(precision=pick_precision(cfg.precision, device), max_length=max_length)
+    vectors = model_vectors(model, tokenizer, batch_size=cfg.batch_size or 64, **options)
+    out = make_directory(cfg.output)
+    atomic_write_text(out / CONFIG_FILE, json.dumps(asdict(cfg), indent=2) + "\n")
+    results: dict[str, Any] = {}
+    for task in tasks:
+        t0 = time.perf_counter()
+        data = load_task(data_dir, task)
+        if cfg.smoke:
+            data = data.subset(np.arange(min(len(data), SMOKE["eval_rows"])))
+        results[task.name] = score_task(data, task, vectors, model.config.hidden_size)
+        results[task.name]["examples"] = len(data)  # type: ignore[assignment]
+        say(f"{task.name}: {len(data):,} pairs scored in {time.perf_counter() - t0:.1f}s")
+    name = cfg.name or Path(cfg.model).resolve().name
+    scores = {k: {c: v for c, v in r.items() if c != "examples"} for k, r in results.items()}
+    table = suite_markdown(name, scores)
+    result = {"suite": "embedding", "model": cfg.model, "name": name, "smoke": cfg.smoke,
+              "data_dir": str(data_dir), "max_length": max_length, "tasks": results,
+              "config": asdict(cfg)}  # fmt: skip
+    note = (
+        "Points (x 100), zero-shot: no training. Constant vectors tie every similarity (a "
+        "relevant document ranks last among ties); random vectors are one Gaussian vector per "
+        "distinct text. STS-B: cosine against the gold 0-5 score on dev; XQuAD-en: each of "
+        "1,190 questions retrieves its paragraph among the 240."
+    )
+    atomic_write_text(out / "results.md", f"# bertforge benchmark: {name} on embedding\n\n"
+                      f"{table}\n{note}\n")  # fmt: skip
+    atomic_write_text(out / "results.json", json.dumps(result, indent=2) + "\n")
+    print(table, end="")
+    return result
+
+
+def declared_max_length(model_dir: str) -> int | None:
+    """The ``max_seq_length`` a sentence-transformers model declares (sentence_bert_config.json),
+    which its users embed with; None without one (the model's positions)."""
+    path = Path(model_dir) / "sentence_bert_config.json"
+    if not path.is_file():
+        return None
+    value = read_json_object(path, "restore it or pass --max_length").get("max_seq_length")
+    return int(value) if isinstance(value, int) else None
 
 
 def _sampled(

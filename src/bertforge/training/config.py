@@ -15,8 +15,10 @@ from typing import Any, Literal, get_args
 from bertforge.data.corpus import EncodingErrors
 from bertforge.data.encoding import Truncation, check_max_length
 from bertforge.errors import BertforgeError
+from bertforge.evaluation.metrics import RETRIEVAL_METRICS
 from bertforge.modeling.checkpoint import FINETUNE_CONFIG, resolve_model
 from bertforge.modeling.config import BertConfig
+from bertforge.modeling.pooling import PoolingMode
 from bertforge.progress import parse_duration
 from bertforge.runtime import Precision, parse_bytes
 from bertforge.training.optim import Schedule
@@ -27,7 +29,10 @@ PositionInit = Literal["normal", "sinusoidal"]
 WordInit = Literal["normal", "cooccurrence"]
 AttentionInit = Literal["normal", "identity"]
 Preset = Literal["tiny", "mini", "small", "medium", "base", "large"]
-Task = Literal["classification", "regression", "token_classification", "question_answering"]
+Task = Literal[
+    "classification", "regression", "token_classification", "question_answering", "embedding"
+]
+EmbeddingLoss = Literal["auto", "in_batch_negatives", "in_batch_symmetric", "cosent", "simcse"]
 Metric = Literal[
     "accuracy",
     "macro_f1",
@@ -40,11 +45,18 @@ Metric = Literal[
     "token_accuracy",
     "f1",
     "exact_match",
+    "mrr@10",
+    "ndcg@10",
+    "recall@1",
+    "recall@10",
+    "recall@100",
+    "loss",
 ]
 CLASSIFICATION_METRICS: tuple[str, ...] = ("accuracy", "macro_f1", "mcc")
 REGRESSION_METRICS: tuple[str, ...] = ("spearman", "pearson", "mse", "mae")
 TAGGING_METRICS: tuple[str, ...] = ("entity_f1", "token_accuracy")
 QA_METRICS: tuple[str, ...] = ("f1", "exact_match")
+STS_METRICS: tuple[str, ...] = ("spearman", "pearson")
 
 
 def check_choice(value: Any, choices: Any, option: str) -> None:
@@ -479,19 +491,27 @@ class FinetuneConfig(LoopOptions):
     """Training file(s), each optionally .gz, .bz2 or .xz; several files are concatenated.
     classification, regression: .csv, .tsv or .jsonl tables; token_classification: CoNLL-style
     files (a token and its tag per line) or JSONL with ``tokens``/``tags`` lists;
-    question_answering: SQuAD .json or .jsonl rows (docs/tasks.md)."""
+    question_answering: SQuAD .json or .jsonl rows (docs/tasks.md); embedding: pairs, scored
+    pairs or plain texts (docs/embeddings.md)."""
     output: str
     """Output directory for the fine-tuned model, metrics, plots and checkpoints."""
     text_column: str = "text"
-    """Column holding the text (the first text for pair tasks)."""
-    label_column: str = "label"
-    """Column holding the label: class names or integers, or numbers for regression."""
+    """Column holding the text (the first text for pair tasks; embedding: the anchor)."""
+    label_column: str | None = None
+    """Column holding the label: class names or integers, or numbers for regression (default
+    ``label``); embedding: a similarity score per pair (STS style, trained with CoSENT), none by
+    default."""
     text_pair_column: str | None = None
-    """Column holding the second text of a pair task (e.g. a title and its description)."""
+    """Column holding the second text of a pair task (e.g. a title and its description);
+    embedding: the positive paired with each anchor (none: plain texts, trained with SimCSE)."""
+    negative_column: str | None = None
+    """embedding: a column holding a hard negative for each pair (a text close to the anchor but
+    not its match), added to the in-batch negatives."""
     task: Task = "classification"
     """classification, regression, token_classification (a tag per word: named entities) or
     question_answering (extractive, SQuAD v1.1 style: --train and --validation are SQuAD .json or
-    .jsonl files; see docs/tasks.md)."""
+    .jsonl files; see docs/tasks.md) or embedding (sentence vectors saved in the
+    sentence-transformers layout; docs/embeddings.md)."""
     allow_rare_labels: bool = False
     """Train labels that look like typos (a class of one row beside classes of five or more, or
     under 20 rows and 1 % of the data, or a word among integer labels) as classes of their own
@@ -525,7 +545,10 @@ class FinetuneConfig(LoopOptions):
     """Examples per optimizer step."""
     micro_batch_size: int | None = None
     """Examples per forward pass, a divisor of --batch_size; the rest is gradient accumulation
-    (each micro-batch's loss weighted by its share of the batch's rows). None = the whole batch."""
+    (each micro-batch's loss weighted by its share of the batch's rows). None = the whole batch.
+    embedding: the mini-batch of GradCache (sentence-transformers' ``mini_batch_size``): the
+    whole batch's embeddings are cached and the backward replayed a mini-batch at a time, the
+    gradient that of the whole batch's loss (in-batch negatives stay the whole batch)."""
     eval_batch_size: int = 64
     """Examples per evaluation batch."""
     lr: float = 5e-5
@@ -551,11 +574,29 @@ class FinetuneConfig(LoopOptions):
     """Validation metric that picks the best model: accuracy, macro_f1, mcc (default accuracy),
     for regression spearman, pearson, mse, mae (default spearman), for token_classification
     entity_f1 (the default) or token_accuracy, for question_answering f1, exact_match (SQuAD
-    v1.1's, default f1)."""
+    v1.1's, default f1), for embedding: spearman or pearson of scored pairs (default spearman),
+    mrr@10, ndcg@10, recall@1, recall@10, recall@100 of pairs (retrieval of each anchor's
+    positive among all validation positives, default mrr@10), loss of plain texts."""
     bucket: bool | None = None
     """Group examples of similar length into batches (less padding); batches stay shuffled.
     Default: on, except for token_classification, where batches of alike sentences cost entity
     F1 (WNUT-17: 2.2 points, ten seeds; docs/results.md)."""
+    loss: EmbeddingLoss = "auto"
+    """embedding: in_batch_negatives (MultipleNegativesRankingLoss: each anchor against every
+    positive and hard negative of the batch), in_batch_symmetric (and each positive against the
+    anchors), cosent (scored pairs), simcse (plain texts, dropout noise as the positive); auto
+    picks cosent for scored pairs, in_batch_negatives for pairs, simcse for plain texts."""
+    scale: float = 20.0
+    """embedding: the factor on cosine similarities in the loss (20 = temperature 0.05)."""
+    pooling: PoolingMode | None = None
+    """embedding: how token states become one vector (cls, mean, max, mean_sqrt_len); default the
+    start model's declaration (1_Pooling/config.json), else mean."""
+    normalize: bool | None = None
+    """embedding: save the model with a Normalize module (unit-length vectors); default as the
+    start model declares (all-MiniLM-L6-v2: yes), else no. The losses use cosines either way."""
+    matryoshka_dims: list[int] | None = None
+    """embedding: also train the vector's first k dimensions for each k given (Matryoshka, e.g.
+    384 256 128 64: the loss summed over the cuts), so a shorter prefix is a usable embedding."""
     seed: int = 0
     """Seed for the head's initialisation, validation split, data order and dropout."""
     keep_checkpoints: int = 1
@@ -568,6 +609,10 @@ class FinetuneConfig(LoopOptions):
         self.model = resolve_model(self.model)
         check_choice(self.task, Task, "--task")
         check_choice(self.truncation, Truncation, "--truncation")
+        if self.task == "embedding":
+            self._check_embedding()
+        elif self.label_column is None:
+            self.label_column = "label"
         check_choice(self.encoding_errors, EncodingErrors, "--encoding_errors")
         check_max_length(
             self.max_length, 4 if self.text_pair_column else 3, "[CLS], [SEP] and one token"
@@ -591,14 +636,16 @@ class FinetuneConfig(LoopOptions):
             "regression": "spearman",
             "token_classification": "entity_f1",
             "question_answering": "f1",
+            "embedding": self.embedding_kind_metrics[0],
         }
         self.metric = self.metric or default.get(self.task, "accuracy")
-        if self.bucket is None:
-            self.bucket = self.task != "token_classification"
+        if self.bucket is None:  # embedding: ranking against unbucketed in-batch negatives
+            self.bucket = self.task not in ("token_classification", "embedding")
         allowed = {
             "regression": REGRESSION_METRICS,
             "token_classification": TAGGING_METRICS,
             "question_answering": QA_METRICS,
+            "embedding": self.embedding_kind_metrics,
         }.get(self.task, CLASSIFICATION_METRICS)
         if self.metric not in allowed:
             raise BertforgeError(
@@ -610,6 +657,57 @@ class FinetuneConfig(LoopOptions):
     def micro_batch(self) -> int:
         """Examples per forward pass: --micro_batch_size, at most the batch (as in pretraining)."""
         return min(self.micro_batch_size or self.batch_size, self.batch_size)
+
+    @property
+    def embedding_kind_metrics(self) -> tuple[str, ...]:
+        """The validation metrics of an embedding run's data: STS of scored pairs, retrieval of
+        pairs, the loss of plain texts (the first is the default)."""
+        if self.label_column:
+            return STS_METRICS
+        return RETRIEVAL_METRICS if self.text_pair_column else ("loss",)
+
+    @property
+    def embedding_loss(self) -> str:
+        """The loss of an embedding run: --loss, or the one its data asks for."""
+        if self.loss != "auto":
+            return self.loss
+        if self.label_column:
+            return "cosent"
+        return "in_batch_negatives" if self.text_pair_column else "simcse"
+
+    def _check_embedding(self) -> None:
+        """``--task embedding``'s options: a loss that fits the data's columns, a positive
+        scale, Matryoshka cuts in decreasing order."""
+        check_choice(self.loss, EmbeddingLoss, "--loss")
+        if self.pooling is not None:
+            check_choice(self.pooling, PoolingMode, "--pooling")
+        needs = {
+            "cosent": (self.label_column, "scored pairs: --text_pair_column and --label_column"),
+            "simcse": (not self.text_pair_column, "plain texts: drop --text_pair_column"),
+            "in_batch_negatives": (
+                self.text_pair_column and not self.label_column,
+                "pairs: --text_pair_column without --label_column",
+            ),
+        }
+        needs["in_batch_symmetric"] = needs["in_batch_negatives"]
+        loss = self.embedding_loss
+        if not needs[loss][0]:
+            raise BertforgeError(f"--loss {loss} trains on {needs[loss][1]}")
+        if self.negative_column and loss == "in_batch_symmetric":
+            raise BertforgeError(
+                "--loss in_batch_symmetric takes no --negative_column (the positives' view has "
+                "no negatives); use --loss in_batch_negatives or drop the column"
+            )
+        if not (self.scale > 0 and math.isfinite(self.scale)):
+            raise BertforgeError(f"--scale {self.scale} must be a positive number (20 is usual)")
+        dims = self.matryoshka_dims
+        if dims is not None and (
+            not dims or min(dims) < 1 or sorted(set(dims), reverse=True) != list(dims)
+        ):
+            raise BertforgeError(
+                f"--matryoshka_dims {dims}: distinct positive sizes, largest first "
+                "(e.g. 384 256 128 64)"
+            )
 
 
 __all__ = [

@@ -1,7 +1,8 @@
 """``evaluate(cfg)`` (the command ``bertforge evaluate``): a pretrained masked-language model on
 a text file (next to a random-initialised network of the same shape), or a fine-tuned
 classifier/regressor, token classifier or question-answering model on a labelled file (with the
-per-class report and a trivial baseline). It sits in the training layer because it reads what
+per-class report and a trivial baseline), or a sentence-embedding model on pairs (STS or
+retrieval scores beside constant and random vectors). It sits in the training layer because it reads what
 ``bertforge finetune`` recorded beside the model (:data:`~bertforge.training.finetune.RESULTS_FILE`,
 the training split's baseline)."""
 
@@ -17,9 +18,11 @@ from typing import Any, Literal
 from bertforge import runtime
 from bertforge.data.encoding import encode_examples
 from bertforge.data.labelled import load_labelled
+from bertforge.data.pairs import load_pairs
 from bertforge.data.qa import encode_windows, read_qa
 from bertforge.data.tagging import encode_tagged, read_tagged, tag_ids
 from bertforge.errors import BertforgeError
+from bertforge.evaluation.embedding import baselines, model_vectors, score_vectors, scores_table
 from bertforge.evaluation.mlm import (
     comparison_table,
     evaluate_mlm,
@@ -46,7 +49,9 @@ from bertforge.modeling.model import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
+    BertModel,
 )
+from bertforge.modeling.pooling import declared_pooling
 from bertforge.training.finetune import RESULTS_FILE
 from bertforge.training.options import ModelOptions, TaskOptions
 
@@ -87,6 +92,8 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         result = _evaluate_task_model(cfg, config)
     elif "BertForQuestionAnswering" in (config.architectures or []):
         result = _evaluate_qa_model(cfg)
+    elif "BertModel" in (config.architectures or []) or declared_pooling(cfg.model)[0]:
+        result = _evaluate_embedding_model(cfg)
     else:
         result = _evaluate_mlm_model(cfg, config)
     result["peak_memory_bytes"] = runtime.peak_memory_bytes()
@@ -160,6 +167,40 @@ def _evaluate_task_model(cfg: EvaluateConfig, config: Any) -> dict[str, Any]:
     warning = baseline_warning(metric, metrics[metric], base)
     print("\n".join(lines + ([warning] if warning else [])))
     return result
+
+
+def _evaluate_embedding_model(cfg: EvaluateConfig) -> dict[str, Any]:
+    """A sentence-embedding model (an encoder alone, or one declaring its pooling): STS scores
+    of scored pairs (--label_column), retrieval scores of pairs (each anchor's positive among
+    every positive and hard negative of the file), beside constant and random vectors."""
+    start = time.perf_counter()
+    ft = finetune_defaults(cfg.model)
+    pair_column = cfg.text_pair_column or ft.get("text_pair_column")
+    if pair_column is None:
+        raise BertforgeError(
+            f"{cfg.model} is a sentence-embedding model: evaluate it on pairs, naming the "
+            "columns with --text_column and --text_pair_column (and --label_column for "
+            "STS-style scores)"
+        )
+    recorded = cfg.text_pair_column is None  # the columns of fine-tuning, hard negatives too
+    data = load_pairs(
+        cfg.data,
+        text_column=cfg.text_column or ft.get("text_column", "text"),
+        text_pair_column=pair_column,
+        negative_column=ft.get("negative_column") if recorded else None,
+        label_column=cfg.label_column or ft.get("label_column"),
+        encoding_errors=cfg.encoding_errors,
+    )
+    model, tokenizer, options = load_model(BertModel, cfg)
+    max_length = cfg.max_length or ft.get("max_length")
+    metrics = score_vectors(data, model_vectors(model, tokenizer, max_length=max_length, **options))
+    base = baselines(data, model.config.hidden_size)
+    table = scores_table({"model": metrics, **base})
+    kind = "sts" if data.kind == "scored" else "retrieval"
+    seconds = round(time.perf_counter() - start, 1)
+    print(f"{kind}: {len(data):,} pairs ({seconds}s)\n" + table, end="")
+    return {"model": cfg.model, "data": cfg.data, "task": kind, **metrics, "pairs": len(data),
+            "seconds": seconds, "baselines": base, "report_text": table}  # fmt: skip
 
 
 def _evaluate_tagging_model(cfg: EvaluateConfig, config: Any) -> dict[str, Any]:

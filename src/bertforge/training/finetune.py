@@ -62,6 +62,7 @@ from bertforge.modeling.model import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
+    BertModel,
 )
 from bertforge.progress import MetricsLogger, format_duration, parse_duration, plural
 from bertforge.runtime import (
@@ -89,6 +90,17 @@ from bertforge.training.checkpoints import (
     write_checkpoint,
 )
 from bertforge.training.config import FINETUNE_CONFIG, FinetuneConfig, option
+from bertforge.training.embedding import (
+    EmbeddingTaskData,
+    embedding_report,
+    embedding_step,
+    load_embedding_data,
+    load_embedding_model,
+    memory_probe,
+    save_embedding_model,
+    validate_embeddings,
+    validation_baselines,
+)
 from bertforge.training.optim import build_optimizer, set_lr
 from bertforge.training.qa import QATaskData, finish_qa, load_qa_task, qa_baseline, validate_qa
 
@@ -110,6 +122,8 @@ RUN_IDENTITY = (
     "validation_fraction",
 )
 """Settings a resumed run must share with the interrupted one (the data order depends on them)."""
+EMBEDDING_IDENTITY = ("negative_column",)
+"""What a resumed embedding run must share too (the batches depend on it)."""
 QA_IDENTITY = ("doc_stride",)
 """What a resumed question-answering run must share too (the windows depend on it)."""
 NOT_RESULT = (
@@ -159,8 +173,10 @@ class Run:
     """Optimizer steps of the whole run: --max_steps, else --epochs of the training data."""
     steps_per_epoch: int
     tokenizer: Tokenizer
-    data: TaskData | TaggingTaskData | QATaskData
-    model: BertForSequenceClassification | BertForTokenClassification | BertForQuestionAnswering
+    data: TaskData | TaggingTaskData | QATaskData | EmbeddingTaskData
+    model: torch.nn.Module
+    """A BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering
+    or (embedding) BertModel."""
     optimizer: torch.optim.Optimizer
     logger: MetricsLogger
     baseline: float | int
@@ -190,6 +206,8 @@ class Run:
             )
         if self.cfg.task == "question_answering":
             return validate_qa(self, model)  # type: ignore[return-value]
+        if isinstance(self.data, EmbeddingTaskData):
+            return validate_embeddings(self, model)
         return evaluate_sequence_model(
             model,
             self.data.encoded_val,
@@ -213,7 +231,6 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     if finished is not None:
         return finished
     run, state = setup(cfg)
-    lengths = [len(ids) for ids, _ in run.data.encoded_train]
     eval_every = cfg.eval_every or run.steps_per_epoch
     bar = steps.progress_bar(state, run.total, run.budget, enabled=cfg.progress)
     window = steps.RunningMeans()
@@ -224,9 +241,7 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     with GracefulStop() as stop:
         while not run.done(state):
             if order_epoch != state.epoch:  # a pure function of (seed, epoch): no replay
-                order = batch_order(
-                    lengths, cfg.batch_size, seed=cfg.seed, epoch=state.epoch, bucket=cfg.bucket
-                )
+                order = epoch_batches(run, state.epoch)
                 order_epoch = state.epoch
             if state.batch >= len(order):  # epoch finished: the next one has a new order
                 state.epoch, state.batch = state.epoch + 1, 0
@@ -270,7 +285,7 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
         return {"stopped": True, "step": state.step}
     if not (run.out / "model.safetensors").is_file():  # the best model was lost: keep the last
         run.say(f"{run.out}: no best model found; saving the model of step {state.step} instead")
-        save_model(run.model, run.out, run.tokenizer, state.scale)
+        save_best(run, state)
     run.logger.close()
     return finish(run, state)
 
@@ -305,7 +320,8 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
         "" if cfg.max_memory is None else "; " + plan_memory(cfg, data, model, precision, device)
     )
     resolved = steps.config_dict(cfg)
-    identity = {k: resolved[k] for k in RUN_IDENTITY + (QA_IDENTITY if qa else ())}
+    extra = QA_IDENTITY if qa else EMBEDDING_IDENTITY if cfg.task == "embedding" else ()
+    identity = {k: resolved[k] for k in RUN_IDENTITY + extra}
     state = FinetuneState(run=identity, scale=data.scale)
     if resume_dir is not None:
         state, _ = FinetuneState.load(resume_dir, optimizer)
@@ -318,6 +334,11 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     if qa:  # the first words of each context: see bertforge.training.qa.BASELINE
         baseline = data.answer_words
         val_baseline = qa_baseline(data.val.examples, baseline)
+    elif isinstance(data, EmbeddingTaskData):  # random vectors: see evaluation.embedding
+        baseline, val_baseline = (
+            0,
+            validation_baselines(cfg, data, model.config.hidden_size)["random"],
+        )
     elif isinstance(data, TaggingTaskData):  # the tag O everywhere: no entity found
         baseline = 0
         val_baseline = tag_metrics(
@@ -332,6 +353,10 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     if qa:
         counts = f"{len(data.train):,} examples ({len(data.encoded_train):,} windows)"
         counts += f", validating on {len(data.val):,}"
+    elif isinstance(data, EmbeddingTaskData):
+        counts = f"{len(data.train):,} {data.train.kind} ({cfg.embedding_loss} loss, "
+        counts += f"{data.pooling} pooling), validating on {len(data.val):,}"
+        outputs = model.config.hidden_size
     else:
         what = "windows" if isinstance(data, TaggingTaskData) else "examples"
         counts = f"{len(data.encoded_train):,} {what}, validating on {len(data.encoded_val):,}"
@@ -346,8 +371,12 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
     return run, state
 
 
-def load_data(cfg: FinetuneConfig, tokenizer: Tokenizer) -> TaskData | TaggingTaskData | QATaskData:
+def load_data(
+    cfg: FinetuneConfig, tokenizer: Tokenizer
+) -> TaskData | TaggingTaskData | QATaskData | EmbeddingTaskData:
     """The training and validation data of the task, encoded."""
+    if cfg.task == "embedding":
+        return load_embedding_data(cfg, tokenizer)
     if cfg.task == "question_answering":
         return load_qa_task(cfg, tokenizer)
     if cfg.task == "token_classification":
@@ -384,10 +413,13 @@ def load_model(
     tokenizer: Tokenizer,
     id2label: dict[int, str] | None,
     resume_dir: Path | None,
-) -> BertForSequenceClassification | BertForTokenClassification | BertForQuestionAnswering:
-    """The checkpoint to resume, or ``cfg.model`` with a fresh head for the task."""
+) -> torch.nn.Module:
+    """The checkpoint to resume, or ``cfg.model`` with a fresh head for the task (embedding: its
+    encoder alone)."""
     cls = model_class(cfg.task)
-    if cfg.task == "question_answering":
+    if cfg.task == "embedding":
+        model = load_embedding_model(cfg, resume_dir)
+    elif cfg.task == "question_answering":
         model = cls.from_pretrained(
             resume_dir or cfg.model, num_labels=2, id2label=None, problem_type=None
         )
@@ -415,11 +447,11 @@ def load_model(
     return model
 
 
-def model_class(
-    task: str,
-) -> type[BertForSequenceClassification | BertForTokenClassification | BertForQuestionAnswering]:
+def model_class(task: str) -> type[torch.nn.Module]:
     """The model of a task: a token classifier for token_classification, a span scorer for
-    question_answering, else a sequence classifier."""
+    question_answering, the encoder alone for embedding, else a sequence classifier."""
+    if task == "embedding":
+        return BertModel
     if task == "token_classification":
         return BertForTokenClassification
     if task == "question_answering":
@@ -429,7 +461,7 @@ def model_class(
 
 def plan_memory(
     cfg: FinetuneConfig,
-    data: TaskData | TaggingTaskData | QATaskData,
+    data: TaskData | TaggingTaskData | QATaskData | EmbeddingTaskData,
     model: torch.nn.Module,
     precision: str,
     device: torch.device,
@@ -454,6 +486,8 @@ def plan_memory(
         with autocast(device, precision):
             return model(**batch).loss
 
+    if isinstance(data, EmbeddingTaskData):  # a mini-batch of GradCache's replay
+        forward = memory_probe(data, model, pad_id, device=device, precision=precision)
     bf16_cpu = precision == "bf16" and device.type == "cpu"
     use = measure_use(forward, model, resident_memory_bytes(), bf16_cpu)
     budget = parse_bytes(cfg.max_memory)
@@ -467,7 +501,9 @@ def plan_memory(
 def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
     """Forward/backward of the batch ``rows`` in dynamically padded micro-batches (each loss
     weighted by its share of the rows, or of the labelled words for a tagger) and gradient
-    clipping."""
+    clipping (embedding: :func:`~bertforge.training.embedding.embedding_step`)."""
+    if isinstance(run.data, EmbeddingTaskData):
+        return embedding_step(run, rows)
     data, device = run.data, run.device
     totals = {"loss": 0.0, "tokens": 0}
 
@@ -503,11 +539,12 @@ def evaluate(run: Run, state: FinetuneState, bar: Any) -> None:
     value = metrics[cfg.metric]
     if _improved(value, state.best, cfg.metric):
         state.best, state.best_step, state.bad_evals = value, state.step, 0
-        save_model(run.model, run.out, run.tokenizer, state.scale)
+        save_best(run, state)
     else:
         state.bad_evals += 1
+    loss = f"val loss {metrics['loss']:.4f} " if "loss" in metrics and cfg.metric != "loss" else ""
     bar.write(
-        f"step {state.step}: val loss {metrics['loss']:.4f} {cfg.metric} "
+        f"step {state.step}: {loss}{cfg.metric} "
         f"{value:.4f} (best {state.best:.4f} at step {state.best_step}) | "
         f"baseline {run.val_baseline[cfg.metric]:.4f}"
     )
@@ -540,6 +577,10 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     if cfg.task == "question_answering":
         plot = None
         metrics, report = finish_qa(run, best, out)
+    elif isinstance(data, EmbeddingTaskData):
+        plot = None
+        metrics, _ = run.validate(best)
+        report = embedding_report(run, metrics)
     elif isinstance(data, TaggingTaskData):
         plot = out / task_plot_name(best.config)
         metrics, predictions = run.validate(best)
@@ -591,7 +632,8 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     )
     if over:
         run.say(over)
-    kept = copy_pooling_declaration(cfg.model, out)  # embed pools it as its start (MiniLM)
+    # embed pools it as its start (MiniLM); an embedding run wrote its own declaration
+    kept = [] if cfg.task == "embedding" else copy_pooling_declaration(cfg.model, out)
     if kept:
         run.say(f"kept from {cfg.model}: {', '.join(kept)} (how bertforge embed pools it)")
     run.say(_drop_finished_checkpoints(out, keep=cfg.keep_final_checkpoint))
@@ -648,6 +690,24 @@ def _improved(value: float, best: float | None, metric: str) -> bool:
     if best is None:
         return True
     return value > best if HIGHER_IS_BETTER[metric] else value < best
+
+
+def epoch_batches(run: Run, epoch: int) -> list[np.ndarray]:
+    """The batches of ``epoch``, a pure function of (seed, epoch): no replay on resume."""
+    cfg = run.cfg
+    if isinstance(run.data, EmbeddingTaskData):
+        return run.data.batches(cfg.batch_size, cfg.seed, epoch)
+    lengths = [len(ids) for ids, _ in run.data.encoded_train]
+    return batch_order(lengths, cfg.batch_size, seed=cfg.seed, epoch=epoch, bucket=cfg.bucket)
+
+
+def save_best(run: Run, state: FinetuneState) -> None:
+    """Write the run's model as the best so far (embedding: in the sentence-transformers
+    layout)."""
+    if isinstance(run.data, EmbeddingTaskData):
+        save_embedding_model(run.model, run.out, run.tokenizer, run)
+    else:
+        save_model(run.model, run.out, run.tokenizer, state.scale)
 
 
 def save_model(
