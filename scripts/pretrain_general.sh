@@ -11,7 +11,8 @@
 # learning-rate schedule follows --train.max_time). The model ends at OUT/run/model (HF layout).
 # Settings (environment variables):
 #   GLUE=1     finish with `bertforge benchmark --suite glue`: the model beside its random twin
-#              on GLUE-5 dev (Google's miniature grid: lr 3e-4, 1e-4, 5e-5, 3e-5, best per task)
+#              on GLUE-5 dev (Google's miniature grid: 4 epochs, lr 3e-4, 1e-4, 5e-5, 3e-5, the
+#              best per task; about four times a single learning rate's time)
 #   THREADS=N  torch threads of every step (default one per core; 1 beside other jobs)
 #   SMOKE=1    a few hundred lines, a tiny vocabulary, 3 steps (what the test suite runs)
 # Needs ../shared/data (or BERTFORGE_SHARED_DATA). docs/pretraining-study.md has the measurements.
@@ -29,7 +30,7 @@ bertforge recipe general "${OPTIONS[@]}" -- "$@"
 
 if [ "${GLUE:-0}" = 1 ]; then
     BENCH=(--model "$OUT/run/model" --name "general recipe" --suite glue --baseline true
-           --lr 3e-4 1e-4 5e-5 3e-5 --output "$OUT/glue")
+           --epochs 4 --lr 3e-4 1e-4 5e-5 3e-5 --output "$OUT/glue")
     if [ "${SMOKE:-0}" = 1 ]; then BENCH+=(--smoke); fi
     if [ -n "${THREADS:-}" ]; then BENCH+=(--num_threads "$THREADS"); fi
     bertforge benchmark "${BENCH[@]}"

@@ -266,10 +266,12 @@ class PretrainingDataset:
         counts = np.zeros(vocab_size, dtype=np.int64)
         left = max_tokens
         for ids in self._ids:
-            chunk = np.asarray(ids if left is None else ids[:left])
-            counts += np.bincount(chunk, minlength=vocab_size)[:vocab_size]
+            n = len(ids) if left is None else min(len(ids), left)
+            for a in range(0, n, _COUNT_CHUNK_TOKENS):  # bincount widens to int64: by chunks
+                chunk = np.asarray(ids[a : min(a + _COUNT_CHUNK_TOKENS, n)])
+                counts += np.bincount(chunk, minlength=vocab_size)[:vocab_size]
             if left is not None:
-                left -= len(chunk)
+                left -= n
                 if left <= 0:
                     break
         counts[sorted(special_ids)] = 0
