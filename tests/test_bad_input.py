@@ -502,7 +502,7 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
         "tag-with-a-sequence-classifier",
         lambda fx, t: ["tag", "--model", fx["clf"], "anna went home"],
         (
-            "is a BertForSequenceClassification, not a token classifier",
+            "a text classifier (BertForSequenceClassification), not the kind of model this command runs; use bertforge classify",
             "--task token_classification",
         ),
     ),
@@ -651,7 +651,8 @@ def test_one_message_for_a_missing_model_and_for_a_hub_id(command, tmp_path, cap
     TaskFiles.write_rows(tmp_path / "x.csv", [{"text": "a", "label": "b"}] * 4)
     code, _, err = run_cli([*command, "--model", "nope/"], capsys)
     assert code == 2 and "error: nope: no such model directory" in err, err
-    code, _, err = run_cli([*command, "--model", "sentence-transformers/all-MiniLM-L6-v2"], capsys)
+    # a Hub id of a model that is not installed (all-MiniLM-L6-v2 names the installed copy)
+    code, _, err = run_cli([*command, "--model", "google/bert_uncased_L-2_H-128_A-2"], capsys)
     assert code == 2
     assert (
         "looks like a Hugging Face Hub id" in err

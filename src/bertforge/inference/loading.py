@@ -47,6 +47,12 @@ TASK_COMMANDS = {
     "BertForQuestionAnswering": ("a question-answering model", "bertforge answer"),
 }
 """What a fine-tuned model's ``architectures`` says it is, and the command that uses it."""
+FINETUNE_TASKS = {
+    "BertForSequenceClassification": "classification",
+    "BertForTokenClassification": "token_classification",
+    "BertForQuestionAnswering": "question_answering",
+}
+"""The ``bertforge finetune --task`` that makes each of those models."""
 
 
 def other_task(config: Any, wanted: type) -> str | None:
@@ -57,7 +63,8 @@ def other_task(config: Any, wanted: type) -> str | None:
             what, command = TASK_COMMANDS[name]
             return (
                 f"{what} ({name}), not the kind of model this command runs; use {command}, or "
-                "fine-tune a model for this task (bertforge finetune --task ...)"
+                "fine-tune a model for this task (bertforge finetune --task "
+                f"{FINETUNE_TASKS.get(wanted.__name__, '...')})"
             )
     return None
 
