@@ -156,13 +156,15 @@ const EXAMPLES = {
 function useExample() {
   const example = EXAMPLES[modelInfo($("model-a").value).kind];
   if (!example) return;
-  if ($("text").value === state.example.text) $("text").value = example.text;
+  // state.example holds what the page itself put in each box: what the user wrote is never it
+  if ($("text").value === state.example.text) {
+    $("text").value = state.example.text = example.text;
+  }
   // a question for a QA model, as the first model or the one compared
   const asks = selectedModels().map(modelInfo).some((m) => m.kind === "question-answering");
   if (asks && $("question").value === state.example.question) {
-    $("question").value = EXAMPLES["question-answering"].question;
+    $("question").value = state.example.question = EXAMPLES["question-answering"].question;
   }
-  state.example = { text: $("text").value, question: $("question").value };
 }
 
 function tokenCap() {
