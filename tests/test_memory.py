@@ -213,7 +213,7 @@ def test_tiny_pretraining_reports_its_peak_under_the_bound(pretraining_corpus, t
     assert done.returncode == 0, done.stderr
     assert "peak memory: " in done.stderr.splitlines()[-1]
     # hidden size 128: fp32 on every CPU (no native bf16: emulated; native: too narrow)
-    assert "fp32 (auto: " in done.stderr and "1 thread;" in done.stderr
+    assert "fp32 (auto: " in done.stderr and ", 1 thread, " in done.stderr
     peak = json.loads((out / "results.json").read_text())["peak_memory_bytes"]
     assert 50 * 2**20 < peak < PRETRAIN_BOUND, format_bytes(peak)
 

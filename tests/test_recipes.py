@@ -167,7 +167,13 @@ def test_fixed_split_and_sample_are_stable():
     assert fixed_split(10, 0.2, seed=0) == (train, test)
     assert sample(list(range(5)), 10) == list(range(5))
     assert sample(list(range(100)), 3, seed=1) == sample(list(range(100)), 3, seed=1)
-    assert set(RECIPES) == {"reviews-adapted", "review-scores", "news-from-scratch", "wikitext-nsp"}
+    assert set(RECIPES) == {
+        "general",
+        "reviews-adapted",
+        "review-scores",
+        "news-from-scratch",
+        "wikitext-nsp",
+    }
 
 
 def test_unigram_baseline_on_known_counts():
