@@ -63,6 +63,7 @@ def write_conll(path: Path, sentences, *, gz: bool = False) -> Path:
 
 FAST = ["--max_length", "32", "--batch_size", "16", "--lr", "3e-3", "--dropout", "0"]
 FAST += ["--precision", "fp32", "--progress", "false", "--eval_batch_size", "32"]
+FAST += ["--num_threads", "1"]  # the same weights whatever threads an earlier test left
 
 
 @pytest.fixture(scope="module")
