@@ -89,7 +89,7 @@ def last_documents(path: Path, count: int) -> list[list[str]]:
             document = []
     if document:
         kept.append(document)
-    return list(kept) if count else []
+    return list(kept)
 
 
 def write_documents(path: Path, documents: list[list[str]]) -> Path:

@@ -6,7 +6,6 @@ the labelled data sets and the token-frequency baseline."""
 from __future__ import annotations
 
 import csv
-import gzip
 import importlib.util
 import io
 import json
@@ -26,7 +25,7 @@ import numpy as np
 
 from bertforge.data.dataset import PretrainingDataset
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_write_text
+from bertforge.io import atomic_write_text, text_lines
 
 BREAK = re.compile(r"<br\s*/?>", re.IGNORECASE)
 
@@ -162,11 +161,9 @@ def pretrain_results(run: Path, head: Path | None = None) -> dict[str, Any]:
 
 
 def read_rows(paths: Iterable[Path]) -> Iterator[dict[str, str]]:
-    """Rows of CSV files (``.csv`` or ``.csv.gz``) in order."""
+    """Rows of CSV files (``.csv``, or compressed: :func:`bertforge.io.text_lines`) in order."""
     for path in paths:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8", newline="") as f:
-            yield from csv.DictReader(f)
+        yield from csv.DictReader(text_lines(path))
 
 
 def write_rows(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> Path:
