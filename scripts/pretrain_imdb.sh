@@ -26,6 +26,8 @@
 #               24,000 train reviews (1,000 more for validation), scored on the 25,000 test
 #               reviews, 256 tokens with head+tail truncation (the moonshot's protocol, Maas et
 #               al. 2011's split)
+#   STAGES      data = stop once the text, slices, tokenizer and prepared data are there (what
+#               scripts/dapt_general.sh does before it times two pretraining runs side by side)
 # A downstream probe (logistic regression on frozen features, 1,000 + 1,000 train reviews) runs
 # at every evaluation and is drawn in OUT/run/curves.png. Needs ../shared/data (or
 # BERTFORGE_SHARED_DATA). Steps already done in OUT (tokenizer, prepared data, slices) are reused.
@@ -129,6 +131,8 @@ if [ ! -f "$OUT/wikitext2-$VOCAB/meta.json" ]; then
         --output "$OUT/wikitext2-$VOCAB" --max_seq_length "$SEQ" --mode packed \
         --validation_fraction 0 --progress false
 fi
+
+if [ "${STAGES:-all}" = data ]; then stage "data ready in $OUT (STAGES=data: no pretraining)"; exit 0; fi
 
 stage "pretrain ($CONFIG)"
 bertforge pretrain --config "$CONFIG" --data "$DATA" --extra_eval "[$OUT/wikitext2-$VOCAB]" \
