@@ -16,12 +16,14 @@ DESCRIPTION = (
     "mode), token accuracy and the per-type report on tagged files. A fine-tuned "
     "question-answering model: SQuAD v1.1 EM/F1 on a SQuAD .json or .jsonl file. A "
     "sentence-embedding model: STS Spearman/Pearson of scored pairs, or retrieval MRR@10, "
-    "nDCG@10 and recall@1/10/100 of pairs, beside constant and random vectors."
+    "nDCG@10 and recall@1/10/100 of pairs or of a test set in BEIR files (--queries, --corpus, "
+    "--qrels instead of --data), beside constant and random vectors."
 )
 
 
 def main(argv: list[str]) -> int:
-    """``bertforge evaluate --model DIR --data FILE [...]``."""
+    """``bertforge evaluate --model DIR --data FILE [...]`` (or ``--queries Q --corpus C --qrels R``
+    in place of ``--data``)."""
 
     evaluate(parse_config(EvaluateConfig, argv, prog="bertforge evaluate", description=DESCRIPTION))
     return 0

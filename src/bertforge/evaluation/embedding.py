@@ -5,7 +5,8 @@ constant and random vectors, the baselines printed beside them.
 
 A data set of pairs (``bertforge.data.pairs``) is scored by its kind: scored pairs as STS; pairs
 as retrieval, the queries being the anchors, the corpus the distinct positives (and negatives),
-a query's relevant documents the positives it is paired with.
+a query's relevant documents the positives it is paired with. A retrieval test set read from
+files (``bertforge.data.retrieval``: queries, a corpus, graded judgments) is scored as retrieval.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from bertforge.data.pairs import PairData
-from bertforge.evaluation.metrics import pearson, retrieval_metrics, spearman
+from bertforge.data.retrieval import RetrievalData
+from bertforge.evaluation.metrics import pearson, retrieval_per_query, spearman
 from bertforge.inference.predict import embed
 
 Vectors = Callable[[Sequence[str]], np.ndarray]
@@ -30,11 +32,14 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.divide((a * b).sum(axis=1), norms, out=np.zeros(len(a)), where=norms > 0)
 
 
+def unit_rows(a: np.ndarray) -> np.ndarray:
+    """Each row scaled to length 1 (a zero row stays zero)."""
+    return a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+
+
 def cosine_all(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """(N, D) and (M, D) -> (N, M) cosines."""
-    a = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
-    b = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
-    return a @ b.T
+    return unit_rows(a) @ unit_rows(b).T
 
 
 def sts_metrics(a: np.ndarray, b: np.ndarray, gold: np.ndarray) -> dict[str, float]:
@@ -44,27 +49,54 @@ def sts_metrics(a: np.ndarray, b: np.ndarray, gold: np.ndarray) -> dict[str, flo
     return {"spearman": spearman(gold, cos), "pearson": pearson(gold, cos)}
 
 
-def retrieval_task(data: PairData) -> tuple[list[str], list[str], np.ndarray]:
-    """``(queries, corpus, relevant)`` of a pair data set: the distinct anchors, the distinct
-    positives and negatives, and the (Q, N) boolean of each anchor's positives."""
+def retrieval_task(data: PairData) -> RetrievalData:
+    """The retrieval task of a pair data set: the distinct anchors search the distinct positives
+    and negatives, each anchor's positives being relevant (grade 1)."""
     assert data.positives is not None, "retrieval needs pairs"
     queries = list(dict.fromkeys(data.anchors))
     documents = list(dict.fromkeys(data.positives + (data.negatives or [])))
     q_index = {q: i for i, q in enumerate(queries)}
     d_index = {d: i for i, d in enumerate(documents)}
-    relevant = np.zeros((len(queries), len(documents)), dtype=bool)
+    judgments: list[dict[int, int]] = [{} for _ in queries]
     for query, positive in zip(data.anchors, data.positives, strict=True):
-        relevant[q_index[query], d_index[positive]] = True
-    return queries, documents, relevant
+        judgments[q_index[query]][d_index[positive]] = 1
+    return RetrievalData(queries, documents, judgments)
 
 
-def score_vectors(data: PairData, vectors: Vectors) -> dict[str, float]:
-    """STS metrics of scored pairs, retrieval metrics of pairs, with ``vectors`` embedding."""
-    if data.kind == "scored":
+CHUNK_CELLS = 1 << 22
+"""Query-document similarities scored at once (4M: about 32 MB per float64 array)."""
+
+
+def retrieval_scores(
+    data: RetrievalData, queries: np.ndarray, documents: np.ndarray, chunk_cells: int = CHUNK_CELLS
+) -> dict[str, float]:
+    """:func:`~bertforge.evaluation.metrics.retrieval_metrics` of ``data`` given the (Q, D)
+    vectors of its queries and the (N, D) of its documents, ranked by cosine: a block of
+    queries at a time, so that a large corpus needs no (Q, N) array. A query's own document
+    (:attr:`RetrievalData.own_documents`) ranks below every other."""
+    q, d = unit_rows(queries), unit_rows(documents)
+    rows = max(1, chunk_cells // max(1, len(d)))
+    per_query: dict[str, list[np.ndarray]] = {}
+    for start in range(0, len(q), rows):
+        stop = min(start + rows, len(q))
+        similarity = q[start:stop] @ d.T  # (rows, N)
+        for row, own in enumerate((data.own_documents or [])[start:stop]):
+            if own is not None:
+                similarity[row, own] = -np.inf
+        scores = retrieval_per_query(similarity, data.relevance(start, stop))
+        for name, values in scores.items():
+            per_query.setdefault(name, []).append(values)
+    return {name: float(np.concatenate(parts).mean()) for name, parts in per_query.items()}
+
+
+def score_vectors(data: PairData | RetrievalData, vectors: Vectors) -> dict[str, float]:
+    """STS metrics of scored pairs, retrieval metrics of pairs and of retrieval test sets, with
+    ``vectors`` embedding."""
+    if isinstance(data, PairData) and data.kind == "scored":
         assert data.positives is not None and data.scores is not None
         return sts_metrics(vectors(data.anchors), vectors(data.positives), data.scores)
-    queries, documents, relevant = retrieval_task(data)
-    return retrieval_metrics(cosine_all(vectors(queries), vectors(documents)), relevant)
+    task = data if isinstance(data, RetrievalData) else retrieval_task(data)
+    return retrieval_scores(task, vectors(task.queries), vectors(task.documents))
 
 
 def model_vectors(model: Any, tokenizer: Any, **options: Any) -> Vectors:
@@ -91,7 +123,7 @@ def random_vectors(dim: int, seed: int = 0) -> Vectors:
     return vectors
 
 
-def baselines(data: PairData, dim: int) -> dict[str, dict[str, float]]:
+def baselines(data: PairData | RetrievalData, dim: int) -> dict[str, dict[str, float]]:
     """The scores of :func:`constant_vectors` and :func:`random_vectors` on ``data``."""
     return {
         "constant": score_vectors(data, constant_vectors(dim)),
@@ -118,7 +150,9 @@ __all__ = [
     "cosine_rows",
     "model_vectors",
     "random_vectors",
+    "retrieval_scores",
     "retrieval_task",
     "score_vectors",
     "sts_metrics",
+    "unit_rows",
 ]

@@ -178,36 +178,50 @@ def regression_metrics(y_true: ArrayLike, y_pred: ArrayLike) -> dict[str, float]
 RETRIEVAL_METRICS: tuple[str, ...] = ("mrr@10", "ndcg@10", "recall@1", "recall@10", "recall@100")
 
 
-def retrieval_metrics(similarity: ArrayLike, relevant: ArrayLike) -> dict[str, float]:
-    """MRR@10, nDCG@10 (binary relevance) and recall@1/10/100, averaged over queries, of a
-    (Q, N) ``similarity`` of every query to every corpus document and a (Q, N) boolean
-    ``relevant``. Documents are ranked by similarity; a tie ranks the relevant document below the
-    others (so a constant similarity scores as badly as it should, not by the corpus order)."""
+def retrieval_per_query(similarity: ArrayLike, relevance: ArrayLike) -> dict[str, np.ndarray]:
+    """MRR@10, nDCG@10 and recall@1/10/100 of each query (one (Q,) array per score) from a
+    (Q, N) ``similarity`` of every query to every corpus document and a (Q, N) ``relevance``:
+    booleans, or graded judgments (0 = not relevant; 1, 2, ... as BEIR's and TREC's qrels).
+
+    Documents are ranked by similarity; a tie ranks the more relevant document below the others
+    (so a constant similarity scores as badly as it should, not by the corpus order). nDCG gains
+    are the grades themselves (linear, as trec_eval and so BEIR), discounted by log2(rank + 1),
+    over the ideal ordering of the query's judged grades. Recall@k is the fraction of the
+    query's relevant (grade > 0) documents in its top k."""
     sim = np.asarray(similarity, dtype=np.float64)
-    rel = np.asarray(relevant, dtype=bool)
-    if sim.shape != rel.shape or sim.ndim != 2 or sim.size == 0:
+    gain = np.asarray(relevance, dtype=np.float64)
+    if sim.shape != gain.shape or sim.ndim != 2 or sim.size == 0:
         raise ValueError(
-            f"similarity {sim.shape} and relevant {rel.shape}: two equal (Q, N) shapes"
+            f"similarity {sim.shape} and relevance {gain.shape}: two equal (Q, N) shapes"
         )
-    if not rel.any(axis=1).all():
-        raise ValueError("every query needs at least one relevant document")
-    order = np.lexsort((rel, -sim), axis=-1)  # by similarity, ties: the relevant last
-    hits = np.take_along_axis(rel, order, axis=1)  # (Q, N): relevant at rank r (0-based)
-    n_relevant = rel.sum(axis=1)
-    first = hits.argmax(axis=1)  # 0-based rank of the best relevant document
-    mrr = np.where(first < 10, 1.0 / (first + 1), 0.0)
-    gains = 1.0 / np.log2(np.arange(2, 12))  # ranks 1..10
-    dcg = hits[:, :10] @ gains[: min(10, hits.shape[1])]
-    ideal = np.cumsum(gains)[np.minimum(n_relevant, 10) - 1]
-    out = {"mrr@10": float(mrr.mean()), "ndcg@10": float((dcg / ideal).mean())}
-    for k in (1, 10, 100):
-        out[f"recall@{k}"] = float((hits[:, :k].sum(axis=1) / n_relevant).mean())
+    if (gain < 0).any() or not (gain > 0).any(axis=1).all():
+        raise ValueError("relevance grades are >= 0 and every query needs one above 0")
+    order = np.lexsort((gain, -sim), axis=-1)[:, :100]  # by similarity, ties: the relevant last
+    ranked = np.take_along_axis(gain, order, axis=1)  # (Q, min(N, 100)): grade at rank r+1
+    hits = ranked > 0
+    n_relevant = (gain > 0).sum(axis=1)
+    top10 = hits[:, :10]
+    first = top10.argmax(axis=1)  # 0-based rank of the best relevant document (if in the top 10)
+    mrr = np.where(top10.any(axis=1), 1.0 / (first + 1), 0.0)
+    discount = 1.0 / np.log2(np.arange(2, 12))  # ranks 1..10
+    k = min(10, sim.shape[1])
+    best = -np.partition(-gain, k - 1, axis=1)[:, :k]  # (Q, k): the k highest grades
+    ideal = -np.sort(-best, axis=1)  # best first
+    out = {"mrr@10": mrr, "ndcg@10": (ranked[:, :k] @ discount[:k]) / (ideal @ discount[:k])}
+    for cut in (1, 10, 100):
+        out[f"recall@{cut}"] = hits[:, :cut].sum(axis=1) / n_relevant
     return out
+
+
+def retrieval_metrics(similarity: ArrayLike, relevance: ArrayLike) -> dict[str, float]:
+    """:func:`retrieval_per_query`'s scores averaged over the queries."""
+    return {name: float(v.mean()) for name, v in retrieval_per_query(similarity, relevance).items()}
 
 
 __all__ = [
     "RETRIEVAL_METRICS",
     "retrieval_metrics",
+    "retrieval_per_query",
     "accuracy",
     "classification_metrics",
     "confusion_matrix",

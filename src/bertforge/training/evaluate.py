@@ -2,7 +2,8 @@
 a text file (next to a random-initialised network of the same shape), or a fine-tuned
 classifier/regressor, token classifier or question-answering model on a labelled file (with the
 per-class report and a trivial baseline), or a sentence-embedding model on pairs (STS or
-retrieval scores beside constant and random vectors). It sits in the training layer because it reads what
+retrieval scores beside constant and random vectors) or on a retrieval test set in BEIR files
+(queries, a corpus, relevance judgments). It sits in the training layer because it reads what
 ``bertforge finetune`` recorded beside the model (:data:`~bertforge.training.finetune.RESULTS_FILE`,
 the training split's baseline)."""
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +21,7 @@ from bertforge.data.encoding import encode_examples
 from bertforge.data.labelled import load_labelled
 from bertforge.data.pairs import load_pairs
 from bertforge.data.qa import encode_windows, read_qa
+from bertforge.data.retrieval import load_beir
 from bertforge.data.tagging import encode_tagged, read_tagged, tag_ids
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.embedding import baselines, model_vectors, score_vectors, scores_table
@@ -60,9 +62,20 @@ from bertforge.training.options import ModelOptions, TaskOptions
 class EvaluateConfig(ModelOptions, TaskOptions):
     """Options of ``bertforge evaluate``."""
 
-    data: list[str]
-    """A text file (pretrained MLM), labelled CSV/TSV/JSONL file(s) (fine-tuned classifier), or
-    CoNLL-style / tokens+tags JSONL file(s) (token classifier)."""
+    data: list[str] = field(default_factory=list)
+    """A text file (pretrained MLM), labelled CSV/TSV/JSONL file(s) (fine-tuned classifier),
+    CoNLL-style / tokens+tags JSONL file(s) (token classifier), a SQuAD file (question
+    answering) or pairs (sentence embedding)."""
+    queries: str | None = None
+    """Sentence-embedding model, retrieval in BEIR files: queries.jsonl, one {"_id", "text"} per
+    line (with --corpus and --qrels, instead of --data)."""
+    corpus: str | None = None
+    """The corpus searched: corpus.jsonl, one {"_id", "title" (optional), "text"} per line,
+    embedded as title + " " + text."""
+    qrels: str | None = None
+    """Relevance judgments: a TSV file with the header query-id, corpus-id, score (an integer:
+    0 not relevant, 1, 2, ... relevant, higher better); queries without a relevant document are
+    skipped and counted."""
     batch_size: int = 64
     """Texts per forward pass."""
     label_column: str | None = None
@@ -76,23 +89,67 @@ class EvaluateConfig(ModelOptions, TaskOptions):
     plot: str | None = None
     """Fine-tuned model: write its confusion matrix / scatter plot to this PNG."""
     encoding_errors: Literal["strict", "replace"] = "strict"
-    """MLM: bytes that are not UTF-8 stop the evaluation naming where (strict) or become U+FFFD
+    """Bytes that are not UTF-8 stop the evaluation naming where (strict) or become U+FFFD
     (replace)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        retrieval = {"--queries": self.queries, "--corpus": self.corpus, "--qrels": self.qrels}
+        given = [name for name, path in retrieval.items() if path]
+        if given and len(given) < len(retrieval):
+            missing = " and ".join(name for name, path in retrieval.items() if not path)
+            raise BertforgeError(
+                f"{' and '.join(given)} without {missing}: --queries, --corpus and --qrels go "
+                "together (a retrieval test set in BEIR files); give all three"
+            )
+        if given and self.data:
+            raise BertforgeError(
+                "--data and --queries/--corpus/--qrels: give one test set, a file of pairs "
+                "(--data) or the three BEIR files"
+            )
+        if not given and not self.data:
+            raise BertforgeError(
+                "give --data FILE (or, for a sentence-embedding model, --queries, --corpus and "
+                "--qrels)"
+            )
+
+
+TASK_HEADS = (
+    "BertForTokenClassification",
+    "BertForSequenceClassification",
+    "BertForQuestionAnswering",
+)
+"""Architectures evaluated by their task; an encoder without one of these heads that is a
+``BertModel`` or declares its pooling is a sentence-embedding model."""
 
 
 def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
-    """Evaluate ``cfg.model`` on ``cfg.data`` as its architecture asks (a token classifier, a
-    sequence classifier/regressor, a question-answering model, else a masked LM), print the
-    scores beside their baseline, write them to ``cfg.output`` when given, and return them."""
+    """Evaluate ``cfg.model`` on ``cfg.data`` (or the retrieval files ``cfg.queries``,
+    ``cfg.corpus``, ``cfg.qrels``) as its architecture asks (a token classifier, a sequence
+    classifier/regressor, a question-answering model, a sentence-embedding model, else a masked
+    LM), print the scores beside their baseline, write them to ``cfg.output`` when given, and
+    return them."""
 
     config = BertConfig.load(check_model_directory(cfg.model))
-    if "BertForTokenClassification" in (config.architectures or []):
+    architectures = config.architectures or []
+    embedding = not set(TASK_HEADS) & set(architectures) and (
+        "BertModel" in architectures or bool(declared_pooling(cfg.model)[0])
+    )
+    if cfg.queries and not embedding:
+        kind = ", ".join(architectures) or "no architecture"
+        raise BertforgeError(
+            f"{cfg.model} is not a sentence-embedding model ({kind}); --queries/--corpus/--qrels "
+            "score an encoder alone or a model declaring its pooling: evaluate this one on --data"
+        )
+    if cfg.queries:
+        result = _evaluate_retrieval_files(cfg)
+    elif "BertForTokenClassification" in architectures:
         result = _evaluate_tagging_model(cfg, config)
-    elif "BertForSequenceClassification" in (config.architectures or []):
+    elif "BertForSequenceClassification" in architectures:
         result = _evaluate_task_model(cfg, config)
-    elif "BertForQuestionAnswering" in (config.architectures or []):
+    elif "BertForQuestionAnswering" in architectures:
         result = _evaluate_qa_model(cfg)
-    elif "BertModel" in (config.architectures or []) or declared_pooling(cfg.model)[0]:
+    elif embedding:
         result = _evaluate_embedding_model(cfg)
     else:
         result = _evaluate_mlm_model(cfg, config)
@@ -201,6 +258,35 @@ def _evaluate_embedding_model(cfg: EvaluateConfig) -> dict[str, Any]:
     print(f"{kind}: {len(data):,} pairs ({seconds}s)\n" + table, end="")
     return {"model": cfg.model, "data": cfg.data, "task": kind, **metrics, "pairs": len(data),
             "seconds": seconds, "baselines": base, "report_text": table}  # fmt: skip
+
+
+def _evaluate_retrieval_files(cfg: EvaluateConfig) -> dict[str, Any]:
+    """A sentence-embedding model on a retrieval test set in BEIR files: each query searches the
+    whole corpus (MRR@10, nDCG@10, recall@1/10/100), beside constant and random vectors."""
+    assert cfg.queries and cfg.corpus and cfg.qrels
+    start = time.perf_counter()
+    data = load_beir(cfg.queries, cfg.corpus, cfg.qrels, cfg.encoding_errors)
+    if not data.queries:
+        raise BertforgeError(
+            f"{cfg.qrels}: judges no query of {cfg.queries} relevant to a document (every score "
+            "is 0 or below); give the qrels of these queries"
+        )
+    model, tokenizer, options = load_model(BertModel, cfg)
+    max_length = cfg.max_length or finetune_defaults(cfg.model).get("max_length")
+    metrics = score_vectors(data, model_vectors(model, tokenizer, max_length=max_length, **options))
+    base = baselines(data, model.config.hidden_size)
+    table = scores_table({"model": metrics, **base})
+    seconds = round(time.perf_counter() - start, 1)
+    print(
+        f"retrieval: {len(data):,} queries over {len(data.documents):,} documents "
+        f"({data.skipped:,} queries without a relevant document skipped; {seconds}s)\n" + table,
+        end="",
+    )
+    files = {"queries": cfg.queries, "corpus": cfg.corpus, "qrels": cfg.qrels}
+    return {"model": cfg.model, "data": files, "task": "retrieval", **metrics,
+            "queries": len(data), "documents": len(data.documents),
+            "skipped_queries": data.skipped, "seconds": seconds, "baselines": base,
+            "report_text": table}  # fmt: skip
 
 
 def _evaluate_tagging_model(cfg: EvaluateConfig, config: Any) -> dict[str, Any]:
