@@ -421,7 +421,11 @@ def test_health_is_503_until_the_models_are_loaded_and_warmed(models, tmp_path):
             assert process.poll() is None, log.read_text()
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        assert request(port, "GET", "/health") == (503, {"status": "loading"})
+        status, health = request(port, "GET", "/health")
+        assert status == 503 and health["status"] == "loading"
+        warm_up = health["warm_up"]  # warmed, not yet ready: its progress is complete
+        assert warm_up["tokens_done"] == warm_up["tokens"] > 0 and warm_up["first_requests_warm"]
+        assert warm_up["seconds_left"] == 0
         status, answer = request(port, "POST", "/predict", {"inputs": "good"})
         assert status == 503 and answer["error_type"] == "loading"
         assert "/health" in answer["error"]

@@ -28,11 +28,11 @@ from bertforge.serve.schemas import Pair, Texts
 from bertforge.serve.warmup import (
     LARGEST_PASS,
     WarmLimits,
+    WarmProgress,
     pass_tokens,
     timed,
-    warm,
-    warm_passes,
     warm_plan,
+    warm_schedule,
 )
 
 TRIM_SECONDS = 1.0
@@ -55,6 +55,8 @@ class Server:
         self.batcher: Batcher | None = None
         self.ready = False
         """Every model is loaded and warmed up: /health answers 200."""
+        self.warming: WarmProgress | None = None
+        """The warm-up's progress, once it has begun (/health says it while it answers 503)."""
         self.load_error: BaseException | None = None
         self.draining = False
         """Shutting down: /health answers 503 while the requests in flight are answered."""
@@ -78,7 +80,9 @@ class Server:
 
     def warm(self, models: dict[str, ServedModel]) -> None:
         """Run every model's warm-up (:mod:`~bertforge.serve.warmup`) on every inference
-        worker, before /health says ready, and say on stderr how long it took."""
+        worker, the first requests' shapes first, before /health says ready; say on stderr
+        what it holds, how long the rest will take and how long it took, and on /health how
+        far it is (:attr:`warming`)."""
         assert self.batcher is not None
         config = self.config
         limits = WarmLimits(
@@ -86,15 +90,19 @@ class Server:
             max_items=config.max_concurrent_requests * config.max_client_batch_size,
             max_attention_tokens=config.max_attention_tokens,
         )
-
         plan = warm_plan(list(models.values()), lambda m: self.length_limit(m)[0])
-        tokens = [pass_tokens(warm_passes(m, n, limits, done)) for m, n, done in plan]
+        schedule = warm_schedule(plan, limits)
         workers = config.workers
+        progress = self.warming = WarmProgress(schedule, workers)
+        first = [p for _, p in schedule if p.first]
         threads = f"{workers} inference thread{'s' if workers > 1 else ''}"
+        models_said = f"{len(models)} model{'s' if len(models) > 1 else ''}"
         print(
-            f"warming up {len(models)} model{'s' if len(models) > 1 else ''} before /health "
-            f"says ready: {sum(tokens):,} tokens of the shapes requests may take, on each of "
-            f"{threads}"
+            f"warming up {models_said} before /health says ready: {len(schedule)} passes, "
+            f"{pass_tokens(schedule):,} tokens of the shapes requests may take, on each of "
+            f"{threads}; the first requests' shapes first (one text of up to "
+            f"{max((p.length for p in first), default=0)} tokens on every route: {len(first)} "
+            "passes)"
             + (
                 f" ({sum(done for _, _, done in plan)} of the same sizes as one before: its "
                 "shapes are built, each route runs once per length)"
@@ -104,31 +112,29 @@ class Server:
             file=sys.stderr,
             flush=True,
         )
-        said: set[str] = set()
-        lock = threading.Lock()
-        start = time.perf_counter()
 
         def each() -> int:
-            count = 0
-            for k, (served, longest, done) in enumerate(plan):
-                count += warm(served, longest, limits, done)
-                with lock:  # said once, by the first thread to finish the model
-                    if served.name in said or k == len(plan) - 1:
-                        continue
-                    said.add(served.name)
-                    spent = time.perf_counter() - start
-                    left = spent / max(sum(tokens[: k + 1]), 1) * sum(tokens[k + 1 :])
-                    print(
-                        f"warmed {served.name} ({spent:.1f} s so far); about {left:.0f} s left",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-            return count
+            passes = warm_schedule(plan, limits)  # this thread's own
+            for _, run in passes:
+                took = time.perf_counter()
+                run()
+                event = progress.done(run, time.perf_counter() - took)
+                if event is None:
+                    continue
+                spent = time.perf_counter() - progress.start
+                what = "the first requests' shapes" if event == "first" else "half the passes"
+                print(
+                    f"warmed {what} in {spent:.1f} s; about {progress.seconds_left() or 0:.0f} s "
+                    "left",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return len(passes)
 
         passes, seconds = timed(lambda: self.batcher.on_every_worker(each)[0])
         print(
-            f"warmed {len(models)} model{'s' if len(models) > 1 else ''} in {seconds:.1f} s "
-            f"({passes} passes of the shapes requests may take, on each of {threads})",
+            f"warmed {models_said} in {seconds:.1f} s ({passes} passes of the shapes requests "
+            f"may take, on each of {threads})",
             file=sys.stderr,
             flush=True,
         )

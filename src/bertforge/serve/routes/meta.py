@@ -24,13 +24,17 @@ STATIC = resources.files("bertforge.serve") / "static"
 
 @router.get(
     "/health",
-    summary="200 once every model is loaded and warmed; 503 while loading or shutting down",
+    summary="200 once every model is loaded and warmed; 503 while loading (with the warm-up's "
+    "progress once it runs) or shutting down",
 )
 async def health(server: ServerDep) -> JSONResponse:
     if server.draining:
         return JSONResponse({"status": "draining"}, 503)
     if not server.ready:
-        return JSONResponse({"status": "loading"}, 503, {"Retry-After": "1"})
+        body: dict[str, Any] = {"status": "loading"}
+        if server.warming is not None:  # the models are loaded: how far the warm-up is
+            body["warm_up"] = server.warming.describe()
+        return JSONResponse(body, 503, {"Retry-After": "1"})
     return JSONResponse({"status": "ok"})
 
 
