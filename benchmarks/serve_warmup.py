@@ -124,6 +124,7 @@ def start_once(
             stderr=subprocess.STDOUT,
             env=side_env(src),
             cwd=src.parent,  # `-m` puts the working directory first: never another checkout
+            preexec_fn=die_with_parent,
         )
         try:
             while True:
@@ -152,6 +153,14 @@ def start_once(
     return Start(
         ready, marks.get("loaded"), marks.get("first_warm"), exit_code=exit_code, **figures
     )
+
+
+def die_with_parent() -> None:
+    """In the server's process before it starts: SIGKILL it when this script dies, even by
+    SIGKILL or a test's timeout, so that no server outlives its benchmark (Linux prctl)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 def stop(process: subprocess.Popen) -> int:
