@@ -409,3 +409,110 @@ def test_ner_and_qa_charts_say_what_they_show(tmp_path, monkeypatch):
     md = (tmp_path / "results.md").read_text()
     assert "| baseline | 0.0/2.7 |" in md and "baseline predicts the first 3 word(s)" in md
     assert [bar_value(v) for v in (2.8, 0.26, 0.0, 25.4)] == ["2.8", "0.3", "0.0", "25"]
+
+
+# ---- the curve: scores against pretraining minutes (--curve) ---------------------------------
+
+
+def glue_result(name: str, model: Path, scores: dict, twin: dict | None = None) -> dict:
+    """A finished GLUE benchmark's results.json as ``bertforge benchmark`` writes it (the keys
+    the curve reads): ``scores`` and ``twin`` give each task's metrics, as fractions."""
+    tasks = {}
+    for spec in B.GLUE:
+        entry = {"metrics": list(spec.metrics), "split": "dev",
+                 "published": B.published_scores(spec),
+                 "model": {"scores": dict(zip(spec.metrics, scores[spec.name], strict=True))}}  # fmt: skip
+        if twin is not None:
+            entry["random_init"] = {"scores": dict(zip(spec.metrics, twin[spec.name], strict=True))}
+        tasks[spec.name] = entry
+    return {"suite": "glue", "model": str(model), "name": name, "smoke": False, "tasks": tasks,
+            "published_source": B.GOOGLE_SOURCE}  # fmt: skip
+
+
+def write_results(directory: Path, result: dict) -> str:
+    directory.mkdir(parents=True)
+    (directory / "results.json").write_text(json.dumps(result))
+    return str(directory)
+
+
+def test_the_curve_draws_glue_scores_against_pretraining_minutes(tmp_path, capsys):
+    from bertforge.training.benchmark import default_name
+
+    run = tmp_path / "pt"
+    run.mkdir()
+    (run / "pretrain_config.yaml").write_text("train:\n  max_time: 30m\n  max_steps: null\n")
+    # fractions; MRPC (F1, acc) and STS-B (Pearson, Spearman) score as the mean of the two
+    early = {
+        "CoLA": [0.10],
+        "SST-2": [0.80],
+        "MRPC": [0.80, 0.70],
+        "STS-B": [0.50, 0.70],
+        "RTE": [0.55],
+    }  # task scores .10 .80 .75 .60 .55: average 56.0
+    final = {
+        "CoLA": [0.20],
+        "SST-2": [0.84],
+        "MRPC": [0.82, 0.74],
+        "STS-B": [0.70, 0.72],
+        "RTE": [0.58],
+    }  # .20 .84 .78 .71 .58: average 62.2
+    twin = {
+        "CoLA": [0.0],
+        "SST-2": [0.50],
+        "MRPC": [0.81, 0.68],
+        "STS-B": [0.10, 0.20],
+        "RTE": [0.50],
+    }  # .0 .50 .745 .15 .50: average 37.9
+    snapshot = run / "snapshots" / "model-15m"
+    a = write_results(tmp_path / "bench-15m", glue_result("pt at 15m", snapshot, early, twin))
+    b = write_results(tmp_path / "bench-final", glue_result("pt", run / "model", final))
+    assert default_name(str(snapshot)) == "pt at 15m"
+
+    out = tmp_path / "curve"
+    assert cli.main(["benchmark", "--curve", b, a, "--output", str(out)]) == 0
+    md = (out / "curve.md").read_text()
+    assert md.startswith("# What pretraining time buys on GLUE: pt\n")  # the run, not its models
+    assert "| pretraining minutes | model | GLUE-5 average | STS-B | SST-2 | benchmark |" in md
+    assert f"| 0 | random twin | 37.9 | 15.0 | 50.0 | {a} |" in md  # the twin at minute 0
+    assert f"| 15 | pt at 15m | 56.0 | 60.0 | 80.0 | {a} |" in md  # the snapshot's name: 15
+    assert f"| 30 | pt | 62.2 | 71.0 | 84.0 | {b} |" in md  # the run's --train.max_time: 30
+    assert md.index("| 15 |") < md.index("| 30 |")  # by minutes, whatever the order given
+    tiny = next(line for line in md.splitlines() if line.startswith("| – | BERT-Tiny"))
+    mini = next(line for line in md.splitlines() if line.startswith("| – | BERT-Mini"))
+    assert "| 58.1 |" in tiny and "| 58.9 |" in mini and mini.endswith("| 85.9 | published |")
+    assert "GLUE *test*-set numbers; ours are dev" in md
+    curve = json.loads((out / "curve.json").read_text())
+    assert [p["minutes"] for p in curve["points"]] == [15.0, 30.0]
+    assert curve["points"][0]["scores"]["GLUE-5 average"] == pytest.approx(0.56)
+    assert curve["random_twin"]["scores"]["STS-B"] == pytest.approx(0.15)
+    assert curve["references"]["BERT-Mini"]["SST-2"] == pytest.approx(0.859)
+    png = (out / "curve.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+
+    # minutes given: they override what the runs say
+    c = write_results(tmp_path / "bench-other", glue_result("other", tmp_path / "other", final))
+    argv = ["benchmark", "--curve", a, c, "--output", str(tmp_path / "c2")]
+    assert cli.main([*argv, "--curve_minutes", "5", "120", "--name", "two runs"]) == 0
+    md = (tmp_path / "c2" / "curve.md").read_text()
+    assert "| 120 | other | 62.2 |" in md and md.startswith(
+        "# What pretraining time buys on GLUE: two runs"
+    )
+    capsys.readouterr()
+
+    # one line each, naming the fix
+    other_suite = write_results(tmp_path / "bench-ner", {"suite": "ner", "tasks": {}})
+    cases = [
+        (argv, "its pretraining minutes are unknown; give them with --curve_minutes"),
+        ([*argv, "--curve_minutes", "5"], "--curve_minutes gives 1 values for 2 --curve"),
+        ([*argv, "--curve_minutes", "5", "5"], "both score a model of 5 minutes"),
+        ([*argv, "--model", b], "--curve draws finished benchmarks, --model"),
+        ([*argv, "--baseline"], "--baseline: an option of the benchmark run, and --curve runs"),
+        (["benchmark", "--curve", other_suite, "--output", "o"], "a benchmark of --suite ner"),
+        (["benchmark", "--curve", str(tmp_path), "--output", "o"], "no results.json there"),
+        (["benchmark", "--curve_minutes", "5", "--output", "o"], "give them with --curve"),
+        (["benchmark", "--output", "o"], "--model DIR: which model to benchmark (or --curve"),
+    ]
+    for options, message in cases:
+        assert cli.main(options) == 2, options
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "\n" not in err and message in err, (options, err)

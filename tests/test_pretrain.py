@@ -8,6 +8,7 @@ import importlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,7 +29,7 @@ from bertforge.errors import BertforgeError
 from bertforge.progress import ProgressBar, read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import list_checkpoints
-from bertforge.training.config import ModelSection, PretrainConfig, TrainConfig
+from bertforge.training.config import ModelSection, PretrainConfig, TrainConfig, snapshot_times
 from bertforge.training.pretrain import CONFIG_FILE, apply_on_device, pretrain
 
 _APPLY = apply_on_device
@@ -617,3 +618,117 @@ def test_a_stop_read_late_drops_the_step_queued_after_it(pretraining_corpus, tmp
     assert torch.equal(sa["rng"]["torch"], sb["rng"]["torch"])
     ja, jb = (json.loads((d / "train_state.json").read_text()) for d in (a, b))
     assert ja["data"] == jb["data"]
+
+
+# ---- time snapshots (--train.snapshots) -------------------------------------------------------
+
+
+def test_snapshot_times_are_checked_and_named(capsys):
+    from bertforge.training.checkpoints import duration_label, snapshot_dir, snapshot_seconds
+    from bertforge.training.pretrain import due_snapshots
+
+    def times(**train) -> list[float]:
+        return snapshot_times(TrainConfig(**train))
+
+    assert times(max_time="2h", snapshots=["1h", "15m", "90s"]) == [90.0, 900.0, 3600.0]
+    assert times(max_time="2h", max_steps=10, snapshots=["30m"]) == [1800.0]  # both budgets
+    assert times(max_steps=10) == []
+    refused = [
+        (dict(max_steps=10, snapshots=["15m"]), "snapshots follow the budget clock of "
+         "--train.max_time; set one"),
+        (dict(max_time="0", snapshots=["15m"]), "set one (e.g. --train.max_time 2h)"),
+        (dict(max_time="1h", snapshots=["1h"]), "--train.snapshots 1h is not before the end of "
+         "--train.max_time 1h (the final model/ is the model at the end)"),
+        (dict(max_time="1h", snapshots=["2h"]), "drop it or raise --train.max_time"),
+        (dict(max_time="1h", snapshots=["15x"]), "duration '15x' is not understood"),
+        (dict(max_time="1h", snapshots=["0"]), "a snapshot is a time into the run"),
+        (dict(max_time="2h", snapshots=["60m", "1h"]), "60m and 1h are the same time"),
+    ]  # fmt: skip
+    for train, message in refused:
+        with pytest.raises(BertforgeError, match=re.escape(message)):
+            times(**train)
+    # the command line: a list of durations, refused in one line before any data is read
+    code = cli.main(["pretrain", "--data", "nowhere", "--output", "o", "--train.max_steps", "5",
+                     "--train.snapshots", "15m", "30m"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--train.snapshots 15m 30m: snapshots" in err
+
+    # names: whole minutes in minutes (an hour is 60m), else seconds; read back from the path
+    assert [duration_label(s) for s in (900, 3600, 7200, 90, 2, 0.5)] == [
+        "15m", "60m", "120m", "90s", "2s", "0.5s"
+    ]  # fmt: skip
+    assert snapshot_dir("run", 900) == Path("run/snapshots/model-15m")
+    assert snapshot_seconds("run/snapshots/model-15m") == 900.0
+    assert snapshot_seconds("run/snapshots/model-0.5s") == 0.5
+    assert snapshot_seconds("run/model") is None and snapshot_seconds("x/model-15m") is None
+    assert snapshot_seconds("run/snapshots/model-best") is None
+    # due: reached by the clock and not written
+    assert due_snapshots([60.0, 120.0, 180.0], 120.0, {"1m"}) == [120.0]
+    assert due_snapshots([60.0, 120.0], 59.9, set()) == []
+
+
+class StepClock:
+    """``time`` as pretrain.py sees it: ``perf_counter`` advances one second at each call, so a
+    step (timed from its start to its report, nothing between) is charged exactly 1 s of the
+    budget whatever the machine does: the snapshot's step is known, the test cannot flake."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_snapshots_follow_the_budget_clock_and_resume_writes_each_once(
+    pretraining_corpus, tmp_path, monkeypatch
+):
+    from bertforge.modeling.model import BertForPreTraining
+    from bertforge.verify import verify
+
+    P = importlib.import_module("bertforge.training.pretrain")  # (the package exports the function)
+    monkeypatch.setattr(P, "time", StepClock())
+    written: list[str] = []
+    save = P.save_model
+    monkeypatch.setattr(P, "save_model", lambda run, d: written.append(d.name) or save(run, d))
+    run = tmp_path / "run"
+    cfg = tiny_cfg(
+        pretraining_corpus["nsp"], run, max_time="6s", max_steps=3, snapshots=["2s", "4s"],
+        save_every=1, keep_checkpoints=0,
+    )  # fmt: skip
+    first = pretrain(cfg)  # stops at its 3 steps (3 s): the 2 s snapshot, not the 4 s one
+    assert first["step"] == 3 and written == ["model-2s", "model"]
+    assert first["snapshots"] == {"2s": {"model_dir": str(run / "snapshots/model-2s"), "step": 2}}
+
+    written.clear()  # the same run, the step budget lifted: it resumes at 3 s, runs to 6 s
+    second = pretrain(replace(cfg, train=replace(cfg.train, max_steps=None)))
+    assert second["step"] == 6 and written == ["model-4s", "model"]  # 2 s not written again
+    assert {k: v["step"] for k, v in second["snapshots"].items()} == {"2s": 2, "4s": 4}
+    for label, step in (("2s", 2), ("4s", 4)):  # the model as it was at that step, loadable
+        snapshot = run / "snapshots" / f"model-{label}"
+        assert {"config.json", "model.safetensors", "tokenizer.json", "manifest.json"} <= {
+            p.name for p in snapshot.iterdir()
+        }
+        ws, wc = weights(snapshot), weights(run / f"checkpoint-{step:08d}")
+        assert ws.keys() == wc.keys() and all(torch.equal(ws[k], wc[k]) for k in ws)
+        BertForPreTraining.from_pretrained(snapshot)
+        assert Tokenizer.from_file(snapshot).vocab_size == 400
+    assert not all(torch.equal(a, b) for a, b in zip(
+        weights(run / "snapshots/model-2s").values(), weights(run / "model").values(),
+        strict=True))  # fmt: skip
+
+    checked = [(f.kind, f.path, f.status) for f in verify(run).findings]  # bertforge verify RUN
+    assert checked[-2:] == [("model", run / "snapshots" / f"model-{t}", "ok") for t in ("2s", "4s")]
+
+    # killed after writing the 4 s snapshot, before a checkpoint recorded it: resumed from the
+    # checkpoint before, it passes 4 s again and keeps the snapshot on disk
+    written.clear()
+    pretrain(replace(cfg, train=replace(cfg.train, max_steps=None),
+                     resume=str(run / "checkpoint-00000003")))  # fmt: skip
+    assert written == ["model"]
+
+    # a time added when resuming past it can no longer be taken: refused, not skipped
+    late = replace(cfg.train, max_steps=None, snapshots=["2s", "3s", "4s"])
+    with pytest.raises(BertforgeError, match=re.escape("--train.snapshots 3s: this run resumes "
+                       "at 0m05s of its budget, past that time, and never saved its snapshot")):  # fmt: skip
+        pretrain(replace(cfg, train=late, resume=str(run / "checkpoint-00000005")))

@@ -1,6 +1,6 @@
 """Check what bertforge wrote against its manifests: a model, a checkpoint, a whole run (its
-checkpoints and final model), a ``bertforge downstream`` output (each of its runs and its random
-twin) or a prepared data directory (``bertforge verify DIR``).
+checkpoints, final model and time snapshots), a ``bertforge downstream`` output (each of its
+runs and its random twin) or a prepared data directory (``bertforge verify DIR``).
 
 Each directory bertforge writes ends with ``manifest.json`` (size and SHA-256 of every file,
 see :func:`bertforge.io.write_manifest`). :func:`verify` finds the directories under a path,
@@ -20,9 +20,11 @@ from bertforge.errors import BertforgeError
 from bertforge.io import check_manifest, read_manifest
 from bertforge.modeling.config import CONFIG_NAME
 from bertforge.training.checkpoints import (
+    SNAPSHOTS_DIR,
     TRAIN_STATE_JSON,
     list_checkpoints,
     newest_verified_checkpoint,
+    snapshot_seconds,
 )
 from bertforge.training.downstream import RESULTS_FILE, TWIN_DIR
 
@@ -74,6 +76,8 @@ def _directories(path: Path) -> list[tuple[str, Path]]:
     found += [("checkpoint", c) for c in list_checkpoints(path)]
     if (path / "model" / CONFIG_NAME).is_file():  # a pretraining run's final model
         found.append(("model", path / "model"))
+    snapshots = [d for d in (path / SNAPSHOTS_DIR).glob("*") if snapshot_seconds(d) is not None]
+    found += [("model", d) for d in sorted(snapshots, key=snapshot_seconds)]  # --train.snapshots
     return found
 
 

@@ -12,12 +12,14 @@ DESCRIPTION = (
     "baseline, optionally the model's random twin (--baseline), and for glue Google's published "
     "BERT miniatures (GLUE test-set numbers). Writes "
     "results.json, results.md and results.png; run it again to resume (finished tasks are "
-    "skipped). See docs/benchmark.md."
+    "skipped). With --curve, draws finished glue benchmarks of one run's snapshots against "
+    "pretraining minutes instead (curve.png). See docs/benchmark.md."
 )
 
 
 def main(argv: list[str]) -> int:
-    """``bertforge benchmark --model DIR --output DIR [--suite glue] [options]``."""
+    """``bertforge benchmark --model DIR --output DIR [--suite glue] [options]``, or
+    ``bertforge benchmark --curve RESULTS_DIR ... --output DIR``."""
     cfg = parse_config(BenchmarkConfig, argv, prog="bertforge benchmark", description=DESCRIPTION)
     benchmark(cfg)
     return 0

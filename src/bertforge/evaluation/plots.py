@@ -265,10 +265,93 @@ def plot_grouped_bars(
     return _save(fig, output)
 
 
+LABEL_BOX = {"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8}
+"""Behind a value written on a chart: it stays readable where a line crosses it."""
+REFERENCE_STYLES = (
+    {"color": "tab:gray", "linestyle": "--"},
+    {"color": "tab:purple", "linestyle": ":"},
+    {"color": "tab:brown", "linestyle": "-."},
+)
+"""How the reference lines of :func:`plot_score_curves` are drawn, in order."""
+
+
+def plot_score_curves(
+    panels: dict[str, list[tuple[float, float]]],
+    output: str | Path,
+    *,
+    start: dict[str, float],
+    references: dict[str, dict[str, float]],
+    title: str,
+    subtitle: str,
+    xlabel: str,
+    ylabel: str,
+    series_label: str,
+    start_label: str,
+) -> Path:
+    """Small panels side by side, one per entry of ``panels`` (``{panel: [(x, y), ...]}``): the
+    points as one line (``series_label``) with each value written beside it; ``start``
+    (``{panel: y}``, at x = 0) marked apart (``start_label``) and joined to the line by a dotted
+    segment; each of ``references`` (``{label: {panel: y}}``) a horizontal line across the panel,
+    its value at the right end. One legend under the panels, so it covers no line."""
+    plt = _pyplot()
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.4), squeeze=False)
+    xs_all = sorted({x for points in panels.values() for x, _ in points} | {0.0})
+    for ax, (panel, points) in zip(axes[0], panels.items(), strict=True):
+        points = sorted(points)
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, color="tab:blue", marker="o", markersize=5, linewidth=1.8,
+                    label=series_label)  # fmt: skip
+            for x, y in points:
+                ax.annotate(f"{y:.1f}", (x, y), textcoords="offset points", xytext=(0, 7),
+                            ha="center", fontsize=8, color="tab:blue", bbox=LABEL_BOX)  # fmt: skip
+        if panel in start:
+            y0 = start[panel]
+            if points:  # what pretraining added between the twin and the first point
+                ax.plot([0.0, points[0][0]], [y0, points[0][1]], color="tab:blue",
+                        linestyle=":", linewidth=1.2)  # fmt: skip
+            ax.plot([0.0], [y0], color="tab:red", marker="s", markersize=7, linestyle="none",
+                    label=start_label)  # fmt: skip
+            ax.annotate(f"{y0:.1f}", (0.0, y0), textcoords="offset points", xytext=(0, -13),
+                        ha="center", fontsize=8, color="tab:red")  # fmt: skip
+        lines = sorted(
+            [(values[panel], label, style)
+             for (label, values), style in zip(references.items(), REFERENCE_STYLES, strict=False)
+             if panel in values],
+            key=lambda line: line[0],
+        )  # fmt: skip
+        for y, label, style in lines:
+            ax.axhline(y, linewidth=1.3, label=label, **style)
+        ax.margins(y=0.15)
+        low, high = ax.get_ylim()
+        lift, previous = 0.0, None
+        for y, _, style in lines:  # each value at the line's right end
+            close = previous is not None and y - previous < 0.04 * (high - low)
+            lift = lift + 9 if close else 0.0  # two lines a hair apart: one value above the other
+            previous = y
+            ax.annotate(f"{y:.1f}", (1.0, y), xycoords=("axes fraction", "data"),
+                        textcoords="offset points", xytext=(3, lift), va="center", fontsize=8,
+                        color=style["color"])  # fmt: skip
+        ax.set_xticks(xs_all, [f"{x:g}" for x in xs_all])
+        ax.set(title=panel, xlabel=xlabel, ylabel=ylabel)
+        ax.grid(alpha=0.25)
+    seen: dict[str, Any] = {}  # every panel's entries once (a panel may lack a reference)
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(label, handle)
+    fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=min(4, len(seen)),
+               fontsize=8, frameon=False)  # fmt: skip
+    fig.suptitle(f"{title}\n{subtitle}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return _save(fig, output)
+
+
 __all__ = [
     "bar_value",
     "plot_confusion_matrix",
     "plot_grouped_bars",
     "plot_regression_scatter",
+    "plot_score_curves",
     "plot_training_curves",
 ]

@@ -22,7 +22,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,8 @@ from bertforge.modeling.model import BertForSequenceClassification, BertModel
 from bertforge.progress import format_duration, parse_duration, plural
 from bertforge.runtime import Precision, pick_device, pick_precision
 from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.benchmark_curve import write_curve
+from bertforge.training.checkpoints import SNAPSHOT_PREFIX, snapshot_seconds
 from bertforge.training.config import (
     FinetuneConfig,
     check_at_least,
@@ -72,11 +74,13 @@ by the final model (it must not pick a checkpoint)."""
 class BenchmarkConfig:
     """Everything ``bertforge benchmark`` needs; written to OUTPUT/benchmark_config.json."""
 
-    model: str
-    """The model directory to benchmark (ours or any BERT checkpoint, e.g. all-MiniLM-L6-v2)."""
+    model: str | None = None
+    """The model directory to benchmark (ours or any BERT checkpoint, e.g. all-MiniLM-L6-v2);
+    required unless --curve."""
     output: str
     """Output directory: fine-tuning runs, per-task results, results.json/.md/.png. Run the
-    same command again to resume: finished tasks and seeds are skipped."""
+    same command again to resume: finished tasks and seeds are skipped. With --curve: where
+    curve.png, curve.md and curve.json go."""
     suite: B.Suite = "glue"
     """glue (CoLA, SST-2, MRPC, STS-B, RTE; dev sets), ner (WikiANN-en, WNUT-17; test entity F1),
     qa (XQuAD-en EM/F1) or embedding (a sentence-embedding model scored zero-shot: STS-B dev
@@ -94,7 +98,8 @@ class BenchmarkConfig:
     """Seed of the random twin's initialisation."""
     name: str | None = None
     """The model's name in the tables (default: its directory's name; for a directory named
-    model, as a training run's, the run's)."""
+    model, as a training run's, the run's). With --curve: the name in the curve's title (default:
+    the runs' names)."""
     data_dir: str | None = None
     """The suite's data folder (glue/: CoLA/train.tsv, CoLA/dev.tsv, ...). Default:
     $BERTFORGE_DATA/<suite> when that variable is set, else ../shared/data/<suite> from the
@@ -133,10 +138,28 @@ class BenchmarkConfig:
     """torch CPU threads (default: torch's; 1 on a machine other jobs share)."""
     progress: bool = False
     """Progress bars of the fine-tuning runs (the benchmark prints a line per run either way)."""
+    curve: list[str] | None = None
+    """Run nothing; draw what pretraining time buys from these finished --suite glue benchmark
+    outputs (one per point, e.g. one per snapshot of a run): the GLUE-5 average, STS-B and SST-2
+    against pretraining minutes (each scored model's: ``RUN/snapshots/model-15m`` is 15, a final
+    ``RUN/model`` its run's --train.max_time), the random twin (of the first benchmark run with
+    --baseline) at minute 0, Google's BERT-Tiny and BERT-Mini as lines. Writes curve.png,
+    curve.md and curve.json to --output (docs/benchmark.md)."""
+    curve_minutes: list[float] | None = None
+    """With --curve: the pretraining minutes of each benchmark, in the same order (default: read
+    from each scored model's run)."""
 
     def __post_init__(self) -> None:
-        self.model = resolve_model(self.model)
         check_choice(self.suite, B.Suite, "--suite")
+        if self.curve is not None or self.curve_minutes is not None:
+            check_curve(self)
+            return
+        if self.model is None:
+            raise BertforgeError(
+                "--model DIR: which model to benchmark (or --curve RESULTS_DIR ... to draw "
+                "finished benchmarks against pretraining time)"
+            )
+        self.model = resolve_model(self.model)
         option = lambda name: f"--{name}"  # noqa: E731
         check_at_least(self, option, seeds=1, batch_size=1, max_length=8, num_threads=1)
         check_at_least(self, option, max_train_examples=2)
@@ -160,6 +183,41 @@ class BenchmarkConfig:
             B.select_tasks(self.suite, self.tasks)
         except ValueError as err:
             raise BertforgeError(str(err)) from None
+
+
+CURVE_OPTIONS = ("model", "output", "suite", "name", "curve", "curve_minutes")
+"""The options ``--curve`` reads (``--model`` is refused with its own message)."""
+
+
+def check_curve(cfg: BenchmarkConfig) -> None:
+    """``--curve``'s options: benchmark outputs, a minute (0 or more) for each with
+    ``--curve_minutes``, the glue suite, no ``--model`` and none of the options of a run."""
+    if not cfg.curve:
+        raise BertforgeError(
+            "--curve_minutes: the minutes of the --curve benchmarks; give them with --curve "
+            "RESULTS_DIR ..."
+        )
+    if cfg.model is not None:
+        raise BertforgeError(
+            f"--curve draws finished benchmarks, --model {cfg.model} runs one; give one of them"
+        )
+    if cfg.suite != "glue":
+        raise BertforgeError(f"--curve draws --suite glue benchmarks, not {cfg.suite}")
+    for f in fields(cfg):  # an option of a benchmark that is not run: refused, not ignored
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if f.name not in CURVE_OPTIONS and getattr(cfg, f.name) != default:
+            raise BertforgeError(
+                f"--{f.name}: an option of the benchmark run, and --curve runs none (it draws "
+                "finished ones); drop it"
+            )
+    minutes = cfg.curve_minutes
+    if minutes is not None and len(minutes) != len(cfg.curve):
+        raise BertforgeError(
+            f"--curve_minutes gives {len(minutes)} values for {len(cfg.curve)} --curve "
+            "benchmarks; give one per benchmark, in the same order"
+        )
+    if minutes is not None and not all(m >= 0 for m in minutes):
+        raise BertforgeError(f"--curve_minutes {minutes}: minutes are 0 or more")
 
 
 # ---- one task -------------------------------------------------------------------------------
@@ -213,8 +271,11 @@ def training_plan(settings: dict[str, Any]) -> str:
 
 def default_name(model: str) -> str:
     """The name of ``model`` in tables without ``--name``: its folder's, or for a folder named
-    ``model`` (where a training run keeps its model) the run's folder's."""
+    ``model`` (where a training run keeps its model) the run's folder's; a time snapshot
+    (``RUN/snapshots/model-15m``) is the run's at that time (``RUN at 15m``)."""
     path = Path(model).resolve()
+    if snapshot_seconds(path) is not None and path.parent.parent.name:
+        return f"{path.parent.parent.name} at {path.name.removeprefix(SNAPSHOT_PREFIX)}"
     return path.parent.name if path.name == RUN_MODEL_DIR and path.parent.name else path.name
 
 
@@ -475,6 +536,9 @@ def benchmark(cfg: BenchmarkConfig) -> dict[str, Any]:
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
+    if cfg.curve:
+        return write_curve(cfg.curve, cfg.output, cfg.curve_minutes, name=cfg.name)
+    assert cfg.model is not None  # BenchmarkConfig requires it without --curve
     if cfg.suite == "embedding":
         return embedding_benchmark(cfg, say)
     specs = B.select_tasks(cfg.suite, cfg.tasks)  # names checked by BenchmarkConfig
@@ -597,6 +661,6 @@ def _sampled(
 
 
 __all__ = [
-    "CONFIG_FILE", "EVALUATE_ONCE", "SMOKE", "BenchmarkConfig", "benchmark", "run_grid", "run_task",
-    "task_settings",
+    "CONFIG_FILE", "EVALUATE_ONCE", "SMOKE", "BenchmarkConfig", "benchmark", "check_curve",
+    "run_grid", "run_task", "task_settings",
 ]  # fmt: skip

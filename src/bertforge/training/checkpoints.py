@@ -1,7 +1,8 @@
 """A run's checkpoints on disk: graceful stop on signals, ``checkpoint-<step>`` directories
 written whole (model, tokenizer, train state, then a manifest of all of them) and rotated, the
 train-state file, the check that a checkpoint to resume from is intact (else the newest one
-that is), and the check that a resumed run is the same run."""
+that is), the check that a resumed run is the same run, and the names of a run's time snapshots
+(``snapshots/model-15m``)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from bertforge.io import (
     write_manifest,
 )
 from bertforge.lock import output_lock
+from bertforge.progress import parse_duration
 from bertforge.runtime import rng_state, set_rng_state
 
 # ---- graceful stop --------------------------------------------------------------------------
@@ -161,6 +163,40 @@ def remove_checkpoint(path: Path) -> None:
     shutil.rmtree(debris, ignore_errors=True)
 
 
+# ---- time snapshots (--train.snapshots) ----------------------------------------------------
+
+SNAPSHOTS_DIR = "snapshots"
+"""Where a run keeps its time snapshots: ``snapshots/model-15m/``, ... (model directories)."""
+SNAPSHOT_PREFIX = "model-"
+
+
+def duration_label(seconds: float) -> str:
+    """A duration as a snapshot's name spells it: whole minutes as ``15m`` (an hour is ``60m``,
+    so the names read on one scale), else seconds (``90s``, ``0.5s``)."""
+    if seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    return f"{int(seconds)}s" if seconds == int(seconds) else f"{seconds:g}s"
+
+
+def snapshot_dir(out: str | Path, seconds: float) -> Path:
+    """``out/snapshots/model-<duration>``: the snapshot of run ``out`` at ``seconds`` of its
+    budget clock."""
+    return Path(out) / SNAPSHOTS_DIR / f"{SNAPSHOT_PREFIX}{duration_label(seconds)}"
+
+
+def snapshot_seconds(model_dir: str | Path) -> float | None:
+    """The budget-clock seconds of a snapshot directory (``RUN/snapshots/model-15m`` -> 900.0);
+    None for any other directory."""
+    path = Path(model_dir)
+    label = path.name.removeprefix(SNAPSHOT_PREFIX)
+    if path.parent.name != SNAPSHOTS_DIR or label == path.name:
+        return None
+    try:
+        return parse_duration(label)
+    except BertforgeError:
+        return None
+
+
 def save_train_state(
     directory: str | Path,
     *,
@@ -238,10 +274,12 @@ def load_train_state(
 __all__ = [
     "CHECKPOINT_PREFIX",
     "GracefulStop",
+    "SNAPSHOTS_DIR",
     "TRAIN_STATE_JSON",
     "TRAIN_STATE_TORCH",
     "check_same_run",
     "checkpoint_name",
+    "duration_label",
     "latest_checkpoint",
     "intact_checkpoint",
     "list_checkpoints",
@@ -250,6 +288,8 @@ __all__ = [
     "newest_verified_checkpoint",
     "rotate_checkpoints",
     "save_train_state",
+    "snapshot_dir",
+    "snapshot_seconds",
     "write_checkpoint",
 ]
 

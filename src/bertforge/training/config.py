@@ -246,6 +246,42 @@ def parse_freeze(text: str | None) -> tuple[bool, int]:
     return embeddings, layers
 
 
+def snapshot_times(tc: TrainConfig) -> list[float]:
+    """``--train.snapshots`` in seconds of the budget clock, earliest first; raise, naming the
+    fix, for a duration not understood, one given twice, one at or past the end of
+    ``--train.max_time`` (the final model is that one) or snapshots without a time budget."""
+    if not tc.snapshots:
+        return []
+    budget = parse_duration(tc.max_time)
+    if budget is None:
+        raise BertforgeError(
+            f"--train.snapshots {' '.join(tc.snapshots)}: snapshots follow the budget clock of "
+            "--train.max_time; set one (e.g. --train.max_time 2h), a step budget has no clock"
+        )
+    seen: dict[float, str] = {}
+    for text in tc.snapshots:
+        try:
+            seconds = parse_duration(text)
+        except BertforgeError as err:
+            raise BertforgeError(f"--train.snapshots: {err}") from None
+        if seconds is None:
+            raise BertforgeError(
+                f"--train.snapshots {text!r}: a snapshot is a time into the run, e.g. 15m"
+            )
+        if seconds >= budget:
+            raise BertforgeError(
+                f"--train.snapshots {text} is not before the end of --train.max_time "
+                f"{tc.max_time} (the final model/ is the model at the end); drop it or raise "
+                "--train.max_time"
+            )
+        if seconds in seen:
+            raise BertforgeError(
+                f"--train.snapshots {seen[seconds]} and {text} are the same time; give it once"
+            )
+        seen[seconds] = text
+    return sorted(seen)
+
+
 @dataclass
 class TrainConfig(LoopOptions):
     """The optimisation: objective, batch, budget, schedule, evaluation and checkpoints."""
@@ -284,6 +320,11 @@ class TrainConfig(LoopOptions):
     max_time: str | None = None
     """Wall-clock training budget such as 15m or 1h30m; the LR schedule follows elapsed time.
     Evaluation and checkpoint time is not counted. 0 or none: no limit."""
+    snapshots: list[str] = field(default_factory=list)
+    """Save the model, as the final ``model/`` is saved, to ``snapshots/model-15m/`` (etc.) when
+    the budget clock of ``--train.max_time`` passes each of these durations (e.g. 15m 30m 1h),
+    each before the end of the budget. The LR schedule follows the whole budget: a 15-minute
+    snapshot of a 2-hour run is not a 15-minute run (docs/pretraining.md)."""
     lr: float = 1e-4
     """Peak learning rate."""
     betas: tuple[float, float] = (0.9, 0.999)
@@ -401,6 +442,7 @@ class TrainConfig(LoopOptions):
                 f"--train.bow_weight {self.bow_weight} trains the pooler of --train.objective "
                 f"mlm_nsp; this run's objective is {self.objective}: drop --train.bow_weight"
             )
+        snapshot_times(self)
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise BertforgeError(f"--train.min_lr_ratio {self.min_lr_ratio} must lie in [0, 1]")
         if not all(0.0 <= b < 1.0 for b in self.betas) or len(self.betas) != 2:
@@ -724,4 +766,5 @@ __all__ = [
     "check_training_options",
     "ALL_LAYERS",
     "parse_freeze",
+    "snapshot_times",
 ]

@@ -4,11 +4,14 @@ pretrain`` command that parses its config is ``bertforge.cli.pretrain``).
 Per optimizer step: set the LR (a pure function of the step, or of elapsed time for a wall-clock
 budget) -> draw this rank's share of the global batch -> accumulate micro-batches (loss
 normalised by the GLOBAL number of masked tokens, so N ranks x B/N equal 1 process x B) -> clip ->
-step unless the loss is non-finite -> log -> maybe evaluate / checkpoint / stop on a signal.
+step unless the loss is non-finite -> log -> maybe evaluate / snapshot / checkpoint / stop on a
+signal.
 
 The run directory holds ``pretrain_config.yaml`` (the resolved config), ``metrics.jsonl``,
-``checkpoint-*`` (model + optimizer + RNG + data position, the newest K), ``curves.png`` and the
-final ``model/`` (config.json, model.safetensors, vocab.txt, tokenizer.json).
+``checkpoint-*`` (model + optimizer + RNG + data position, the newest K), ``curves.png``, the
+final ``model/`` (config.json, model.safetensors, vocab.txt, tokenizer.json, manifest.json) and,
+with ``--train.snapshots``, ``snapshots/model-15m/`` ...: the model as ``model/`` holds it, saved
+when the budget clock passed each time.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -38,7 +41,7 @@ from bertforge.errors import BertforgeError
 from bertforge.evaluation.mlm import comparison_table, evaluate_mlm
 from bertforge.evaluation.plots import plot_training_curves
 from bertforge.evaluation.probe import LinearProbe
-from bertforge.io import atomic_directory, atomic_write_text, check_run_directory
+from bertforge.io import MANIFEST_NAME, atomic_directory, atomic_write_text, check_run_directory
 from bertforge.modeling.model import BertForReplacedTokenDetection
 from bertforge.modeling.pooling import copy_pooling_declaration
 from bertforge.progress import MetricsLogger, format_duration, parse_duration, plural
@@ -61,10 +64,12 @@ from bertforge.training.budget import BatchPlan, measure_use, over_budget, plan_
 from bertforge.training.checkpoints import (
     GracefulStop,
     check_same_run,
+    duration_label,
     locks_output,
+    snapshot_dir,
     write_checkpoint,
 )
-from bertforge.training.config import PretrainConfig, TrainConfig
+from bertforge.training.config import PretrainConfig, TrainConfig, snapshot_times
 from bertforge.training.objectives import UNITS, Objective, objective_for, unit_counts
 from bertforge.training.optim import build_optimizer, set_lr
 from bertforge.training.setup import (
@@ -101,8 +106,11 @@ class PretrainState(steps.TrainState):
     """With --init_from: the same network freshly initialised (the table's third column)."""
     compile_seconds: float | None = None
     """With --train.compile: seconds spent compiling, not charged to the time budget."""
+    snapshots: dict[str, int] | None = None
+    """With --train.snapshots: the snapshots written (``snapshots/model-15m``) -> the step each
+    holds; a resumed run writes none of them again."""
 
-    optional: ClassVar[tuple[str, ...]] = ("random_eval", "compile_seconds")
+    optional: ClassVar[tuple[str, ...]] = ("random_eval", "compile_seconds", "snapshots")
 
 
 @dataclass
@@ -131,6 +139,8 @@ class Run:
     """The probe's scores (``step``, ``accuracy``, ...) at each evaluation point."""
     watch: CoreWatch | None = None
     """Says once when the step rate collapses for oversubscribed cores."""
+    snapshots: list[float] = field(default_factory=list)
+    """``--train.snapshots`` in seconds of the budget clock, earliest first."""
 
     def say(self, text: str) -> None:
         if self.info.is_main:
@@ -217,11 +227,13 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
                 f"step {state.step}: val MLM loss {val['loss']:.3f} "
                 f"accuracy {val['accuracy']:.2%}{probed}"
             )
+        take_snapshots(run, state, bar.write)  # before the checkpoint, which records them
         if not stop_everywhere and steps.due(state.step, tc.save_every) and not run.done(state):
             save_checkpoint(run, state)
         mark = time.perf_counter(), compile_seconds() if tc.compile else 0.0
         return stop_everywhere
 
+    take_snapshots(run, state, bar.write)  # a time the charged start-up work passed already
     with GracefulStop() as stop:
         source = data_steps(run.data.loader, run.data.micro)
         if run.device.type == "cuda":  # collate the next step while the GPU runs this one
@@ -329,6 +341,9 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
         objective, probe,
     )  # fmt: skip
     run.watch = CoreWatch(threads, run.say, "--train.num_threads")
+    run.snapshots = snapshot_times(tc)
+    if resume_dir is not None:
+        check_snapshots_resume(run, state)
     if resume_dir is not None and run.done(state):  # rerun of a finished run: not a resume
         run.say(
             f"{out} holds a finished run ({state.step} steps, its budget reached): nothing left "
@@ -648,6 +663,73 @@ def save_checkpoint(run: Run, state: PretrainState) -> None:
     D.barrier()
 
 
+def save_model(run: Run, directory: Path) -> list[str]:
+    """Write the model into ``directory``, whole or not at all, as the final ``model/`` is
+    written (an rtd run: its encoder; a run from ``--init_from``: with the pooler and pooling
+    declaration MLM cannot train, taken from the start); returns what was so carried over."""
+    with atomic_directory(directory) as tmp:
+        if isinstance(run.raw, BertForReplacedTokenDetection):
+            run.raw.save_encoder(tmp, tokenizer=run.data.tokenizer)
+            return []
+        start = run.cfg.init_from
+        kept = start_pooler(start, run.raw) if start else {}  # what MLM cannot train
+        run.raw.save_pretrained(tmp, tokenizer=run.data.tokenizer, extra_tensors=kept)
+        return (["pooler"] if kept else []) + (
+            copy_pooling_declaration(start, Path(tmp)) if start else []
+        )
+
+
+def due_snapshots(times: Sequence[float], elapsed: float, written: Collection[str]) -> list[float]:
+    """The snapshot ``times`` (seconds) the budget clock has reached at ``elapsed`` whose
+    snapshot (named by :func:`~bertforge.training.checkpoints.duration_label`) is not among
+    ``written``, earliest first."""
+    return [t for t in times if t <= elapsed and duration_label(t) not in written]
+
+
+def take_snapshots(run: Run, state: PretrainState, say: Callable[[str], None]) -> None:
+    """Save the snapshot of every ``--train.snapshots`` time the budget clock has passed that
+    this run has not written (:func:`save_model` into ``snapshots/model-15m``), on the main
+    process, and record it in ``state`` (the checkpoint saves it: a resumed run writes none
+    again). One on disk that the state lacks (the run was killed after writing it, before a
+    checkpoint recorded it) is kept, not written twice. Not charged to the budget."""
+    for seconds in due_snapshots(run.snapshots, state.elapsed, state.snapshots or {}):
+        target = snapshot_dir(run.out, seconds)
+        kept = run.info.is_main and (target / MANIFEST_NAME).is_file()
+        if run.info.is_main and not kept:
+            save_model(run, target)
+        state.snapshots = {**(state.snapshots or {}), duration_label(seconds): state.step}
+        if run.info.is_main:
+            how = "kept, written before the restart" if kept else f"step {state.step}"
+            say(f"snapshot at {format_duration(seconds)} of the budget ({how}): {target}")
+
+
+def written_snapshots(run: Run, state: PretrainState) -> dict[str, dict[str, Any]]:
+    """results.json's ``snapshots``: by name (``15m``), each written snapshot's directory and the
+    step it holds."""
+    written = state.snapshots or {}
+    found = {}
+    for seconds in run.snapshots:
+        label = duration_label(seconds)
+        if label in written:
+            found[label] = {
+                "model_dir": str(snapshot_dir(run.out, seconds)),
+                "step": written[label],
+            }
+    return found
+
+
+def check_snapshots_resume(run: Run, state: PretrainState) -> None:
+    """Refuse to resume past a ``--train.snapshots`` time whose snapshot this run never wrote (a
+    time added when resuming, or a checkpoint of an older bertforge): it cannot be taken now."""
+    for seconds in due_snapshots(run.snapshots, state.elapsed, state.snapshots or {}):
+        if not (snapshot_dir(run.out, seconds) / MANIFEST_NAME).is_file():
+            raise BertforgeError(
+                f"--train.snapshots {duration_label(seconds)}: this run resumes at "
+                f"{format_duration(state.elapsed)} of its budget, past that time, and never "
+                "saved its snapshot; drop it from --train.snapshots (or start a new --output)"
+            )
+
+
 def finish(run: Run, state: PretrainState) -> dict[str, Any]:
     """The end-of-run report: the final evaluation, the model, the curves, results.json and the
     "random init vs trained" tables."""
@@ -665,23 +747,17 @@ def finish(run: Run, state: PretrainState) -> dict[str, Any]:
         "final": final,
         "probe": run.probes,
         "model_dir": str(out / FINAL_DIR),
+        "snapshots": written_snapshots(run, state),
         "plot": str(out / PLOT_FILE),
         "peak_memory_bytes": peak_memory_bytes(),
     }
     if run.info.is_main:
         electra = isinstance(run.raw, BertForReplacedTokenDetection)
-        with atomic_directory(out / FINAL_DIR) as tmp:  # an rtd run keeps its encoder
-            if electra:
-                run.raw.save_encoder(tmp, tokenizer=run.data.tokenizer)
-            else:
-                start = run.cfg.init_from
-                kept = start_pooler(start, run.raw) if start else {}  # what MLM cannot train
-                run.raw.save_pretrained(tmp, tokenizer=run.data.tokenizer, extra_tensors=kept)
-                carried = (["pooler"] if kept else []) + (
-                    copy_pooling_declaration(start, Path(tmp)) if start else []
-                )
-                if carried:
-                    run.say(f"kept from {start}: {', '.join(carried)} (not trained by this run)")
+        carried = save_model(run, out / FINAL_DIR)
+        if carried:
+            run.say(
+                f"kept from {run.cfg.init_from}: {', '.join(carried)} (not trained by this run)"
+            )
         if electra:
             with atomic_directory(out / GENERATOR_DIR) as tmp:
                 run.raw.generator_model().save_pretrained(tmp, tokenizer=run.data.tokenizer)
@@ -715,6 +791,7 @@ def finish(run: Run, state: PretrainState) -> dict[str, Any]:
             )
         run.say(
             f"\nmodel: {out / FINAL_DIR}\nplot:  {out / PLOT_FILE}\nmetrics: {out / 'metrics.jsonl'}"
+            + "".join(f"\nsnapshot {k}: {v['model_dir']}" for k, v in result["snapshots"].items())
         )
         tc = run.cfg.train
         over = tc.max_memory and over_budget(
@@ -733,5 +810,7 @@ __all__ = [
     "PLOT_FILE",
     "PretrainState",
     "Run",
+    "due_snapshots",
     "pretrain",
+    "save_model",
 ]

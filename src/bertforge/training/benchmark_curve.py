@@ -1,0 +1,264 @@
+"""``bertforge benchmark --curve``: what pretraining time buys, read from finished GLUE benchmarks.
+
+Each ``--curve`` directory is a finished ``bertforge benchmark --suite glue`` output; its
+``results.json`` names the model it scored, and that model's run says how many minutes of
+pretraining it had: a time snapshot ``RUN/snapshots/model-15m`` (``--train.snapshots``) is 15, a
+run's final ``RUN/model`` its ``train.max_time`` (``RUN/pretrain_config.yaml``); ``--curve_minutes``
+gives them instead. The random twin of any of them (``--baseline``) stands at minute 0, and Google's
+BERT-Tiny and BERT-Mini (their published GLUE *test* numbers; ours are dev) as horizontal lines.
+
+The scores are the benchmark table's own (:func:`~bertforge.evaluation.benchmark_report.table_rows`:
+a task's score the mean of its metrics, the GLUE-5 average the mean of the five), drawn in one
+PNG of three panels (GLUE-5 average, STS-B, SST-2) and written beside it as a markdown table and
+JSON: ``OUTPUT/curve.png``, ``curve.md``, ``curve.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bertforge.errors import BertforgeError
+from bertforge.evaluation.benchmark_report import table_rows
+from bertforge.evaluation.plots import plot_score_curves
+from bertforge.io import atomic_write_text, make_directory, read_json_object
+from bertforge.modeling.checkpoint import RUN_MODEL_DIR
+from bertforge.progress import parse_duration
+from bertforge.training.checkpoints import snapshot_seconds
+from bertforge.training.pretrain import CONFIG_FILE
+
+AVERAGE = "GLUE-5 average"
+"""The first panel: the mean of the five task scores, as the benchmark's table's average."""
+PANELS = (AVERAGE, "STS-B", "SST-2")
+"""What the curve shows, in its panels' order."""
+REFERENCES = ("BERT-Tiny", "BERT-Mini")
+"""The published models drawn as lines (``results.json``'s ``published``)."""
+TWIN = "random twin"
+CURVE_PNG, CURVE_MD, CURVE_JSON = "curve.png", "curve.md", "curve.json"
+RESULTS_FILE = "results.json"
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One point of the curve: a scored model and its pretraining minutes."""
+
+    minutes: float
+    """Pretraining minutes on the run's budget clock (0 for the random twin)."""
+    label: str
+    """The model's name in the benchmark's table (``random twin`` for the twin)."""
+    results: str
+    """The benchmark output it was read from."""
+    model: str
+    """The model directory the benchmark scored."""
+    scores: dict[str, float | None]
+    """Per panel (:data:`PANELS`), the score as a fraction; None where a task is missing."""
+
+
+def read_results(directory: str) -> dict[str, Any]:
+    """A finished GLUE benchmark's ``results.json`` (its directory, or the file itself)."""
+    path = Path(directory)
+    path = path if path.name == RESULTS_FILE else path / RESULTS_FILE
+    if not path.is_file():
+        raise BertforgeError(
+            f"--curve {directory}: no {RESULTS_FILE} there; give the --output of a finished "
+            "bertforge benchmark --suite glue"
+        )
+    result = read_json_object(path, "run its benchmark again to rewrite it")
+    if result.get("suite") != "glue" or not isinstance(result.get("tasks"), dict):
+        raise BertforgeError(
+            f"--curve {directory}: a benchmark of --suite {result.get('suite')}; the curve "
+            "reads --suite glue benchmarks"
+        )
+    return result
+
+
+def pretraining_minutes(model: str) -> float:
+    """The pretraining minutes of ``model``, read from its run: a snapshot's name
+    (``RUN/snapshots/model-15m`` -> 15) or, for a run's final ``RUN/model``, the run's
+    ``train.max_time``."""
+    path = Path(model)
+    seconds = snapshot_seconds(path)
+    if seconds is not None:
+        return seconds / 60
+    config = path.parent / CONFIG_FILE if path.name == RUN_MODEL_DIR else path / CONFIG_FILE
+    if not config.is_file():
+        raise BertforgeError(
+            f"{model}: not a pretraining run's model/ or snapshots/model-<time> (no {config}), "
+            "so its pretraining minutes are unknown; give them with --curve_minutes"
+        )
+    try:
+        train = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("train") or {}
+        seconds = parse_duration(train.get("max_time"))
+    except (yaml.YAMLError, AttributeError, BertforgeError) as err:
+        raise BertforgeError(f"{config}: unreadable ({err}); give --curve_minutes") from None
+    if seconds is None:
+        raise BertforgeError(
+            f"{config}: a run without --train.max_time (a step budget), so its minutes are "
+            "unknown; give them with --curve_minutes"
+        )
+    return seconds / 60
+
+
+def panel_scores(row: dict[str, Any]) -> dict[str, float | None]:
+    """A row of the benchmark's table (:func:`table_rows`) as the curve's panels."""
+    return {
+        AVERAGE: row["average"],
+        **{task: row["scores"].get(task) for task in PANELS if task != AVERAGE},
+    }
+
+
+def curve_points(
+    results: list[tuple[str, dict[str, Any]]], minutes: list[float] | None = None
+) -> tuple[list[CurvePoint], CurvePoint | None, dict[str, dict[str, float | None]]]:
+    """The curve of ``results`` (``(directory, results.json)`` pairs): one point per benchmark,
+    at ``minutes`` (or each model's :func:`pretraining_minutes`), earliest first; the random twin
+    of the first that has one, at minute 0; and the published :data:`REFERENCES`' scores (each
+    by :func:`panel_scores`). Two benchmarks at the same minute are an error."""
+    points: list[CurvePoint] = []
+    twin: CurvePoint | None = None
+    references: dict[str, dict[str, float | None]] = {}
+    for i, (directory, result) in enumerate(results):
+        rows = {r["column"]: r for r in table_rows("glue", result["name"], result["tasks"])}
+        at = minutes[i] if minutes is not None else pretraining_minutes(result["model"])
+        clash = next((p for p in points if p.minutes == at), None)
+        if clash is not None:
+            raise BertforgeError(
+                f"--curve {clash.results} and {directory} both score a model of {at:g} minutes; "
+                "give one benchmark per point (or set --curve_minutes)"
+            )
+        points.append(
+            CurvePoint(at, result["name"], directory, result["model"], panel_scores(rows["model"]))
+        )
+        if twin is None and "random_init" in rows:
+            twin = CurvePoint(
+                0.0, TWIN, directory, result["model"], panel_scores(rows["random_init"])
+            )
+        for name in REFERENCES:
+            if name in rows and name not in references:
+                references[name] = panel_scores(rows[name])
+    return sorted(points, key=lambda p: p.minutes), twin, references
+
+
+def run_name(point: CurvePoint) -> str:
+    """The name of the run a point's model comes from: a snapshot's (``pt at 15m``) without its
+    time, any other model's as it is."""
+    if snapshot_seconds(point.model) is None:
+        return point.label
+    return point.label.rpartition(" at ")[0] or point.label
+
+
+def in_points(scores: dict[str, float | None]) -> dict[str, float]:
+    """Scores (fractions) in GLUE points, the missing ones left out: what a panel draws."""
+    return {k: 100 * v for k, v in scores.items() if v is not None}
+
+
+def _points(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}"
+
+
+def curve_table(
+    points: list[CurvePoint], twin: CurvePoint | None, references: dict[str, dict[str, Any]]
+) -> str:
+    """The curve as a markdown table in GLUE points: the twin, each point by its minutes, then
+    the published references."""
+    header = "| pretraining minutes | model | " + " | ".join(PANELS) + " | benchmark |"
+    lines = [header, "|" + "---|" * (len(PANELS) + 3)]
+    for p in ([twin] if twin else []) + points:
+        cells = " | ".join(_points(p.scores[k]) for k in PANELS)
+        lines.append(f"| {p.minutes:g} | {p.label} | {cells} | {p.results} |")
+    for name, scores in references.items():
+        cells = " | ".join(_points(scores[k]) for k in PANELS)
+        lines.append(f"| – | {name} (Google, test)* | {cells} | published |")
+    return "\n".join(lines)
+
+
+def write_curve(
+    directories: list[str],
+    output: str,
+    minutes: list[float] | None = None,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """Read the ``--curve`` benchmarks, then write ``curve.png``, ``curve.md`` and
+    ``curve.json`` in ``output``; return curve.json's content. ``name`` is the title's (default:
+    the names of the runs the models come from)."""
+    results = [(d, read_results(d)) for d in directories]
+    points, twin, references = curve_points(results, minutes)
+    out = make_directory(output)
+    smoke = any(r.get("smoke") for _, r in results)
+    source = next((r["published_source"] for _, r in results if r.get("published_source")), None)
+    caveat = "ours: GLUE dev sets (median over seeds)" + (
+        "; Google's BERT-Tiny/Mini: published GLUE test-set numbers, not like for like"
+        if references
+        else ""
+    )
+    names = [name] if name else list(dict.fromkeys(run_name(p) for p in points))
+    title = f"What pretraining time buys on GLUE: {', '.join(names)}" + (
+        " (--smoke: the numbers mean nothing)" if smoke else ""
+    )
+    panels: dict[str, list[tuple[float, float]]] = {k: [] for k in PANELS}
+    for p in points:
+        for k, v in in_points(p.scores).items():
+            panels[k].append((p.minutes, v))
+    plot_score_curves(
+        panels,
+        out / CURVE_PNG,
+        start=in_points(twin.scores) if twin else {},
+        references={
+            f"Google {name} (published, GLUE test)": in_points(scores)
+            for name, scores in references.items()
+        },
+        title=title,
+        subtitle=caveat,
+        xlabel="pretraining minutes (budget clock)",
+        ylabel="score (GLUE points)",
+        series_label="ours after N minutes of pretraining (dev)",
+        start_label="random twin: not pretrained, minute 0 (dev)",
+    )
+    table = curve_table(points, twin, references)
+    notes = [
+        f"# What pretraining time buys on GLUE: {', '.join(names)}",
+        "",
+        table,
+        "",
+        "GLUE points (x 100). STS-B: the mean of Pearson and Spearman; SST-2: accuracy; "
+        f"{AVERAGE}: the mean of the five task scores (CoLA, SST-2, MRPC, STS-B, RTE), as in each "
+        "benchmark's results.md. Ours are GLUE dev scores, the median over seeds. Minutes are "
+        "on the pretraining run's budget clock (--train.max_time); a snapshot of a longer run "
+        "was trained under that run's learning-rate schedule.",
+    ]
+    if twin:
+        notes.append(f"The random twin (minute 0) is the one benchmarked in {twin.results}.")
+    if source:
+        notes.append(f"\\* {source}: GLUE *test*-set numbers; ours are dev.")
+    if smoke:
+        notes.append("\n**--smoke benchmarks: their numbers mean nothing.**")
+    atomic_write_text(out / CURVE_MD, "\n".join(notes) + "\n")
+    curve = {
+        "suite": "glue",
+        "panels": list(PANELS),
+        "points": [asdict(p) for p in points],
+        "random_twin": asdict(twin) if twin else None,
+        "references": references,
+        "published_source": source,
+        "smoke": smoke,
+        "png": str(out / CURVE_PNG),
+    }
+    atomic_write_text(out / CURVE_JSON, json.dumps(curve, indent=2) + "\n")
+    print(table)
+    return curve
+
+
+__all__ = [
+    "AVERAGE",
+    "PANELS",
+    "CurvePoint",
+    "curve_points",
+    "curve_table",
+    "pretraining_minutes",
+    "read_results",
+    "write_curve",
+]
