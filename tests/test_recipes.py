@@ -265,3 +265,23 @@ def test_general_script_smoke_holds_out_documents_and_passes_options_to_pretrain
     # a rerun continues: every finished step is skipped
     again = subprocess.run(["bash", *script], env=env, capture_output=True, text=True)
     assert again.returncode == 0 and again.stderr.count("== (done)") == 4, again.stderr[-2000:]
+
+
+def test_dapt_script_names_what_it_needs_before_doing_anything(tmp_path):
+    # scripts/dapt_general.sh continues a finished general recipe: without one it stops at once,
+    # naming the missing file, and writes nothing into OUT
+    repo = Path(__file__).resolve().parents[1]
+    script = str(repo / "scripts/dapt_general.sh")
+    usage = subprocess.run(["bash", script], capture_output=True, text=True)
+    assert (
+        usage.returncode == 2 and "usage: bash scripts/dapt_general.sh GENERAL OUT" in usage.stderr
+    )
+    general = tmp_path / "general"
+    (general / "run/model").mkdir(parents=True)
+    (general / "run/model/config.json").write_text("{}")
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", script, str(general), str(out)], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert f"{general}/tokenizer-8192/vocab.txt is missing" in done.stderr
+    assert "finished scripts/pretrain_general.sh output" in done.stderr
+    assert not out.exists()
