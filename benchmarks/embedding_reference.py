@@ -30,7 +30,6 @@ Prints a markdown table; writes ``results.json`` into ``--output``.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import random
 import subprocess
@@ -49,6 +48,7 @@ from _common import (
     minilm_dir,
     run_sides,
     side_command,
+    squad_question_paragraphs,
 )
 
 SCALE = 20.0
@@ -58,14 +58,7 @@ def prepare(args: argparse.Namespace, work: Path) -> int:
     """``work/train.jsonl``: one ``{"question", "context"}`` per question of squad_dev_train (a
     fixed sample of ``--max_train_examples`` of them when given); its row count."""
     work.mkdir(parents=True, exist_ok=True)
-    with gzip.open(SHARED_DATA / "qa" / "squad_dev_train.json.gz") as fh:
-        doc = json.load(fh)
-    rows = [
-        {"question": qa["question"].strip(), "context": p["context"]}
-        for article in doc["data"]
-        for p in article["paragraphs"]
-        for qa in p["qas"]
-    ]
+    rows = squad_question_paragraphs()
     if args.max_train_examples:
         rows = random.Random(args.seed).sample(rows, args.max_train_examples)
     with open(work / "train.jsonl", "w", encoding="utf-8") as f:

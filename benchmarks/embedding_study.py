@@ -34,7 +34,6 @@ to measure again.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import random
@@ -43,7 +42,14 @@ import sys
 import time
 from pathlib import Path
 
-from _common import SHARED_DATA, log, machine_markdown, markdown_table, minilm_dir
+from _common import (
+    SHARED_DATA,
+    log,
+    machine_markdown,
+    markdown_table,
+    minilm_dir,
+    squad_question_paragraphs,
+)
 
 PARTS = ("scratch", "simcse", "adapt", "adapt_ours", "gradcache")
 GLOVE_STSB = 58.0  # average GloVe, STS-B test (Reimers & Gurevych 2019, SBERT, Table 1)
@@ -79,17 +85,26 @@ def general_sentences(path: Path, count: int, seed: int) -> int:
 
 def squad_pairs(path: Path) -> int:
     """``path``: one ``{"question", "context"}`` per question of squad_dev_train (9,380)."""
-    with gzip.open(SHARED_DATA / "qa" / "squad_dev_train.json.gz") as fh:
-        doc = json.load(fh)
-    rows = [
-        {"question": qa["question"].strip(), "context": p["context"]}
-        for article in doc["data"]
-        for p in article["paragraphs"]
-        for qa in p["qas"]
-    ]
+    rows = squad_question_paragraphs()
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     return len(rows)
+
+
+def sentences_file(args: argparse.Namespace, work: Path) -> Path:
+    """``work/general_sentences.jsonl``, drawn once (:func:`general_sentences`)."""
+    path = work / "general_sentences.jsonl"
+    if not path.exists():
+        log(f"general sentences: {general_sentences(path, args.simcse_sentences, args.seed):,}")
+    return path
+
+
+def pairs_file(work: Path) -> Path:
+    """``work/squad_pairs.jsonl``, written once (:func:`squad_pairs`)."""
+    path = work / "squad_pairs.jsonl"
+    if not path.exists():
+        log(f"SQuAD pairs: {squad_pairs(path):,}")
+    return path
 
 
 # ---- commands -----------------------------------------------------------------------------------
@@ -156,14 +171,8 @@ def part_scratch(args: argparse.Namespace, work: Path) -> dict:
         twin = str(work / "twin")
         if not (work / "twin" / "config.json").exists():
             make_random_twin(args.general_model, Path(twin), seed=0)
-    sentences = work / "general_sentences.jsonl"
-    if not sentences.exists():
-        log(
-            f"general sentences: {general_sentences(sentences, args.simcse_sentences, args.seed):,}"
-        )
-    pairs = work / "squad_pairs.jsonl"
-    if not pairs.exists():
-        log(f"SQuAD pairs: {squad_pairs(pairs):,}")
+    sentences = sentences_file(args, work)
+    pairs = pairs_file(work)
     sts = SHARED_DATA / "glue" / "STS-B" / "train.tsv"
     stages = [
         ("+ SimCSE on general sentences", sentences,
@@ -206,11 +215,7 @@ def table_scratch(result: dict) -> str:
 def part_simcse(args: argparse.Namespace, work: Path) -> dict:
     """SimCSE alone on general sentences: MiniLM (few sentences: it is 14x Tiny's compute) and
     the general BERT-Tiny."""
-    sentences = work / "general_sentences.jsonl"
-    if not sentences.exists():
-        log(
-            f"general sentences: {general_sentences(sentences, args.simcse_sentences, args.seed):,}"
-        )
+    sentences = sentences_file(args, work)
     few = work / "general_sentences_minilm.jsonl"
     if not few.exists():
         lines = sentences.read_text(encoding="utf-8").splitlines()[: args.minilm_sentences]
@@ -243,9 +248,7 @@ def table_simcse(result: dict) -> str:
 
 
 def part_adapt(args: argparse.Namespace, work: Path) -> dict:
-    pairs = work / "squad_pairs.jsonl"
-    if not pairs.exists():
-        log(f"SQuAD pairs: {squad_pairs(pairs):,}")
+    pairs = pairs_file(work)
     out = work / "adapt"
     run = train(args, str(minilm_dir()), out, pairs, "--text_column", "question",
                 "--text_pair_column", "context", "--max_length", "128", "--batch_size", "32",
@@ -265,9 +268,7 @@ def part_adapt_ours(args: argparse.Namespace, work: Path) -> dict:
         raise SystemExit(
             "the adapt_ours part needs --general_model (bertforge recipe general's model)"
         )
-    pairs = work / "squad_pairs.jsonl"
-    if not pairs.exists():
-        log(f"SQuAD pairs: {squad_pairs(pairs):,}")
+    pairs = pairs_file(work)
     out = work / "adapt-ours"
     run = train(args, args.general_model, out, pairs, "--text_column", "question",
                 "--text_pair_column", "context", "--max_length", "128", "--batch_size", "64",
@@ -299,9 +300,7 @@ def table_adapt(result: dict) -> str:
 
 
 def part_gradcache(args: argparse.Namespace, work: Path) -> dict:
-    pairs = work / "squad_pairs.jsonl"
-    if not pairs.exists():
-        log(f"SQuAD pairs: {squad_pairs(pairs):,}")
+    pairs = pairs_file(work)
     result = {}
     for name, batch, micro in (("batch 64", 64, 64), ("batch 256, GradCache mini-batch 32", 256, 32),
                                ("batch 256", 256, 256)):  # fmt: skip
