@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from datetime import date
@@ -262,9 +263,21 @@ def test_general_script_smoke_holds_out_documents_and_passes_options_to_pretrain
     assert counts["skipped_documents"] == {"text in --validation": 2}
     finite_mlm(results, "val", ("random_init", "start", "final"))
     assert (out / "run/model/model.safetensors").is_file()
-    # a rerun continues: every finished step is skipped
+    # a rerun continues: every finished step is skipped; CURVE=1 then benchmarks the model and
+    # each snapshot (one copied in here: the smoke run's 3 steps end before any snapshot time)
+    # and draws them against their pretraining minutes, the twin at 0
+    shutil.copytree(out / "run/model", out / "run/snapshots/model-1m")
+    env |= {"CURVE": "1", "LRS": "1e-3"}
     again = subprocess.run(["bash", *script], env=env, capture_output=True, text=True)
     assert again.returncode == 0 and again.stderr.count("== (done)") == 4, again.stderr[-2000:]
+    curve = json.loads((out / "curve/curve.json").read_text())
+    assert [p["minutes"] for p in curve["points"]] == [1.0, 7.0]
+    assert [p["results"] for p in curve["points"]] == [str(out / "glue-1m"), str(out / "glue")]
+    assert curve["random_twin"]["results"] == str(out / "glue") and curve["smoke"]
+    assert (out / "curve/curve.png").stat().st_size > 10_000
+    settings = json.loads((out / "glue-1m/results/model/RTE.json").read_text())["settings"]
+    assert settings["lr"] == 1e-3 and settings["epochs"] == 4
+    assert not (out / "glue-1m/results/random_init").exists()  # the twin once, with the final
 
 
 def test_dapt_script_names_what_it_needs_before_doing_anything(tmp_path):
