@@ -247,18 +247,24 @@ def table_simcse(result: dict) -> str:
     return markdown_table(["model", *SCORE_HEADER, "sentences", "training s"], rows)
 
 
-def part_adapt(args: argparse.Namespace, work: Path) -> dict:
+def adapt(
+    args: argparse.Namespace, work: Path, model: str, folder: str, batch_size: int, lr: str
+) -> dict:
+    """``model`` trained for ``--adapt_time`` on the SQuAD pairs into ``work/folder``, scored
+    after (``work/folder-score``); the callers score the model before."""
     pairs = pairs_file(work)
-    out = work / "adapt"
-    run = train(args, str(minilm_dir()), out, pairs, "--text_column", "question",
-                "--text_pair_column", "context", "--max_length", "128", "--batch_size", "32",
-                "--lr", "2e-5", "--epochs", "1", "--max_time", args.adapt_time)  # fmt: skip
-    return {
-        "before": score(args, str(minilm_dir()), work / "minilm-score"),
-        "after": score(args, str(out), work / "adapt-score"),
-        "max_time": args.adapt_time,
-        **run,
-    }
+    out = work / folder
+    run = train(args, model, out, pairs, "--text_column", "question",
+                "--text_pair_column", "context", "--max_length", "128",
+                "--batch_size", str(batch_size), "--lr", lr, "--epochs", "1",
+                "--max_time", args.adapt_time)  # fmt: skip
+    return {"after": score(args, str(out), work / f"{folder}-score"),
+            "max_time": args.adapt_time, **run}  # fmt: skip
+
+
+def part_adapt(args: argparse.Namespace, work: Path) -> dict:
+    result = adapt(args, work, str(minilm_dir()), "adapt", 32, "2e-5")
+    return {"before": score(args, str(minilm_dir()), work / "minilm-score"), **result}
 
 
 def part_adapt_ours(args: argparse.Namespace, work: Path) -> dict:
@@ -268,18 +274,9 @@ def part_adapt_ours(args: argparse.Namespace, work: Path) -> dict:
         raise SystemExit(
             "the adapt_ours part needs --general_model (bertforge recipe general's model)"
         )
-    pairs = pairs_file(work)
-    out = work / "adapt-ours"
-    run = train(args, args.general_model, out, pairs, "--text_column", "question",
-                "--text_pair_column", "context", "--max_length", "128", "--batch_size", "64",
-                "--lr", str(args.small_lr), "--epochs", "1", "--max_time", args.adapt_time)  # fmt: skip
-    return {
-        "model": "general BERT-Tiny",
-        "before": score(args, args.general_model, work / "general-0-score"),
-        "after": score(args, str(out), work / "adapt-ours-score"),
-        "max_time": args.adapt_time,
-        **run,
-    }
+    result = adapt(args, work, args.general_model, "adapt-ours", 64, str(args.small_lr))
+    before = score(args, args.general_model, work / "general-0-score")
+    return {"model": "general BERT-Tiny", "before": before, **result}
 
 
 def table_adapt(result: dict) -> str:
