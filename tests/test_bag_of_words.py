@@ -5,6 +5,7 @@ real run logs the loss, adds it to the total and trains the pooler to predict it
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,12 +14,15 @@ from test_pretrain import tiny_cfg
 from bertforge.data.dataset import PretrainingDataset
 from bertforge.errors import BertforgeError
 from bertforge.modeling.model import (
+    IGNORE_INDEX,
     BertForPreTraining,
     bag_of_words_loss,
     bag_of_words_weights,
 )
 from bertforge.progress import read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.config import TrainConfig
+from bertforge.training.objectives import MaskedLMWithNSP
 from bertforge.training.pretrain import pretrain
 
 
@@ -47,6 +51,29 @@ def test_bag_of_words_loss_is_the_cross_entropy_against_the_weighted_bag():
     assert features.grad[1].eq(0).all() and features.grad[0].abs().sum() > 0  # row 1 left out
     nothing = torch.tensor([[0, -1], [-1, -1]])
     assert bag_of_words_loss(features[:2], words, nothing, token_weights) is None
+
+
+def test_shared_bag_is_the_words_both_segments_have_in_common():
+    torch.manual_seed(0)
+    features, words = torch.randn(3, 4), torch.randn(6, 4)
+    token_weights = torch.tensor([0.0, 1.0, 0.5, 1.0, 0.25, 1.0])
+    first = torch.tensor([[0, 1, 1, 2, -1], [0, 3, 3, -1, -1], [0, 4, 4, 5, -1]])
+    second = torch.tensor([[1, 2, 2, 0], [1, 2, 0, -1], [4, 4, 4, 5]])
+    # row 0: word 1 min(2, 1) = 1.0, word 2 min(0.5, 1.0) = 0.5; row 1: nothing in common, left
+    # out; row 2: word 4 min(0.5, 0.75) = 0.5, word 5 min(1, 1) = 1.0
+    bags = {0: {1: 1.0, 2: 0.5}, 2: {4: 0.5, 5: 1.0}}
+    expected = 0.0
+    for row, bag in bags.items():
+        logits = [float(features[row] @ words[v]) for v in range(6)]
+        log_z = math.log(sum(math.exp(x) for x in logits))
+        total = sum(bag.values())
+        expected += -sum(w / total * (logits[v] - log_z) for v, w in bag.items())
+    loss = bag_of_words_loss(features, words, first, token_weights, shared_with=second)
+    assert loss is not None and float(loss) == pytest.approx(expected / len(bags), rel=1e-5)
+    swapped = bag_of_words_loss(features, words, second, token_weights, shared_with=first)
+    assert swapped is not None and float(swapped) == pytest.approx(float(loss), rel=1e-6)
+    apart = torch.tensor([[5, -1], [4, 4], [1, 2]])  # no word of `first` in any row
+    assert bag_of_words_loss(features, words, first, token_weights, shared_with=apart) is None
 
 
 def test_bag_of_words_weights_subsample_frequent_words():
@@ -94,7 +121,44 @@ def test_bow_weight_adds_the_loss_and_trains_the_pooler_to_predict_its_words(
             words = model.bert.embeddings.word_embeddings.weight
             scored[weight] = float(bag_of_words_loss(pooled, words, ids, token_weights))
     assert scored[1.0] < scored[0.0] - 0.05, scored
+    with pytest.raises(BertforgeError, match="--train.bow_target shared chooses the target"):
+        tiny_cfg(data, tmp_path, bow_target="shared")
+    with pytest.raises(BertforgeError, match="--train.bow_target 'x'"):
+        tiny_cfg(data, tmp_path, bow_weight=1.0, bow_target="x")
     with pytest.raises(BertforgeError, match="--train.bow_weight 1.0 trains the pooler"):
         tiny_cfg(pretraining_corpus["packed"], tmp_path, objective="mlm", bow_weight=1.0)
     with pytest.raises(BertforgeError, match="--train.bow_weight -1.0 must be 0 or more"):
         tiny_cfg(data, tmp_path, bow_weight=-1.0)
+
+
+def test_bow_target_shared_trains_on_the_words_the_two_segments_share(pretraining_corpus, tmp_path):
+    data = pretraining_corpus["nsp"]
+    run = tmp_path / "shared"
+    pretrain(tiny_cfg(data, run, max_steps=30, bow_weight=1.0, bow_target="shared"))
+    records = [r for r in read_metrics(run) if r["split"] == "train"]
+    assert len(records) == 30 and all(math.isfinite(r["bow_loss"]) for r in records)
+    assert records[-1]["bow_loss"] < records[0]["bow_loss"]
+    # the objective's term on a batch: the shared-bag loss of each pair's first segment (masked
+    # words restored from the labels) against its second, not the bag of the whole pair
+    objective = MaskedLMWithNSP(TrainConfig(bow_weight=1.0, bow_target="shared"))
+    objective.bow_weights = torch.tensor([0.0, 1.0, 0.5, 1.0, 0.25, 1.0])
+    ids = torch.tensor([[0, 1, 2, 0, 5, 2, 0], [0, 3, 3, 0, 1, 3, 0]])  # 0: [CLS]/[SEP]
+    types = torch.tensor([[0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 1, 1, 1]])
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    ids[0, 4], labels[0, 4] = 4, 1  # second segment's "1" masked (as word 4)
+    pooled, words = torch.randn(2, 3), torch.randn(6, 3)
+    model = SimpleNamespace(
+        bert=SimpleNamespace(
+            embeddings=SimpleNamespace(word_embeddings=SimpleNamespace(weight=words))
+        )
+    )
+    output = SimpleNamespace(mlm_loss=torch.tensor(1.0), nsp_loss=None, pooler_output=pooled)
+    batch = {"input_ids": ids, "labels": labels, "token_type_ids": types}
+    term = objective.losses(output, batch, model)["bow_loss"]  # type: ignore[arg-type]
+    # row 0 shares words 1 and 2 (1.0 and 0.5), row 1 word 3 (1.0)
+    first = torch.tensor([[1, 2, -1], [3, 3, -1]])
+    second = torch.tensor([[1, 2, -1], [1, 3, -1]])
+    expected = bag_of_words_loss(pooled, words, first, objective.bow_weights, shared_with=second)
+    assert expected is not None and float(term) == pytest.approx(float(expected), rel=1e-6)
+    whole = bag_of_words_loss(pooled, words, ids.where(labels < 0, labels), objective.bow_weights)
+    assert whole is not None and abs(float(whole) - float(term)) > 1e-3

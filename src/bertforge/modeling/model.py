@@ -766,8 +766,24 @@ def contrastive_loss(
     return F.cross_entropy(sim, target), (sim.argmax(-1) == target).sum()
 
 
+def weighted_bags(tokens: Tensor, token_weights: Tensor) -> Tensor:
+    """Each row's weighted bag of words, (B, V): the sum of ``token_weights`` (V,) over the row's
+    token ids in ``tokens`` (B, T), where -1 counts nothing."""
+    counted = tokens >= 0
+    ids = tokens.clamp(min=0)
+    weights = token_weights.to(torch.float32)[ids] * counted
+    bags = torch.zeros(
+        tokens.size(0), token_weights.numel(), dtype=torch.float32, device=tokens.device
+    )
+    return bags.scatter_add_(1, ids, weights)
+
+
 def bag_of_words_loss(
-    features: Tensor, word_embeddings: Tensor, tokens: Tensor, token_weights: Tensor
+    features: Tensor,
+    word_embeddings: Tensor,
+    tokens: Tensor,
+    token_weights: Tensor,
+    shared_with: Tensor | None = None,
 ) -> Tensor | None:
     """Paragraph-vector (PV-DBOW) loss on a pooled feature: each row's feature, read through the
     word embeddings as a softmax over the vocabulary, must predict the words of its own text.
@@ -776,14 +792,12 @@ def bag_of_words_loss(
     where nothing is counted; ``token_weights`` (V,) how much each word counts (0 for special
     tokens, less than 1 for frequent ones). The target of a row is its weighted bag of words,
     normalised to sum to 1; the loss is the cross-entropy against it, averaged over the rows that
-    have any weight (None when none has)."""
-    counted = tokens >= 0
-    ids = tokens.clamp(min=0)
-    weights = token_weights.to(torch.float32)[ids] * counted
-    bags = torch.zeros(
-        tokens.size(0), token_weights.numel(), dtype=torch.float32, device=tokens.device
-    )
-    bags.scatter_add_(1, ids, weights)
+    have any weight (None when none has). With ``shared_with`` (B, T'), other token ids per row
+    (a pair's second segment, ``tokens`` then its first), the bag is the words the two have in
+    common: each word's weighted count in the one or the other, whichever is smaller."""
+    bags = weighted_bags(tokens, token_weights)
+    if shared_with is not None:
+        bags = torch.minimum(bags, weighted_bags(shared_with, token_weights))
     total = bags.sum(1)
     rows = total > 0
     if not bool(rows.any()):

@@ -28,6 +28,7 @@ FreshHead = Literal["warm", "random"]
 PositionInit = Literal["normal", "sinusoidal"]
 WordInit = Literal["normal", "cooccurrence"]
 AttentionInit = Literal["normal", "identity"]
+BowTarget = Literal["pair", "shared"]
 Preset = Literal["tiny", "mini", "small", "medium", "base", "large"]
 Task = Literal[
     "classification", "regression", "token_classification", "question_answering", "embedding"
@@ -307,6 +308,12 @@ class TrainConfig(LoopOptions):
     word2vec subsamples them (a paragraph vector, Le & Mikolov 2014's PV-DBOW, inside BERT): the
     pooler the classifier reads gets a document-level task from step 0, where NSP's signal
     starts at chance."""
+    bow_target: BowTarget = "pair"
+    """What the bag-of-words loss (``--train.bow_weight``) predicts from a pair's pooled [CLS]:
+    ``pair`` the words of both segments; ``shared`` the words the two segments have in common
+    (each word's weight in the smaller of its two counts; pairs with none are left out), a
+    lexical-overlap target that makes the [CLS] compare the segments as the sentence-pair tasks
+    (STS-B, MRPC, RTE) ask it to."""
     contrastive_temperature: float = 0.05
     """``--train.objective mlm_contrastive``: the softmax temperature over cosine similarities
     (SimCSE's 0.05)."""
@@ -441,6 +448,12 @@ class TrainConfig(LoopOptions):
             raise BertforgeError(
                 f"--train.bow_weight {self.bow_weight} trains the pooler of --train.objective "
                 f"mlm_nsp; this run's objective is {self.objective}: drop --train.bow_weight"
+            )
+        check_choice(self.bow_target, BowTarget, "--train.bow_target")
+        if self.bow_target != "pair" and not self.bow_weight:
+            raise BertforgeError(
+                f"--train.bow_target {self.bow_target} chooses the target of the bag-of-words "
+                "loss, which is off: add --train.bow_weight 1 or drop --train.bow_target"
             )
         snapshot_times(self)
         if not 0.0 <= self.min_lr_ratio <= 1.0:

@@ -164,7 +164,13 @@ class MaskedLMWithNSP(Objective):
             words = model.bert.embeddings.word_embeddings.weight
             labels, ids = batch["labels"], batch["input_ids"]
             text = torch.where(labels != IGNORE_INDEX, labels, ids)  # the unmasked text
-            bow = bag_of_words_loss(output.pooler_output, words, text, self.bow_weights)
+            shared = None
+            if self.train.bow_target == "shared":  # first segment against the second
+                second = batch["token_type_ids"] == 1
+                text, shared = text.masked_fill(second, -1), text.masked_fill(~second, -1)
+            bow = bag_of_words_loss(
+                output.pooler_output, words, text, self.bow_weights, shared_with=shared
+            )
             if bow is not None:
                 out["bow_loss"] = bow
         return out
