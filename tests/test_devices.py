@@ -71,6 +71,7 @@ def fake_run(model: torch.nn.Module, objective: str, device: torch.device) -> Si
         objective=objective,
         nsp_weight=1.0,
         bow_weight=0.5 if objective == "mlm_nsp" else 0.0,
+        bow_target="shared",  # both segments' bags built on the device
         contrastive_temperature=0.05,
         max_grad_norm=1.0,
     )
