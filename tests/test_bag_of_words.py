@@ -26,6 +26,18 @@ from bertforge.training.objectives import MaskedLMWithNSP
 from bertforge.training.pretrain import pretrain
 
 
+def hand_written_loss(features: torch.Tensor, words: torch.Tensor, bags: dict) -> float:
+    """The bag-of-words loss written out: per row of ``bags`` ({row: {word: weight}}), the
+    cross-entropy of the feature's softmax over ``words`` against the normalised bag; the mean."""
+    expected = 0.0
+    for row, bag in bags.items():
+        logits = [float(features[row] @ words[v]) for v in range(len(words))]
+        log_z = math.log(sum(math.exp(x) for x in logits))
+        total = sum(bag.values())
+        expected += -sum(w / total * (logits[v] - log_z) for v, w in bag.items())
+    return expected / len(bags)
+
+
 def test_bag_of_words_loss_is_the_cross_entropy_against_the_weighted_bag():
     torch.manual_seed(0)
     features, words = torch.randn(3, 4), torch.randn(6, 4)
@@ -38,14 +50,10 @@ def test_bag_of_words_loss_is_the_cross_entropy_against_the_weighted_bag():
         ]
     )
     bags = {0: {1: 2.0, 2: 0.5}, 2: {3: 1.0, 4: 0.5, 5: 1.0}}
-    expected = 0.0
-    for row, bag in bags.items():
-        logits = [float(features[row] @ words[v]) for v in range(6)]
-        log_z = math.log(sum(math.exp(x) for x in logits))
-        total = sum(bag.values())
-        expected += -sum(w / total * (logits[v] - log_z) for v, w in bag.items())
     loss = bag_of_words_loss(features, words, tokens, token_weights)
-    assert loss is not None and float(loss) == pytest.approx(expected / len(bags), rel=1e-5)
+    assert loss is not None and float(loss) == pytest.approx(
+        hand_written_loss(features, words, bags), rel=1e-5
+    )
     features.requires_grad_(True)
     bag_of_words_loss(features, words, tokens, token_weights).backward()  # type: ignore[union-attr]
     assert features.grad[1].eq(0).all() and features.grad[0].abs().sum() > 0  # row 1 left out
@@ -62,14 +70,10 @@ def test_shared_bag_is_the_words_both_segments_have_in_common():
     # row 0: word 1 min(2, 1) = 1.0, word 2 min(0.5, 1.0) = 0.5; row 1: nothing in common, left
     # out; row 2: word 4 min(0.5, 0.75) = 0.5, word 5 min(1, 1) = 1.0
     bags = {0: {1: 1.0, 2: 0.5}, 2: {4: 0.5, 5: 1.0}}
-    expected = 0.0
-    for row, bag in bags.items():
-        logits = [float(features[row] @ words[v]) for v in range(6)]
-        log_z = math.log(sum(math.exp(x) for x in logits))
-        total = sum(bag.values())
-        expected += -sum(w / total * (logits[v] - log_z) for v, w in bag.items())
     loss = bag_of_words_loss(features, words, first, token_weights, shared_with=second)
-    assert loss is not None and float(loss) == pytest.approx(expected / len(bags), rel=1e-5)
+    assert loss is not None and float(loss) == pytest.approx(
+        hand_written_loss(features, words, bags), rel=1e-5
+    )
     swapped = bag_of_words_loss(features, words, second, token_weights, shared_with=first)
     assert swapped is not None and float(swapped) == pytest.approx(float(loss), rel=1e-6)
     apart = torch.tensor([[5, -1], [4, 4], [1, 2]])  # no word of `first` in any row
