@@ -9,9 +9,11 @@ counted at the masked tokens only) per second over the GPU's dense bf16 peak (:d
 by device name; pass ``--peak_tflops`` for a GPU not listed).
 
 Then ``bertforge pretrain`` itself (packed 128-token sequences, MLM, the first case's batch) runs
-for ``--cli_seconds`` and its tokens/s (results.json: tokens / elapsed, evaluation and saving
-left out) is compared with the same step timed here (``BertForMaskedLM``): the share of the step
-speed the data path and the loop keep.
+for ``--cli_seconds`` as a user runs it (compiled on CUDA, its default) and its tokens/s
+(results.json: tokens / elapsed; evaluation, saving and compiling left out) is compared with the
+same step timed here (``BertForMaskedLM``, compiled alike): the share of the step speed the data
+path and the loop keep. ``--dropout 0`` runs every model without dropout (both sides), as
+bertforge's recipes and Cramming pretrain.
 
     python benchmarks/bench_gpu.py --json out.json --markdown out.md    # on a GPU: ~3 minutes
     python benchmarks/bench_gpu.py --smoke                              # tiny, on any device
@@ -89,8 +91,12 @@ class Row:
     extra: dict = field(default_factory=dict)
 
 
-def config_of(case: Case, vocab: int) -> BertConfig:
-    return BertConfig.preset(case.preset, vocab_size=vocab, max_position_embeddings=512)
+def config_of(case: Case, vocab: int, dropout: float | None = None) -> BertConfig:
+    """The case's model; ``dropout`` (hidden and attention) instead of BERT's 0.1 when given."""
+    cfg = BertConfig.preset(case.preset, vocab_size=vocab, max_position_embeddings=512)
+    if dropout is not None:
+        cfg.hidden_dropout_prob = cfg.attention_probs_dropout_prob = dropout
+    return cfg
 
 
 def sync(device: torch.device) -> None:
@@ -125,7 +131,10 @@ def compiles(args, case: Case) -> bool:  # noqa: ANN001
     """Whether ``--compile`` asks for this case (no numbers: every case)."""
     if args.compile is None:
         return False
-    return not args.compile or str(CASES.index(case) if case in CASES else -1) in args.compile
+    number = next(
+        (i for i, c in enumerate(CASES) if (c.preset, c.seq) == (case.preset, case.seq)), -1
+    )
+    return not args.compile or str(number) in args.compile
 
 
 def profile_step(label: str, step, device: torch.device, args) -> None:  # noqa: ANN001
@@ -164,7 +173,7 @@ def bench_case(case, args, device, peak, with_reference=True, mlm_only=False, on
     """Ours and (when ``with_reference``) transformers alternating on one case; their rows.
     ``only`` names the one side to time instead ("bertforge" or "bertforge (compiled)")."""
     torch.manual_seed(0)
-    cfg = config_of(case, args.vocab)
+    cfg = config_of(case, args.vocab, args.dropout)
     cls = BertForMaskedLM if mlm_only else BertForPreTraining
     ours = cls(cfg).to(device).train()
     optimizer = build_optimizer(ours, 1e-4)
@@ -261,7 +270,8 @@ def synthetic_data(root: Path, vocab: int, seq: int, sequences: int) -> Path:
 
 def cli_run(case: Case, args, device: torch.device, root: Path, compiled: bool = False) -> dict:  # noqa: ANN001
     """``bertforge pretrain`` on :func:`synthetic_data` for ``args.cli_seconds``: its tokens/s
-    (``compiled``: with ``--train.compile true``, compile seconds left out of its time)."""
+    (``compiled``: ``--train.compile true``, compile seconds left out of its time; else
+    ``false``)."""
     data = synthetic_data(root, args.vocab, case.seq, max(4 * case.batch, 64))
     layers, hidden = {"tiny": (2, 128), "base": (12, 768), "large": (24, 1024)}[case.preset]
     argv = [
@@ -278,8 +288,9 @@ def cli_run(case: Case, args, device: torch.device, root: Path, compiled: bool =
     ]  # fmt: skip
     if args.cli_steps:
         argv += ["--train.max_steps", str(args.cli_steps)]
-    if compiled:
-        argv += ["--train.compile", "true"]
+    argv += ["--train.compile", "true" if compiled else "false"]
+    if args.dropout is not None:
+        argv += ["--train.dropout", str(args.dropout)]
     if device.type == "cpu":  # the smoke run: one thread, as this process
         argv += ["--train.num_threads", str(torch.get_num_threads())]
     paths = [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]
@@ -437,9 +448,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-reference", dest="reference", action="store_false", help="ours only")
     parser.add_argument("--no-cli", dest="cli", action="store_false", help="skip the CLI run")
     parser.add_argument(
-        "--cli_compile",
+        "--cli_also_eager",
         action="store_true",
-        help="also run the CLI with --train.compile true, against the compiled step",
+        help="on CUDA, also run the CLI with --train.compile false, against the eager step",
+    )
+    parser.add_argument(
+        "--dropout",
+        type=float,
+        default=None,
+        help="hidden and attention dropout of every model, both sides (default BERT's 0.1)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     parser.add_argument("--markdown", type=Path, default=None, help="write the tables here")
@@ -468,6 +485,10 @@ def main(argv: list[str] | None = None) -> int:
         cases = (
             [SMOKE] if args.smoke else [CASES[int(i)] for i in (args.cases or range(len(CASES)))]
         )
+    if args.dropout is not None:  # said in every row
+        cases = [
+            Case(f"{c.name}, dropout {args.dropout:g}", c.preset, c.batch, c.seq) for c in cases
+        ]
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({device})"
     peak = args.peak_tflops or (peak_tflops(device_name) if device.type == "cuda" else None)
     if device.type == "cuda" and peak is None:
@@ -490,35 +511,29 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         rows += bench_case(case, args, device, peak, args.reference)
         save()
-    if args.cli:
+    # the CLI as a user runs it (compiled on CUDA, its default; eager elsewhere), against the
+    # same step timed here; --cli_also_eager adds the eager CLI on CUDA
+    modes = [device.type == "cuda"] if args.cli else []
+    if args.cli and args.cli_also_eager and device.type == "cuda":
+        modes.append(False)
+    for compiled in modes:
         case = cases[0]
-        step = bench_case(case, args, device, peak, with_reference=False, mlm_only=True)[0]
-        step.extra["role"] = "cli"
-        step.case = f"{case.name} (MLM step for the CLI)"
-        rows.append(step)
-        with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
-            cli = cli_run(case, args, device, Path(tmp))
-        cli |= {"case": case.name, "step_tokens_per_s": step.tokens_per_s}
-        log(
-            f"  CLI: {cli['tokens_per_s']:,.0f} tok/s over {cli['steps']} steps; its step alone {step.tokens_per_s:,.0f}"
-        )
-        clis.append(cli)
-        save()
-    if args.cli and args.cli_compile:
-        case = cases[0]
-        side = "bertforge (compiled)"
+        side = "bertforge (compiled)" if compiled else "bertforge"
         step = bench_case(case, args, device, peak, mlm_only=True, only=side)[0]
         step.extra["role"] = "cli"
-        step.case = f"{case.name} (compiled MLM step for the CLI)"
+        what = "compiled MLM step" if compiled else "MLM step"
+        step.case = f"{case.name} ({what} for the CLI)"
         rows.append(step)
         with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
-            cli = cli_run(case, args, device, Path(tmp), compiled=True)
+            cli = cli_run(case, args, device, Path(tmp), compiled=compiled)
+        flag = "true" if compiled else "false"
         cli |= {
-            "case": f"{case.name}, --train.compile true",
+            "case": f"{case.name}, --train.compile {flag}",
             "step_tokens_per_s": step.tokens_per_s,
         }
         log(
-            f"  CLI compiled: {cli['tokens_per_s']:,.0f} tok/s; its compiled step alone {step.tokens_per_s:,.0f}"
+            f"  CLI (--train.compile {flag}): {cli['tokens_per_s']:,.0f} tok/s over "
+            f"{cli['steps']} steps; its step alone {step.tokens_per_s:,.0f}"
         )
         clis.append(cli)
         save()

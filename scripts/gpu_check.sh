@@ -1,16 +1,30 @@
 #!/usr/bin/env bash
 # One command for a GPU machine (docs/gpu.md): the GPU test suite (tests/gpu, marker `cuda`, and
-# the device checks of tests/test_devices.py), then benchmarks/bench_gpu.py (ours vs
-# transformers, tok/s and MFU, and the CLI run against its step). About 6-8 minutes on an
-# H100/H200. Needs PyTorch with CUDA; downloads nothing. Dependencies the machine lacks
-# (jsonargparse, the serve extra) are installed from .whl/ when it is there (made by
+# the device checks of tests/test_devices.py), benchmarks/bench_gpu.py (ours vs transformers,
+# tok/s and MFU, and the CLI run against its step), and, given its data, the general recipe
+# pretrained on the GPU and judged on GLUE there. About 6-8 minutes on an H100/H200 for the
+# suite and the benchmark. Needs PyTorch with CUDA; downloads nothing. Dependencies the machine
+# lacks (jsonargparse, the serve extra) are installed from .whl/ when it is there (made by
 # scripts/gpu_wheels.sh where pip reaches PyPI, and carried along); without them the parts that
 # need them are skipped and the summary says so.
 #
 #   bash scripts/gpu_check.sh                 # results in $OUT if set, else runs/gpu-check
 #   GPU_CHECK_BENCH=quick bash scripts/gpu_check.sh   # fewer timed steps (about 2 minutes less)
-#   GPU_CHECK_BENCH=none bash scripts/gpu_check.sh    # the tests only
-#   GPU_CHECK_BENCH_ARGS="--compile 0 --profile" bash scripts/gpu_check.sh   # more for the bench
+#   GPU_CHECK_BENCH=none bash scripts/gpu_check.sh    # no benchmark
+#   GPU_CHECK_TESTS=0 bash scripts/gpu_check.sh       # no test suite
+#   GPU_CHECK_BENCH_ARGS="--cases 0 --compile 0 --profile" bash scripts/gpu_check.sh   # bench options
+#   GPU_CHECK_GENERAL=general.tar.xz bash scripts/gpu_check.sh   # and the general recipe:
+#
+# GPU_CHECK_GENERAL names the general recipe's data steps, done elsewhere (a GPU machine may have
+# neither the corpus nor the time to prepare it): a folder holding heldout.txt, tokenizer-8192/,
+# data-8192-128-nsp/ and wikitext2-8192/ (bertforge recipe general's first steps), or a .tar.xz
+# holding such a folder as general/ and GLUE as data/glue/ (scripts/gpu_pack.sh makes one). The
+# recipe pretrains on the GPU (its GPU settings: BERT-Medium, batch 256, compiled) for
+# GPU_CHECK_GENERAL_TIME (default 3m) beside the test suite, then `bertforge benchmark --suite
+# glue` fine-tunes it on the GPU (GPU_CHECK_GLUE_ARGS, default one learning rate, 20 s a task;
+# GPU_CHECK_GENERAL_ARGS: more pretrain options).
+# Its log is general.log, its results general-results.tar.gz. GPU_CHECK_DEADLINE (seconds, default
+# 560) bounds the whole: the GLUE stage stops in time to pack what it finished.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -69,18 +83,6 @@ if [[ " $MISSING " == *" fastapi "* || " $MISSING " == *" uvicorn "* || " $MISSI
   echo "!! the serve extra is missing: the serve test is left out"
 fi
 
-TESTS_RC=-1
-if [[ $SUITE == 1 ]]; then
-  say "GPU test suite (tests/gpu, tests/test_devices.py)"
-  PER_TEST=()  # a test that hangs fails alone, when pytest-timeout is there
-  "$PY" -c "import pytest_timeout" 2>/dev/null && PER_TEST=(--timeout 150)
-  timeout 300 "$PY" -m pytest tests/gpu tests/test_devices.py \
-    -p no:cacheprovider -o addopts="" -q -rfEs ${DESELECT[@]+"${DESELECT[@]}"} ${PER_TEST[@]+"${PER_TEST[@]}"} \
-    --junitxml="$RESULTS/gpu_tests.xml"
-  TESTS_RC=$?
-  echo "pytest exit code: $TESTS_RC"
-fi
-
 BENCH_RC=-1
 if [[ $BENCH != none ]]; then
   say "benchmark (benchmarks/bench_gpu.py, $BENCH)"
@@ -96,11 +98,63 @@ if [[ $BENCH != none ]]; then
   echo "bench_gpu exit code: $BENCH_RC"
 fi
 
+GENERAL_PID=
+GENERAL_RC=-1
+if [[ -n "${GPU_CHECK_GENERAL:-}" ]]; then
+  say "general recipe on the GPU (in the background: general.log)"
+  if [[ -f "$GPU_CHECK_GENERAL" ]]; then
+    UNPACKED="$ROOT/runs/gpu-general"
+    mkdir -p "$UNPACKED" && tar -xJf "$GPU_CHECK_GENERAL" -C "$UNPACKED"
+    GENERAL_DIR="$UNPACKED/general"
+    GLUE_DIR="$UNPACKED/data/glue"
+  else
+    GENERAL_DIR="$GPU_CHECK_GENERAL"
+    GLUE_DIR="${BERTFORGE_SHARED_DATA:-$ROOT/../shared/data}/glue"
+  fi
+  read -r -a GLUE_ARGS <<<"${GPU_CHECK_GLUE_ARGS:---lr 1e-4 --task_budget 20s}"
+  (
+    set -o pipefail
+    "$PY" -m bertforge.cli recipe general --output "$GENERAL_DIR" \
+      -- --train.max_time "${GPU_CHECK_GENERAL_TIME:-3m}" ${GPU_CHECK_GENERAL_ARGS:-} || exit 1
+    echo "== pretrained; GLUE-5 on the GPU ($((SECONDS - START)) s into the check)"
+    LEFT=$(( ${GPU_CHECK_DEADLINE:-560} - (SECONDS - START) - 25 ))
+    (( LEFT > 30 )) || { echo "no time left for GLUE"; exit 2; }
+    timeout "$LEFT" "$PY" -m bertforge.cli benchmark --model "$GENERAL_DIR/run/model" \
+      --output "$GENERAL_DIR/glue" --name "general recipe, GPU ${GPU_CHECK_GENERAL_TIME:-3m}" \
+      --suite glue --baseline false --data_dir "$GLUE_DIR" --progress false "${GLUE_ARGS[@]}"
+  ) >"$RESULTS/general.log" 2>&1 &
+  GENERAL_PID=$!
+fi
+
+TESTS_RC=-1
+if [[ $SUITE == 1 && ${GPU_CHECK_TESTS:-1} != 0 ]]; then
+  say "GPU test suite (tests/gpu, tests/test_devices.py)"
+  PER_TEST=()  # a test that hangs fails alone, when pytest-timeout is there
+  "$PY" -c "import pytest_timeout" 2>/dev/null && PER_TEST=(--timeout 150)
+  timeout 300 "$PY" -m pytest tests/gpu tests/test_devices.py \
+    -p no:cacheprovider -o addopts="" -q -rfEs ${DESELECT[@]+"${DESELECT[@]}"} ${PER_TEST[@]+"${PER_TEST[@]}"} \
+    --junitxml="$RESULTS/gpu_tests.xml"
+  TESTS_RC=$?
+  echo "pytest exit code: $TESTS_RC"
+fi
+
+if [[ -n "$GENERAL_PID" ]]; then
+  say "waiting for the general recipe"
+  wait "$GENERAL_PID"
+  GENERAL_RC=$?
+  tail -n 25 "$RESULTS/general.log"
+  ( cd "$GENERAL_DIR" && tar -czf "$RESULTS/general-results.tar.gz" --ignore-failed-read \
+      run/results.json run/metrics.jsonl run/pretrain_config.yaml run/model/config.json \
+      $(ls run/*.png glue/results.* glue/benchmark_config.json 2>/dev/null) ) \
+    && echo "packed: general-results.tar.gz"
+fi
+
 say "summary"
 HAS_CUDA=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
 case $TESTS_RC in
   0) [[ $HAS_CUDA == 1 ]] && echo "tests: PASSED" || echo "tests: PASSED on the CPU; the GPU tests were SKIPPED (no CUDA)" ;;
-  -1) echo "tests: NOT RUN (missing: $MISSING)" ;;
+  -1) [[ ${GPU_CHECK_TESTS:-1} == 0 ]] && echo "tests: not run (GPU_CHECK_TESTS=0)" \
+       || echo "tests: NOT RUN (missing: $MISSING)" ;;
   124) echo "tests: TIMED OUT (see $LOG)" ;;
   *) echo "tests: FAILED (pytest exit $TESTS_RC; see $LOG and gpu_tests.xml)" ;;
 esac
@@ -110,5 +164,12 @@ case $BENCH_RC in
   124) echo "benchmark: TIMED OUT (partial rows in bench_gpu.json)" ;;
   *) echo "benchmark: FAILED (exit $BENCH_RC)" ;;
 esac
+case $GENERAL_RC in
+  -1) ;;
+  0) echo "general recipe: pretrained and benchmarked on GLUE (general.log)"; \
+     cat "$GENERAL_DIR/glue/results.md" 2>/dev/null | head -n 20 ;;
+  *) echo "general recipe: FAILED or cut short (exit $GENERAL_RC; see general.log)" ;;
+esac
 echo "results: $RESULTS (took $((SECONDS - START)) s)"
-[[ $TESTS_RC == 0 && ($BENCH_RC == 0 || $BENCH == none) ]]
+[[ ($TESTS_RC == 0 || ${GPU_CHECK_TESTS:-1} == 0) && ($BENCH_RC == 0 || $BENCH == none) \
+   && ($GENERAL_RC == 0 || $GENERAL_RC == -1) ]]

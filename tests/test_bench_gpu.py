@@ -34,6 +34,7 @@ def test_smoke_run_measures_both_sides_and_the_cli(tmp_path):
         PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
     )
     argv = [sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--smoke", "--device", "cpu"]
+    argv += ["--dropout", "0"]  # both sides and the CLI without dropout, said in the case's name
     done = subprocess.run(
         [*argv, "--json", str(out), "--markdown", str(table)],
         capture_output=True,
@@ -44,10 +45,11 @@ def test_smoke_run_measures_both_sides_and_the_cli(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     sides = {(r["case"], r["side"]): r for r in result["rows"]}
-    case = "tiny (smoke), seq 32"
+    case = "tiny (smoke), seq 32, dropout 0"
     assert {(case, "bertforge"), (case, "transformers")} <= set(sides)
     assert all(r["tokens_per_s"] > 0 and r["mfu"] is None for r in result["rows"])
     (cli,) = result["cli"]
     assert cli["steps"] == 2 and cli["tokens_per_s"] > 0
+    assert cli["case"].endswith("--train.compile false")  # the CPU's default: eager
     text = table.read_text()
     assert "ours / theirs" in text and "CLI / step" in text and "no MFU" in text

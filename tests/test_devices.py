@@ -81,6 +81,7 @@ def fake_run(model: torch.nn.Module, objective: str, device: torch.device) -> Si
         device=device,
         precision="fp32",
         forward=model,
+        compiled=False,
         raw=model,
         ddp=model,
         objective=objective_for(train),
@@ -222,6 +223,35 @@ def test_the_pretraining_model_compiles_to_one_graph_given_its_masked_rows(tiny_
     torch._dynamo.reset()
     explained = torch._dynamo.explain(model)(
         batch["input_ids"],
+        token_type_ids=batch["token_type_ids"],
+        labels=batch["labels"],
+        next_sentence_label=batch["next_sentence_label"],
+        masked_rows=rows,
+    )
+    torch._dynamo.reset()
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), [
+        str(r.reason)[:200] for r in explained.break_reasons
+    ]
+
+
+def test_the_pretraining_model_compiles_to_one_graph_on_a_padded_batch_with_static_rows(
+    tiny_config,
+):
+    """Compiled on a GPU, a padded batch keeps its padding (no ``nonzero`` of the mask to skip
+    it) and the masked rows come padded to a count that stays put (``static_masked_rows``):
+    one graph, no break, so one compile serves every step."""
+    import torch._dynamo
+
+    from bertforge.data.loader import static_masked_rows
+
+    model = BertForPreTraining(tiny_config).train().to("meta")
+    batch = pretraining_batch(tiny_config.vocab_size)
+    rows = static_masked_rows(batch["labels"], 0.15).to("meta")
+    batch = {k: v.to("meta") for k, v in batch.items()}
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(
+        batch["input_ids"],
+        attention_mask=batch["attention_mask"],
         token_type_ids=batch["token_type_ids"],
         labels=batch["labels"],
         next_sentence_label=batch["next_sentence_label"],

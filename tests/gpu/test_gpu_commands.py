@@ -15,6 +15,7 @@ from support.serve import request, serve
 
 from bertforge import cli
 from bertforge.modeling.model import BertForSequenceClassification
+from bertforge.progress import read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
 
 TEXTS = ["a good film about town", "the movie was bad", "music at night"]
@@ -105,6 +106,27 @@ def test_finetune_then_classify_on_the_device(work, device):
     truth = [row.split(",")[-1] for row in work["test"].read_text().splitlines()[1:]]
     right = sum(r["label"] == t for r, t in zip(a, truth, strict=True))
     assert right / len(truth) > 0.7  # the keyword rule is learnt
+
+
+def test_compiled_finetuning_follows_the_eager_losses(work, device):
+    """``finetune --compile true`` on CUDA (batches of changing length: one recompile, then a
+    dynamic graph): the eager run's losses within the rounding of Inductor's fused kernels, and
+    the compile time kept out of the run's clock."""
+    if torch.device(device).type != "cuda":
+        pytest.skip("compiling on the CPU takes minutes on a small machine")
+    losses = {}
+    for compiled in ("true", "false"):
+        out = work["root"] / f"finetuned-compile-{compiled}"
+        run(
+            "finetune", "--model", str(work["mlm"]), "--train", str(work["train"]),
+            "--output", str(out), "--device", device, "--max_steps", "12",
+            "--batch_size", "16", "--lr", "1e-3", "--dropout", "0", "--progress", "false",
+            "--log_every", "1", "--compile", compiled, *SHORT, *FP32,
+        )  # fmt: skip
+        records = [r for r in read_metrics(out) if r["split"] == "train"]
+        losses[compiled] = [r["loss"] for r in records]
+    assert len(losses["true"]) == len(losses["false"]) == 12
+    assert losses["true"] == pytest.approx(losses["false"], rel=2e-3, abs=2e-3)
 
 
 def test_evaluate_on_the_device_equals_the_cpu(work, device):

@@ -1,6 +1,6 @@
 """Pretraining on the GPU: the steps equal the CPU's in fp32, bf16 learns, resume is bit-exact,
-torchrun with one process (nccl) runs, and ``--train.compile`` keeps its compile time out of
-the budget. Tiny models; see ``conftest.py`` for the device and the data."""
+torchrun with one process (nccl) runs, and compiling (the default on CUDA) keeps its compile
+time out of the budget and the losses of the eager step. Tiny models; see ``conftest.py`` for the device and the data."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ FAST = dict(
     log_every=1,
     progress=False,
     warmup_ratio=0.1,
+    compile=False,  # eager unless a test says otherwise (compiling is the default on CUDA)
 )
 PAIRS = ("mlm_nsp", "mlm_contrastive")
 
@@ -225,3 +226,23 @@ def test_compile_time_is_reported_and_kept_out_of_the_budget(gpu_corpus, tmp_pat
     assert result["elapsed"] < state["compile_seconds"]
     records = [r for r in read_metrics(run) if r["split"] == "train"]
     assert records[-1]["compile_seconds"] == pytest.approx(state["compile_seconds"])
+
+
+@pytest.mark.parametrize("objective", ["mlm_nsp", "mlm"])
+def test_compiled_by_default_on_cuda_and_the_losses_of_eager(
+    gpu_corpus, tmp_path, device, objective
+):
+    """``--train.compile`` unset compiles on CUDA (padded NSP pairs and packed sequences, the
+    masked rows padded to one count): five fp32 steps without dropout give the eager run's
+    losses within the rounding of Inductor's fused kernels."""
+    if torch.device(device).type != "cuda":
+        pytest.skip("compiling on the CPU takes minutes on a small machine")
+    common = dict(objective=objective, max_steps=5, dropout=0.0)
+    pretrain(cfg(gpu_corpus, tmp_path / "compiled", device, **common, compile=None))
+    pretrain(cfg(gpu_corpus, tmp_path / "eager", device, **common))
+    records = [r for r in read_metrics(tmp_path / "compiled") if r["split"] == "train"]
+    assert records[-1]["compile_seconds"] > 0  # it did compile
+    a, b = train_losses(tmp_path / "compiled"), train_losses(tmp_path / "eager")
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5]
+    for step in a:
+        assert a[step] == pytest.approx(b[step], rel=2e-3, abs=2e-3), step

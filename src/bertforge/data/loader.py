@@ -31,6 +31,7 @@ Typical use in a training loop (one process per rank)::
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -332,10 +333,15 @@ def pinned(step: Step) -> Step:
     return Step(batches, step.position, step.epoch)
 
 
-def with_masked_rows(step: Step) -> Step:
+def with_masked_rows(step: Step, static_rate: float | None = None) -> Step:
     """``step`` with each micro-batch's ``masked_rows``: the flat positions of its labelled
-    tokens (:func:`masked_rows`), found on the host ahead of the step."""
-    batches = [b | {"masked_rows": masked_rows(b["labels"])} for b in step.batches]
+    tokens (:func:`masked_rows`), found on the host ahead of the step; with ``static_rate``
+    (the masking rate, for a compiled model) a count that stays put (:func:`static_masked_rows`)."""
+    if static_rate is None:
+        batches = [b | {"masked_rows": masked_rows(b["labels"])} for b in step.batches]
+    else:
+        rows = [static_masked_rows(b["labels"], static_rate) for b in step.batches]
+        batches = [b | {"masked_rows": r} for b, r in zip(step.batches, rows, strict=True)]
     return Step(batches, step.position, step.epoch)
 
 
@@ -343,6 +349,29 @@ def masked_rows(labels: torch.Tensor) -> torch.Tensor:
     """The positions of ``labels`` (flattened) that are not ignored: the rows the sparse MLM head
     scores, in row-major order (``labels.flatten() != -100``'s ``nonzero``)."""
     return (labels.flatten() != IGNORE_LABEL).nonzero().squeeze(1)
+
+
+STATIC_ROWS_MULTIPLE = 64
+"""What :func:`static_masked_rows` rounds its count up to (whole tensor-core tiles)."""
+
+
+def static_masked_rows(labels: torch.Tensor, rate: float) -> torch.Tensor:
+    """:func:`masked_rows` of a (B, T) batch masked at ``rate``, followed by unlabelled positions
+    (label -100: [CLS], [SEP], words left as they are) up to a count that is the same for every
+    batch of this shape: ``B * ceil(rate * T)`` (each row's masking budget is ``rate`` times its
+    maskable tokens, at most T) rounded up to :data:`STATIC_ROWS_MULTIPLE`. A compiled model
+    then sees one shape (one graph, no recompiling), and its loss ignores the added rows
+    (``masked_lm``). A batch with more (whole words can overshoot a row's budget) gets its own
+    count, rounded up alike."""
+    flat = labels.flatten()
+    rows = (flat != IGNORE_LABEL).nonzero().squeeze(1)
+    B, T = labels.shape
+    bound = max(B * math.ceil(rate * T), rows.numel())
+    extra = -(-bound // STATIC_ROWS_MULTIPLE) * STATIC_ROWS_MULTIPLE - rows.numel()
+    free = (flat == IGNORE_LABEL).nonzero().squeeze(1)
+    if extra == 0 or free.numel() == 0:  # (every position labelled: no row to add)
+        return rows
+    return torch.cat([rows, free.repeat(-(-extra // free.numel()))[:extra]])
 
 
 def prefetch(

@@ -563,7 +563,11 @@ class BertModel(BertPreTrainedModel):
             layout.mask = attention_mask.to(x.device, torch.bool)[:, None, None, :]  # (B,1,1,T)
         if rows is not None and self.pooler is not None:  # append every [CLS] for the pooler
             rows = torch.cat([rows, torch.arange(B, device=rows.device) * T])  # (n + B,)
-        if layout.mask is not None and skip_padding and not output_attentions:
+        # compiled, the padding stays (attention masks it): the real tokens' count changes every
+        # batch, and shapes that stay put are what a compiled graph needs (one graph, no
+        # recompiling, no wait for the device at ``nonzero``)
+        unpadding = skip_padding and not output_attentions and not torch.compiler.is_compiling()
+        if layout.mask is not None and unpadding:
             real = attention_mask.flatten()
             # the real tokens first, then padding up to a count that repeats (bf16 on a CPU)
             layout.index, layout.real = unpadded_index(real, shape_multiple(x))  # (N',)
@@ -681,7 +685,10 @@ def masked_lm(
     device in the middle of the forward pass. In bf16 on a CPU those rows are rounded up to a
     multiple of 64 with [CLS] rows, whose logits are dropped: oneDNN then reuses a few kernels
     instead of building (and keeping) new ones for every step's masked count
-    (docs/memory.md); the encoder output keeps the extra rows."""
+    (docs/memory.md); the encoder output keeps the extra rows. Under ``torch.compile`` the
+    padding is not skipped and ``masked_rows`` may end in rows whose label is -100, added by the
+    loop to keep the count the same every step (``data.loader.static_masked_rows``); the loss
+    ignores them, and the logits keep them."""
     if labels is None:
         rows = None
     elif masked_rows is not None:
@@ -704,6 +711,13 @@ def masked_lm(
     out = model.bert(*args)
     if rows is None:
         return out, model.cls.predictions(out.last_hidden_state, weight), None
+    if torch.compiler.is_compiling():
+        # compiled, ``masked_rows`` may end in unlabelled rows the training loop added so that their
+        # count stays put (``static_masked_rows``): their -100 targets take no part in the mean
+        target = labels.flatten()[rows]
+        logits = model.cls.predictions(out.last_hidden_state, weight)
+        loss = F.cross_entropy(logits.float(), target, ignore_index=IGNORE_INDEX)
+        return out, logits, loss
     target = labels.flatten()[rows[:n]]  # (n,): the extra rows' logits take no part
     loss, logits = model.cls.predictions.loss(out.last_hidden_state, target, weight)
     return out, logits[:n], loss

@@ -31,6 +31,7 @@ from typing import Any
 
 from bertforge.io import atomic_write_text, text_lines
 from bertforge.recipes.runner import Recipe, pretrain_results
+from bertforge.runtime import pick_device
 
 CORPUS = (
     "wikipedia-00.txt.bz2",
@@ -74,6 +75,23 @@ PRETRAIN: tuple[str, ...] = (
 docs/pretraining-study.md), BERT-Tiny with MLM + NSP on sentence pairs, co-occurrence word
 vectors, sinusoidal positions, a bag-of-words loss on the pooler, no dropout."""
 
+PRETRAIN_GPU: tuple[str, ...] = (
+    "--model.preset", "medium",
+    "--train.word_init", "normal",
+    "--train.batch_size", "256",
+    "--train.lr", "1e-3",
+    "--train.eval_every", "2000",
+    "--train.save_every", "2000",
+    "--train.log_every", "100",
+)  # fmt: skip
+"""What changes when the pretraining step runs on CUDA (docs/gpu.md): BERT-Medium (8 layers of
+512) at batch 256, peak LR 1e-3, and words from a normal draw (counting co-occurrences takes
+about 95 s of CPU for this corpus, a large part of a GPU's minutes). Compiled, as every CUDA
+run is by default."""
+
+GPU_BUDGET = "10m"
+"""The default pretraining time on a GPU."""
+
 
 def last_documents(path: Path, count: int) -> list[list[str]]:
     """The last ``count`` documents of a blank-line-separated text file (each a list of its
@@ -113,44 +131,67 @@ def smoke_corpus(r: Recipe, corpus: list[Path]) -> list[Path]:
     return pieces
 
 
+def option_value(argv: list[str], option: str) -> str | None:
+    """The value of the last ``option VALUE`` in ``argv``, or None."""
+    found = None
+    for i, word in enumerate(argv[:-1]):
+        if word == option:
+            found = argv[i + 1]
+    return found
+
+
+def on_gpu(pretrain_args: list[str]) -> bool:
+    """Whether the pretraining step will run on CUDA: ``--train.device`` as given after ``--``,
+    else ``auto`` (a GPU when there is one), as ``bertforge pretrain`` decides it."""
+    name = option_value(pretrain_args, "--train.device") or "auto"
+    return pick_device(name, "--train.device").type == "cuda"
+
+
 def general(r: Recipe) -> None:
     """Held-out text, tokenizer, prepared pairs, pretraining (see the module docstring)."""
-    corpus = [r.need("general", name) for name in CORPUS]
-    if r.smoke:
-        corpus = smoke_corpus(r, corpus)
-        held_out = {corpus[0]: 2}
-    else:
-        held_out = {path: HELD_OUT.get(path.name, 0) for path in corpus}
+    smoke = r.smoke
+    vocab = 1000 if smoke else VOCAB
     heldout = r.path("heldout.txt")
+    tok = r.path(f"tokenizer-{vocab}")
+    data = r.path(f"data-{vocab}-128-nsp")
+    wiki = r.path(f"wikitext2-{vocab}")
+    # the corpus is read only by the data steps: a folder that has their outputs (copied to a
+    # GPU machine, say) pretrains without it
+    corpus = [r.data / "general" / name for name in CORPUS]  # named in the steps' lines
+    if not all(p.exists() for p in (heldout, tok / "vocab.txt", data / "meta.json")):
+        corpus = [r.need("general", name) for name in CORPUS]
+        if smoke:
+            corpus = smoke_corpus(r, corpus)
     if not heldout.exists():
+        held_out = {corpus[0]: 2} if smoke else {p: HELD_OUT.get(p.name, 0) for p in corpus}
         documents = [d for path, n in held_out.items() if n for d in last_documents(path, n)]
         write_documents(heldout, documents)
-    vocab = 1000 if r.smoke else VOCAB
-    tok = r.path(f"tokenizer-{vocab}")
     r.run(
         ["tokenizer", "train", "--input", *corpus, "--vocab_size", vocab, "--output", tok],
         done=tok / "vocab.txt",
     )
     workers = str(max(1, min(4, r.num_threads or os.cpu_count() or 1)))
-    data = r.path(f"data-{vocab}-128-nsp")
     argv: list[Any] = ["prepare", "--tokenizer", tok, "--input", *corpus, "--format", "text"]
     argv += ["--validation", heldout, "--output", data]
     argv += ["--max_seq_length", "128", "--mode", "nsp", "--workers", workers]
     r.run(argv + ["--progress", "false"], done=data / "meta.json")
-    wiki = r.path(f"wikitext2-{vocab}")
-    argv = ["prepare", "--tokenizer", tok, "--input", r.need("wikitext2", "wiki.valid.tokens")]
+    wikitext = wiki / "meta.json"
+    source = r.data / "wikitext2" / "wiki.valid.tokens"
+    if not wikitext.exists():
+        source = r.need("wikitext2", "wiki.valid.tokens")
+    argv = ["prepare", "--tokenizer", tok, "--input", source]
     argv += ["--output", wiki, "--max_seq_length", "128", "--mode", "nsp"]
-    r.run(argv + ["--validation_fraction", "0", "--progress", "false"], done=wiki / "meta.json")
+    r.run(argv + ["--validation_fraction", "0", "--progress", "false"], done=wikitext)
 
     extra = list(r.pretrain_args)
     if "--train.max_time" in extra[:-1]:  # a budget given as a pretrain option is the budget
-        last = len(extra) - 1 - extra[::-1].index("--train.max_time")
-        r.budget = extra[last + 1]
-    r.budget = r.budget or BUDGET
+        r.budget = option_value(extra, "--train.max_time")
+    gpu = on_gpu(extra)
+    r.budget = r.budget or (GPU_BUDGET if gpu else BUDGET)
     run = r.path("run")
     argv = ["pretrain", "--data", data, "--extra_eval", f"[{wiki}]", "--output", run]
-    argv += list(PRETRAIN)
-    if r.smoke:
+    argv += list(PRETRAIN) + (list(PRETRAIN_GPU) if gpu and not smoke else [])
+    if smoke:
         argv += ["--train.max_steps", "3", "--train.batch_size", "8"]
         argv += ["--train.eval_examples", "32", "--train.eval_every", "0"]
     elif "--train.max_time" not in extra:

@@ -345,8 +345,10 @@ class TrainConfig(LoopOptions):
     dropout: float | None = None
     """Dropout rate used while pretraining (hidden and attention); None uses the model's. The
     saved config.json keeps the model's values for fine-tuning."""
-    compile: bool = False
-    """Run the model through torch.compile."""
+    compile: bool | None = None
+    """Run the model through torch.compile. Unset: on when the device is CUDA (the seconds spent
+    compiling are kept out of ``--train.max_time`` and said in the log), off elsewhere;
+    ``false`` opts out on a GPU (docs/gpu.md)."""
     seed: int = 0
     """Seed for initialisation, data order, masks and dropout."""
     eval_every: int = 500
@@ -618,6 +620,11 @@ class FinetuneConfig(LoopOptions):
     max_time: str | None = None
     """Wall-clock training budget such as 40m (evaluation time not counted); the LR schedule
     follows whichever of time and steps is further along. 0 or none: no limit."""
+    compile: bool | None = None
+    """Run the model through torch.compile (the seconds spent compiling are kept out of
+    --max_time). Unset: on for a run of at least 5,000 steps on CUDA, off otherwise (compiling
+    takes about half a minute and saves a few milliseconds a step: shorter runs lose;
+    docs/gpu.md); embedding runs are never compiled."""
     dropout: float | None = None
     """Dropout rate while fine-tuning (hidden, attention, classifier); None keeps the model's.
     On CPU 0 is several times faster: dropout masks cost more than the matrix products there."""

@@ -68,6 +68,8 @@ from bertforge.progress import MetricsLogger, format_duration, parse_duration, p
 from bertforge.runtime import (
     CoreWatch,
     autocast,
+    compile_seconds,
+    explain_compile,
     explain_precision,
     parse_bytes,
     peak_memory_bytes,
@@ -160,6 +162,12 @@ class FinetuneState(steps.TrainState):
     """Stopped early: the run is over even though budget is left."""
 
 
+COMPILE_MIN_STEPS = 5000
+"""Unset ``--compile`` compiles a CUDA run of at least this many optimizer steps: compiling
+takes tens of seconds (recompiling once when the batches' length first changes) and saves a
+few milliseconds a step at fine-tuning's batch sizes."""
+
+
 @dataclass
 class Run:
     """What the loop works with, set up once by :func:`setup`."""
@@ -183,6 +191,9 @@ class Run:
     """The training baseline's prediction (evaluation.task_scores.TRAINING_BASELINE)."""
     val_baseline: dict[str, float]
     """Its validation metrics, printed beside every validation score."""
+    forward: Any = None
+    """What the training step calls: ``model``, or ``torch.compile(model)`` (``--compile``)."""
+    compiled: bool = False
 
     def say(self, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
@@ -246,7 +257,7 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
             if state.batch >= len(order):  # epoch finished: the next one has a new order
                 state.epoch, state.batch = state.epoch + 1, 0
                 continue
-            t0 = time.perf_counter()
+            t0, compiled_before = time.perf_counter(), compile_seconds() if run.compiled else 0.0
             lr = steps.scheduled_lr(
                 state.step, state.elapsed, cfg, total_steps=run.total, budget=run.budget
             )
@@ -257,6 +268,11 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
             )
             state.batch += 1
             report.lr, report.seconds = lr, time.perf_counter() - t0
+            if run.compiled:  # compiling is set-up, not training: kept out of the budget
+                compiling = compile_seconds() - compiled_before
+                report.seconds = max(report.seconds - compiling, 0.0)
+                if compiling > 1.0:
+                    bar.write(f"step {state.step}: compiled in {compiling:.1f} s (not charged)")
             watch.step(report.seconds / max(report.tokens, 1.0))  # batches differ in length
             steps.record_step(
                 state,
@@ -349,6 +365,11 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
         val_baseline = baseline_metrics(model.config, data.val.labels, baseline)
     run = Run(cfg, out, device, precision, budget, total, steps_per_epoch, tokenizer, data, model,
               optimizer, logger, baseline, val_baseline)  # fmt: skip
+    embedding = isinstance(data, EmbeddingTaskData)  # its step calls the model itself
+    run.compiled, compiling = explain_compile(
+        False if embedding else cfg.compile, device, total, COMPILE_MIN_STEPS
+    )
+    run.forward = torch.compile(model) if run.compiled else model
     micro, outputs = cfg.micro_batch, len(data.id2label) if data.id2label else 1
     if qa:
         counts = f"{len(data.train):,} examples ({len(data.encoded_train):,} windows)"
@@ -362,7 +383,7 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
         counts = f"{len(data.encoded_train):,} {what}, validating on {len(data.encoded_val):,}"
     run.say(
         f"fine-tuning {cfg.model} for {cfg.task} ({plural(2 if qa else outputs, 'output')}) on "
-        f"{counts}; {precision} ({why}) on {device}, {plural(threads, 'thread')}; "
+        f"{counts}; {precision} ({why}) on {device}, {compiling}, {plural(threads, 'thread')}; "
         f"{plural(total, 'step')} of batch {cfg.batch_size} = {cfg.batch_size // micro} x {micro}"
         + (f" or {format_duration(budget)}" if budget else "")
         + f"; encoded in {time.perf_counter() - t0:.1f}s"
@@ -517,7 +538,7 @@ def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
         else:
             batch["labels"] = labels
         with autocast(device, run.precision):
-            loss = run.model(**batch).loss
+            loss = run.forward(**batch).loss
         # a mean over this micro-batch's rows (words) -> its share of the mean over the batch
         totals["loss"] += float(loss.detach()) * share
         totals["tokens"] += int(batch["attention_mask"].sum())

@@ -33,6 +33,7 @@ from bertforge.data.loader import (
     masked_rows,
     pinned,
     prefetch,
+    static_masked_rows,
     validation_batches,
     with_masked_rows,
 )
@@ -49,6 +50,7 @@ from bertforge.runtime import (
     CoreWatch,
     autocast,
     compile_seconds,
+    explain_compile,
     explain_precision,
     parse_bytes,
     peak_memory_bytes,
@@ -105,7 +107,8 @@ class PretrainState(steps.TrainState):
     random_eval: Evaluations | None = None
     """With --init_from: the same network freshly initialised (the table's third column)."""
     compile_seconds: float | None = None
-    """With --train.compile: seconds spent compiling, not charged to the time budget."""
+    """Compiled (``--train.compile``, on by default on CUDA): seconds spent compiling, not charged
+    to the time budget."""
     snapshots: dict[str, int] | None = None
     """With --train.snapshots: the snapshots written (``snapshots/model-15m``) -> the step each
     holds; a resumed run writes none of them again."""
@@ -129,6 +132,7 @@ class Run:
     ddp: torch.nn.Module
     forward: Callable[..., Any]
     """The module the training step calls (DDP- and compile-wrapped as configured)."""
+    compiled: bool
     optimizer: torch.optim.Optimizer
     logger: MetricsLogger
     objective: Objective
@@ -181,7 +185,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
     stopped = None
     lagged = reads_late(run)
     pending: Pending | None = None  # (lagged) a step applied on the device, its numbers unread
-    mark = time.perf_counter(), compile_seconds() if tc.compile else 0.0
+    mark = time.perf_counter(), compile_seconds() if run.compiled else 0.0
 
     def complete(done: Pending) -> bool:
         """The host's part of a step: read its numbers, the guard, the log, evaluation, saving;
@@ -197,9 +201,9 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
                 run.optimizer, guard, state, report.losses["loss"], report.grad_norm, run.say
             )
         state.data = done.drawn.position
-        now = time.perf_counter(), compile_seconds() if tc.compile else 0.0
+        now = time.perf_counter(), compile_seconds() if run.compiled else 0.0
         report.lr, report.seconds = done.lr, now[0] - (mark[0] if lagged else done.t0)
-        if tc.compile:  # compiling is set-up, not training: kept out of the budget
+        if run.compiled:  # compiling is set-up, not training: kept out of the budget
             compiling = now[1] - mark[1]
             report.seconds = max(report.seconds - compiling, 0.0)
             state.compile_seconds = (state.compile_seconds or 0.0) + compiling
@@ -214,7 +218,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
             bar,
             run.logger,
             log=lambda: steps.due(state.step, tc.log_every) or run.done(state),
-            state_fields=("tokens", "elapsed") + (("compile_seconds",) if tc.compile else ()),
+            state_fields=("tokens", "elapsed") + (("compile_seconds",) if run.compiled else ()),
             epoch=done.drawn.epoch,
             skipped=state.skipped,
         )
@@ -230,14 +234,15 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
         take_snapshots(run, state, bar.write)  # before the checkpoint, which records them
         if not stop_everywhere and steps.due(state.step, tc.save_every) and not run.done(state):
             save_checkpoint(run, state)
-        mark = time.perf_counter(), compile_seconds() if tc.compile else 0.0
+        mark = time.perf_counter(), compile_seconds() if run.compiled else 0.0
         return stop_everywhere
 
     take_snapshots(run, state, bar.write)  # a time the charged start-up work passed already
     with GracefulStop() as stop:
         source = data_steps(run.data.loader, run.data.micro)
         if run.device.type == "cuda":  # collate the next step while the GPU runs this one
-            source = prefetch(source, lambda step: pinned(with_masked_rows(step)))
+            rate = static_rate(run)
+            source = prefetch(source, lambda step: pinned(with_masked_rows(step, rate)))
         while not run.done(state):
             t0 = time.perf_counter()
             lr = steps.scheduled_lr(
@@ -334,11 +339,12 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
     logger = MetricsLogger(
         out, enabled=info.is_main, resume_step=state.step if resume_dir is not None else None
     )
-    forward = torch.compile(ddp) if tc.compile else ddp
+    compiled, compiling = explain_compile(tc.compile, device)
+    forward = torch.compile(ddp) if compiled else ddp
     objective.to(device)
     run = Run(
-        cfg, out, info, device, precision, budget, data, raw, ddp, forward, optimizer, logger,
-        objective, probe,
+        cfg, out, info, device, precision, budget, data, raw, ddp, forward, compiled, optimizer,
+        logger, objective, probe,
     )  # fmt: skip
     run.watch = CoreWatch(threads, run.say, "--train.num_threads")
     run.snapshots = snapshot_times(tc)
@@ -357,7 +363,7 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
     limits = (tc.max_steps and plural(tc.max_steps, "step"), budget and format_duration(budget))
     run.say(
         f"pretraining {type(raw).__name__} ({n_params / 1e6:.2f}M parameters, {precision} "
-        f"({why}), {device}, {plural(threads, 'thread')}, "
+        f"({why}), {device}, {compiling}, {plural(threads, 'thread')}, "
         f"{plural(info.world_size, 'process', 'processes')}) on {len(data.train):,} sequences; batch "
         f"{tc.batch_size} = {info.world_size} x {data.accum} x {data.micro}; budget "
         + " and ".join(x for x in limits if x)
@@ -539,7 +545,9 @@ def launch_step(
         part = micro_batches[k]
         padded = counts["tokens"] < part["attention_mask"].numel()  # decided here, on the host
         if "masked_rows" not in part:  # found on the host: no wait for the device (prefetch)
-            part = part | {"masked_rows": masked_rows(part["labels"])}
+            labels, rate = part["labels"], static_rate(run)
+            rows = masked_rows(labels) if rate is None else static_masked_rows(labels, rate)
+            part = part | {"masked_rows": rows}
         batch = {key: v.to(run.device, non_blocking=True) for key, v in part.items()}
         with autocast(run.device, run.precision):
             output = run.forward(
@@ -570,6 +578,12 @@ def launch_step(
     names = list(sums)
     on_device = D.all_reduce_sum(torch.stack([sums[name] for name in names]))
     return Launched(on_device, norm, lambda: _read_step(on_device, norm, names, total, objective))
+
+
+def static_rate(run: Run) -> float | None:
+    """The masking rate when the model is compiled (its masked rows are then padded to a count
+    that stays put: ``static_masked_rows``), else None (the rows as they are)."""
+    return run.cfg.masking.mlm_probability if run.compiled else None
 
 
 def _read_step(
