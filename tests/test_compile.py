@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from test_fast_paths import assert_grads_close, grads, padded_batch
@@ -92,3 +93,26 @@ def test_compiled_pretraining_model_equals_eager_on_a_padded_batch_with_static_r
     torch.testing.assert_close(compiled.mlm_loss, eager.mlm_loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(compiled.nsp_loss, eager.nsp_loss, rtol=1e-5, atol=1e-6)
     assert_grads_close(grads(model), want, atol=1e-5)
+
+
+def test_gpu_batches_pad_to_a_multiple_never_past_the_longest_allowed():
+    """On a GPU a batch's length is rounded up to 32 (a handful of shapes repeat instead of
+    one per length), never past the limit; the CPU keeps the batch's own longest."""
+    from bertforge.data.encoding import collate, iterate_batches, pad_multiple
+
+    assert pad_multiple(torch.device("cpu")) == 1
+    assert pad_multiple(torch.device("meta")) == 32
+    examples = [(np.arange(2, 9, dtype=np.int32), 4), (np.arange(2, 5, dtype=np.int32), 3)]
+    plain = collate(examples, 0)
+    rounded = collate(examples, 0, multiple=32, limit=128)
+    capped = collate(examples, 0, multiple=32, limit=20)
+    assert plain["input_ids"].shape == (2, 7)
+    assert rounded["input_ids"].shape == (2, 32) and capped["input_ids"].shape == (2, 20)
+    for batch in (rounded, capped):  # the same tokens, mask and segments, then padding
+        T = batch["input_ids"].shape[1]
+        for key in plain:
+            assert torch.equal(batch[key][:, :7], plain[key]), key
+            assert not batch[key][:, 7:T].any(), key
+    # inference: never past the longest example of the whole set
+    ((_, batch),) = iterate_batches(examples, [np.array([1])], 0, multiple=32)
+    assert batch["input_ids"].shape == (1, 7)

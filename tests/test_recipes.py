@@ -298,3 +298,44 @@ def test_dapt_script_names_what_it_needs_before_doing_anything(tmp_path):
     assert f"{general}/tokenizer-8192/vocab.txt is missing" in done.stderr
     assert "finished scripts/pretrain_general.sh output" in done.stderr
     assert not out.exists()
+
+
+def test_general_recipe_on_a_gpu_takes_its_gpu_settings_and_needs_no_corpus_once_prepared(
+    tmp_path, monkeypatch
+):
+    """With the data steps' outputs in place (copied to a GPU machine, say) the recipe goes
+    straight to pretraining without the corpus; on CUDA it adds its GPU settings after the CPU
+    ones (later options win) and takes the GPU's default budget, and a budget given after
+    ``--`` still wins."""
+    from bertforge.recipes import general as recipe
+    from bertforge.recipes.runner import Recipe
+
+    out = tmp_path / "out"
+    for done in ("heldout.txt", "tokenizer-8192/vocab.txt", "data-8192-128-nsp/meta.json",
+                 "wikitext2-8192/meta.json"):  # fmt: skip
+        (out / done).parent.mkdir(parents=True, exist_ok=True)
+        (out / done).write_text("x")
+    ran: list[list[str]] = []
+
+    def command(argv: list[str]) -> int:
+        ran.append(argv)
+        (out / "run").mkdir(exist_ok=True)
+        (out / "run/results.json").write_text("{}")  # what the runner checks a step left
+        return 0
+
+    monkeypatch.setattr(recipe, "pretrain_results", lambda run: {})
+    for gpu, extra in ((True, ()), (True, ("--train.max_time", "2m")), (False, ())):
+        ran.clear()
+        (out / "run/results.json").unlink(missing_ok=True)
+        monkeypatch.setattr(recipe, "on_gpu", lambda args, gpu=gpu: gpu)
+        r = Recipe("general", out, tmp_path / "no-data", command, pretrain_args=extra)
+        recipe.general(r)  # no corpus under tmp_path/no-data: only the pretraining step runs
+        (argv,) = ran
+        assert argv[0] == "pretrain"
+        assert (recipe.option_value(argv, "--model.preset") == "medium") is gpu
+        assert (recipe.option_value(argv, "--train.position_init_std") == "0.02") is gpu
+        want = extra[1] if extra else recipe.GPU_BUDGET if gpu else recipe.BUDGET
+        assert recipe.option_value(argv, "--train.max_time") == want
+    assert recipe.option_value(["--a", "1", "--a", "2"], "--a") == "2"
+    assert recipe.option_value(["--a"], "--a") is None
+    assert recipe.on_gpu(["--train.device", "cpu"]) is False

@@ -109,9 +109,8 @@ def test_finetune_then_classify_on_the_device(work, device):
 
 
 def test_compiled_finetuning_follows_the_eager_losses(work, device):
-    """``finetune --compile true`` on CUDA (batches of changing length: one recompile, then a
-    dynamic graph): the eager run's losses within the rounding of Inductor's fused kernels, and
-    the compile time kept out of the run's clock."""
+    """``finetune --compile true`` on CUDA (batches of changing length): the eager run's
+    losses within the rounding of Inductor's fused kernels."""
     if torch.device(device).type != "cuda":
         pytest.skip("compiling on the CPU takes minutes on a small machine")
     losses = {}

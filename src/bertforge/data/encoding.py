@@ -98,10 +98,27 @@ def encode_examples(
     return out
 
 
-def collate(examples: Sequence[tuple[np.ndarray, int]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Pad to the longest example of the batch: ``input_ids``, ``attention_mask``,
-    ``token_type_ids``, each (B, T) int64."""
-    T = max(len(ids) for ids, _ in examples)
+GPU_PAD_MULTIPLE = 32
+"""What a batch's padded length is rounded up to on a GPU (:func:`pad_multiple`)."""
+
+
+def pad_multiple(device: torch.device) -> int:
+    """The multiple a batch's padded length is rounded up to on ``device``: 1 on the CPU (its
+    kernels take any length at no cost), :data:`GPU_PAD_MULTIPLE` elsewhere, where every new
+    (B, T) shape costs the attention library a plan of its own (cuDNN's fused attention builds
+    one per shape), a compiled model a recompile, and lengths of 4 to 128 tokens would bring a
+    hundred of them; rounded, a handful repeat."""
+    return 1 if device.type == "cpu" else GPU_PAD_MULTIPLE
+
+
+def collate(
+    examples: Sequence[tuple[np.ndarray, int]], pad_id: int, multiple: int = 1, limit: int = 0
+) -> dict[str, torch.Tensor]:
+    """Pad to the longest example of the batch, that length rounded up to ``multiple`` but not
+    past ``limit`` (the longest an example may be; 0: no rounding past the longest):
+    ``input_ids``, ``attention_mask``, ``token_type_ids``, each (B, T) int64."""
+    longest = max(len(ids) for ids, _ in examples)
+    T = max(longest, min(-(-longest // multiple) * multiple, limit))
     B = len(examples)
     input_ids = np.full((B, T), pad_id, dtype=np.int64)
     attention = np.zeros((B, T), dtype=np.int64)
@@ -158,10 +175,13 @@ def iterate_batches(
     encoded: Sequence[tuple[np.ndarray, int]],
     order: Sequence[np.ndarray],
     pad_id: int,
+    multiple: int = 1,
 ) -> Iterator[tuple[np.ndarray, dict[str, torch.Tensor]]]:
-    """``(indices, padded batch)`` for each batch of ``order``."""
+    """``(indices, padded batch)`` for each batch of ``order``; lengths rounded up to
+    ``multiple``, never past the longest example of ``encoded``."""
+    limit = max((len(ids) for ids, _ in encoded), default=0) if multiple > 1 else 0
     for index in order:
-        yield index, collate([encoded[int(i)] for i in index], pad_id)
+        yield index, collate([encoded[int(i)] for i in index], pad_id, multiple, limit)
 
 
 __all__ = [
@@ -170,6 +190,8 @@ __all__ = [
     "check_max_length",
     "encode_examples",
     "collate",
+    "pad_multiple",
+    "GPU_PAD_MULTIPLE",
     "batch_order",
     "iterate_batches",
 ]

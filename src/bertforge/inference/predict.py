@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertforge.data.encoding import batch_order, encode_examples, iterate_batches
+from bertforge.data.encoding import batch_order, encode_examples, iterate_batches, pad_multiple
 from bertforge.errors import BertforgeError
 from bertforge.modeling.checkpoint import finetune_defaults
 from bertforge.modeling.pooling import (
@@ -56,7 +56,7 @@ def _batches(
     order = batch_order(
         [len(ids) for ids, _ in encoded], batch_size, seed=0, epoch=0, shuffle=False
     )
-    for index, batch in iterate_batches(encoded, order, pad_id):
+    for index, batch in iterate_batches(encoded, order, pad_id, pad_multiple(device)):
         yield index, {k: v.to(device) for k, v in batch.items()}
 
 

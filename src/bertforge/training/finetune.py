@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertforge.data.encoding import batch_order, collate
+from bertforge.data.encoding import batch_order, collate, pad_multiple
 from bertforge.data.labelled import TaskData, check_batch_fits, load_task_data
 from bertforge.data.tagging import TaggingTaskData, load_tagging_data
 from bertforge.errors import BertforgeError
@@ -531,7 +531,8 @@ def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
     def loss_of(part: tuple[Any, float]) -> torch.Tensor:
         rows, share = part
         examples = [data.encoded_train[i] for i in rows]
-        batch = {k: v.to(device) for k, v in collate(examples, run.tokenizer.pad_id).items()}
+        padded = collate(examples, run.tokenizer.pad_id, pad_multiple(device), run.cfg.max_length)
+        batch = {k: v.to(device) for k, v in padded.items()}
         labels = data.batch_labels(rows, batch["input_ids"].shape[1]).to(device)
         if run.cfg.task == "question_answering":  # (B, 2) start and end positions
             batch |= {"start_positions": labels[:, 0], "end_positions": labels[:, 1]}
