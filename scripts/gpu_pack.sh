@@ -10,7 +10,7 @@
 # The training pairs are prepared again from part of the corpus, since the whole (171M tokens,
 # 371 MB) does not travel (a device call carries 64 MiB): wikipedia-00 and the first quarter of
 # gutenberg-00's lines (to a document's end), about 42M tokens, with the same tokenizer, held-out
-# documents and settings. GLUE (data/glue) goes along for the benchmark. About 3 minutes on 2
+# documents and settings. GLUE (data/glue) goes along for the benchmark. About 2-3 minutes on 2
 # cores; the archive is about 36 MB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
