@@ -207,55 +207,30 @@ def test_a_step_waits_for_the_device_once(tiny_config):
     assert len(audit.syncs) == 1 and audit.syncs[0].endswith("to the CPU"), audit.syncs
 
 
-def test_the_pretraining_model_compiles_to_one_graph_given_its_masked_rows(tiny_config):
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded, static rows"])
+def test_the_pretraining_model_compiles_to_one_graph_given_its_masked_rows(tiny_config, padded):
     """The whole ``BertForPreTraining`` (MLM + NSP losses) is one graph when the loop hands it
     the masked positions (``masked_rows``) and NSP labels only when some pair has one: no
     ``nonzero`` of the labels nor ``bool(labels.any())`` inside (each broke the graph, and
-    each is a wait for the GPU)."""
+    each is a wait for the GPU). A padded batch, as the compiled loop passes it, keeps its
+    padding (no ``nonzero`` of the mask to skip it) and its masked rows come padded to a count
+    that stays put (``static_masked_rows``): one graph too, so one compile serves every step."""
     import torch._dynamo
 
-    from bertforge.data.loader import masked_rows
+    from bertforge.data.loader import masked_rows, static_masked_rows
 
     model = BertForPreTraining(tiny_config).train().to("meta")
     batch = pretraining_batch(tiny_config.vocab_size)
-    rows = masked_rows(batch["labels"]).to("meta")
+    rows = static_masked_rows(batch["labels"], 0.15) if padded else masked_rows(batch["labels"])
     batch = {k: v.to("meta") for k, v in batch.items()}
     torch._dynamo.reset()
     explained = torch._dynamo.explain(model)(
         batch["input_ids"],
+        attention_mask=batch["attention_mask"] if padded else None,
         token_type_ids=batch["token_type_ids"],
         labels=batch["labels"],
         next_sentence_label=batch["next_sentence_label"],
-        masked_rows=rows,
-    )
-    torch._dynamo.reset()
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0), [
-        str(r.reason)[:200] for r in explained.break_reasons
-    ]
-
-
-def test_the_pretraining_model_compiles_to_one_graph_on_a_padded_batch_with_static_rows(
-    tiny_config,
-):
-    """Compiled on a GPU, a padded batch keeps its padding (no ``nonzero`` of the mask to skip
-    it) and the masked rows come padded to a count that stays put (``static_masked_rows``):
-    one graph, no break, so one compile serves every step."""
-    import torch._dynamo
-
-    from bertforge.data.loader import static_masked_rows
-
-    model = BertForPreTraining(tiny_config).train().to("meta")
-    batch = pretraining_batch(tiny_config.vocab_size)
-    rows = static_masked_rows(batch["labels"], 0.15).to("meta")
-    batch = {k: v.to("meta") for k, v in batch.items()}
-    torch._dynamo.reset()
-    explained = torch._dynamo.explain(model)(
-        batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        token_type_ids=batch["token_type_ids"],
-        labels=batch["labels"],
-        next_sentence_label=batch["next_sentence_label"],
-        masked_rows=rows,
+        masked_rows=rows.to("meta"),
     )
     torch._dynamo.reset()
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), [
