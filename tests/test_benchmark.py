@@ -404,7 +404,7 @@ def test_ner_and_qa_charts_say_what_they_show(tmp_path, monkeypatch):
               "rows": table_rows("qa", "pt-tiny", tasks), "published_source": None}  # fmt: skip
     R.write_report(tmp_path, result)
     assert "GLUE" not in drawn["title"] and "smoke" in drawn["title"]
-    assert drawn["categories"] == ["XQuAD-en\n(mean of EM, F1)"]  # the bar is their mean: say so
+    assert drawn["categories"] == ["XQuAD-en\n(mean of\nEM, F1)"]  # the bar is their mean: say so
     assert list(drawn["bars"]) == ["pt-tiny", "baseline"]
     md = (tmp_path / "results.md").read_text()
     assert "| baseline | 0.0/2.7 |" in md and "baseline predicts the first 3 word(s)" in md

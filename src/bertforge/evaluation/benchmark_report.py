@@ -209,11 +209,12 @@ def write_report(output: Path, result: dict[str, Any]) -> str:
 
 
 def category_label(task: str, metrics: Sequence[str]) -> str:
-    """A task's name under its bars: with ``(mean of EM, F1)`` when its score averages several
-    metrics (the GLUE convention), which the bar alone does not say."""
+    """A task's name under its bars: with ``(mean of`` / ``EM, F1)`` when its score averages
+    several metrics (the GLUE convention), which the bar alone does not say; on lines of their
+    own, so that neighbours' labels ("Pearson, Spearman" beside "F1, acc") do not run together."""
     if len(metrics) < 2:
         return task
-    return f"{task}\n(mean of {', '.join(B.METRIC_NAMES[m] for m in metrics)})"
+    return f"{task}\n(mean of\n{', '.join(B.METRIC_NAMES[m] for m in metrics)})"
 
 
 __all__ = [
