@@ -365,10 +365,10 @@ def setup(cfg: FinetuneConfig) -> tuple[Run, FinetuneState]:
         val_baseline = baseline_metrics(model.config, data.val.labels, baseline)
     run = Run(cfg, out, device, precision, budget, total, steps_per_epoch, tokenizer, data, model,
               optimizer, logger, baseline, val_baseline)  # fmt: skip
-    embedding = isinstance(data, EmbeddingTaskData)  # its step calls the model itself
-    run.compiled, compiling = explain_compile(
-        False if embedding else cfg.compile, device, total, COMPILE_MIN_STEPS
-    )
+    if isinstance(data, EmbeddingTaskData):  # its step calls the model itself
+        run.compiled, compiling = False, "compile off (embedding runs are not compiled)"
+    else:
+        run.compiled, compiling = explain_compile(cfg.compile, device, total, COMPILE_MIN_STEPS)
     run.forward = torch.compile(model) if run.compiled else model
     micro, outputs = cfg.micro_batch, len(data.id2label) if data.id2label else 1
     if qa:
