@@ -61,6 +61,7 @@ def one_step(model: torch.nn.Module, objective: Objective, micro_batches: list[d
         device=torch.device("cpu"),
         precision="fp32",
         forward=model,
+        compiled=False,  # eager: the masked rows as the labels give them
         raw=model,
         ddp=model,
         objective=objective,
