@@ -334,15 +334,16 @@ def pinned(step: Step) -> Step:
 
 
 def with_masked_rows(step: Step, static_rate: float | None = None) -> Step:
-    """``step`` with each micro-batch's ``masked_rows``: the flat positions of its labelled
-    tokens (:func:`masked_rows`), found on the host ahead of the step; with ``static_rate``
-    (the masking rate, for a compiled model) a count that stays put (:func:`static_masked_rows`)."""
-    if static_rate is None:
-        batches = [b | {"masked_rows": masked_rows(b["labels"])} for b in step.batches]
-    else:
-        rows = [static_masked_rows(b["labels"], static_rate) for b in step.batches]
-        batches = [b | {"masked_rows": r} for b, r in zip(step.batches, rows, strict=True)]
+    """``step`` with each micro-batch's ``masked_rows`` (:func:`rows_for`), found on the host
+    ahead of the step."""
+    batches = [b | {"masked_rows": rows_for(b["labels"], static_rate)} for b in step.batches]
     return Step(batches, step.position, step.epoch)
+
+
+def rows_for(labels: torch.Tensor, static_rate: float | None = None) -> torch.Tensor:
+    """The rows the sparse MLM head scores: :func:`masked_rows`, or with ``static_rate`` (the
+    masking rate, for a compiled model) a count that stays put (:func:`static_masked_rows`)."""
+    return masked_rows(labels) if static_rate is None else static_masked_rows(labels, static_rate)
 
 
 def masked_rows(labels: torch.Tensor) -> torch.Tensor:
@@ -364,7 +365,7 @@ def static_masked_rows(labels: torch.Tensor, rate: float) -> torch.Tensor:
     (``masked_lm``). A batch with more (whole words can overshoot a row's budget) gets its own
     count, rounded up alike."""
     flat = labels.flatten()
-    rows = (flat != IGNORE_LABEL).nonzero().squeeze(1)
+    rows = masked_rows(labels)
     B, T = labels.shape
     bound = max(B * math.ceil(rate * T), rows.numel())
     extra = -(-bound // STATIC_ROWS_MULTIPLE) * STATIC_ROWS_MULTIPLE - rows.numel()

@@ -30,10 +30,9 @@ import yaml
 
 from bertforge import distributed as D
 from bertforge.data.loader import (
-    masked_rows,
     pinned,
     prefetch,
-    static_masked_rows,
+    rows_for,
     validation_batches,
     with_masked_rows,
 )
@@ -545,9 +544,7 @@ def launch_step(
         part = micro_batches[k]
         padded = counts["tokens"] < part["attention_mask"].numel()  # decided here, on the host
         if "masked_rows" not in part:  # found on the host: no wait for the device (prefetch)
-            labels, rate = part["labels"], static_rate(run)
-            rows = masked_rows(labels) if rate is None else static_masked_rows(labels, rate)
-            part = part | {"masked_rows": rows}
+            part = part | {"masked_rows": rows_for(part["labels"], static_rate(run))}
         batch = {key: v.to(run.device, non_blocking=True) for key, v in part.items()}
         with autocast(run.device, run.precision):
             output = run.forward(
