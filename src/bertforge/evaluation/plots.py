@@ -43,10 +43,17 @@ def eval_style(points: int) -> dict[str, Any]:
     return {"marker": "o", "markersize": 3, "linewidth": 1.5}
 
 
+POOLER_LOSSES = (
+    ("bow_loss", "bag of words", "tab:olive"),
+    ("similarity_loss", "pair similarity, 1 - Pearson r", "tab:cyan"),
+)
+"""Losses on the pooler drawn beside NSP's: (metrics key, label, colour)."""
+
+
 def plot_training_curves(metrics: str | Path, output: str | Path, title: str | None = None) -> Path:
     """Draw loss (train and every evaluated split), the evaluated accuracies and the learning
     rate against the optimizer step, and the NSP loss (or an rtd run's discriminator loss; with
-    ``--train.bow_weight`` the bag-of-words loss beside it) on a panel of its own when the run has
+    ``--train.bow_weight`` or ``--train.similarity_weight`` those losses beside it) on a panel of its own when the run has
     one (the loss panel then compares the training MLM loss with the validation MLM loss); write
     ``output`` (PNG) and return its path.
 
@@ -112,7 +119,12 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
     ax_loss.legend(fontsize=8)
     if nsp_steps:
         ax_nsp = axes[1]
-        bow_steps, bow_loss = _series(records, "train", "bow_loss")  # --train.bow_weight
+        # the pooler's other losses beside NSP (--train.bow_weight, --train.similarity_weight)
+        extra = [
+            (key, label, color, *_series(records, "train", key))
+            for key, label, color in POOLER_LOSSES
+        ]
+        extra = [e for e in extra if e[3]]
         ax_nsp.plot(
             nsp_steps,
             nsp_loss,
@@ -120,26 +132,26 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
             linewidth=0.8,
             marker="o" if len(nsp_steps) <= FEW_POINTS else None,
             markersize=3,
-            label="NSP (train)" if bow_steps else "train",
+            label="NSP (train)" if extra else "train",
         )
-        if bow_steps:
+        for _, label, color, steps_, values in extra:
             ax_nsp.plot(
-                bow_steps,
-                bow_loss,
-                color="tab:olive",
+                steps_,
+                values,
+                color=color,
                 linewidth=0.8,
-                marker="o" if len(bow_steps) <= FEW_POINTS else None,
+                marker="o" if len(steps_) <= FEW_POINTS else None,
                 markersize=3,
-                label="bag of words (train)",
+                label=f"{label} (train)",
             )
         aux_title = {
             "nsp_loss": "NSP loss",
             "rtd_loss": "replaced-token loss (discriminator)",
             "contrastive_loss": "same-document contrastive loss",
         }[aux[0]]
-        if bow_steps:
-            aux_title = "NSP and bag-of-words losses"
-        ax_nsp.set(xlabel="step", ylabel="loss (nats)", title=aux_title)
+        if extra:
+            aux_title = "the pooler's losses"
+        ax_nsp.set(xlabel="step", ylabel="loss", title=aux_title)
         ax_nsp.legend(fontsize=8)
 
     for split in splits:

@@ -821,6 +821,36 @@ def bag_of_words_loss(
     return -(target * logits.log_softmax(-1)).sum(-1).mean()
 
 
+def segment_similarity(
+    word_embeddings: Tensor, tokens: Tensor, segments: Tensor, token_weights: Tensor
+) -> Tensor:
+    """Each pair's similarity target for :func:`similarity_loss`: the cosine between its two
+    segments' weighted sums of word vectors.
+
+    ``word_embeddings`` (V, H); ``tokens`` (B, T) each row's token ids; ``segments`` (B, T) 0 for
+    the first segment, 1 for the second; ``token_weights`` (V,) how much each word counts (0 for
+    special tokens and padding). Returns (B,), 0 for a row with an empty segment."""
+    weights = token_weights.to(torch.float32)[tokens]  # (B, T)
+    vectors = word_embeddings.float()[tokens] * weights[..., None]  # (B, T, H)
+    second = (segments == 1)[..., None]
+    first_sum = vectors.masked_fill(second, 0.0).sum(1)  # (B, H)
+    second_sum = vectors.masked_fill(~second, 0.0).sum(1)  # (B, H)
+    return F.cosine_similarity(first_sum, second_sum, dim=-1, eps=1e-8)
+
+
+def similarity_loss(prediction: Tensor, target: Tensor) -> Tensor | None:
+    """One minus the Pearson correlation of ``prediction`` and ``target`` (both (B,)) over the
+    batch: a ranking signal that neither scale nor offset of the prediction can satisfy. None
+    when the batch has fewer than two rows or a constant target (no ranking to learn)."""
+    if prediction.numel() < 2:
+        return None
+    p = prediction.float() - prediction.float().mean()
+    t = target.float() - target.float().mean()
+    if float(t.norm()) == 0.0:
+        return None
+    return 1.0 - (p * t).sum() / (p.norm() * t.norm()).clamp(min=1e-8)
+
+
 def bag_of_words_weights(counts: Tensor, threshold: float = 1e-4) -> Tensor:
     """Word weights for :func:`bag_of_words_loss` from token counts of the training text:
     word2vec's subsampling, min(1, sqrt(threshold / frequency)), so that "the" and "," do not make

@@ -314,6 +314,14 @@ class TrainConfig(LoopOptions):
     (each word's weight in the smaller of its two counts; pairs with none are left out), a
     lexical-overlap target that makes the [CLS] compare the segments as the sentence-pair tasks
     (STS-B, MRPC, RTE) ask it to."""
+    similarity_weight: float = 0.0
+    """``--train.objective mlm_nsp``: the weight of a pair-similarity loss on the pooler's output
+    (0 = off). Each pair's target is the cosine between its two segments' bags of word vectors
+    (the current word embeddings, frequent words weighed down as word2vec subsamples them; no
+    gradient flows into the target); the mean of the pooled [CLS] units must rank the batch's
+    pairs as the targets do (one minus their Pearson correlation). The cross-encoder's [CLS]
+    learns to compare its two segments, as STS-B, MRPC and RTE ask it to, from a signal that
+    ranks STS-B dev at 73 Spearman by itself (docs/pretraining-study.md)."""
     contrastive_temperature: float = 0.05
     """``--train.objective mlm_contrastive``: the softmax temperature over cosine similarities
     (SimCSE's 0.05)."""
@@ -450,6 +458,16 @@ class TrainConfig(LoopOptions):
             raise BertforgeError(
                 f"--train.bow_weight {self.bow_weight} trains the pooler of --train.objective "
                 f"mlm_nsp; this run's objective is {self.objective}: drop --train.bow_weight"
+            )
+        if not self.similarity_weight >= 0 or not math.isfinite(self.similarity_weight):
+            raise BertforgeError(
+                f"--train.similarity_weight {self.similarity_weight} must be 0 or more"
+            )
+        if self.similarity_weight and self.objective != "mlm_nsp":
+            raise BertforgeError(
+                f"--train.similarity_weight {self.similarity_weight} trains the pooler of "
+                f"--train.objective mlm_nsp; this run's objective is {self.objective}: drop "
+                "--train.similarity_weight"
             )
         check_choice(self.bow_target, BowTarget, "--train.bow_target")
         if self.bow_target != "pair" and not self.bow_weight:

@@ -29,6 +29,8 @@ from bertforge.modeling.model import (
     bag_of_words_loss,
     bag_of_words_weights,
     contrastive_loss,
+    segment_similarity,
+    similarity_loss,
 )
 from bertforge.tokenizer.wordpiece import Tokenizer
 
@@ -117,7 +119,8 @@ class MaskedLM(Objective):
 
 class MaskedLMWithNSP(Objective):
     """mlm_nsp: BERT's objective, masked LM + next-sentence prediction (``--train.nsp_weight``),
-    with an optional bag-of-words loss on the pooler (``--train.bow_weight``)."""
+    with an optional bag-of-words loss (``--train.bow_weight``) and pair-similarity loss
+    (``--train.similarity_weight``) on the pooler."""
 
     name = "mlm_nsp"
     model_class = BertForPreTraining
@@ -126,17 +129,19 @@ class MaskedLMWithNSP(Objective):
     def __init__(self, train: Any) -> None:
         super().__init__(train)
         self.bow_weights: Tensor | None = None
-        """Each word's weight in the bag-of-words targets (:meth:`prepare`)."""
+        """Each word's weight in the bag-of-words and similarity targets (:meth:`prepare`)."""
 
     @property
     def terms(self) -> dict[str, Term]:
         terms = {"mlm_loss": Term("masked"), "nsp_loss": Term("pairs", self.train.nsp_weight)}
         if self.train.bow_weight:
             terms["bow_loss"] = Term("pairs", self.train.bow_weight)
+        if self.train.similarity_weight:
+            terms["similarity_loss"] = Term("pairs", self.train.similarity_weight)
         return terms
 
     def prepare(self, train: PretrainingDataset, tokenizer: Tokenizer, vocab_size: int) -> bool:
-        if not self.train.bow_weight:
+        if not (self.train.bow_weight or self.train.similarity_weight):
             return False
         counts = train.token_counts(vocab_size, tokenizer.special_ids, BOW_TOKENS)
         self.bow_weights = bag_of_words_weights(torch.from_numpy(counts))
@@ -160,10 +165,21 @@ class MaskedLMWithNSP(Objective):
         out = {"mlm_loss": output.mlm_loss}
         if output.nsp_loss is not None:
             out["nsp_loss"] = output.nsp_loss
-        if self.train.bow_weight and self.bow_weights is not None:
-            words = model.bert.embeddings.word_embeddings.weight
-            labels, ids = batch["labels"], batch["input_ids"]
-            text = torch.where(labels != IGNORE_INDEX, labels, ids)  # the unmasked text
+        if self.bow_weights is None:
+            return out
+        words = model.bert.embeddings.word_embeddings.weight
+        labels, ids = batch["labels"], batch["input_ids"]
+        text = torch.where(labels != IGNORE_INDEX, labels, ids)  # the unmasked text
+        if self.train.similarity_weight:
+            pairs = batch["next_sentence_label"] >= 0  # not the rows that only pad the batch
+            target = segment_similarity(
+                words.detach(), text[pairs], batch["token_type_ids"][pairs], self.bow_weights
+            )
+            prediction = output.pooler_output[pairs].float().mean(-1)
+            similarity = similarity_loss(prediction, target)
+            if similarity is not None:
+                out["similarity_loss"] = similarity
+        if self.train.bow_weight:
             shared = None
             if self.train.bow_target == "shared":  # first segment against the second
                 second = batch["token_type_ids"] == 1
