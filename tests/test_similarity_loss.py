@@ -68,8 +68,17 @@ def test_similarity_loss_is_one_minus_the_pearson_correlation():
     prediction.requires_grad_(True)
     similarity_loss(prediction, target).backward()  # type: ignore[union-attr]
     assert torch.isfinite(prediction.grad).all() and prediction.grad.abs().sum() > 0
+    # masked rows count for nothing: the loss of the other rows alone
+    rows = torch.tensor([True, False, True, True, False])
+    padded_p = torch.tensor([0.3, 9.0, 0.4, 0.8, -5.0])
+    padded_t = torch.tensor([0.1, -3.0, 0.2, 0.9, 4.0])
+    alone = similarity_loss(torch.tensor([0.3, 0.4, 0.8]), torch.tensor([0.1, 0.2, 0.9]))
+    assert float(similarity_loss(padded_p, padded_t, rows)) == pytest.approx(float(alone))
     assert similarity_loss(torch.tensor([1.0]), torch.tensor([0.5])) is None  # one pair
-    assert similarity_loss(torch.tensor([1.0, 2.0]), torch.tensor([0.5, 0.5])) is None
+    flat = torch.tensor([1.0, 2.0], requires_grad=True)
+    constant = similarity_loss(flat, torch.tensor([0.5, 0.5]))  # no ranking to learn
+    constant.backward()  # type: ignore[union-attr]
+    assert float(constant.detach()) == 1.0 and flat.grad.eq(0).all()
 
 
 def test_the_objective_targets_the_unmasked_text_of_each_pair():
@@ -95,7 +104,7 @@ def test_the_objective_targets_the_unmasked_text_of_each_pair():
     got = objective.losses(output, batch, model)  # type: ignore[arg-type]
     text = torch.where(labels != IGNORE_INDEX, labels, ids)[:2]
     target = segment_similarity(words, text, types[:2], objective.bow_weights)
-    expected = similarity_loss(pooled[:2].mean(-1), target)
+    expected = similarity_loss(pooled[:2].mean(-1), target)  # the padding row left out
     assert float(got["similarity_loss"]) == pytest.approx(float(expected), rel=1e-6)
     assert "bow_loss" not in got  # the bag-of-words loss stays off
 

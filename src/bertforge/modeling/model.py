@@ -838,16 +838,21 @@ def segment_similarity(
     return F.cosine_similarity(first_sum, second_sum, dim=-1, eps=1e-8)
 
 
-def similarity_loss(prediction: Tensor, target: Tensor) -> Tensor | None:
+def similarity_loss(
+    prediction: Tensor, target: Tensor, rows: Tensor | None = None
+) -> Tensor | None:
     """One minus the Pearson correlation of ``prediction`` and ``target`` (both (B,)) over the
-    batch: a ranking signal that neither scale nor offset of the prediction can satisfy. None
-    when the batch has fewer than two rows or a constant target (no ranking to learn)."""
+    batch's ``rows`` (a (B,) bool mask; default all): a ranking signal that neither scale nor
+    offset of the prediction can satisfy. None when the batch has fewer than two rows (known
+    from the shape: no wait for the device); a constant target gives 1 with no gradient.
+    Masked rather than indexed, so that a GPU never waits to count the rows."""
     if prediction.numel() < 2:
         return None
-    p = prediction.float() - prediction.float().mean()
-    t = target.float() - target.float().mean()
-    if float(t.norm()) == 0.0:
-        return None
+    w = torch.ones_like(target, dtype=torch.float32) if rows is None else rows.float()
+    n = w.sum().clamp(min=1.0)
+    p, t = prediction.float(), target.float()
+    p = (p - (p * w).sum() / n) * w
+    t = (t - (t * w).sum() / n) * w
     return 1.0 - (p * t).sum() / (p.norm() * t.norm()).clamp(min=1e-8)
 
 

@@ -173,10 +173,10 @@ class MaskedLMWithNSP(Objective):
         if self.train.similarity_weight:
             pairs = batch["next_sentence_label"] >= 0  # not the rows that only pad the batch
             target = segment_similarity(
-                words.detach(), text[pairs], batch["token_type_ids"][pairs], self.bow_weights
+                words.detach(), text, batch["token_type_ids"], self.bow_weights
             )
-            prediction = output.pooler_output[pairs].float().mean(-1)
-            similarity = similarity_loss(prediction, target)
+            prediction = output.pooler_output.float().mean(-1)
+            similarity = similarity_loss(prediction, target, pairs)
             if similarity is not None:
                 out["similarity_loss"] = similarity
         if self.train.bow_weight:
