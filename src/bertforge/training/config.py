@@ -321,7 +321,8 @@ class TrainConfig(LoopOptions):
     gradient flows into the target); the mean of the pooled [CLS] units must rank the batch's
     pairs as the targets do (one minus their Pearson correlation). The cross-encoder's [CLS]
     learns to compare its two segments, as STS-B, MRPC and RTE ask it to, from a signal that
-    ranks STS-B dev at 73 Spearman by itself (docs/pretraining-study.md)."""
+    by itself ranks STS-B dev at 70-72 Spearman (benchmarks/similarity_target.py;
+    docs/pretraining-study.md)."""
     contrastive_temperature: float = 0.05
     """``--train.objective mlm_contrastive``: the softmax temperature over cosine similarities
     (SimCSE's 0.05)."""
