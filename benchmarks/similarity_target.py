@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 
 import torch
-
 from _common import SHARED_DATA
+
 from bertforge.data.dataset import PretrainingDataset
 from bertforge.evaluation.metrics import spearman
 from bertforge.modeling.model import BertForPreTraining, bag_of_words_weights, segment_similarity
