@@ -5,7 +5,10 @@ the total, and trains the pooled [CLS] to rank pairs as their targets do."""
 
 from __future__ import annotations
 
+import json
 import math
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -26,6 +29,8 @@ from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.config import TrainConfig
 from bertforge.training.objectives import MaskedLMWithNSP
 from bertforge.training.pretrain import pretrain
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 
 def cosine(u: list[float], v: list[float]) -> float:
@@ -110,7 +115,7 @@ def test_the_objective_targets_the_unmasked_text_of_each_pair():
 
 
 def test_similarity_weight_adds_the_loss_and_trains_the_pooler_to_rank_pairs(
-    pretraining_corpus, tmp_path
+    pretraining_corpus, tmp_path, capsys
 ):
     data = pretraining_corpus["nsp"]
     runs = {w: tmp_path / f"sim{w}" for w in (0.0, 1.0)}
@@ -146,6 +151,31 @@ def test_similarity_weight_adds_the_loss_and_trains_the_pooler_to_rank_pairs(
             target = segment_similarity(words, ids, types, token_weights)
             scored[weight] = float(similarity_loss(pooled.mean(-1), target))
     assert scored[1.0] < scored[0.0] - 0.1, scored
+    # benchmarks/similarity_target.py scores both on an STS-B-shaped file: the target of
+    # identical sentences ranks them above unrelated ones, perfectly
+    from similarity_target import main as similarity_target
+
+    sts = tmp_path / "dev.tsv"
+    lines = [f"{a}\t{b}\t{y}" for a, b, y in [
+        ("the king is dead", "the king is dead", 5.0),
+        ("my lord, the queen", "my lord, the queen comes", 4.0),
+        ("to be or not", "what light through yonder", 0.5),
+        ("good night, sweet prince", "the rest is silence", 0.0),
+    ]]  # fmt: skip
+    sts.write_text("sentence1\tsentence2\tlabel\n" + "\n".join(lines) + "\n")
+    argv = [
+        "--data",
+        str(data),
+        "--sts",
+        str(sts),
+        "--models",
+        *(str(r / "model") for r in runs.values()),
+    ]
+    assert similarity_target(argv) == 0
+    table = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert set(table) == {str(r / "model") for r in runs.values()}
+    for row in table.values():
+        assert row["target"] > 50 and -100 <= row["pooled [CLS] mean"] <= 100
     with pytest.raises(BertforgeError, match="--train.similarity_weight 1.0 trains the pooler"):
         tiny_cfg(pretraining_corpus["packed"], tmp_path, objective="mlm", similarity_weight=1.0)
     with pytest.raises(BertforgeError, match="--train.similarity_weight -1.0 must be 0 or more"):
