@@ -18,11 +18,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	PATH=$(BIN):$$PATH bash scripts/demo.sh
 
+# two pytest-xdist workers (the suite's 2 cores), a test file's tests on one worker so that its
+# module fixtures are built once; TEST_WORKERS=0 runs in one process
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from support.corpus import validation_pairs
 from test_pretrain import tiny_cfg
 
-from bertforge.data.dataset import PretrainingDataset
 from bertforge.errors import BertforgeError
 from bertforge.modeling.model import (
     IGNORE_INDEX,
@@ -20,7 +20,6 @@ from bertforge.modeling.model import (
     bag_of_words_weights,
 )
 from bertforge.progress import read_metrics
-from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.config import TrainConfig
 from bertforge.training.objectives import MaskedLMWithNSP
 from bertforge.training.pretrain import pretrain
@@ -103,20 +102,7 @@ def test_bow_weight_adds_the_loss_and_trains_the_pooler_to_predict_its_words(
     assert (runs[1.0] / "curves.png").stat().st_size > 10_000  # drawn beside the NSP loss
     # the same validation pairs scored by both models: the one trained with the loss predicts
     # each pair's words from its pooled [CLS] better than the one trained without it
-    validation = PretrainingDataset(data, "validation")
-    tokenizer = Tokenizer.from_file(data / "tokenizer")
-    pairs = [validation[i] for i in range(min(64, len(validation)))]
-    width = max(len(p["input_ids"]) for p in pairs)
-    ids, types, mask = (torch.zeros(len(pairs), width, dtype=torch.long) for _ in range(3))
-    for i, p in enumerate(pairs):
-        n = len(p["input_ids"])
-        ids[i, :n] = torch.as_tensor(p["input_ids"])
-        types[i, :n] = torch.as_tensor(p["token_type_ids"])
-        mask[i, :n] = 1
-    counts = PretrainingDataset(data, "train").token_counts(
-        tokenizer.vocab_size, tokenizer.special_ids
-    )
-    token_weights = bag_of_words_weights(torch.from_numpy(counts))
+    ids, types, mask, token_weights = validation_pairs(data)
     scored = {}
     for weight, run in runs.items():
         model = BertForPreTraining.from_pretrained(run / "model").eval()

@@ -72,6 +72,7 @@ def fake_run(model: torch.nn.Module, objective: str, device: torch.device) -> Si
         nsp_weight=1.0,
         bow_weight=0.5 if objective == "mlm_nsp" else 0.0,
         bow_target="shared",  # both segments' bags built on the device
+        similarity_weight=0.5 if objective == "mlm_nsp" else 0.0,  # its target too
         contrastive_temperature=0.05,
         max_grad_norm=1.0,
     )
@@ -92,7 +93,7 @@ def pretraining_step(model, objective, batch, device):
     """``pretrain.train_step`` (forward, every loss of the objective, backward, clipping) and
     an AdamW step; returns the step's report and the optimizer."""
     run = fake_run(model, objective, device)
-    if objective == "mlm_nsp":  # the bag-of-words loss rides on mlm_nsp
+    if objective == "mlm_nsp":  # the bag-of-words and similarity losses ride on mlm_nsp
         run.objective.bow_weights = torch.linspace(0.0, 1.0, model.config.vocab_size).to(device)
     optimizer = build_optimizer(model, 1e-3)
     report, _ = train_step(run, [batch], stop_requested=False)
@@ -102,7 +103,7 @@ def pretraining_step(model, objective, batch, device):
 
 @pytest.mark.parametrize("objective", list(MODELS))
 def test_a_pretraining_step_keeps_every_tensor_on_the_device(tiny_config, forced, objective):
-    """MLM, NSP, bag of words, replaced-token detection, contrastive: forward, backward,
+    """MLM, NSP, bag of words, pair similarity, replaced-token detection, contrastive: forward, backward,
     clipping and AdamW on the other device; nothing meets a CPU tensor, and the losses and
     updated weights equal the same step run on the CPU."""
     torch.manual_seed(0)

@@ -13,19 +13,17 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from support.corpus import validation_pairs
 from test_pretrain import tiny_cfg
 
-from bertforge.data.dataset import PretrainingDataset
 from bertforge.errors import BertforgeError
 from bertforge.modeling.model import (
     IGNORE_INDEX,
     BertForPreTraining,
-    bag_of_words_weights,
     segment_similarity,
     similarity_loss,
 )
 from bertforge.progress import read_metrics
-from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.config import TrainConfig
 from bertforge.training.objectives import MaskedLMWithNSP
 from bertforge.training.pretrain import pretrain
@@ -128,20 +126,7 @@ def test_similarity_weight_adds_the_loss_and_trains_the_pooler_to_rank_pairs(
     assert all("similarity_loss" not in r for r in read_metrics(runs[0.0]))
     # the same validation pairs scored by both models: the pooled [CLS] of the one trained with
     # the loss ranks them by their target better than the one trained without it
-    validation = PretrainingDataset(data, "validation")
-    tokenizer = Tokenizer.from_file(data / "tokenizer")
-    pairs = [validation[i] for i in range(min(64, len(validation)))]
-    width = max(len(p["input_ids"]) for p in pairs)
-    ids, types, mask = (torch.zeros(len(pairs), width, dtype=torch.long) for _ in range(3))
-    for i, p in enumerate(pairs):
-        n = len(p["input_ids"])
-        ids[i, :n] = torch.as_tensor(p["input_ids"])
-        types[i, :n] = torch.as_tensor(p["token_type_ids"])
-        mask[i, :n] = 1
-    counts = PretrainingDataset(data, "train").token_counts(
-        tokenizer.vocab_size, tokenizer.special_ids
-    )
-    token_weights = bag_of_words_weights(torch.from_numpy(counts))
+    ids, types, mask, token_weights = validation_pairs(data)
     scored = {}
     for weight, run in runs.items():
         model = BertForPreTraining.from_pretrained(run / "model").eval()

@@ -1,11 +1,16 @@
 """One text prepared both ways, as the pretraining tests need it: sentence pairs (``nsp``) and
-packed sequences (``packed``) of 32 tokens, 5% held out for validation."""
+packed sequences (``packed``) of 32 tokens, 5% held out for validation; and its validation
+pairs as one batch, for the tests that score the pooler's losses on them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
+from bertforge.data.dataset import PretrainingDataset
 from bertforge.data.shards import PrepareConfig, prepare
+from bertforge.modeling.model import bag_of_words_weights
 from bertforge.tokenizer.wordpiece import Tokenizer
 
 
@@ -25,3 +30,22 @@ def prepare_both_ways(text: Path, tokenizer: Tokenizer, root: Path) -> dict[str,
         )
         prepare(cfg, tokenizer)
     return out
+
+
+def validation_pairs(data: Path, count: int = 64) -> tuple[torch.Tensor, ...]:
+    """The first ``count`` validation pairs of prepared ``data`` as one padded batch, and the
+    bag-of-words word weights of its training split: ``(ids, token_types, mask, weights)``."""
+    validation = PretrainingDataset(data, "validation")
+    tokenizer = Tokenizer.from_file(data / "tokenizer")
+    pairs = [validation[i] for i in range(min(count, len(validation)))]
+    width = max(len(p["input_ids"]) for p in pairs)
+    ids, types, mask = (torch.zeros(len(pairs), width, dtype=torch.long) for _ in range(3))
+    for i, p in enumerate(pairs):
+        n = len(p["input_ids"])
+        ids[i, :n] = torch.as_tensor(p["input_ids"])
+        types[i, :n] = torch.as_tensor(p["token_type_ids"])
+        mask[i, :n] = 1
+    counts = PretrainingDataset(data, "train").token_counts(
+        tokenizer.vocab_size, tokenizer.special_ids
+    )
+    return ids, types, mask, bag_of_words_weights(torch.from_numpy(counts))
