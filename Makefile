@@ -18,14 +18,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	PATH=$(BIN):$$PATH bash scripts/demo.sh
 
-# two pytest-xdist workers (the suite's 2 cores); worksteal hands a worker that runs dry the other's
-# queued tests, so one long test file does not finish alone; TEST_WORKERS=0 runs in one process
+# two pytest-xdist workers (the suite's 2 cores), a test file's tests on one worker so that its
+# module fixtures are built once; TEST_WORKERS=0 runs in one process
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
