@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from support.corpus import validation_pairs
+from support.corpus import runs_with_and_without, validation_pairs
 from test_pretrain import tiny_cfg
 
 from bertforge.errors import BertforgeError
@@ -90,11 +90,7 @@ def test_bow_weight_adds_the_loss_and_trains_the_pooler_to_predict_its_words(
     pretraining_corpus, tmp_path
 ):
     data = pretraining_corpus["nsp"]
-    runs = {w: tmp_path / f"bow{w}" for w in (0.0, 1.0)}
-    for weight, run in runs.items():
-        pretrain(tiny_cfg(data, run, max_steps=40, bow_weight=weight))
-    records = [r for r in read_metrics(runs[1.0]) if r["split"] == "train"]
-    assert len(records) == 40
+    runs, records = runs_with_and_without(data, tmp_path, "bow_weight")
     for r in records:
         total = r["mlm_loss"] + r["nsp_loss"] + r["bow_loss"]
         assert r["loss"] == pytest.approx(total, rel=1e-6)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from support.corpus import validation_pairs
+from support.corpus import runs_with_and_without, validation_pairs
 from test_pretrain import tiny_cfg
 
 from bertforge.errors import BertforgeError
@@ -26,7 +26,6 @@ from bertforge.modeling.model import (
 from bertforge.progress import read_metrics
 from bertforge.training.config import TrainConfig
 from bertforge.training.objectives import MaskedLMWithNSP
-from bertforge.training.pretrain import pretrain
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -116,11 +115,7 @@ def test_similarity_weight_adds_the_loss_and_trains_the_pooler_to_rank_pairs(
     pretraining_corpus, tmp_path, capsys
 ):
     data = pretraining_corpus["nsp"]
-    runs = {w: tmp_path / f"sim{w}" for w in (0.0, 1.0)}
-    for weight, run in runs.items():
-        pretrain(tiny_cfg(data, run, max_steps=40, similarity_weight=weight))
-    records = [r for r in read_metrics(runs[1.0]) if r["split"] == "train"]
-    assert len(records) == 40
+    runs, records = runs_with_and_without(data, tmp_path, "similarity_weight")
     for r in records:
         assert r["loss"] == pytest.approx(r["mlm_loss"] + r["nsp_loss"] + r["similarity_loss"])
     assert all("similarity_loss" not in r for r in read_metrics(runs[0.0]))

@@ -49,3 +49,22 @@ def validation_pairs(data: Path, count: int = 64) -> tuple[torch.Tensor, ...]:
         tokenizer.vocab_size, tokenizer.special_ids
     )
     return ids, types, mask, bag_of_words_weights(torch.from_numpy(counts))
+
+
+def runs_with_and_without(
+    data: Path, root: Path, option: str, steps: int = 40
+) -> tuple[dict[float, Path], list[dict]]:
+    """Two real pretraining runs of prepared ``data`` under ``root``, with the loss weight
+    ``option`` (a TrainConfig field) at 0 and at 1: ``({0.0: run, 1.0: run}, the weighted
+    run's train records)``, after checking it logged one record per step."""
+    from test_pretrain import tiny_cfg
+
+    from bertforge.progress import read_metrics
+    from bertforge.training.pretrain import pretrain
+
+    runs = {w: root / f"{option}{w}" for w in (0.0, 1.0)}
+    for weight, run in runs.items():
+        pretrain(tiny_cfg(data, run, max_steps=steps, **{option: weight}))
+    records = [r for r in read_metrics(runs[1.0]) if r["split"] == "train"]
+    assert len(records) == steps
+    return runs, records
