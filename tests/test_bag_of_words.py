@@ -9,13 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from support.corpus import runs_with_and_without, validation_pairs
+from support.corpus import pooler_scores, runs_with_and_without
 from test_pretrain import tiny_cfg
 
 from bertforge.errors import BertforgeError
 from bertforge.modeling.model import (
     IGNORE_INDEX,
-    BertForPreTraining,
     bag_of_words_loss,
     bag_of_words_weights,
 )
@@ -98,14 +97,9 @@ def test_bow_weight_adds_the_loss_and_trains_the_pooler_to_predict_its_words(
     assert (runs[1.0] / "curves.png").stat().st_size > 10_000  # drawn beside the NSP loss
     # the same validation pairs scored by both models: the one trained with the loss predicts
     # each pair's words from its pooled [CLS] better than the one trained without it
-    ids, types, mask, token_weights = validation_pairs(data)
-    scored = {}
-    for weight, run in runs.items():
-        model = BertForPreTraining.from_pretrained(run / "model").eval()
-        with torch.no_grad():
-            pooled = model.bert(ids, mask, types).pooler_output
-            words = model.bert.embeddings.word_embeddings.weight
-            scored[weight] = float(bag_of_words_loss(pooled, words, ids, token_weights))
+    scored = pooler_scores(
+        runs, data, lambda pooled, words, ids, types, w: bag_of_words_loss(pooled, words, ids, w)
+    )
     assert scored[1.0] < scored[0.0] - 0.05, scored
     with pytest.raises(BertforgeError, match="--train.bow_target shared chooses the target"):
         tiny_cfg(data, tmp_path, bow_target="shared")

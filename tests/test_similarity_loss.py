@@ -13,13 +13,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from support.corpus import runs_with_and_without, validation_pairs
+from support.corpus import pooler_scores, runs_with_and_without
 from test_pretrain import tiny_cfg
 
 from bertforge.errors import BertforgeError
 from bertforge.modeling.model import (
     IGNORE_INDEX,
-    BertForPreTraining,
     segment_similarity,
     similarity_loss,
 )
@@ -121,15 +120,13 @@ def test_similarity_weight_adds_the_loss_and_trains_the_pooler_to_rank_pairs(
     assert all("similarity_loss" not in r for r in read_metrics(runs[0.0]))
     # the same validation pairs scored by both models: the pooled [CLS] of the one trained with
     # the loss ranks them by their target better than the one trained without it
-    ids, types, mask, token_weights = validation_pairs(data)
-    scored = {}
-    for weight, run in runs.items():
-        model = BertForPreTraining.from_pretrained(run / "model").eval()
-        with torch.no_grad():
-            pooled = model.bert(ids, mask, types).pooler_output
-            words = model.bert.embeddings.word_embeddings.weight
-            target = segment_similarity(words, ids, types, token_weights)
-            scored[weight] = float(similarity_loss(pooled.mean(-1), target))
+    scored = pooler_scores(
+        runs,
+        data,
+        lambda pooled, words, ids, types, w: similarity_loss(
+            pooled.mean(-1), segment_similarity(words, ids, types, w)
+        ),
+    )
     assert scored[1.0] < scored[0.0] - 0.1, scored
     # benchmarks/similarity_target.py scores both on an STS-B-shaped file: the target of
     # identical sentences ranks them above unrelated ones, perfectly

@@ -68,3 +68,19 @@ def runs_with_and_without(
     records = [r for r in read_metrics(runs[1.0]) if r["split"] == "train"]
     assert len(records) == steps
     return runs, records
+
+
+def pooler_scores(runs: dict[float, Path], data: Path, score) -> dict[float, float]:
+    """Each run's model scored on the validation pairs of ``data``:
+    ``score(pooled, word_embeddings, ids, token_types, word_weights)`` per run, no gradient."""
+    from bertforge.modeling.model import BertForPreTraining
+
+    ids, types, mask, token_weights = validation_pairs(data)
+    scored = {}
+    for weight, run in runs.items():
+        model = BertForPreTraining.from_pretrained(run / "model").eval()
+        with torch.no_grad():
+            pooled = model.bert(ids, mask, types).pooler_output
+            words = model.bert.embeddings.word_embeddings.weight
+            scored[weight] = float(score(pooled, words, ids, types, token_weights))
+    return scored
