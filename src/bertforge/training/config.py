@@ -453,23 +453,15 @@ class TrainConfig(LoopOptions):
                 f"--train.nsp_weight {self.nsp_weight} weighs the NSP loss of --train.objective "
                 f"mlm_nsp; this run's objective is {self.objective}: drop --train.nsp_weight"
             )
-        if not self.bow_weight >= 0 or not math.isfinite(self.bow_weight):
-            raise BertforgeError(f"--train.bow_weight {self.bow_weight} must be 0 or more")
-        if self.bow_weight and self.objective != "mlm_nsp":
-            raise BertforgeError(
-                f"--train.bow_weight {self.bow_weight} trains the pooler of --train.objective "
-                f"mlm_nsp; this run's objective is {self.objective}: drop --train.bow_weight"
-            )
-        if not self.similarity_weight >= 0 or not math.isfinite(self.similarity_weight):
-            raise BertforgeError(
-                f"--train.similarity_weight {self.similarity_weight} must be 0 or more"
-            )
-        if self.similarity_weight and self.objective != "mlm_nsp":
-            raise BertforgeError(
-                f"--train.similarity_weight {self.similarity_weight} trains the pooler of "
-                f"--train.objective mlm_nsp; this run's objective is {self.objective}: drop "
-                "--train.similarity_weight"
-            )
+        for name in ("bow_weight", "similarity_weight"):  # the pooler's extra losses
+            weight = getattr(self, name)
+            if not weight >= 0 or not math.isfinite(weight):
+                raise BertforgeError(f"--train.{name} {weight} must be 0 or more")
+            if weight and self.objective != "mlm_nsp":
+                raise BertforgeError(
+                    f"--train.{name} {weight} trains the pooler of --train.objective mlm_nsp; "
+                    f"this run's objective is {self.objective}: drop --train.{name}"
+                )
         check_choice(self.bow_target, BowTarget, "--train.bow_target")
         if self.bow_target != "pair" and not self.bow_weight:
             raise BertforgeError(
