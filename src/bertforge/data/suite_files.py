@@ -6,7 +6,6 @@ CoNLL token-per-line files (NER) and SQuAD JSON (QA)."""
 from __future__ import annotations
 
 import csv
-import gzip
 import io
 import json
 import os
@@ -16,7 +15,7 @@ from typing import Any
 
 from bertforge.data.tables import read_table
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_write_text
+from bertforge.io import atomic_write_text, read_text
 
 DATA_ENV = "BERTFORGE_DATA"
 """Environment variable naming the folder that holds the suites' data folders (glue/, ner/, qa/)."""
@@ -54,12 +53,6 @@ def find_file(data_dir: Path, folder: str, name: str, what: str) -> Path:
     )
 
 
-def _read_text(path: Path) -> str:
-    if path.name.endswith(".gz"):
-        return gzip.decompress(path.read_bytes()).decode("utf-8")
-    return path.read_text(encoding="utf-8")
-
-
 def _pick(total: int, count: int, seed: int) -> list[int]:
     """``count`` of ``range(total)`` drawn with ``seed``, in order (all when there are fewer)."""
     if total <= count:
@@ -80,7 +73,7 @@ def sample_table(path: Path, count: int, output: Path, seed: int = 0) -> Path:
 def conll_sentences(path: Path) -> list[list[str]]:
     """The sentences of a CoNLL file: its blocks of lines between blank lines."""
     blocks: list[list[str]] = [[]]
-    for line in _read_text(path).split("\n"):
+    for line in read_text(path).replace("\r\n", "\n").split("\n"):
         if line.strip():
             blocks[-1].append(line)
         elif blocks[-1]:
@@ -115,7 +108,7 @@ def sample_conll(
 def sample_squad(path: Path, count: int, output: Path, seed: int = 0) -> Path:
     """``count`` questions of a SQuAD v1.1 JSON file, with their paragraphs and articles (those
     left without a question are dropped)."""
-    dataset = json.loads(_read_text(path))
+    dataset = json.loads(read_text(path))
     where = [
         (a, p, q)
         for a, article in enumerate(dataset["data"])

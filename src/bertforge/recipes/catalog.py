@@ -21,16 +21,16 @@ time) and prints a summary table.
 
 from __future__ import annotations
 
-import gzip
 import json
 import sys
 from collections.abc import Callable, Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from bertforge.data.dataset import PretrainingDataset
 from bertforge.inference.predict import fill_mask_side_by_side
-from bertforge.io import atomic_write_text
+from bertforge.io import atomic_write_text, text_lines
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForMaskedLM, BertModel
 from bertforge.progress import format_duration, parse_duration
@@ -244,8 +244,7 @@ def reviews_adapted(r: Recipe) -> None:
     r.budget = r.budget or "15m"
     init = r.init or (tiny_encoder(r, minilm_dir()) if r.smoke else minilm_dir())
     if r.smoke:  # a slice of the unlabelled reviews
-        with gzip.open(imdb / "unsup-00.txt.gz", "rt", encoding="utf-8") as f:
-            lines = [next(f) for _ in range(150)]
+        lines = list(islice(text_lines(imdb / "unsup-00.txt.gz"), 150))
         text = r.path("imdb-slice.txt")
         atomic_write_text(text, "".join(lines))
         inputs: list[Any] = [text]
