@@ -27,8 +27,9 @@ from bertforge.tokenizer.wordpiece import Tokenizer
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("BERTFORGE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
-# Tests must be quick and repeatable on a 2-core machine.
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Tests must be quick and repeatable on a 2-core machine (`make test` gives each of its workers
+# a share of the cores through OMP_NUM_THREADS, which torch's default follows).
+torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
 TINY_MODEL = {
@@ -45,6 +46,17 @@ TINY_MODEL = {
 def tiny_config() -> BertConfig:
     """:data:`TINY_MODEL` with a 120-token vocabulary."""
     return BertConfig(vocab_size=120, **TINY_MODEL)
+
+
+@pytest.fixture
+def two_threads():
+    """Two torch threads for the test, whatever the session's share of the cores (`make test`
+    gives each of its two workers one on a 2-core machine): the C kernels' threaded paths, and
+    their checks that the thread count changes nothing, need more than one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture

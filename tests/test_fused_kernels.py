@@ -21,6 +21,7 @@ from bertforge.modeling import ops
 from bertforge.modeling.kernels import add_norm_kernels, bias_gelu_kernels, softmax_dropout_kernels
 from bertforge.modeling.ops import buffers, layer_norm, softmax
 
+pytestmark = pytest.mark.usefixtures("two_threads")  # the kernels' threaded paths
 HAVE_COMPILER = bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
 needs_kernels = pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler on this machine")
 

@@ -16,6 +16,7 @@ import torch
 from bertforge.modeling.kernels import dropout_kernel, vector_width
 from bertforge.runtime import cpu_flags
 
+pytestmark = pytest.mark.usefixtures("two_threads")  # the kernels' threaded paths
 HAVE_COMPILER = bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
 
 
