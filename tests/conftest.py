@@ -32,6 +32,19 @@ SHARED_DATA = Path(os.environ.get("BERTFORGE_SHARED_DATA", ROOT.parent / "shared
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Test files holding a test marked slow first, then the others by their number of tests
+    (pytest-xdist's own order), each file's tests kept in order. `make test`'s workers take whole
+    files in this order (``--no-loadscopereorder``), so that the long tests start early instead
+    of running alone at the end while the other worker waits."""
+    files: dict[Path, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.path, []).append(item)
+    slow = {path: any(t.get_closest_marker("slow") for t in tests) for path, tests in files.items()}
+    order = sorted(files, key=lambda path: (not slow[path], -len(files[path])))
+    items[:] = [item for path in order for item in files[path]]
+
+
 TINY_MODEL = {
     "hidden_size": 32,
     "num_hidden_layers": 2,

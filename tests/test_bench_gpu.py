@@ -26,6 +26,7 @@ def test_peaks_by_device_name():
     assert peak_tflops("NVIDIA GeForce GTX 1080") is None  # flagged, not guessed
 
 
+@pytest.mark.slow
 def test_smoke_run_measures_both_sides_and_the_cli(tmp_path):
     pytest.importorskip("transformers")
     out, table = tmp_path / "bench.json", tmp_path / "bench.md"

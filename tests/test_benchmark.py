@@ -180,6 +180,7 @@ def bench(model: Path, output: Path, *options: str) -> list[str]:
     return [*argv, "--precision", "fp32", *options]
 
 
+@pytest.mark.slow
 def test_glue_smoke_end_to_end_and_rerun(tiny_glue_model, shared_data, tmp_path, capsys):
     out = tmp_path / "bench"
     glue = str(shared_data / "glue")

@@ -41,6 +41,7 @@ def test_run_ner_labels_are_ours_on_real_sentences(shared_data, minilm_dir):
     assert any(np.sum(np.asarray(r["labels"]) == IGNORE) > 2 for r in rows)  # later pieces
 
 
+@pytest.mark.slow
 def test_smoke_runs_both_sides_and_prints_the_table(shared_data, tmp_path):
     pytest.importorskip("transformers")
     pytest.importorskip("seqeval")

@@ -333,6 +333,7 @@ def _tiny_pretraining(corpus: dict, out: Path, *extra: str) -> subprocess.Comple
     )
 
 
+@pytest.mark.slow
 def test_max_memory_picks_a_smaller_micro_batch_or_refuses(pretraining_corpus, tmp_path):
     """A tiny pretraining job under budgets: a large one keeps the batch whole and says its
     estimate; one that fits 4 sequences of the estimate's parts accumulates 4 x 4 and stays
@@ -363,6 +364,7 @@ def test_max_memory_picks_a_smaller_micro_batch_or_refuses(pretraining_corpus, t
     assert not (tmp_path / "c" / "results.json").exists()
 
 
+@pytest.mark.slow
 def test_finetune_max_memory_says_its_choice_or_refuses(task_files, tmp_path):
     model = task_files.tiny_start_model(tmp_path)
     train = tmp_path / "train.csv"

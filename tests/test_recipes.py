@@ -56,6 +56,7 @@ def finite_mlm(results: dict, split: str, columns: tuple[str, ...]) -> None:
         assert math.isfinite(table[column]["loss"]) and table[column]["tokens"] > 0, column
 
 
+@pytest.mark.slow
 def test_reviews_adapted_smoke(shared_data, tmp_path, capsys):
     results = run_smoke("reviews-adapted", shared_data, tmp_path / "r", capsys)
     finite_mlm(results, "val", ("random_init", "start", "final"))
@@ -99,6 +100,7 @@ def test_review_scores_smoke(shared_data, tmp_path, capsys):
     assert len(test) - 1 == 40 and len(train) - 1 == 160  # the fixed 20% of the 200-row slice
 
 
+@pytest.mark.slow
 def test_news_from_scratch_smoke(shared_data, tmp_path, capsys):
     options = ("--num_threads", "1", "--seeds", "[0, 3]")
     results = run_smoke("news-from-scratch", shared_data, tmp_path / "r", capsys, *options)
@@ -238,6 +240,7 @@ def test_a_recipe_report_marks_a_seed_that_did_not_beat_the_baseline():
     assert "* did not beat the majority baseline" in table and "--lr" in table
 
 
+@pytest.mark.slow
 def test_general_script_smoke_holds_out_documents_and_passes_options_to_pretrain(
     shared_data, tmp_path
 ):

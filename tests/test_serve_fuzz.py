@@ -59,6 +59,7 @@ def largest_legal_requests(port: int) -> None:
     assert not failures, failures
 
 
+@pytest.mark.slow
 def test_garbage_requests_leave_the_server_up_with_flat_memory(tmp_path):
     models = tiny_models(tmp_path)
     options = (
