@@ -35,7 +35,7 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Test files holding a test marked slow first, then the others by their number of tests
     (pytest-xdist's own order), each file's tests kept in order. `make test`'s workers take whole
-    files in this order (``--no-loadscopereorder``), so that the long tests start early instead
+    files in this order (``--no-loadscope-reorder``), so that the long tests start early instead
     of running alone at the end while the other worker waits."""
     files: dict[Path, list[pytest.Item]] = {}
     for item in items:
