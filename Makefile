@@ -20,12 +20,15 @@ demo: $(STAMP)
 
 # two pytest-xdist workers (the suite's 2 cores), a test file's tests on one worker so that its
 # module fixtures are built once, the files with slow tests first (tests/conftest.py orders them;
-# --no-loadscope-reorder keeps that order); TEST_WORKERS=0 runs in one process. Each worker, and every
-# command its tests start, gets its share of the cores (OMP_NUM_THREADS, which torch's default
-# follows), so that the workers' thread pools do not take turns on the same cores.
+# --no-loadscope-reorder keeps that order); TEST_WORKERS=0 runs in one process. Each worker, and
+# every command its tests start, gets its share of the cores this process may use (OMP_NUM_THREADS,
+# which torch's default follows), so that the workers' thread pools do not take turns on the same
+# cores. Both are expanded when the recipe runs, after $(STAMP) has installed bertforge.
 TEST_WORKERS ?= 2
-TEST_THREADS ?= $(shell $(PY) -c "import os; print(max(1, len(os.sched_getaffinity(0)) // max(1, $(TEST_WORKERS))))")
-PYTEST := OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+TEST_THREADS ?= $(shell $(BIN)/python -c "from bertforge.runtime import usable_cpus; \
+	print(max(1, usable_cpus() // max(1, $(TEST_WORKERS))))")
+PYTEST = OMP_NUM_THREADS=$(TEST_THREADS) $(BIN)/python -m pytest -n $(TEST_WORKERS) \
+	--dist loadfile --no-loadscope-reorder
 test: $(STAMP)
 	$(PYTEST)
 

@@ -103,9 +103,9 @@ def pretraining_step(model, objective, batch, device):
 
 @pytest.mark.parametrize("objective", list(MODELS))
 def test_a_pretraining_step_keeps_every_tensor_on_the_device(tiny_config, forced, objective):
-    """MLM, NSP, bag of words, pair similarity, replaced-token detection, contrastive: forward, backward,
-    clipping and AdamW on the other device; nothing meets a CPU tensor, and the losses and
-    updated weights equal the same step run on the CPU."""
+    """MLM, NSP, bag of words, pair similarity, replaced-token detection, contrastive: forward,
+    backward, clipping and AdamW on the other device; nothing meets a CPU tensor, and the losses
+    and updated weights equal the same step run on the CPU."""
     torch.manual_seed(0)
     reference = MODELS[objective](tiny_config).train()
     model = MODELS[objective](tiny_config).train()

@@ -10,8 +10,10 @@ import torch
 
 from bertforge.data.dataset import PretrainingDataset
 from bertforge.data.shards import PrepareConfig, prepare
-from bertforge.modeling.model import bag_of_words_weights
+from bertforge.modeling.model import BertForPreTraining, bag_of_words_weights
+from bertforge.progress import read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.pretrain import pretrain
 
 
 def prepare_both_ways(text: Path, tokenizer: Tokenizer, root: Path) -> dict[str, Path]:
@@ -57,10 +59,7 @@ def runs_with_and_without(
     """Two real pretraining runs of prepared ``data`` under ``root``, with the loss weight
     ``option`` (a TrainConfig field) at 0 and at 1: ``({0.0: run, 1.0: run}, the weighted
     run's train records)``, after checking it logged one record per step."""
-    from test_pretrain import tiny_cfg
-
-    from bertforge.progress import read_metrics
-    from bertforge.training.pretrain import pretrain
+    from test_pretrain import tiny_cfg  # test_pretrain imports conftest, which imports this module
 
     runs = {w: root / f"{option}{w}" for w in (0.0, 1.0)}
     for weight, run in runs.items():
@@ -73,8 +72,6 @@ def runs_with_and_without(
 def pooler_scores(runs: dict[float, Path], data: Path, score) -> dict[float, float]:
     """Each run's model scored on the validation pairs of ``data``:
     ``score(pooled, word_embeddings, ids, token_types, word_weights)`` per run, no gradient."""
-    from bertforge.modeling.model import BertForPreTraining
-
     ids, types, mask, token_weights = validation_pairs(data)
     scored = {}
     for weight, run in runs.items():

@@ -15,7 +15,7 @@ from typing import Any
 
 from bertforge.data.tables import read_table
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_write_text, read_text
+from bertforge.io import atomic_write_text, read_text, text_lines
 
 DATA_ENV = "BERTFORGE_DATA"
 """Environment variable naming the folder that holds the suites' data folders (glue/, ner/, qa/)."""
@@ -73,7 +73,8 @@ def sample_table(path: Path, count: int, output: Path, seed: int = 0) -> Path:
 def conll_sentences(path: Path) -> list[list[str]]:
     """The sentences of a CoNLL file: its blocks of lines between blank lines."""
     blocks: list[list[str]] = [[]]
-    for line in read_text(path).replace("\r\n", "\n").split("\n"):
+    for raw in text_lines(path):
+        line = raw.rstrip("\r\n")
         if line.strip():
             blocks[-1].append(line)
         elif blocks[-1]:
