@@ -40,6 +40,7 @@ from bertforge.data.loader import masked_rows
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
 from bertforge.training.optim import build_optimizer
+from bertforge.training.profiling import SKIP_STEPS
 
 PEAKS = {  # dense bf16 tensor-core TFLOP/s (no sparsity), from the vendors' data sheets
     "H100 PCIe": 756.0,
@@ -182,7 +183,7 @@ def bench_case(case, args, device, peak, with_reference=True, mlm_only=False, on
         theirs = hf_twin(ours, cls.__name__).to(device).train()
         sides["transformers"] = (theirs, hf_adamw(theirs))
     if (compiles(args, case) and with_reference) or only == "bertforge (compiled)":
-        sides["bertforge (compiled)"] = (torch.compile(ours), optimizer)
+        sides["bertforge (compiled)"] = (torch.compile(ours, mode=args.compile_mode), optimizer)
     if only is not None:
         sides = {only: sides[only]}
     batch = pretraining_batch(case.batch, case.seq, cfg.vocab_size)
@@ -289,6 +290,10 @@ def cli_run(case: Case, args, device: torch.device, root: Path, compiled: bool =
     if args.cli_steps:
         argv += ["--train.max_steps", str(args.cli_steps)]
     argv += ["--train.compile", "true" if compiled else "false"]
+    if compiled and args.compile_mode != "default":
+        argv += ["--train.compile_mode", args.compile_mode]
+    if args.cli_profile:  # the loop's own profile: where the CLI's time beside the step goes
+        argv += ["--train.profile", str(args.cli_profile)]
     if args.dropout is not None:
         argv += ["--train.dropout", str(args.dropout)]
     if device.type == "cpu":  # the smoke run: one thread, as this process
@@ -302,7 +307,7 @@ def cli_run(case: Case, args, device: torch.device, root: Path, compiled: bool =
     if done.returncode != 0:
         raise RuntimeError(f"bertforge pretrain failed ({done.returncode}):\n{done.stderr[-3000:]}")
     result = json.loads((root / "run" / "results.json").read_text())
-    return {
+    out = {
         "tokens_per_s": result["tokens"] / max(result["elapsed"], 1e-9),
         "steps": result["step"],
         "elapsed": result["elapsed"],
@@ -310,6 +315,16 @@ def cli_run(case: Case, args, device: torch.device, root: Path, compiled: bool =
         "layers": layers,
         "hidden": hidden,
     }
+    profiled = root / "run" / "profile.txt"
+    if args.cli_profile and profiled.exists():
+        text = profiled.read_text()
+        out["profile"] = text.split("\n\n", 1)[0].splitlines()  # the summary above the table
+        log("  " + "\n  ".join(out["profile"]))
+        if args.profile_dir:
+            args.profile_dir.mkdir(parents=True, exist_ok=True)
+            name = "compiled" if compiled else "eager"
+            (args.profile_dir / f"profile_cli_{name}.txt").write_text(text)
+    return out
 
 
 # ---- the report -------------------------------------------------------------------------------
@@ -318,13 +333,21 @@ def gib(row: Row | None) -> str:
     return f"{row.extra['peak_gib']:.1f}" if row is not None and "peak_gib" in row.extra else "-"
 
 
-def report(rows: list[Row], clis: list[dict], device_name: str, peak: float | None) -> str:
+def report(
+    rows: list[Row],
+    clis: list[dict],
+    device_name: str,
+    peak: float | None,
+    compile_mode: str = "default",
+) -> str:
     if peak:
         head = f"GPU: {device_name}; MFU against {peak:g} TFLOP/s dense bf16"
     elif device_name.startswith("CPU"):
         head = f"{device_name}: no GPU, no MFU (a smoke run checks the script, not a speed)"
     else:
         head = f"GPU: {device_name}: its peak is UNKNOWN (not in PEAKS): no MFU; pass --peak_tflops"
+    if compile_mode != "default":
+        head += f"; compiled with torch.compile mode {compile_mode}"
     lines = [head, ""]
     by_case: dict[str, dict[str, Row]] = {}
     for r in rows:
@@ -439,12 +462,26 @@ def main(argv: list[str] | None = None) -> int:
         help="also time ours through torch.compile, for these case numbers (none named: all)",
     )
     parser.add_argument(
+        "--compile_mode",
+        default="default",
+        choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+        help="torch.compile's mode for ours compiled and the compiled CLI run "
+        "(--train.compile_mode)",
+    )
+    parser.add_argument(
         "--batch", type=int, default=None, help="batch size for every case (default: the case's)"
     )
     parser.add_argument(
         "--profile", action="store_true", help="print each side's top kernels over 3 steps"
     )
     parser.add_argument("--profile_dir", type=Path, default=None, help="also write them here")
+    parser.add_argument(
+        "--cli_profile",
+        type=int,
+        default=0,
+        help="trace N steps of the CLI run (--train.profile N): its loop's phases, the GPU's "
+        "busy share; the traced steps are slower, so its tok/s is a little low",
+    )
     parser.add_argument("--no-reference", dest="reference", action="store_false", help="ours only")
     parser.add_argument("--no-cli", dest="cli", action="store_false", help="skip the CLI run")
     parser.add_argument(
@@ -475,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     args.vocab = args.vocab or (2000 if args.smoke else 30522)
     args.cli_seconds = args.cli_seconds or (3.0 if args.smoke else 40.0)
     if args.smoke:
-        args.reps, args.cli_steps = 1, args.cli_steps or 2
+        traced = SKIP_STEPS + 1 + args.cli_profile if args.cli_profile else 0
+        args.reps, args.cli_steps = 1, args.cli_steps or 2 + traced
         if device.type == "cpu":
             torch.set_num_threads(1)
     cases = [SMOKE] if args.smoke else [CASES[int(i)] for i in (args.cases or range(len(CASES)))]
@@ -500,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     clis: list[dict] = []
     payload: dict = {"device": device_name, "peak_tflops": peak, "precision": args.precision}
+    payload["compile_mode"] = args.compile_mode
 
     def save() -> None:  # after every case: a run cut short keeps what it measured
         payload["rows"] = [asdict(r) for r in rows]
@@ -537,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         clis.append(cli)
         save()
-    text = report(rows, clis, device_name, peak)
+    text = report(rows, clis, device_name, peak, args.compile_mode)
     print(text)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)

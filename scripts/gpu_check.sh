@@ -13,6 +13,7 @@
 #   GPU_CHECK_BENCH=none bash scripts/gpu_check.sh    # no benchmark
 #   GPU_CHECK_TESTS=0 bash scripts/gpu_check.sh       # no test suite
 #   GPU_CHECK_BENCH_ARGS="--cases 0 --compile 0 --profile" bash scripts/gpu_check.sh   # bench options
+#   GPU_CHECK_BENCH_ARGS="--cases 0 --cli_profile 10" ...   # also the CLI loop's own profile
 #   GPU_CHECK_GENERAL=general.tar.xz bash scripts/gpu_check.sh   # and the general recipe:
 #
 # GPU_CHECK_GENERAL names the general recipe's data steps, done elsewhere (a GPU machine may have
@@ -87,6 +88,7 @@ BENCH_RC=-1
 if [[ $BENCH != none ]]; then
   say "benchmark (benchmarks/bench_gpu.py, $BENCH)"
   ARGS=(--json "$RESULTS/bench_gpu.json" --markdown "$RESULTS/bench_gpu.md")
+  ARGS+=(--profile_dir "$RESULTS/profiles")  # written with --profile or --cli_profile N
   [[ $BENCH == quick ]] && ARGS+=(--steps 10 --cli_seconds 25)
   read -r -a EXTRA <<<"${GPU_CHECK_BENCH_ARGS:-}"
   ARGS+=(${EXTRA[@]+"${EXTRA[@]}"})

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from bertforge.training.profiling import SKIP_STEPS
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -36,6 +38,7 @@ def test_smoke_run_measures_both_sides_and_the_cli(tmp_path):
     )
     argv = [sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--smoke", "--device", "cpu"]
     argv += ["--dropout", "0"]  # both sides and the CLI without dropout, said in the case's name
+    argv += ["--cli_profile", "2", "--profile_dir", str(tmp_path / "profiles")]
     done = subprocess.run(
         [*argv, "--json", str(out), "--markdown", str(table)],
         capture_output=True,
@@ -50,7 +53,10 @@ def test_smoke_run_measures_both_sides_and_the_cli(tmp_path):
     assert {(case, "bertforge"), (case, "transformers")} <= set(sides)
     assert all(r["tokens_per_s"] > 0 and r["mfu"] is None for r in result["rows"])
     (cli,) = result["cli"]
-    assert cli["steps"] == 2 and cli["tokens_per_s"] > 0
+    assert cli["steps"] == 2 + SKIP_STEPS + 1 + 2 and cli["tokens_per_s"] > 0
+    # the CLI run traced its own loop: the summary in the JSON, the whole profile in the folder
+    assert cli["profile"][0].startswith("profiled 2 steps on cpu")
+    assert "aten::" in (tmp_path / "profiles" / "profile_cli_eager.txt").read_text()
     assert cli["case"].endswith("--train.compile false")  # the CPU's default: eager
     text = table.read_text()
     assert "ours / theirs" in text and "CLI / step" in text and "no MFU" in text

@@ -20,6 +20,7 @@ from test_fast_paths import assert_grads_close, grads, padded_batch
 from bertforge.data.loader import STATIC_ROWS_MULTIPLE, masked_rows, static_masked_rows
 from bertforge.modeling.model import BertForPreTraining
 from bertforge.runtime import explain_compile
+from bertforge.training.config import TrainConfig
 from bertforge.training.steps import set_dropout
 
 
@@ -116,3 +117,31 @@ def test_gpu_batches_pad_to_a_multiple_never_past_the_longest_allowed():
     # inference: never past the longest example of the whole set
     ((_, batch),) = iterate_batches(examples, [np.array([1])], 0, multiple=32)
     assert batch["input_ids"].shape == (1, 7)
+
+
+def test_compile_mode_reaches_torch_compile_and_an_eager_run_refuses_it(
+    pretraining_corpus, tmp_path, monkeypatch, capsys
+):
+    """``--train.compile_mode`` is handed to ``torch.compile`` (recorded at the loop's set-up,
+    before any step: what Inductor makes of a mode is the GPU suite's business) and said in the
+    start line; asked of a run that stays eager it is refused before anything is written."""
+    from test_pretrain import tiny_cfg
+
+    from bertforge.errors import BertforgeError
+    from bertforge.training.pretrain import pretrain, setup
+
+    with pytest.raises(BertforgeError, match="add --train.compile true or drop"):
+        pretrain(tiny_cfg(pretraining_corpus["nsp"], tmp_path / "eager", max_steps=2,
+                          compile_mode="reduce-overhead"))  # fmt: skip
+    assert not (tmp_path / "eager").exists()
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: calls.append(kw) or "compiled")
+    cfg = tiny_cfg(pretraining_corpus["nsp"], tmp_path / "run", max_steps=2, compile=True,
+                   compile_mode="max-autotune-no-cudagraphs")  # fmt: skip
+    run, _ = setup(cfg)
+    assert run.compiled and run.forward == "compiled"
+    assert calls == [{"mode": "max-autotune-no-cudagraphs"}]
+    assert "compile on (as set), mode max-autotune-no-cudagraphs" in capsys.readouterr().err
+    with pytest.raises(BertforgeError, match="--train.compile_mode"):
+        TrainConfig(compile_mode="fastest")

@@ -249,3 +249,19 @@ def test_compiled_by_default_on_cuda_and_the_losses_of_eager(
     assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5]
     for step in a:
         assert a[step] == pytest.approx(b[step], rel=2e-3, abs=2e-3), step
+
+
+def test_the_loop_profiles_itself_on_the_device(gpu_corpus, tmp_path, device):
+    """``--train.profile``: on CUDA the trace holds the device's kernels, so the summary says how
+    busy the GPU was in the loop, and the lagged loop's optimizer phase is there."""
+    from bertforge.training.profiling import SKIP_STEPS, SUMMARY_FILE
+
+    run = tmp_path / "profiled"
+    pretrain(
+        cfg(gpu_corpus, run, device, objective="mlm", max_steps=SKIP_STEPS + 8, profile=4,
+            log_every=100)  # fmt: skip
+    )
+    text = (run / SUMMARY_FILE).read_text()
+    assert "profiled 4 steps" in text and "  launch " in text, text[:800]
+    if torch.device(device).type == "cuda":
+        assert "device busy" in text and "  optimizer " in text, text[:800]

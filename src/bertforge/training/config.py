@@ -29,6 +29,7 @@ PositionInit = Literal["normal", "sinusoidal"]
 WordInit = Literal["normal", "cooccurrence"]
 AttentionInit = Literal["normal", "identity"]
 BowTarget = Literal["pair", "shared"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 Preset = Literal["tiny", "mini", "small", "medium", "base", "large"]
 Task = Literal[
     "classification", "regression", "token_classification", "question_answering", "embedding"
@@ -358,6 +359,18 @@ class TrainConfig(LoopOptions):
     """Run the model through torch.compile. Unset: on when the device is CUDA (the seconds spent
     compiling are kept out of ``--train.max_time`` and said in the log), off elsewhere;
     ``false`` opts out on a GPU (docs/gpu.md)."""
+    compile_mode: CompileMode = "default"
+    """torch.compile's mode for a compiled run: ``reduce-overhead`` replays each step as CUDA
+    graphs (fewer launches: for small models whose steps wait on the host),
+    ``max-autotune-no-cudagraphs`` times Triton matrix-product kernels against cuBLAS and can
+    fuse the bias and GELU into the product (compiling takes minutes), ``max-autotune`` both.
+    Only ``default`` has been measured here (docs/gpu.md)."""
+    profile: int = 0
+    """Trace this many steps, after the first 5 (compiling, warm-up), with torch.profiler and
+    write ``profile.txt`` (the host's milliseconds per step in each part of the loop, the
+    device's busy share, the top operators) and ``profile-trace.json`` (for
+    https://ui.perfetto.dev) to the output folder; 0 = off. The traced steps run slower, the
+    profiler's cost charged to the budget like any step's (docs/gpu.md)."""
     seed: int = 0
     """Seed for initialisation, data order, masks and dropout."""
     eval_every: int = 500
@@ -428,6 +441,7 @@ class TrainConfig(LoopOptions):
     def __post_init__(self) -> None:
         parse_freeze(self.freeze)
         check_choice(self.objective, Objective, "--train.objective")
+        check_choice(self.compile_mode, CompileMode, "--train.compile_mode")
         if self.fresh_head is not None:
             check_choice(self.fresh_head, FreshHead, "--train.fresh_head")
         check_choice(self.position_init, PositionInit, "--train.position_init")
@@ -442,6 +456,7 @@ class TrainConfig(LoopOptions):
         option = lambda name: f"--train.{name}"  # noqa: E731
         check_training_options(self, option)
         check_at_least(self, option, eval_every=0, save_every=0, keep_checkpoints=0, eps=0)
+        check_at_least(self, option, profile=0)
         check_at_least(self, option, eval_examples=1, eval_batch_size=1)
         check_at_least(self, option, word_init_window=1)
         positive = ("word_init_std", "contrastive_temperature", "segment_init_std")

@@ -73,6 +73,7 @@ from bertforge.training.checkpoints import (
 from bertforge.training.config import PretrainConfig, TrainConfig, snapshot_times
 from bertforge.training.objectives import UNITS, Objective, objective_for, unit_counts
 from bertforge.training.optim import build_optimizer, set_lr
+from bertforge.training.profiling import StepProfiler
 from bertforge.training.setup import (
     PretrainingData,
     build_model,
@@ -237,22 +238,27 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
         return stop_everywhere
 
     take_snapshots(run, state, bar.write)  # a time the charged start-up work passed already
-    with GracefulStop() as stop:
+    traced = tc.profile if run.info.is_main else 0
+    with GracefulStop() as stop, StepProfiler(traced, run.out, run.device) as profiler:
         source = data_steps(run.data.loader, run.data.micro)
         if run.device.type == "cuda":  # collate the next step while the GPU runs this one
             rate = static_rate(run)
             source = prefetch(source, lambda step: pinned(with_masked_rows(step, rate)))
         while not run.done(state):
+            profiler.step()
             t0 = time.perf_counter()
             lr = steps.scheduled_lr(
                 state.step, state.elapsed, tc, total_steps=tc.max_steps, budget=run.budget
             )
             set_lr(run.optimizer, lr)
-            drawn = next(source)
+            with profiler.phase("data"):
+                drawn = next(source)
             before = rng_state() if pending is not None else None
-            launched = launch_step(run, drawn.batches, stop.requested)
+            with profiler.phase("launch"):
+                launched = launch_step(run, drawn.batches, stop.requested)
             if pending is not None:  # the step before, read now that this one is queued
-                ends = complete(pending)
+                with profiler.phase("host"):
+                    ends = complete(pending)
                 pending = None
                 if ends or run.done(state):  # this step is not taken: undo what it drew
                     run.optimizer.zero_grad(set_to_none=True)
@@ -261,14 +267,19 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
                     break
             current = Pending(launched, drawn, lr, t0)
             if not lagged:
-                if complete(current):
+                with profiler.phase("host"):
+                    ends = complete(current)
+                if ends:
                     stopped = stop.signal_name or "signal"
                     break
                 continue
-            apply_on_device(run.optimizer, launched)
+            with profiler.phase("optimizer"):
+                apply_on_device(run.optimizer, launched)
             state.step += 1
             if acts_after(state.step, tc):  # a log, evaluation, save or the end: read it now
-                if complete(current):
+                with profiler.phase("host"):
+                    ends = complete(current)
+                if ends:
                     stopped = stop.signal_name or "signal"
                     break
             else:
@@ -296,6 +307,15 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
     device = pick_device(tc.device, option="--train.device")
     info = D.init_distributed(device)
     device = D.local_device(device, info)
+    compiled, compiling = explain_compile(tc.compile, device)
+    if tc.compile_mode != "default":
+        if not compiled:
+            raise BertforgeError(
+                f"--train.compile_mode {tc.compile_mode} is a mode of a compiled run and this "
+                f"one runs eager ({compiling}): add --train.compile true or drop "
+                "--train.compile_mode"
+            )
+        compiling += f", mode {tc.compile_mode}"
     data = open_data(cfg, rank=info.rank, world_size=info.world_size)
     pc, probe = cfg.probe, None
     if pc.train is not None and info.is_main:  # read now: a bad file fails before training
@@ -338,8 +358,7 @@ def setup(cfg: PretrainConfig) -> tuple[Run, PretrainState]:
     logger = MetricsLogger(
         out, enabled=info.is_main, resume_step=state.step if resume_dir is not None else None
     )
-    compiled, compiling = explain_compile(tc.compile, device)
-    forward = torch.compile(ddp) if compiled else ddp
+    forward = torch.compile(ddp, mode=tc.compile_mode) if compiled else ddp
     objective.to(device)
     run = Run(
         cfg, out, info, device, precision, budget, data, raw, ddp, forward, compiled, optimizer,
