@@ -443,6 +443,45 @@ def test_health_is_503_until_the_models_are_loaded_and_warmed(models, tmp_path):
         assert process.wait(timeout=30) == 0
 
 
+def test_sigterm_during_the_warm_up_stops_it_and_exits_0(models, tmp_path):
+    """SIGTERM while the models warm up (``docker stop`` of a server still starting): the
+    warm-up ends after the pass in progress instead of running the rest (it once ran on for
+    up to the batcher's 30 s join and then aborted, status 134, with a worker still inside
+    torch), the log says so, and the process exits 0 without ever saying ready."""
+    marker = tmp_path / "paused"
+    port = free_port()
+    argv = [sys.executable, "-m", "bertforge.cli", "serve", "--port", str(port)]
+    argv += ["--model", f"clf={models['clf']}", "--precision", "fp32", "--device", "cpu"]
+    argv += ["--num_threads", "1"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "BERTFORGE_TEST_PAUSE": f"serve-warm-pass:2:{marker}",  # held after its 2nd pass
+    }
+    log = tmp_path / "server.log"
+    with open(log, "wb") as sink:
+        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(1.0)  # the handler runs on the main thread; the warm-up is still held
+        marker.unlink()
+        code = process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = log.read_text()
+    assert code == 0, text[-2000:]
+    said = re.search(r"stopped during the warm-up \((\d+) of (\d+) passes done", text)
+    assert said, text[-2000:]
+    assert int(said[1]) == 2 < int(said[2])  # the rest never ran
+    assert "warmed 1 model in" not in text
+
+
 def test_a_model_that_fails_to_load_is_one_line_and_exit_2(models, tmp_path):
     """The port is bound before the models load now: a model whose files were altered still
     ends the process with the loader's one line and exit status 2."""

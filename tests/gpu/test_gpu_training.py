@@ -258,8 +258,15 @@ def test_the_loop_profiles_itself_on_the_device(gpu_corpus, tmp_path, device):
 
     run = tmp_path / "profiled"
     pretrain(
-        cfg(gpu_corpus, run, device, objective="mlm", max_steps=SKIP_STEPS + 8, profile=4,
-            log_every=100)  # fmt: skip
+        cfg(
+            gpu_corpus,
+            run,
+            device,
+            objective="mlm",
+            max_steps=SKIP_STEPS + 8,
+            profile=4,
+            log_every=100,
+        )  # fmt: skip
     )
     text = (run / SUMMARY_FILE).read_text()
     assert "profiled 4 steps" in text and "  launch " in text, text[:800]

@@ -69,7 +69,8 @@ class Server:
             models = load()
             if not models:
                 raise BertforgeError("bertforge serve: give at least one --model DIR")
-            self.warm(models)
+            if not self.warm(models):  # a signal stopped the server during its warm-up
+                return
             pause_point("serve-ready")  # lets a test see /health while loading
             self.models, self.default = models, next(iter(models))
             self.ready = True
@@ -78,11 +79,17 @@ class Server:
             if on_failure is not None:
                 on_failure(err)
 
-    def warm(self, models: dict[str, ServedModel]) -> None:
+    def stopping(self) -> bool:
+        """A signal asked the server to stop, or it has stopped."""
+        return self.draining or self._stopped.is_set()
+
+    def warm(self, models: dict[str, ServedModel]) -> bool:
         """Run every model's warm-up (:mod:`~bertforge.serve.warmup`) on every inference
         worker, the first requests' shapes first, before /health says ready; say on stderr
         what it holds, how long the rest will take and how long it took, and on /health how
-        far it is (:attr:`warming`)."""
+        far it is (:attr:`warming`). A stop asked meanwhile (SIGTERM while loading) ends it
+        after the pass in progress, so the process exits at once instead of warming a model
+        it will not serve: False then."""
         assert self.batcher is not None
         config = self.config
         limits = WarmLimits(
@@ -115,9 +122,12 @@ class Server:
 
         def each() -> int:
             passes = warm_schedule(plan, limits)  # this thread's own
-            for _, run in passes:
+            for k, (_, run) in enumerate(passes):
+                if self.stopping():
+                    return k
                 took = time.perf_counter()
                 run()
+                pause_point("serve-warm-pass")  # lets a test stop the server mid-warm-up
                 event = progress.done(run, time.perf_counter() - took)
                 if event is None:
                     continue
@@ -132,12 +142,21 @@ class Server:
             return len(passes)
 
         passes, seconds = timed(lambda: self.batcher.on_every_worker(each)[0])
+        if self.stopping():
+            print(
+                f"stopped during the warm-up ({passes} of {len(schedule)} passes done in "
+                f"{seconds:.1f} s): not serving",
+                file=sys.stderr,
+                flush=True,
+            )
+            return False
         print(
             f"warmed {models_said} in {seconds:.1f} s ({passes} passes of the shapes requests "
             f"may take, on each of {threads})",
             file=sys.stderr,
             flush=True,
         )
+        return True
 
     def begin_draining(self) -> None:
         """A signal asked the server to stop: /health answers 503 from now on."""
