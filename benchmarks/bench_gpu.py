@@ -39,6 +39,7 @@ from bench_train import pretraining_batch, train_flops
 from bertforge.data.loader import masked_rows
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
+from bertforge.progress import read_metrics
 from bertforge.training.optim import build_optimizer
 from bertforge.training.profiling import SKIP_STEPS
 
@@ -269,6 +270,25 @@ def synthetic_data(root: Path, vocab: int, seq: int, sequences: int) -> Path:
     return out
 
 
+STEADY_AFTER = 20
+"""The CLI's steady rate is taken from its first log line at or past this step: the first steps
+carry one-time costs the step timed alone does not (after compiling: the device's libraries'
+first calls, attention plans, the allocator's growth)."""
+
+
+def steady_rate(records: list[dict], after: int) -> tuple[float, int] | None:
+    """Tokens per second of a run's training between its first logged step at or past ``after``
+    and its last (the ``tokens`` and ``elapsed`` totals of its metrics lines), and that first
+    step; None without two such lines."""
+    train = sorted((r for r in records if r.get("split") == "train"), key=lambda r: r["step"])
+    start = next((r for r in train if r["step"] >= after), None)
+    if start is None or train[-1]["step"] <= start["step"]:
+        return None
+    end = train[-1]
+    seconds = end["elapsed"] - start["elapsed"]
+    return ((end["tokens"] - start["tokens"]) / seconds if seconds > 0 else 0.0), start["step"]
+
+
 def cli_run(case: Case, args, device: torch.device, root: Path, compiled: bool = False) -> dict:  # noqa: ANN001
     """``bertforge pretrain`` on :func:`synthetic_data` for ``args.cli_seconds``: its tokens/s
     (``compiled``: ``--train.compile true``, compile seconds left out of its time; else
@@ -315,6 +335,9 @@ def cli_run(case: Case, args, device: torch.device, root: Path, compiled: bool =
         "layers": layers,
         "hidden": hidden,
     }
+    steady = steady_rate(read_metrics(root / "run"), STEADY_AFTER)
+    if steady is not None:
+        out["steady_tokens_per_s"], out["steady_from_step"] = steady
     profiled = root / "run" / "profile.txt"
     if args.cli_profile and profiled.exists():
         text = profiled.read_text()
@@ -397,16 +420,22 @@ def report(
             "tok/s",
             "its step timed alone",
             "CLI / step",
+            f"steady tok/s (from step {STEADY_AFTER})",
+            "steady / step",
         ]
-        table = [
-            [
-                cli["case"],
-                f"{cli['tokens_per_s']:,.0f}",
-                f"{cli['step_tokens_per_s']:,.0f}",
-                f"{cli['tokens_per_s'] / cli['step_tokens_per_s']:.0%}",
-            ]
-            for cli in clis
-        ]
+        table = []
+        for cli in clis:
+            step, steady = cli["step_tokens_per_s"], cli.get("steady_tokens_per_s")
+            table.append(
+                [
+                    cli["case"],
+                    f"{cli['tokens_per_s']:,.0f}",
+                    f"{step:,.0f}",
+                    f"{cli['tokens_per_s'] / step:.0%}",
+                    "-" if steady is None else f"{steady:,.0f}",
+                    "-" if steady is None else f"{steady / step:.0%}",
+                ]
+            )
         lines += ["", markdown_table(header, table)]
     return "\n".join(lines)
 
@@ -570,9 +599,12 @@ def main(argv: list[str] | None = None) -> int:
             "case": f"{case.name}, --train.compile {flag}",
             "step_tokens_per_s": step.tokens_per_s,
         }
+        steady = cli.get("steady_tokens_per_s")
         log(
             f"  CLI (--train.compile {flag}): {cli['tokens_per_s']:,.0f} tok/s over "
-            f"{cli['steps']} steps; its step alone {step.tokens_per_s:,.0f}"
+            f"{cli['steps']} steps"
+            + ("" if steady is None else f", {steady:,.0f} from step {cli['steady_from_step']}")
+            + f"; its step alone {step.tokens_per_s:,.0f}"
         )
         clis.append(cli)
         save()

@@ -28,6 +28,21 @@ def test_peaks_by_device_name():
     assert peak_tflops("NVIDIA GeForce GTX 1080") is None  # flagged, not guessed
 
 
+def test_the_cli_steady_rate_starts_at_the_first_log_past_the_warm_up():
+    from bench_gpu import steady_rate
+
+    def line(step, tokens, elapsed, split="train"):
+        return {"split": split, "step": step, "tokens": tokens, "elapsed": elapsed}
+
+    # 10 slow first steps (one-time costs), then 1,000 tokens per 0.1 s
+    records = [line(10, 10_000, 6.0), line(20, 20_000, 7.0), line(30, 30_000, 8.0)]
+    records += [line(30, 0, 0.0, split="val"), line(40, 40_000, 9.0)]
+    assert steady_rate(records, 20) == (pytest.approx(10_000.0), 20)
+    assert steady_rate(records, 15) == (pytest.approx(10_000.0), 20)  # the first line past it
+    assert steady_rate(records, 40) is None  # one line left: no interval
+    assert steady_rate(records[:1], 0) is None
+
+
 @pytest.mark.slow
 def test_smoke_run_measures_both_sides_and_the_cli(tmp_path):
     pytest.importorskip("transformers")
