@@ -35,11 +35,14 @@ def test_busy_time_is_the_union_of_spans_inside_the_window():
     assert busy_time([Span(20, 80), Span(30, 40)], window) == 60.0
 
 
-def _event(name: str, start: float, end: float, device: bool = False) -> SimpleNamespace:
+def _event(
+    name: str, start: float, end: float, device: bool = False, annotation: bool = False
+) -> SimpleNamespace:
     kind = torch.autograd.DeviceType.CUDA if device else torch.autograd.DeviceType.CPU
     return SimpleNamespace(
         name=name,
         device_type=kind,
+        is_user_annotation=annotation,
         time_range=SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start),
     )
 
@@ -54,6 +57,9 @@ def test_summarize_divides_by_the_traced_steps():
         _event("gemm", 2_000, 8_000, device=True),
         _event("gemm", 12_000, 18_000, device=True),
         _event("memcpy", 19_000, 25_000, device=True),  # past the window: cut at 20 ms
+        # a GPU trace repeats the named ranges on the device: annotations, not kernels or steps
+        _event("ProfilerStep*", 0, 10_000, device=True, annotation=True),
+        _event("bertforge: launch", 1_000, 9_000, device=True, annotation=True),
     ]
     summary = summarize(events)
     assert summary.steps == 2

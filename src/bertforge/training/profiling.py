@@ -102,9 +102,12 @@ class Summary:
 
 def summarize(events: Sequence[Any]) -> Summary:
     """A :class:`Summary` of a trace's events (``torch.profiler``'s ``FunctionEvent``s):
-    iterations are the profiler's ``ProfilerStep`` ranges, phases the loop's named ranges,
+    iterations are the profiler's ``ProfilerStep`` ranges, phases the loop's named ranges (both
+    on the host: a GPU trace repeats them as device-side annotations, which are not kernels),
     device time the CUDA (or other accelerator) kernels' union inside the iterations."""
-    iterations = [e for e in events if e.name.startswith("ProfilerStep")]
+    cpu = torch.autograd.DeviceType.CPU
+    host = [e for e in events if e.device_type == cpu]
+    iterations = [e for e in host if e.name.startswith("ProfilerStep")]
     n = max(len(iterations), 1)
     if iterations:
         window = Span(
@@ -113,14 +116,14 @@ def summarize(events: Sequence[Any]) -> Summary:
     else:
         window = Span(0.0, 0.0)
     phase_us: dict[str, float] = {}
-    for e in events:
+    for e in host:
         if e.name.startswith("bertforge: "):
             name = e.name.removeprefix("bertforge: ")
             phase_us[name] = phase_us.get(name, 0.0) + e.time_range.elapsed_us()
     kernels = [
         Span(e.time_range.start, e.time_range.end)
         for e in events
-        if e.device_type not in (torch.autograd.DeviceType.CPU,)
+        if e.device_type != cpu and not getattr(e, "is_user_annotation", False)
     ]
     busy = busy_time(kernels, window) / n / 1000 if kernels else None
     return Summary(
