@@ -500,12 +500,39 @@ def test_the_curve_draws_glue_scores_against_pretraining_minutes(tmp_path, capsy
     )
     capsys.readouterr()
 
+    # two runs: a line each (a run's points by minutes, the runs in the order given); the same
+    # minute twice is fine across runs, not within one
+    run2 = tmp_path / "pt2"
+    snap2 = run2 / "snapshots" / "model-30m"
+    d = write_results(tmp_path / "bench2-30m", glue_result("pt2 at 30m", snap2, early))
+    e = write_results(
+        tmp_path / "bench2-15m", glue_result("pt2 at 15m", run2 / "snapshots" / "model-15m", twin)
+    )
+    out = tmp_path / "c3"
+    assert cli.main(["benchmark", "--curve", a, b, d, e, "--output", str(out)]) == 0
+    curve = json.loads((out / "curve.json").read_text())
+    assert [(p["run"], p["minutes"]) for p in curve["points"]] == [
+        (str(run), 15.0),
+        (str(run), 30.0),
+        (str(run2), 15.0),
+        (str(run2), 30.0),
+    ]
+    md = (out / "curve.md").read_text()
+    assert md.startswith("# What pretraining time buys on GLUE: pt, pt2\n")
+    png = (out / "curve.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    a2 = write_results(tmp_path / "bench-15m-again", glue_result("pt at 15m", snapshot, final))
+    capsys.readouterr()
+
     # one line each, naming the fix
     other_suite = write_results(tmp_path / "bench-ner", {"suite": "ner", "tasks": {}})
     cases = [
         (argv, "its pretraining minutes are unknown; give them with --curve_minutes"),
         ([*argv, "--curve_minutes", "5"], "--curve_minutes gives 1 values for 2 --curve"),
-        ([*argv, "--curve_minutes", "5", "5"], "both score a model of 5 minutes"),
+        (
+            ["benchmark", "--curve", a, a2, "--output", "o"],
+            "both score a model of 15 minutes of one run",
+        ),
         ([*argv, "--model", b], "--curve draws finished benchmarks, --model"),
         ([*argv, "--baseline"], "--baseline: an option of the benchmark run, and --curve runs"),
         (["benchmark", "--curve", other_suite, "--output", "o"], "a benchmark of --suite ner"),

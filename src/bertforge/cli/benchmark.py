@@ -12,8 +12,8 @@ DESCRIPTION = (
     "baseline, optionally the model's random twin (--baseline), and for glue Google's published "
     "BERT miniatures (GLUE test-set numbers). Writes "
     "results.json, results.md and results.png; run it again to resume (finished tasks are "
-    "skipped). With --curve, draws finished glue benchmarks of one run's snapshots against "
-    "pretraining minutes instead (curve.png). See docs/benchmark.md."
+    "skipped). With --curve, draws finished glue benchmarks of runs' snapshots against "
+    "pretraining minutes instead, a line per run (curve.png). See docs/benchmark.md."
 )
 
 

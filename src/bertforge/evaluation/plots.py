@@ -285,10 +285,12 @@ REFERENCE_STYLES = (
     {"color": "tab:brown", "linestyle": "-."},
 )
 """How the reference lines of :func:`plot_score_curves` are drawn, in order."""
+SERIES_COLORS = ("tab:blue", "tab:green", "tab:orange", "tab:cyan")
+"""The colours of :func:`plot_score_curves`' series, in order (red marks the start)."""
 
 
 def plot_score_curves(
-    panels: dict[str, list[tuple[float, float]]],
+    panels: dict[str, dict[str, list[tuple[float, float]]]],
     output: str | Path,
     *,
     start: dict[str, float],
@@ -297,32 +299,37 @@ def plot_score_curves(
     subtitle: str,
     xlabel: str,
     ylabel: str,
-    series_label: str,
     start_label: str,
 ) -> Path:
-    """Small panels side by side, one per entry of ``panels`` (``{panel: [(x, y), ...]}``): the
-    points as one line (``series_label``) with each value written beside it; ``start``
-    (``{panel: y}``, at x = 0) marked apart (``start_label``) and joined to the line by a dotted
-    segment; each of ``references`` (``{label: {panel: y}}``) a horizontal line across the panel,
-    its value at the right end. One legend under the panels, so it covers no line."""
+    """Small panels side by side, one per entry of ``panels`` (``{panel: {series: [(x, y),
+    ...]}}``): each series a line of its own colour (:data:`SERIES_COLORS`, labelled by its key)
+    with each value written beside it (the first series' above its points, the next below);
+    ``start`` (``{panel: y}``, at x = 0) marked apart (``start_label``) and joined to each line
+    by a dotted segment; each of ``references`` (``{label: {panel: y}}``) a horizontal line
+    across the panel, its value at the right end. One legend under the panels, so it covers no
+    line."""
     plt = _pyplot()
 
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.4), squeeze=False)
-    xs_all = sorted({x for points in panels.values() for x, _ in points} | {0.0})
-    for ax, (panel, points) in zip(axes[0], panels.items(), strict=True):
-        points = sorted(points)
-        if points:
+    xs_all = sorted(
+        {x for series in panels.values() for pts in series.values() for x, _ in pts} | {0.0}
+    )
+    for ax, (panel, series) in zip(axes[0], panels.items(), strict=True):
+        for k, (label, points) in enumerate(series.items()):
+            points = sorted(points)
+            if not points:
+                continue
+            color, offset = SERIES_COLORS[k % len(SERIES_COLORS)], 7 if k % 2 == 0 else -14
             xs, ys = zip(*points, strict=True)
-            ax.plot(xs, ys, color="tab:blue", marker="o", markersize=5, linewidth=1.8,
-                    label=series_label)  # fmt: skip
+            ax.plot(xs, ys, color=color, marker="o", markersize=5, linewidth=1.8, label=label)
             for x, y in points:
-                ax.annotate(f"{y:.1f}", (x, y), textcoords="offset points", xytext=(0, 7),
-                            ha="center", fontsize=8, color="tab:blue", bbox=LABEL_BOX)  # fmt: skip
+                ax.annotate(f"{y:.1f}", (x, y), textcoords="offset points", xytext=(0, offset),
+                            ha="center", fontsize=8, color=color, bbox=LABEL_BOX)  # fmt: skip
+            if panel in start:  # what pretraining added between the twin and the first point
+                ax.plot([0.0, points[0][0]], [start[panel], points[0][1]], color=color,
+                        linestyle=":", linewidth=1.2)  # fmt: skip
         if panel in start:
             y0 = start[panel]
-            if points:  # what pretraining added between the twin and the first point
-                ax.plot([0.0, points[0][0]], [y0, points[0][1]], color="tab:blue",
-                        linestyle=":", linewidth=1.2)  # fmt: skip
             ax.plot([0.0], [y0], color="tab:red", marker="s", markersize=7, linestyle="none",
                     label=start_label)  # fmt: skip
             ax.annotate(f"{y0:.1f}", (0.0, y0), textcoords="offset points", xytext=(0, -13),

@@ -143,8 +143,9 @@ class BenchmarkConfig:
     outputs (one per point, e.g. one per snapshot of a run): the GLUE-5 average, STS-B and SST-2
     against pretraining minutes (each scored model's: ``RUN/snapshots/model-15m`` is 15, a final
     ``RUN/model`` its run's --train.max_time), the random twin (of the first benchmark run with
-    --baseline) at minute 0, Google's BERT-Tiny and BERT-Mini as lines. Writes curve.png,
-    curve.md and curve.json to --output (docs/benchmark.md)."""
+    --baseline) at minute 0, Google's BERT-Tiny and BERT-Mini as lines; the models of several
+    runs (two recipes' snapshots) one line per run. Writes curve.png, curve.md and curve.json to
+    --output (docs/benchmark.md)."""
     curve_minutes: list[float] | None = None
     """With --curve: the pretraining minutes of each benchmark, in the same order (default: read
     from each scored model's run)."""

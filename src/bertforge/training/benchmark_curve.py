@@ -6,6 +6,7 @@ pretraining it had: a time snapshot ``RUN/snapshots/model-15m`` (``--train.snaps
 run's final ``RUN/model`` its ``train.max_time`` (``RUN/pretrain_config.yaml``); ``--curve_minutes``
 gives them instead. The random twin of any of them (``--baseline``) stands at minute 0, and Google's
 BERT-Tiny and BERT-Mini (their published GLUE *test* numbers; ours are dev) as horizontal lines.
+Models of several pretraining runs (two recipes' snapshots, say) are one line per run.
 
 The scores are the benchmark table's own (:func:`~bertforge.evaluation.benchmark_report.table_rows`:
 a task's score the mean of its metrics, the GLUE-5 average the mean of the five), drawn in one
@@ -56,6 +57,8 @@ class CurvePoint:
     """The model directory the benchmark scored."""
     scores: dict[str, float | None]
     """Per panel (:data:`PANELS`), the score as a fraction; None where a task is missing."""
+    run: str = ""
+    """The pretraining run the model comes from (:func:`run_of`): one line of the curve each."""
 
 
 def read_results(directory: str) -> dict[str, Any]:
@@ -74,6 +77,15 @@ def read_results(directory: str) -> dict[str, Any]:
             "reads --suite glue benchmarks"
         )
     return result
+
+
+def run_of(model: str) -> str:
+    """The pretraining run a model comes from: ``RUN`` for ``RUN/model`` and
+    ``RUN/snapshots/model-<time>``; any other model is a run of its own."""
+    path = Path(model)
+    if snapshot_seconds(path) is not None:
+        return str(path.parent.parent)
+    return str(path.parent) if path.name == RUN_MODEL_DIR else str(path)
 
 
 def pretraining_minutes(model: str) -> float:
@@ -117,22 +129,23 @@ def curve_points(
     """The curve of ``results`` (``(directory, results.json)`` pairs): one point per benchmark,
     at ``minutes`` (or each model's :func:`pretraining_minutes`), earliest first; the random twin
     of the first that has one, at minute 0; and the published :data:`REFERENCES`' scores (each
-    by :func:`panel_scores`). Two benchmarks at the same minute are an error."""
+    by :func:`panel_scores`). Models of several runs are several lines (:func:`series`); two
+    benchmarks at the same minute of one run are an error."""
     points: list[CurvePoint] = []
     twin: CurvePoint | None = None
     references: dict[str, dict[str, float | None]] = {}
     for i, (directory, result) in enumerate(results):
         rows = {r["column"]: r for r in table_rows("glue", result["name"], result["tasks"])}
         at = minutes[i] if minutes is not None else pretraining_minutes(result["model"])
-        clash = next((p for p in points if p.minutes == at), None)
+        run = run_of(result["model"])
+        clash = next((p for p in points if p.minutes == at and p.run == run), None)
         if clash is not None:
             raise BertforgeError(
-                f"--curve {clash.results} and {directory} both score a model of {at:g} minutes; "
-                "give one benchmark per point (or set --curve_minutes)"
+                f"--curve {clash.results} and {directory} both score a model of {at:g} minutes "
+                f"of one run ({run}); give one benchmark per point (or set --curve_minutes)"
             )
-        points.append(
-            CurvePoint(at, result["name"], directory, result["model"], panel_scores(rows["model"]))
-        )
+        scores = panel_scores(rows["model"])
+        points.append(CurvePoint(at, result["name"], directory, result["model"], scores, run))
         if twin is None and "random_init" in rows:
             twin = CurvePoint(
                 0.0, TWIN, directory, result["model"], panel_scores(rows["random_init"])
@@ -140,7 +153,21 @@ def curve_points(
         for name in REFERENCES:
             if name in rows and name not in references:
                 references[name] = panel_scores(rows[name])
-    return sorted(points, key=lambda p: p.minutes), twin, references
+    order = list(dict.fromkeys(p.run for p in points))  # the runs in the order given
+    return sorted(points, key=lambda p: (order.index(p.run), p.minutes)), twin, references
+
+
+def series(points: list[CurvePoint]) -> dict[str, list[CurvePoint]]:
+    """The points by run (the curve's lines), each run named by its first snapshot's name
+    without the time (:func:`run_name`), else by its model's name."""
+    runs: dict[str, list[CurvePoint]] = {}
+    for p in points:
+        runs.setdefault(p.run, []).append(p)
+    named = {}
+    for pts in runs.values():
+        snapshots = [p for p in pts if snapshot_seconds(p.model) is not None]
+        named[run_name((snapshots or pts)[0]).rstrip(" ,;:")] = pts
+    return named
 
 
 def run_name(point: CurvePoint) -> str:
@@ -195,14 +222,21 @@ def write_curve(
         if references
         else ""
     )
-    names = [name] if name else list(dict.fromkeys(run_name(p) for p in points))
+    lines = series(points)
+    names = [name] if name else list(lines)
     title = f"What pretraining time buys on GLUE: {', '.join(names)}" + (
         " (--smoke: the numbers mean nothing)" if smoke else ""
     )
-    panels: dict[str, list[tuple[float, float]]] = {k: [] for k in PANELS}
-    for p in points:
-        for k, v in in_points(p.scores).items():
-            panels[k].append((p.minutes, v))
+    panels: dict[str, dict[str, list[tuple[float, float]]]] = {k: {} for k in PANELS}
+    for label, run_points in lines.items():
+        legend = (
+            "ours after N minutes of pretraining (dev)"
+            if len(lines) == 1
+            else f"{label}: after N minutes (dev)"
+        )
+        for p in run_points:
+            for k, v in in_points(p.scores).items():
+                panels[k].setdefault(legend, []).append((p.minutes, v))
     plot_score_curves(
         panels,
         out / CURVE_PNG,
@@ -215,7 +249,6 @@ def write_curve(
         subtitle=caveat,
         xlabel="pretraining minutes (budget clock)",
         ylabel="score (GLUE points)",
-        series_label="ours after N minutes of pretraining (dev)",
         start_label="random twin: not pretrained, minute 0 (dev)",
     )
     table = curve_table(points, twin, references)
@@ -260,5 +293,7 @@ __all__ = [
     "curve_table",
     "pretraining_minutes",
     "read_results",
+    "run_of",
+    "series",
     "write_curve",
 ]
