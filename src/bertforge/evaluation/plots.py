@@ -303,7 +303,7 @@ def plot_score_curves(
 ) -> Path:
     """Small panels side by side, one per entry of ``panels`` (``{panel: {series: [(x, y),
     ...]}}``): each series a line of its own colour (:data:`SERIES_COLORS`, labelled by its key)
-    with each value written beside it (the first series' above its points, the next below);
+    with each value written beside it (above the highest point at each x, below the others);
     ``start`` (``{panel: y}``, at x = 0) marked apart (``start_label``) and joined to each line
     by a dotted segment; each of ``references`` (``{label: {panel: y}}``) a horizontal line
     across the panel, its value at the right end. One legend under the panels, so it covers no
@@ -315,14 +315,19 @@ def plot_score_curves(
         {x for series in panels.values() for pts in series.values() for x, _ in pts} | {0.0}
     )
     for ax, (panel, series) in zip(axes[0], panels.items(), strict=True):
+        top: dict[float, float] = {}  # at each x, the highest point: its value goes above it
+        for points in series.values():
+            for x, y in points:
+                top[x] = max(top.get(x, y), y)
         for k, (label, points) in enumerate(series.items()):
             points = sorted(points)
             if not points:
                 continue
-            color, offset = SERIES_COLORS[k % len(SERIES_COLORS)], 7 if k % 2 == 0 else -14
+            color = SERIES_COLORS[k % len(SERIES_COLORS)]
             xs, ys = zip(*points, strict=True)
             ax.plot(xs, ys, color=color, marker="o", markersize=5, linewidth=1.8, label=label)
-            for x, y in points:
+            for x, y in points:  # the others' values below their points, clear of the top's
+                offset = 7 if y >= top[x] else -14
                 ax.annotate(f"{y:.1f}", (x, y), textcoords="offset points", xytext=(0, offset),
                             ha="center", fontsize=8, color=color, bbox=LABEL_BOX)  # fmt: skip
             if panel in start:  # what pretraining added between the twin and the first point
