@@ -443,11 +443,9 @@ def test_health_is_503_until_the_models_are_loaded_and_warmed(models, tmp_path):
         assert process.wait(timeout=30) == 0
 
 
-def test_sigterm_during_the_warm_up_stops_it_and_exits_0(models, tmp_path):
-    """SIGTERM while the models warm up (``docker stop`` of a server still starting): the
-    warm-up ends after the pass in progress instead of running the rest (it once ran on for
-    up to the batcher's 30 s join and then aborted, status 134, with a worker still inside
-    torch), the log says so, and the process exits 0 without ever saying ready."""
+def _sigterm_at(stage: str, models: dict[str, Path], tmp_path: Path) -> tuple[int, str]:
+    """Start a server held at pause point ``stage`` (``bertforge.io.pause_point``), send it
+    SIGTERM there, release it; its exit status and log."""
     marker = tmp_path / "paused"
     port = free_port()
     argv = [sys.executable, "-m", "bertforge.cli", "serve", "--port", str(port)]
@@ -456,7 +454,7 @@ def test_sigterm_during_the_warm_up_stops_it_and_exits_0(models, tmp_path):
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT / "src"),
-        "BERTFORGE_TEST_PAUSE": f"serve-warm-pass:2:{marker}",  # held after its 2nd pass
+        "BERTFORGE_TEST_PAUSE": f"{stage}:{marker}",
     }
     log = tmp_path / "server.log"
     with open(log, "wb") as sink:
@@ -468,18 +466,36 @@ def test_sigterm_during_the_warm_up_stops_it_and_exits_0(models, tmp_path):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         process.send_signal(signal.SIGTERM)
-        time.sleep(1.0)  # the handler runs on the main thread; the warm-up is still held
+        time.sleep(1.0)  # the handler runs on the main thread; the server is still held
         marker.unlink()
         code = process.wait(timeout=30)
     finally:
         if process.poll() is None:
             process.kill()
-    text = log.read_text()
+    return code, log.read_text()
+
+
+def test_sigterm_during_the_warm_up_stops_it_and_exits_0(models, tmp_path):
+    """SIGTERM while the models warm up (``docker stop`` of a server still starting): the
+    warm-up ends after the pass in progress instead of running the rest (it once ran on for
+    up to the batcher's 30 s join and then aborted, status 134, with a worker still inside
+    torch), the log says so, and the process exits 0 without ever saying ready."""
+    code, text = _sigterm_at("serve-warm-pass:2", models, tmp_path)  # after its 2nd pass
     assert code == 0, text[-2000:]
     said = re.search(r"stopped during the warm-up \((\d+) of (\d+) passes done", text)
     assert said, text[-2000:]
     assert int(said[1]) == 2 < int(said[2])  # the rest never ran
     assert "warmed 1 model in" not in text
+
+
+def test_sigterm_while_the_models_load_waits_for_them_and_exits_0(models, tmp_path):
+    """SIGTERM before the models are loaded: the server waits for the loading thread (exiting
+    under a thread inside torch aborted the process, status 134), starts no warm-up, and exits
+    0 saying why it never served."""
+    code, text = _sigterm_at("serve-loaded:1", models, tmp_path)
+    assert code == 0, text[-2000:]
+    assert "stopped while loading the models: not serving" in text, text[-2000:]
+    assert "warming up" not in text
 
 
 def test_a_model_that_fails_to_load_is_one_line_and_exit_2(models, tmp_path):

@@ -75,8 +75,8 @@ def pause_point(stage: str) -> None:
     there. Stages: ``weights`` (weights written, rest of the model not yet), ``manifest`` (all
     files written, manifest not yet), ``swap`` (a directory complete, not yet renamed into place),
     ``rotate`` (a checkpoint in place, older ones not yet deleted), ``serve-ready`` (``bertforge
-    serve``'s models loaded and warmed, /health not yet 200), ``serve-warm-pass`` (a pass of
-    its warm-up done)."""
+    serve``'s models loaded and warmed, /health not yet 200), ``serve-loaded`` (its models
+    loaded, not yet warmed), ``serve-warm-pass`` (a pass of its warm-up done)."""
     spec = os.environ.get(PAUSE_ENV)
     if not spec:
         return

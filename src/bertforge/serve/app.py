@@ -47,6 +47,9 @@ def create_app(
         finally:
             server.draining = True
             server.stop()
+            # a model still loading is inside torch: exiting under it aborts the process
+            # (status 134); once loaded, the stop above makes the thread return at once
+            loading.join()
 
     app = FastAPI(
         title="bertforge serve",

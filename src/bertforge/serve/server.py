@@ -69,12 +69,18 @@ class Server:
             models = load()
             if not models:
                 raise BertforgeError("bertforge serve: give at least one --model DIR")
+            pause_point("serve-loaded")  # lets a test stop the server as the models load
+            if self.stopping():  # a signal came while the models loaded: no warm-up
+                print("stopped while loading the models: not serving", file=sys.stderr, flush=True)
+                return
             if not self.warm(models):  # a signal stopped the server during its warm-up
                 return
             pause_point("serve-ready")  # lets a test see /health while loading
             self.models, self.default = models, next(iter(models))
             self.ready = True
         except BaseException as err:  # noqa: BLE001 - reported; the command then exits
+            if self.stopping() and not isinstance(err, BertforgeError):
+                return  # the stop closed what the warm-up ran on: a stop, not a failure
             self.load_error = err
             if on_failure is not None:
                 on_failure(err)
