@@ -402,25 +402,39 @@ def test_shutdown_timeout_bounds_the_drain(models, tmp_path):
     assert cut["error_type"] == "shutting-down" and "--shutdown_timeout=1 s" in cut["error"]
 
 
-def test_health_is_503_until_the_models_are_loaded_and_warmed(models, tmp_path):
+def _held_server(
+    stage: str, models: dict[str, Path], tmp_path: Path, *options: str
+) -> tuple[subprocess.Popen, int, Path, Path]:
+    """A ``bertforge serve`` of the tiny classifier started and waited for until it holds at
+    pause point ``stage`` (``bertforge.io.pause_point``, e.g. ``serve-ready:1``): the process,
+    its port, its log and the marker to delete to let it go on."""
     marker = tmp_path / "paused"
     port = free_port()
     argv = [sys.executable, "-m", "bertforge.cli", "serve", "--port", str(port)]
     argv += ["--model", f"clf={models['clf']}", "--precision", "fp32", "--device", "cpu"]
+    argv += list(options)
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT / "src"),
-        "BERTFORGE_TEST_PAUSE": f"serve-ready:1:{marker}",
+        "BERTFORGE_TEST_PAUSE": f"{stage}:{marker}",
     }
     log = tmp_path / "server.log"
     with open(log, "wb") as sink:
         process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(log.read_text())
+        time.sleep(0.05)
+    return process, port, log, marker
+
+
+def test_health_is_503_until_the_models_are_loaded_and_warmed(models, tmp_path):
+    # loaded and warmed, held before it says ready
+    process, port, _, marker = _held_server("serve-ready:1", models, tmp_path)
     try:
         deadline = time.monotonic() + 120
-        while not marker.exists():  # loaded and warmed, held before it says ready
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
         status, health = request(port, "GET", "/health")
         assert status == 503 and health["status"] == "loading"
         warm_up = health["warm_up"]  # warmed, not yet ready: its progress is complete
@@ -444,27 +458,10 @@ def test_health_is_503_until_the_models_are_loaded_and_warmed(models, tmp_path):
 
 
 def _sigterm_at(stage: str, models: dict[str, Path], tmp_path: Path) -> tuple[int, str]:
-    """Start a server held at pause point ``stage`` (``bertforge.io.pause_point``), send it
-    SIGTERM there, release it; its exit status and log."""
-    marker = tmp_path / "paused"
-    port = free_port()
-    argv = [sys.executable, "-m", "bertforge.cli", "serve", "--port", str(port)]
-    argv += ["--model", f"clf={models['clf']}", "--precision", "fp32", "--device", "cpu"]
-    argv += ["--num_threads", "1"]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT / "src"),
-        "BERTFORGE_TEST_PAUSE": f"{stage}:{marker}",
-    }
-    log = tmp_path / "server.log"
-    with open(log, "wb") as sink:
-        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env)
+    """A server held at pause point ``stage``, sent SIGTERM there and let go: its exit status
+    and log."""
+    process, _, log, marker = _held_server(stage, models, tmp_path, "--num_threads", "1")
     try:
-        deadline = time.monotonic() + 120
-        while not marker.exists():
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
         process.send_signal(signal.SIGTERM)
         time.sleep(1.0)  # the handler runs on the main thread; the server is still held
         marker.unlink()
