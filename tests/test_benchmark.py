@@ -521,6 +521,16 @@ def test_the_curve_draws_glue_scores_against_pretraining_minutes(tmp_path, capsy
     assert md.startswith("# What pretraining time buys on GLUE: pt, pt2\n")
     png = (out / "curve.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    # two runs both named "run" by default (the recipes' RUN/run layout): still two lines
+    same = [
+        write_results(tmp_path / f"bench-{r}", glue_result("run at 15m", snap, early))
+        for r, snap in [("r1", tmp_path / "a" / "run"), ("r2", tmp_path / "b" / "run")]
+        for snap in [snap / "snapshots" / "model-15m"]
+    ]
+    out = tmp_path / "c4"
+    assert cli.main(["benchmark", "--curve", *same, "--output", str(out)]) == 0
+    title = (out / "curve.md").read_text().splitlines()[0]
+    assert title == f"# What pretraining time buys on GLUE: run, run ({tmp_path / 'b' / 'run'})"
     a2 = write_results(tmp_path / "bench-15m-again", glue_result("pt at 15m", snapshot, final))
     capsys.readouterr()
 

@@ -159,14 +159,16 @@ def curve_points(
 
 def series(points: list[CurvePoint]) -> dict[str, list[CurvePoint]]:
     """The points by run (the curve's lines), each run named by its first snapshot's name
-    without the time (:func:`run_name`), else by its model's name."""
+    without the time (:func:`run_name`), else by its model's name; a name two runs share
+    (benchmarks named by default after runs that are both ``.../run``) gets the run's path."""
     runs: dict[str, list[CurvePoint]] = {}
     for p in points:
         runs.setdefault(p.run, []).append(p)
-    named = {}
-    for pts in runs.values():
+    named: dict[str, list[CurvePoint]] = {}
+    for run, pts in runs.items():
         snapshots = [p for p in pts if snapshot_seconds(p.model) is not None]
-        named[run_name((snapshots or pts)[0]).rstrip(" ,;:")] = pts
+        name = run_name((snapshots or pts)[0]).rstrip(" ,;:")
+        named[f"{name} ({run})" if name in named else name] = pts
     return named
 
 
