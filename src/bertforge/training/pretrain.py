@@ -186,7 +186,9 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
     lagged = reads_late(run)
     pending: Pending | None = None  # (lagged) a step applied on the device, its numbers unread
     mark = time.perf_counter(), compile_seconds() if run.compiled else 0.0
+    profiler = StepProfiler(tc.profile if run.info.is_main else 0, run.out, run.device)
 
+    @profiler.phased("host")
     def complete(done: Pending) -> bool:
         """The host's part of a step: read its numbers, the guard, the log, evaluation, saving;
         True when the run stops after it."""
@@ -238,8 +240,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
         return stop_everywhere
 
     take_snapshots(run, state, bar.write)  # a time the charged start-up work passed already
-    traced = tc.profile if run.info.is_main else 0
-    with GracefulStop() as stop, StepProfiler(traced, run.out, run.device) as profiler:
+    with GracefulStop() as stop, profiler:
         source = data_steps(run.data.loader, run.data.micro)
         if run.device.type == "cuda":  # collate the next step while the GPU runs this one
             rate = static_rate(run)
@@ -257,8 +258,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
             with profiler.phase("launch"):
                 launched = launch_step(run, drawn.batches, stop.requested)
             if pending is not None:  # the step before, read now that this one is queued
-                with profiler.phase("host"):
-                    ends = complete(pending)
+                ends = complete(pending)
                 pending = None
                 if ends or run.done(state):  # this step is not taken: undo what it drew
                     run.optimizer.zero_grad(set_to_none=True)
@@ -267,9 +267,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
                     break
             current = Pending(launched, drawn, lr, t0)
             if not lagged:
-                with profiler.phase("host"):
-                    ends = complete(current)
-                if ends:
+                if complete(current):
                     stopped = stop.signal_name or "signal"
                     break
                 continue
@@ -277,9 +275,7 @@ def pretrain(cfg: PretrainConfig) -> dict[str, Any]:
                 apply_on_device(run.optimizer, launched)
             state.step += 1
             if acts_after(state.step, tc):  # a log, evaluation, save or the end: read it now
-                with profiler.phase("host"):
-                    ends = complete(current)
-                if ends:
+                if complete(current):
                     stopped = stop.signal_name or "signal"
                     break
             else:

@@ -17,16 +17,19 @@ Off (``N = 0``, the default), it costs nothing: :meth:`StepProfiler.phase` is a 
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from bertforge.io import atomic_write_text
+
+T = TypeVar("T")
 
 SKIP_STEPS = 5
 """Loop iterations left out before the traced ones: the first compiles (on CUDA by default) and
@@ -177,6 +180,19 @@ class StepProfiler:
         if self._prof is None:
             return contextlib.nullcontext()
         return torch.profiler.record_function(f"bertforge: {name}")
+
+    def phased(self, name: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
+        """A decorator: each call of the function inside :meth:`phase` ``name``."""
+
+        def wrap(fn: Callable[..., T]) -> Callable[..., T]:
+            @functools.wraps(fn)
+            def phased_call(*args: Any, **kwargs: Any) -> T:
+                with self.phase(name):
+                    return fn(*args, **kwargs)
+
+            return phased_call
+
+        return wrap
 
     def step(self) -> None:
         """One loop iteration ended."""
