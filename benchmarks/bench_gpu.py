@@ -31,6 +31,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import get_args
 
 import torch
 from _common import ROOT, hf_adamw, hf_twin, log, markdown_table
@@ -40,6 +41,7 @@ from bertforge.data.loader import masked_rows
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
 from bertforge.progress import read_metrics
+from bertforge.training.config import CompileMode
 from bertforge.training.optim import build_optimizer
 from bertforge.training.profiling import SKIP_STEPS
 
@@ -493,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--compile_mode",
         default="default",
-        choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+        choices=get_args(CompileMode),
         help="torch.compile's mode for ours compiled and the compiled CLI run "
         "(--train.compile_mode)",
     )
