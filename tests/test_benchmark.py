@@ -554,3 +554,22 @@ def test_the_curve_draws_glue_scores_against_pretraining_minutes(tmp_path, capsy
         assert cli.main(options) == 2, options
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and "\n" not in err and message in err, (options, err)
+
+
+def test_the_charts_legend_leaves_the_task_labels_readable():
+    from bertforge.evaluation.benchmark_report import category_label
+    from bertforge.evaluation.plots import grouped_bars_figure
+
+    # GLUE's chart: seven rows, and labels of three lines ("STS-B\n(mean of\nPearson, Spearman)")
+    categories = [category_label(s.name, s.metrics) for s in B.GLUE] + ["average"]
+    rows = ["ours", "random twin", "constant baseline"] + [f"BERT-{s} (test)*" for s in "ABCD"]
+    bars = {row: {c: 50.0 + i for c in categories} for i, row in enumerate(rows)}
+    fig = grouped_bars_figure(bars, categories, title="t", hatched=tuple(rows[3:]))
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legend = fig.legends[0].get_window_extent(renderer)
+    labels = [t.get_window_extent(renderer) for t in fig.axes[0].get_xticklabels()]
+    assert len(labels) == 6 and all(t.height > 0 for t in labels)
+    covered = [t.get_text() for t, box in zip(fig.axes[0].get_xticklabels(), labels, strict=True)
+               if box.overlaps(legend)]  # fmt: skip
+    assert covered == [] and legend.y1 < min(box.y0 for box in labels)

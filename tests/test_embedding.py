@@ -284,6 +284,9 @@ QUICK = dict(max_length=24, num_threads=1, progress=False, precision="fp32", dro
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> dict:
+    import contextlib
+    import io
+
     root = tmp_path_factory.mktemp("embedding")
     start = TaskFiles.tiny_start_model(root)
     TaskFiles.write_rows(root / "train.jsonl", topic_pairs(160, 0), "jsonl")
@@ -304,8 +307,11 @@ def trained(tmp_path_factory) -> dict:
         matryoshka_dims=[32, 16],
         **QUICK,
     )
-    result = finetune(cfg)
-    return {"start": start, "out": root / "out", "result": result, "root": root}
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        result = finetune(cfg)
+    return {"start": start, "out": root / "out", "result": result, "root": root,
+            "said": said.getvalue()}  # fmt: skip
 
 
 def test_finetune_embedding_beats_its_start_and_the_baselines(trained):
@@ -317,6 +323,15 @@ def test_finetune_embedding_beats_its_start_and_the_baselines(trained):
     before = score_vectors(val, model_vectors(start, tok, pooling="mean"))["mrr@10"]
     after = result["validation"]["mrr@10"]
     assert after > before + 0.05 and after > result["baseline"]["mrr@10"] + 0.05
+    # the start model scored during the run at its settings: step 0 of the curve, and reported
+    val = load_pairs(trained["root"] / "val.csv", text_column="q", text_pair_column="d",
+                     negative_column="neg")  # fmt: skip
+    start_score = score_vectors(val, model_vectors(start, tok, pooling="mean", max_length=24))
+    assert result["start"] == pytest.approx(start_score, abs=1e-6)
+    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert (first["step"], first["split"], first["mrr@10"]) == (0, "val", result["start"]["mrr@10"])
+    said = f"the start model ({trained['start']}, step 0, at the same 24 tokens): mrr@10"
+    assert said in trained["said"]
     assert result["baseline"]["constant"]["mrr@10"] == 0.0
     modules = json.loads((out / "modules.json").read_text())
     assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["Transformer", "Pooling"]
@@ -412,6 +427,20 @@ def test_evaluate_scores_an_embedding_model_on_sts_and_retrieval(trained, tmp_pa
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["task"] == "retrieval"  # the columns recorded by finetune: q and d
     assert result["mrr@10"] == pytest.approx(trained["result"]["validation"]["mrr@10"], abs=1e-6)
+    # the length it used, and that its start model (64 positions, no declared length) would be
+    # scored at another by default: the two scores are not like for like
+    out = capsys.readouterr().out
+    assert "max length 24 tokens (the --max_length it was fine-tuned with)" in out
+    assert f"note: not like for like with its start model: {trained['start']} scores at 64 " in out
+    assert "score the start with --max_length 24 to compare" in out
+    assert (result["max_length"], result["max_length_from"]) == (24, "the --max_length it was "
+                                                                 "fine-tuned with")  # fmt: skip
+    # at the start model's own length, the two compare alike
+    code = TaskFiles.evaluate_cli(trained["out"], root / "val.csv", tmp_path / "r64.json",
+                                  "--max_length", "64")  # fmt: skip
+    assert code == 0 and "max length 64 tokens (--max_length)" in capsys.readouterr().out
+    at_64 = json.loads((tmp_path / "r64.json").read_text())
+    assert "not_like_for_like" not in at_64 and at_64["max_length"] == 64
     assert result["baselines"]["constant"]["mrr@10"] == 0.0
     rows = [
         {"a": r["q"], "b": r["d"], "score": float(i % 5)} for i, r in enumerate(topic_pairs(20, 4))

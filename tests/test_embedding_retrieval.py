@@ -185,6 +185,8 @@ def test_evaluate_scores_beir_files_as_the_metrics_do_on_the_models_vectors(
     assert result["task"] == "retrieval"
     assert (result["queries"], result["documents"], result["skipped_queries"]) == (4, 6, 2)
     assert "4 queries over 6 documents (2 queries without a relevant document skipped" in out
+    assert "max length 64 tokens (its max_position_embeddings)" in out  # the length it used
+    assert "like for like" not in out  # no start model to compare with
     assert "constant" in out and "random" in out and "ndcg@10" in out
 
     data = load_beir(queries, corpus, qrels)

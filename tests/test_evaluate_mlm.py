@@ -216,3 +216,27 @@ def test_the_evaluation_panel_says_score_not_accuracy_for_f1(tmp_path, monkeypat
         plots.plot_training_curves(tmp_path / name, tmp_path / name / "curves.png")
         expected = "score" if name == "qa" else "accuracy"
         assert drawn["evaluation"].get_ylabel() == expected, name
+
+
+def test_an_embedding_runs_evaluation_panel_draws_its_retrieval_scores_from_step_0(
+    tmp_path, monkeypatch
+):
+    drawn = {}
+    real_save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, output: drawn.update(
+        {ax.get_title(): ax for ax in fig.axes}) or real_save(fig, output))  # fmt: skip
+    logger = MetricsLogger(tmp_path)
+    scores = {"mrr@10": 0.4, "ndcg@10": 0.5, "recall@1": 0.3, "recall@10": 0.9, "recall@100": 1.0}
+    logger.log(0, "val", **{k: v / 2 for k, v in scores.items()})  # the start model
+    for step in (1, 2):
+        logger.log(step, "train", loss=2.0 / step, lr=1e-4)
+    logger.log(2, "val", **scores)
+    logger.close()
+    plots.plot_training_curves(tmp_path, tmp_path / "curves.png")
+    panel = drawn["evaluation"]
+    lines = {line.get_label(): line for line in panel.lines}
+    assert list(lines) == ["val mrr@10", "val ndcg@10", "val recall@1", "val recall@10"]
+    assert list(lines["val mrr@10"].get_xdata()) == [0, 2]
+    assert list(lines["val mrr@10"].get_ydata()) == [0.2, 0.4]
+    assert panel.get_ylabel() == "retrieval score"
+    assert panel.get_xlabel() == "step (0: before training)"

@@ -176,11 +176,22 @@ def test_label_map_round_trip():
         labels_to_ids(["7"], again.label2id, "new.csv")
 
 
-def test_regression_learns_scores_in_their_own_units(work):
+def test_regression_learns_scores_in_their_own_units(work, monkeypatch):
+    from bertforge.evaluation import plots
+
+    titles, save = [], plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, output: titles.append(
+        (Path(output).name, fig.get_suptitle() or fig.axes[0].get_title())) or save(fig, output))  # fmt: skip
     out = work["root"] / "scores"
     options = ["--text_column", "review", "--label_column", "score", "--task", "regression"]
     argv = finetune_argv(work, out, *options, "--epochs", "5", "--eval_every", "40", train="scores")
     assert cli.main(argv) == 0
+    # the task and the run's folder with its parent (a benchmark's STS-B/seed-0, not seed-0)
+    run = f"{work['root'].name}/scores"
+    assert titles == [
+        ("predicted_vs_true.png", f"regression: validation ({run})"),
+        ("curves.png", f"bertforge finetune: {run}"),
+    ]
     results = json.loads((out / "eval_results.json").read_text())
     assert results["metric"] == "spearman"
     assert results["validation"]["spearman"] >= 0.8

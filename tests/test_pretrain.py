@@ -99,10 +99,18 @@ def weights(model_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(model_dir / "model.safetensors"))
 
 
-def test_loss_goes_down_and_the_model_loads_in_transformers(pretraining_corpus, tmp_path):
+def test_loss_goes_down_and_the_model_loads_in_transformers(
+    pretraining_corpus, tmp_path, monkeypatch
+):
+    from bertforge.evaluation import plots
+
+    titles, save = [], plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, output: titles.append(fig.get_suptitle())
+                        or save(fig, output))  # fmt: skip
     result = pretrain(
         tiny_cfg(pretraining_corpus["nsp"], tmp_path / "run", max_steps=60, eval_every=30)
     )
+    assert titles == [f"bertforge pretrain: {tmp_path.name}/run"]  # not "run" alone
     before, after = result["initial"]["val"], result["final"]["val"]
     # 60 steps of a 32-wide model: it learns the token statistics (ln 400 = 6.0 -> ~5.5 nats)
     assert after["loss"] < before["loss"] - 0.4, (before, after)

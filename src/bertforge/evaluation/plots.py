@@ -19,6 +19,14 @@ def _pyplot() -> Any:
     return plt
 
 
+def run_title(output: str | Path) -> str:
+    """A run's name in a plot's title: its folder with the one above it (``runs/my/run`` is
+    ``my/run``, a benchmark's ``.../STS-B/seed-0`` is ``STS-B/seed-0``), since the last part
+    alone is often a generic name (``run``, ``seed-0``) that says nothing."""
+    path = Path(output).resolve()
+    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+
+
 def _series(records: list[dict], split: str, key: str) -> tuple[list[int], list[float]]:
     points = [
         (r["step"], r[key])
@@ -50,6 +58,22 @@ POOLER_LOSSES = (
 """Losses on the pooler drawn beside NSP's: (metrics key, label, colour)."""
 
 
+RETRIEVAL_KEYS = ("mrr@10", "ndcg@10", "recall@1", "recall@10")
+"""The retrieval scores an embedding run logs that the evaluation panel draws (recall@100 is
+left out: on a validation set of a few hundred documents it is 1 from the start)."""
+
+
+def score_axis(keys: list[str]) -> str:
+    """The evaluation panel's axis label for the scores ``keys``: ``accuracy`` when every one is
+    an accuracy, ``retrieval score`` for an embedding run's MRR/nDCG/recall, else ``score`` (F1,
+    Spearman)."""
+    if keys and all(k.endswith("accuracy") for k in keys):
+        return "accuracy"
+    if any(k in RETRIEVAL_KEYS for k in keys):
+        return "retrieval score"
+    return "score"
+
+
 def plot_training_curves(metrics: str | Path, output: str | Path, title: str | None = None) -> Path:
     """Draw loss (train and every evaluated split), the evaluated accuracies and the learning
     rate against the optimizer step, and the NSP loss (or an rtd run's discriminator loss; with
@@ -59,7 +83,9 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
 
     Works for any ``metrics.jsonl`` written by :class:`bertforge.progress.MetricsLogger`: train
     records carry ``loss`` and ``lr``; evaluation records (any other ``split``) carry ``loss`` and
-    optionally ``accuracy``/``top5_accuracy``/``nsp_accuracy``/``contrastive_accuracy``.
+    optionally ``accuracy``/``top5_accuracy``/``nsp_accuracy``/``contrastive_accuracy``, a
+    fine-tuned model's ``f1``/``spearman``, an embedding run's ``mrr@10``/``ndcg@10``/``recall@k``
+    (its step 0: the start model) or ``spearman``/``pearson``.
     """
     plt = _pyplot()
 
@@ -75,6 +101,8 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
             "contrastive_accuracy",
             "f1",
             "spearman",
+            *RETRIEVAL_KEYS,
+            "pearson",
         )
         if any(isinstance(r.get(k), int | float) for r in records if r.get("split") != "train")
     ]
@@ -154,13 +182,15 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
         ax_nsp.set(xlabel="step", ylabel="loss", title=aux_title)
         ax_nsp.legend(fontsize=8)
 
+    before = False  # a score at step 0: the model before training (an embedding run's start)
     for split in splits:
         for key in acc_keys:
             s, v = _series(records, split, key)
             if s:
                 ax_acc.plot(s, v, label=f"{split} {key}", **eval_style(len(s)))
-    accuracies = all(k.endswith("accuracy") for k in acc_keys)  # F1, Spearman: scores
-    ax_acc.set(xlabel="step", ylabel="accuracy" if accuracies else "score", title="evaluation")
+                before = before or s[0] == 0
+    xlabel = "step (0: before training)" if before else "step"
+    ax_acc.set(xlabel=xlabel, ylabel=score_axis(acc_keys), title="evaluation")
     if ax_acc.lines:
         ax_acc.legend(fontsize=8)
 
@@ -245,6 +275,37 @@ def bar_value(value: float) -> str:
     return f"{value:.1f}" if abs(value) < 10 else f"{value:.0f}"
 
 
+def grouped_bars_figure(
+    groups: dict[str, dict[str, float]],
+    categories: list[str],
+    title: str | None = None,
+    ylabel: str = "",
+    hatched: tuple[str, ...] = (),
+) -> Any:
+    """The figure of :func:`plot_grouped_bars` (drawn, not saved): its legend sits below the
+    category labels, however many lines they take."""
+    plt = _pyplot()
+
+    n = max(1, len(groups))
+    width = 0.8 / n
+    # constrained layout puts an "outside" legend under everything the axes draw, tick labels
+    # of three lines included (a fixed offset under the axes hid them behind the legend)
+    fig, ax = plt.subplots(
+        figsize=(max(6.0, 1.2 * len(categories) * (0.6 + 0.15 * n)), 4.8), layout="constrained"
+    )
+    for i, (series, values) in enumerate(groups.items()):
+        xs = [j + (i - (n - 1) / 2) * width for j, c in enumerate(categories) if c in values]
+        ys = [values[c] for c in categories if c in values]
+        style = {"hatch": "///", "alpha": 0.6} if series in hatched else {}
+        bars = ax.bar(xs, ys, width=width * 0.95, label=series, **style)
+        ax.bar_label(bars, fmt=bar_value, fontsize=6, padding=1)
+    ax.set_xticks(range(len(categories)), categories)
+    ax.set(ylabel=ylabel, title=title or "")
+    ax.axhline(0, color="black", linewidth=0.6)
+    fig.legend(fontsize=7, ncol=min(4, n), loc="outside lower center")
+    return fig
+
+
 def plot_grouped_bars(
     groups: dict[str, dict[str, float]],
     categories: list[str],
@@ -256,25 +317,8 @@ def plot_grouped_bars(
     """Grouped bars: one group per category (x axis), one bar per entry of ``groups``
     (``{series: {category: value}}``; a missing value leaves a gap), each labelled with its
     value; the series in ``hatched`` are drawn hatched (numbers of another kind, e.g.
-    published ones)."""
-    plt = _pyplot()
-
-    n = max(1, len(groups))
-    width = 0.8 / n
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(categories) * (0.6 + 0.15 * n)), 4.5))
-    for i, (series, values) in enumerate(groups.items()):
-        xs = [j + (i - (n - 1) / 2) * width for j, c in enumerate(categories) if c in values]
-        ys = [values[c] for c in categories if c in values]
-        style = {"hatch": "///", "alpha": 0.6} if series in hatched else {}
-        bars = ax.bar(xs, ys, width=width * 0.95, label=series, **style)
-        ax.bar_label(bars, fmt=bar_value, fontsize=6, padding=1)
-    ax.set_xticks(range(len(categories)), categories)
-    ax.set(ylabel=ylabel, title=title or "")
-    ax.axhline(0, color="black", linewidth=0.6)
-    below = 0.08 + 0.05 * max((c.count("\n") for c in categories), default=0)  # under the ticks
-    ax.legend(fontsize=7, ncol=min(4, n), loc="upper center", bbox_to_anchor=(0.5, -below))
-    fig.tight_layout()
-    return _save(fig, output)
+    published ones); the legend under the category labels."""
+    return _save(grouped_bars_figure(groups, categories, title, ylabel, hatched), output)
 
 
 LABEL_BOX = {"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8}
@@ -373,9 +417,11 @@ def plot_score_curves(
 
 __all__ = [
     "bar_value",
+    "grouped_bars_figure",
     "plot_confusion_matrix",
     "plot_grouped_bars",
     "plot_regression_scatter",
     "plot_score_curves",
     "plot_training_curves",
+    "run_title",
 ]

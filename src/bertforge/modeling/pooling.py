@@ -154,10 +154,21 @@ def write_pooling_declaration(
     return names + ["config_sentence_transformers.json"] + (["2_Normalize"] if normalize else [])
 
 
+def declared_max_length(model_dir: str | Path) -> int | None:
+    """The ``max_seq_length`` a sentence-transformers model declares (sentence_bert_config.json),
+    which its users embed with; None without one (the model's positions)."""
+    path = Path(model_dir) / "sentence_bert_config.json"
+    if not path.is_file():
+        return None
+    value = read_json_object(path, "restore it or pass --max_length").get("max_seq_length")
+    return int(value) if isinstance(value, int) else None
+
+
 __all__ = [
     "POOLINGS",
     "PoolingMode",
     "copy_pooling_declaration",
+    "declared_max_length",
     "declared_pooling",
     "pool",
     "pooling_declaration",

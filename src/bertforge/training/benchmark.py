@@ -46,6 +46,7 @@ from bertforge.evaluation.task_scores import class_names, evaluate_sequence_mode
 from bertforge.io import atomic_write_text, make_directory, read_json_object
 from bertforge.modeling.checkpoint import RUN_MODEL_DIR, resolve_model
 from bertforge.modeling.model import BertForSequenceClassification, BertModel
+from bertforge.modeling.pooling import declared_max_length
 from bertforge.progress import format_duration, parse_duration, plural
 from bertforge.runtime import Precision, pick_device, pick_precision
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -634,16 +635,6 @@ def embedding_benchmark(cfg: BenchmarkConfig, say: Callable[[str], None]) -> dic
     atomic_write_text(out / "results.json", json.dumps(result, indent=2) + "\n")
     print(table, end="")
     return result
-
-
-def declared_max_length(model_dir: str) -> int | None:
-    """The ``max_seq_length`` a sentence-transformers model declares (sentence_bert_config.json),
-    which its users embed with; None without one (the model's positions)."""
-    path = Path(model_dir) / "sentence_bert_config.json"
-    if not path.is_file():
-        return None
-    value = read_json_object(path, "restore it or pass --max_length").get("max_seq_length")
-    return int(value) if isinstance(value, int) else None
 
 
 def _sampled(

@@ -43,7 +43,7 @@ from bertforge.evaluation.tagging import evaluate_tagging_model, tagging_report
 from bertforge.evaluation.task_scores import baseline_warning, evaluate_sequence_model, task_report
 from bertforge.inference.loading import finetune_defaults, load_model
 from bertforge.io import atomic_write_text, read_json_object
-from bertforge.modeling.checkpoint import check_model_directory
+from bertforge.modeling.checkpoint import check_model_directory, resolve_model
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import (
     BertForMaskedLM,
@@ -53,7 +53,7 @@ from bertforge.modeling.model import (
     BertForTokenClassification,
     BertModel,
 )
-from bertforge.modeling.pooling import declared_pooling
+from bertforge.modeling.pooling import declared_max_length, declared_pooling
 from bertforge.training.finetune import RESULTS_FILE
 from bertforge.training.options import ModelOptions, TaskOptions
 
@@ -249,15 +249,60 @@ def _evaluate_embedding_model(cfg: EvaluateConfig) -> dict[str, Any]:
         encoding_errors=cfg.encoding_errors,
     )
     model, tokenizer, options = load_model(BertModel, cfg)
-    max_length = cfg.max_length or ft.get("max_length")
-    metrics = score_vectors(data, model_vectors(model, tokenizer, max_length=max_length, **options))
+    length = embedding_length(cfg.model, cfg.max_length, model.config.max_position_embeddings)
+    vectors = model_vectors(model, tokenizer, max_length=length["max_length"], **options)
+    metrics = score_vectors(data, vectors)
     base = baselines(data, model.config.hidden_size)
     table = scores_table({"model": metrics, **base})
     kind = "sts" if data.kind == "scored" else "retrieval"
     seconds = round(time.perf_counter() - start, 1)
-    print(f"{kind}: {len(data):,} pairs ({seconds}s)\n" + table, end="")
+    print(f"{kind}: {len(data):,} pairs ({seconds}s); {length_line(length)}\n" + table, end="")
     return {"model": cfg.model, "data": cfg.data, "task": kind, **metrics, "pairs": len(data),
-            "seconds": seconds, "baselines": base, "report_text": table}  # fmt: skip
+            "seconds": seconds, **length, "baselines": base, "report_text": table}  # fmt: skip
+
+
+def default_length(model_dir: str, positions: int) -> tuple[int, str]:
+    """The tokens per text a sentence-embedding model is scored with when none is given, and
+    why: its fine-tuning's --max_length (finetune_config.json), else the max_seq_length it
+    declares (sentence_bert_config.json, as sentence-transformers embeds), else its positions."""
+    recorded = finetune_defaults(model_dir).get("max_length")
+    if isinstance(recorded, int):
+        return recorded, "the --max_length it was fine-tuned with"
+    declared = declared_max_length(model_dir)
+    if declared is not None:
+        return min(declared, positions), "the max_seq_length of its sentence_bert_config.json"
+    return positions, "its max_position_embeddings"
+
+
+def embedding_length(model_dir: str, given: int | None, positions: int) -> dict[str, Any]:
+    """``max_length`` (the tokens per text used), ``max_length_from`` (why) and, when the model
+    was fine-tuned from a start model that scores at another length by default, ``not_like_for_like``:
+    the two scores differ in more than the training (the start embeds more or fewer tokens)."""
+    length, source = (given, "--max_length") if given else default_length(model_dir, positions)
+    result: dict[str, Any] = {"max_length": length, "max_length_from": source}
+    start = finetune_defaults(model_dir).get("model")
+    try:
+        start_dir = Path(resolve_model(start)) if isinstance(start, str) else None
+    except BertforgeError:  # a published start model no longer installed
+        start_dir = None
+    if start_dir is not None and (start_dir / "config.json").is_file():  # else moved or gone
+        positions = BertConfig.load(start_dir).max_position_embeddings
+        theirs, why = default_length(str(start_dir), positions)
+        if theirs != length:
+            result["not_like_for_like"] = (
+                f"not like for like with its start model: {start} scores at {theirs} tokens by "
+                f"default ({why}), this score at {length}; score the start with --max_length "
+                f"{length} to compare the two at equal length"
+            )
+    return result
+
+
+def length_line(length: dict[str, Any]) -> str:
+    """What the printed result says about the length: ``max length 128 tokens (why)``, and the
+    warning of :func:`embedding_length` on a line of its own."""
+    line = f"max length {length['max_length']} tokens ({length['max_length_from']})"
+    warning = length.get("not_like_for_like")
+    return line + (f"\nnote: {warning}" if warning else "")
 
 
 def _evaluate_retrieval_files(cfg: EvaluateConfig) -> dict[str, Any]:
@@ -272,20 +317,22 @@ def _evaluate_retrieval_files(cfg: EvaluateConfig) -> dict[str, Any]:
             "is 0 or below); give the qrels of these queries"
         )
     model, tokenizer, options = load_model(BertModel, cfg)
-    max_length = cfg.max_length or finetune_defaults(cfg.model).get("max_length")
-    metrics = score_vectors(data, model_vectors(model, tokenizer, max_length=max_length, **options))
+    length = embedding_length(cfg.model, cfg.max_length, model.config.max_position_embeddings)
+    vectors = model_vectors(model, tokenizer, max_length=length["max_length"], **options)
+    metrics = score_vectors(data, vectors)
     base = baselines(data, model.config.hidden_size)
     table = scores_table({"model": metrics, **base})
     seconds = round(time.perf_counter() - start, 1)
     print(
         f"retrieval: {len(data):,} queries over {len(data.documents):,} documents "
-        f"({data.skipped:,} queries without a relevant document skipped; {seconds}s)\n" + table,
+        f"({data.skipped:,} queries without a relevant document skipped; {seconds}s); "
+        f"{length_line(length)}\n" + table,
         end="",
     )
     files = {"queries": cfg.queries, "corpus": cfg.corpus, "qrels": cfg.qrels}
     return {"model": cfg.model, "data": files, "task": "retrieval", **metrics,
             "queries": len(data), "documents": len(data.documents),
-            "skipped_queries": data.skipped, "seconds": seconds, "baselines": base,
+            "skipped_queries": data.skipped, "seconds": seconds, **length, "baselines": base,
             "report_text": table}  # fmt: skip
 
 

@@ -29,7 +29,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -38,7 +38,7 @@ from bertforge.data.encoding import batch_order, collate, pad_multiple
 from bertforge.data.labelled import TaskData, check_batch_fits, load_task_data
 from bertforge.data.tagging import TaggingTaskData, load_tagging_data
 from bertforge.errors import BertforgeError
-from bertforge.evaluation.plots import plot_training_curves
+from bertforge.evaluation.plots import plot_training_curves, run_title
 from bertforge.evaluation.tagging import evaluate_tagging_model, tag_metrics, tagging_report
 from bertforge.evaluation.task_scores import (
     HIGHER_IS_BETTER,
@@ -160,6 +160,10 @@ class FinetuneState(steps.TrainState):
     """``(mean, std)`` of z-scored regression targets."""
     finished: bool = False
     """Stopped early: the run is over even though budget is left."""
+    start_eval: dict[str, float] | None = None
+    """Embedding: the start model's validation scores (step 0), at the run's settings."""
+
+    optional: ClassVar[tuple[str, ...]] = ("start_eval",)
 
 
 COMPILE_MIN_STEPS = 5000
@@ -248,6 +252,8 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     guard = steps.NonFiniteGuard(cfg.max_nonfinite, "lower --lr or use --precision fp32")
     watch = CoreWatch(torch.get_num_threads(), run.say)
     stopped, order, order_epoch = None, [], -1
+    if isinstance(run.data, EmbeddingTaskData) and state.step == 0:
+        evaluate_start(run, state, bar)
     run.model.train()
     with GracefulStop() as stop:
         while not run.done(state):
@@ -575,6 +581,22 @@ def evaluate(run: Run, state: FinetuneState, bar: Any) -> None:
         state.finished = True
 
 
+def evaluate_start(run: Run, state: FinetuneState, bar: Any) -> None:
+    """An embedding run's start model scored as every later evaluation is (the same validation
+    data, --max_length, pooling and precision), logged at step 0: the curve starts where the
+    start model stood, and "did fine-tuning help?" is read at equal settings. It is not a
+    candidate for the best model (OUTPUT holds a fine-tuned one)."""
+    cfg, data = run.cfg, run.data
+    assert isinstance(data, EmbeddingTaskData)
+    metrics, _ = run.validate(run.model)
+    run.logger.log(0, "val", **metrics)
+    state.start_eval = metrics
+    bar.write(
+        f"step 0 (the start model, {cfg.max_length} tokens, {data.pooling} pooling): "
+        f"{cfg.metric} {metrics[cfg.metric]:.4f} | baseline {run.val_baseline[cfg.metric]:.4f}"
+    )
+
+
 def save_checkpoint(run: Run, state: FinetuneState) -> None:
     write_checkpoint(
         run.out,
@@ -611,16 +633,16 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
             data.val_tags,
             predictions,
             plot=plot,
-            plot_title=f"validation ({out.name})",
+            plot_title=f"{cfg.task.replace('_', ' ')}: validation ({run_title(out)})",
         )
     else:
         plot = out / task_plot_name(best.config)
         metrics, predictions = run.validate(best)
-        title = f"validation ({out.name})"
+        title = f"{cfg.task}: validation ({run_title(out)})"
         report = task_report(
             best.config, data.val.labels, predictions, run.baseline, plot=plot, plot_title=title
         )
-    plot_training_curves(out, out / PLOT_FILE, title=f"bertforge finetune: {out.name}")
+    plot_training_curves(out, out / PLOT_FILE, title=f"bertforge finetune: {run_title(out)}")
     result = {
         "best_step": state.best_step,
         "steps": state.step,
@@ -632,6 +654,7 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
         "validation": metrics,
         **report,
         "plot": None if plot is None else str(plot),
+        **({"start": state.start_eval} if state.start_eval is not None else {}),
         "model_dir": str(out),
         "peak_memory_bytes": peak_memory_bytes(),
     }
@@ -641,6 +664,13 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
         f"({format_duration(state.elapsed)} of training); model: {out}\n"
         + report.get("report_text", "")
     )
+    if state.start_eval is not None:
+        before = state.start_eval[cfg.metric]
+        run.say(
+            f"the start model ({cfg.model}, step 0, at the same {cfg.max_length} tokens): "
+            f"{cfg.metric} {before:.4f}; fine-tuned {metrics[cfg.metric]:.4f} "
+            f"({metrics[cfg.metric] - before:+.4f})"
+        )
     base = report["baseline"]
     run.say(
         f"baseline (always {base['predicts']!r}, {base['definition']}): {cfg.metric} "

@@ -39,7 +39,7 @@ from bertforge.data.loader import (
 from bertforge.data.loader import steps as data_steps
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.mlm import comparison_table, evaluate_mlm
-from bertforge.evaluation.plots import plot_training_curves
+from bertforge.evaluation.plots import plot_training_curves, run_title
 from bertforge.evaluation.probe import LinearProbe
 from bertforge.io import MANIFEST_NAME, atomic_directory, atomic_write_text, check_run_directory
 from bertforge.modeling.model import BertForReplacedTokenDetection
@@ -787,7 +787,7 @@ def finish(run: Run, state: PretrainState) -> dict[str, Any]:
         if electra:
             with atomic_directory(out / GENERATOR_DIR) as tmp:
                 run.raw.generator_model().save_pretrained(tmp, tokenizer=run.data.tokenizer)
-        plot_training_curves(out, out / PLOT_FILE, title=f"bertforge pretrain: {out.name}")
+        plot_training_curves(out, out / PLOT_FILE, title=f"bertforge pretrain: {run_title(out)}")
         atomic_write_text(out / "results.json", json.dumps(result, indent=2) + "\n")
         assert state.initial_eval is not None
         for name in final:
