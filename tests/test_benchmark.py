@@ -188,6 +188,9 @@ def test_glue_smoke_end_to_end_and_rerun(tiny_glue_model, shared_data, tmp_path,
     assert cli.main(argv) == 0
     first = capsys.readouterr()
     assert "== task 5/5: RTE" in first.err and "[MRPC] random_init seed 1/1: F1" in first.err
+    # stdout, where the table is read, says it is a smoke run
+    assert first.out.rstrip().endswith("A --smoke run: 48 examples per file and 2 steps; its "
+                                       "numbers mean nothing.")  # fmt: skip
 
     result = json.loads((out / "results.json").read_text())
     assert list(result["tasks"]) == GLUE_NAMES and result["smoke"] is True
@@ -485,7 +488,7 @@ def test_the_curve_draws_glue_scores_against_pretraining_minutes(tmp_path, capsy
     curve = json.loads((out / "curve.json").read_text())
     assert [p["minutes"] for p in curve["points"]] == [15.0, 30.0]
     assert curve["points"][0]["scores"]["GLUE-5 average"] == pytest.approx(0.56)
-    assert curve["random_twin"]["scores"]["STS-B"] == pytest.approx(0.15)
+    assert curve["random_twins"]["pt"]["scores"]["STS-B"] == pytest.approx(0.15)
     assert curve["references"]["BERT-Mini"]["SST-2"] == pytest.approx(0.859)
     png = (out / "curve.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
@@ -521,7 +524,8 @@ def test_the_curve_draws_glue_scores_against_pretraining_minutes(tmp_path, capsy
     assert md.startswith("# What pretraining time buys on GLUE: pt, pt2\n")
     png = (out / "curve.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
-    # two runs both named "run" by default (the recipes' RUN/run layout): still two lines
+    # two runs both named "run" by default (the recipes' RUN/run layout): two lines, each named
+    # by its path
     same = [
         write_results(tmp_path / f"bench-{r}", glue_result("run at 15m", snap, early))
         for r, snap in [("r1", tmp_path / "a" / "run"), ("r2", tmp_path / "b" / "run")]
@@ -530,7 +534,7 @@ def test_the_curve_draws_glue_scores_against_pretraining_minutes(tmp_path, capsy
     out = tmp_path / "c4"
     assert cli.main(["benchmark", "--curve", *same, "--output", str(out)]) == 0
     title = (out / "curve.md").read_text().splitlines()[0]
-    assert title == f"# What pretraining time buys on GLUE: run, run ({tmp_path / 'b' / 'run'})"
+    assert title == "# What pretraining time buys on GLUE: a/run, b/run"
     a2 = write_results(tmp_path / "bench-15m-again", glue_result("pt at 15m", snapshot, final))
     capsys.readouterr()
 
@@ -573,3 +577,56 @@ def test_the_charts_legend_leaves_the_task_labels_readable():
     covered = [t.get_text() for t, box in zip(fig.axes[0].get_xticklabels(), labels, strict=True)
                if box.overlaps(legend)]  # fmt: skip
     assert covered == [] and legend.y1 < min(box.y0 for box in labels)
+
+
+def test_each_line_of_the_curve_starts_at_its_own_runs_twin(tmp_path, monkeypatch):
+    from bertforge.evaluation import plots
+    from bertforge.training.benchmark_curve import distinct_tails
+
+    assert distinct_tails(["x/a/run", "x/b/run", "c/run"]) == ["a/run", "b/run", "c/run"]
+    assert distinct_tails(["p/run", "q/run/run"]) == ["p/run", "run/run"]
+    scores = {"CoLA": [0.2], "SST-2": [0.8], "MRPC": [0.8, 0.7], "STS-B": [0.6, 0.6], "RTE": [0.6]}
+
+    def scaled(by: float) -> dict:
+        return {task: [by * v for v in values] for task, values in scores.items()}
+
+    # three recipes' runs, all .../run (so all named "run"); a's and b's twins differ (another
+    # tokenizer and config), c was benchmarked without --baseline
+    benches = []
+    for run, twin, at in (("x/a/run", scaled(0.5), 0.9), ("x/b/run", scaled(0.3), 1.0),
+                          ("c/run", None, 0.8)):  # fmt: skip
+        model = tmp_path / run / "snapshots" / "model-15m"
+        result = glue_result("run at 15m", model, scaled(at), twin)
+        benches.append(write_results(tmp_path / "bench" / run, result))
+    drawn = {}
+    save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, output: drawn.update(
+        {ax.get_title(): ax for ax in fig.axes}) or save(fig, output))  # fmt: skip
+    out = tmp_path / "curve"
+    assert cli.main(["benchmark", "--curve", *benches, "--output", str(out)]) == 0
+    curve = json.loads((out / "curve.json").read_text())
+    assert list(curve["lines"]) == ["a/run", "b/run", "c/run"]
+    twins = curve["random_twins"]
+    assert list(twins) == ["a/run", "b/run"] and twins["b/run"]["results"] == benches[1]
+    md = (out / "curve.md").read_text()
+    for line, bench in (("a/run", benches[0]), ("b/run", benches[1])):
+        assert f"| 0 | random twin of {line} |" in md and f"| 15 | {line} at 15m |" in md
+        assert f"The random twin of {line} (minute 0) is the one benchmarked in {bench}." in md
+    assert "| 15 | c/run at 15m |" in md and "c/run has no random twin" in md
+    assert md.startswith("# What pretraining time buys on GLUE: a/run, b/run, c/run\n")
+    # in the picture: each line's dotted start joins its own twin to its first point
+    average = drawn["GLUE-5 average"]
+    dotted = sorted(
+        (round(line.get_ydata()[0], 3), round(line.get_ydata()[1], 3))
+        for line in average.lines
+        if line.get_linestyle() == ":" and list(line.get_xdata()) == [0.0, 15.0]
+    )  # fmt: skip
+    first = {p["results"]: p["scores"]["GLUE-5 average"] for p in curve["points"]}
+    own = sorted(
+        (round(100 * twins[name]["scores"]["GLUE-5 average"], 3), round(100 * first[bench], 3))
+        for name, bench in (("a/run", benches[0]), ("b/run", benches[1]))
+    )
+    assert dotted == own and len({twin for twin, _ in own}) == 2
+    legend = [text.get_text() for text in average.figure.legends[0].get_texts()]
+    assert "a/run: random twin: not pretrained, minute 0 (dev)" in legend
+    assert "b/run: after N minutes (dev)" in legend and "c/run: after N minutes (dev)" in legend

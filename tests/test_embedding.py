@@ -457,7 +457,7 @@ def test_evaluate_scores_an_embedding_model_on_sts_and_retrieval(trained, tmp_pa
 
 
 def test_benchmark_suite_embedding_scores_sts_and_retrieval_beside_baselines(
-    trained, shared_data, tmp_path
+    trained, shared_data, tmp_path, capsys
 ):
     out = tmp_path / "bench"
     argv = ["benchmark", "--suite", "embedding", "--model", str(trained["out"]), "--smoke"]
@@ -467,6 +467,17 @@ def test_benchmark_suite_embedding_scores_sts_and_retrieval_beside_baselines(
     assert set(result["tasks"]) == {"STS-B", "XQuAD-en"}
     sts, qa = result["tasks"]["STS-B"], result["tasks"]["XQuAD-en"]
     assert sts["examples"] == qa["examples"] == 48
+    assert (sts["of"], qa["of"]) == (1500, 1190) and 1 < qa["documents"] < 48
+    # a smoke run says so where its numbers are read, and says what was scored
+    warning = "A --smoke run: the first rows of each task only (48 of 1,500 STS-B; 48 of 1,190"
+    assert warning in capsys.readouterr().out.splitlines()[-1]
+    md = (out / "results.md").read_text()
+    assert md.startswith("# bertforge benchmark: out on embedding (--smoke)\n\n**" + warning)
+    assert "1,190 questions" not in md and "among the 240" not in md
+    assert f"each of 48 questions retrieves its paragraph among the {qa['documents']} " in md
+    assert "STS-B: cosine against the gold 0-5 score on 48 dev pairs" in md
+    png = (out / "results.png").read_bytes()  # the chart benchmark --help promises
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
     assert sts["constant"]["spearman"] == 0.0 and qa["constant"]["recall@1"] == 0.0
     assert (
         0.0 <= qa["random"]["mrr@10"] < 1.0

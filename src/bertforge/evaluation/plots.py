@@ -337,21 +337,21 @@ def plot_score_curves(
     panels: dict[str, dict[str, list[tuple[float, float]]]],
     output: str | Path,
     *,
-    start: dict[str, float],
+    starts: dict[str, tuple[str, dict[str, float]]],
     references: dict[str, dict[str, float]],
     title: str,
     subtitle: str,
     xlabel: str,
     ylabel: str,
-    start_label: str,
 ) -> Path:
     """Small panels side by side, one per entry of ``panels`` (``{panel: {series: [(x, y),
     ...]}}``): each series a line of its own colour (:data:`SERIES_COLORS`, labelled by its key)
     with each value written beside it (above the highest point at each x, below the others);
-    ``start`` (``{panel: y}``, at x = 0) marked apart (``start_label``) and joined to each line
-    by a dotted segment; each of ``references`` (``{label: {panel: y}}``) a horizontal line
-    across the panel, its value at the right end. One legend under the panels, so it covers no
-    line."""
+    a series' start (``starts``: ``{series: (label, {panel: y})}``, at x = 0; a series without
+    one has none) marked apart, a red square when there is one start, else a square of its
+    series' colour, and joined to its series' first point by a dotted segment; each of
+    ``references`` (``{label: {panel: y}}``) a horizontal line across the panel, its value at
+    the right end. One legend under the panels, so it covers no line."""
     plt = _pyplot()
 
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.4), squeeze=False)
@@ -363,26 +363,35 @@ def plot_score_curves(
         for points in series.values():
             for x, y in points:
                 top[x] = max(top.get(x, y), y)
-        for k, (label, points) in enumerate(series.items()):
+        colors = {label: SERIES_COLORS[k % len(SERIES_COLORS)] for k, label in enumerate(series)}
+        for label, points in series.items():
             points = sorted(points)
             if not points:
                 continue
-            color = SERIES_COLORS[k % len(SERIES_COLORS)]
+            color = colors[label]
             xs, ys = zip(*points, strict=True)
             ax.plot(xs, ys, color=color, marker="o", markersize=5, linewidth=1.8, label=label)
             for x, y in points:  # the others' values below their points, clear of the top's
                 offset = 7 if y >= top[x] else -14
                 ax.annotate(f"{y:.1f}", (x, y), textcoords="offset points", xytext=(0, offset),
                             ha="center", fontsize=8, color=color, bbox=LABEL_BOX)  # fmt: skip
-            if panel in start:  # what pretraining added between the twin and the first point
-                ax.plot([0.0, points[0][0]], [start[panel], points[0][1]], color=color,
-                        linestyle=":", linewidth=1.2)  # fmt: skip
-        if panel in start:
-            y0 = start[panel]
-            ax.plot([0.0], [y0], color="tab:red", marker="s", markersize=7, linestyle="none",
-                    label=start_label)  # fmt: skip
-            ax.annotate(f"{y0:.1f}", (0.0, y0), textcoords="offset points", xytext=(0, -13),
-                        ha="center", fontsize=8, color="tab:red")  # fmt: skip
+            y0 = starts.get(label, ("", {}))[1].get(panel)
+            if y0 is not None:  # what pretraining added between its twin and its first point
+                ax.plot([0.0, points[0][0]], [y0, points[0][1]], color=color, linestyle=":",
+                        linewidth=1.2)  # fmt: skip
+        here = sorted(
+            [(values[panel], label, name) for label, (name, values) in starts.items()
+             if panel in values],
+            reverse=True,
+        )  # fmt: skip
+        for k, (y0, label, name) in enumerate(here):
+            color = "tab:red" if len(starts) == 1 else colors.get(label, "tab:red")
+            ax.plot([0.0], [y0], color=color, marker="s", markersize=7, linestyle="none",
+                    label=name)  # fmt: skip
+            # the lowest start's value below it, the others' above: two twins do not overlap
+            offset = -13 if k == len(here) - 1 else 7
+            ax.annotate(f"{y0:.1f}", (0.0, y0), textcoords="offset points", xytext=(0, offset),
+                        ha="center", fontsize=8, color=color, bbox=LABEL_BOX)  # fmt: skip
         lines = sorted(
             [(values[panel], label, style)
              for (label, values), style in zip(references.items(), REFERENCE_STYLES, strict=False)

@@ -38,9 +38,10 @@ from bertforge.evaluation.benchmark_report import format_scores, table_rows, wri
 from bertforge.evaluation.embedding import model_vectors
 from bertforge.evaluation.embedding_suite import (
     EMBEDDING_TASKS,
+    documents,
     load_task,
     score_task,
-    suite_markdown,
+    write_suite_report,
 )
 from bertforge.evaluation.task_scores import class_names, evaluate_sequence_model
 from bertforge.io import atomic_write_text, make_directory, read_json_object
@@ -64,6 +65,11 @@ from bertforge.training.finetune import finetune
 CONFIG_FILE = "benchmark_config.json"
 SMOKE = {"train_rows": 48, "eval_rows": 48, "max_steps": 2, "max_length": 64, "batch_size": 8}
 """``--smoke``: rows of each file, steps, length and batch: seconds per task, numbers of no worth."""
+SMOKE_WARNING = (
+    f"A --smoke run: {SMOKE['eval_rows']} examples per file and {SMOKE['max_steps']} steps; its "
+    "numbers mean nothing."
+)
+"""What stdout says under a --smoke run's table."""
 SMOKE_QA_LENGTH = 192
 """``--smoke``'s window for question answering: a question and some context must fit in it."""
 EVALUATE_ONCE = 1 << 40
@@ -143,9 +149,9 @@ class BenchmarkConfig:
     """Run nothing; draw what pretraining time buys from these finished --suite glue benchmark
     outputs (one per point, e.g. one per snapshot of a run): the GLUE-5 average, STS-B and SST-2
     against pretraining minutes (each scored model's: ``RUN/snapshots/model-15m`` is 15, a final
-    ``RUN/model`` its run's --train.max_time), the random twin (of the first benchmark run with
+    ``RUN/model`` its run's --train.max_time), each run's random twin (of its benchmark run with
     --baseline) at minute 0, Google's BERT-Tiny and BERT-Mini as lines; the models of several
-    runs (two recipes' snapshots) one line per run. Writes curve.png, curve.md and curve.json to
+    runs (two recipes' snapshots) one line per run, each from its own twin. Writes curve.png, curve.md and curve.json to
     --output (docs/benchmark.md)."""
     curve_minutes: list[float] | None = None
     """With --curve: the pretraining minutes of each benchmark, in the same order (default: read
@@ -591,20 +597,23 @@ def benchmark(cfg: BenchmarkConfig) -> dict[str, Any]:
         "config": asdict(cfg),
     }
     print(write_report(out, result))
+    if cfg.smoke:  # the table alone reads as real numbers
+        print(f"\n{SMOKE_WARNING}")
     say(f"benchmark finished in {format_duration(time.perf_counter() - t0)}; {out / 'results.md'}")
     return result
 
 
 def embedding_benchmark(cfg: BenchmarkConfig, say: Callable[[str], None]) -> dict[str, Any]:
     """``--suite embedding``: the model's vectors scored on each task beside constant and random
-    vectors (no training); writes results.json and results.md."""
+    vectors (no training); writes results.json, results.md and results.png."""
     data_dir = data_directory(cfg.data_dir, ".", "glue/STS-B/dev.tsv and qa/xquad_en_test.json.gz")
     tasks = [t for t in EMBEDDING_TASKS if not cfg.tasks or t.name in cfg.tasks]
     device = pick_device(cfg.device)
     load_encoder_dir(cfg.model)  # a one-line error for anything that is not a BERT directory
     model = BertModel.from_pretrained(cfg.model).to(device)
     tokenizer = Tokenizer.from_file(cfg.model)
-    max_length = cfg.max_length or declared_max_length(cfg.model)
+    positions = model.config.max_position_embeddings
+    max_length = cfg.max_length or min(declared_max_length(cfg.model) or positions, positions)
     options = dict(precision=pick_precision(cfg.precision, device), max_length=max_length)
     vectors = model_vectors(model, tokenizer, batch_size=cfg.batch_size or 64, **options)
     out = make_directory(cfg.output)
@@ -613,27 +622,21 @@ def embedding_benchmark(cfg: BenchmarkConfig, say: Callable[[str], None]) -> dic
     for task in tasks:
         t0 = time.perf_counter()
         data = load_task(data_dir, task)
+        whole = len(data)
         if cfg.smoke:
             data = data.subset(np.arange(min(len(data), SMOKE["eval_rows"])))
-        results[task.name] = score_task(data, task, vectors, model.config.hidden_size)
-        results[task.name]["examples"] = len(data)  # type: ignore[assignment]
+        entry: dict[str, Any] = score_task(data, task, vectors, model.config.hidden_size)
+        entry |= {"examples": len(data), "of": whole}
+        if data.kind == "pairs":  # retrieval: the paragraphs the questions search
+            entry["documents"] = documents(data)
+        results[task.name] = entry
         say(f"{task.name}: {len(data):,} pairs scored in {time.perf_counter() - t0:.1f}s")
     name = cfg.name or Path(cfg.model).resolve().name
-    scores = {k: {c: v for c, v in r.items() if c != "examples"} for k, r in results.items()}
-    table = suite_markdown(name, scores)
     result = {"suite": "embedding", "model": cfg.model, "name": name, "smoke": cfg.smoke,
               "data_dir": str(data_dir), "max_length": max_length, "tasks": results,
               "config": asdict(cfg)}  # fmt: skip
-    note = (
-        "Points (x 100), zero-shot: no training. Constant vectors tie every similarity (a "
-        "relevant document ranks last among ties); random vectors are one Gaussian vector per "
-        "distinct text. STS-B: cosine against the gold 0-5 score on dev; XQuAD-en: each of "
-        "1,190 questions retrieves its paragraph among the 240."
-    )
-    atomic_write_text(out / "results.md", f"# bertforge benchmark: {name} on embedding\n\n"
-                      f"{table}\n{note}\n")  # fmt: skip
-    atomic_write_text(out / "results.json", json.dumps(result, indent=2) + "\n")
-    print(table, end="")
+    print(write_suite_report(out, result), end="")
+    say(f"max length {max_length} tokens; {out / 'results.md'}")
     return result
 
 

@@ -4,9 +4,11 @@ Each ``--curve`` directory is a finished ``bertforge benchmark --suite glue`` ou
 ``results.json`` names the model it scored, and that model's run says how many minutes of
 pretraining it had: a time snapshot ``RUN/snapshots/model-15m`` (``--train.snapshots``) is 15, a
 run's final ``RUN/model`` its ``train.max_time`` (``RUN/pretrain_config.yaml``); ``--curve_minutes``
-gives them instead. The random twin of any of them (``--baseline``) stands at minute 0, and Google's
-BERT-Tiny and BERT-Mini (their published GLUE *test* numbers; ours are dev) as horizontal lines.
-Models of several pretraining runs (two recipes' snapshots, say) are one line per run.
+gives them instead. Each run's random twin (of a benchmark of its models run with ``--baseline``)
+stands at minute 0 of its line, and Google's BERT-Tiny and BERT-Mini (their published GLUE *test*
+numbers; ours are dev) as horizontal lines. Models of several pretraining runs (two recipes'
+snapshots, say) are one line per run, each from its own twin (another run's twin has another
+tokenizer and config) or from none.
 
 The scores are the benchmark table's own (:func:`~bertforge.evaluation.benchmark_report.table_rows`:
 a task's score the mean of its metrics, the GLUE-5 average the mean of the five), drawn in one
@@ -29,7 +31,7 @@ from bertforge.evaluation.plots import plot_score_curves
 from bertforge.io import atomic_write_text, make_directory, read_json_object
 from bertforge.modeling.checkpoint import RUN_MODEL_DIR
 from bertforge.progress import parse_duration
-from bertforge.training.checkpoints import snapshot_seconds
+from bertforge.training.checkpoints import SNAPSHOT_PREFIX, snapshot_seconds
 from bertforge.training.pretrain import CONFIG_FILE
 
 AVERAGE = "GLUE-5 average"
@@ -125,14 +127,15 @@ def panel_scores(row: dict[str, Any]) -> dict[str, float | None]:
 
 def curve_points(
     results: list[tuple[str, dict[str, Any]]], minutes: list[float] | None = None
-) -> tuple[list[CurvePoint], CurvePoint | None, dict[str, dict[str, float | None]]]:
+) -> tuple[list[CurvePoint], dict[str, CurvePoint], dict[str, dict[str, float | None]]]:
     """The curve of ``results`` (``(directory, results.json)`` pairs): one point per benchmark,
-    at ``minutes`` (or each model's :func:`pretraining_minutes`), earliest first; the random twin
-    of the first that has one, at minute 0; and the published :data:`REFERENCES`' scores (each
-    by :func:`panel_scores`). Models of several runs are several lines (:func:`series`); two
-    benchmarks at the same minute of one run are an error."""
+    at ``minutes`` (or each model's :func:`pretraining_minutes`), earliest first; each run's
+    random twin (``{run: point}``, at minute 0), from the first of its benchmarks that has one;
+    and the published :data:`REFERENCES`' scores (each by :func:`panel_scores`). Models of
+    several runs are several lines (:func:`series`); two benchmarks at the same minute of one
+    run are an error."""
     points: list[CurvePoint] = []
-    twin: CurvePoint | None = None
+    twins: dict[str, CurvePoint] = {}
     references: dict[str, dict[str, float | None]] = {}
     for i, (directory, result) in enumerate(results):
         rows = {r["column"]: r for r in table_rows("glue", result["name"], result["tasks"])}
@@ -146,30 +149,56 @@ def curve_points(
             )
         scores = panel_scores(rows["model"])
         points.append(CurvePoint(at, result["name"], directory, result["model"], scores, run))
-        if twin is None and "random_init" in rows:
-            twin = CurvePoint(
-                0.0, TWIN, directory, result["model"], panel_scores(rows["random_init"])
+        if run not in twins and "random_init" in rows:
+            twins[run] = CurvePoint(
+                0.0, TWIN, directory, result["model"], panel_scores(rows["random_init"]), run
             )
         for name in REFERENCES:
             if name in rows and name not in references:
                 references[name] = panel_scores(rows[name])
     order = list(dict.fromkeys(p.run for p in points))  # the runs in the order given
-    return sorted(points, key=lambda p: (order.index(p.run), p.minutes)), twin, references
+    return sorted(points, key=lambda p: (order.index(p.run), p.minutes)), twins, references
 
 
 def series(points: list[CurvePoint]) -> dict[str, list[CurvePoint]]:
     """The points by run (the curve's lines), each run named by its first snapshot's name
-    without the time (:func:`run_name`), else by its model's name; a name two runs share
-    (benchmarks named by default after runs that are both ``.../run``) gets the run's path."""
+    without the time (:func:`run_name`), else by its model's name; runs that share a name
+    (benchmarks named by default after runs that are all ``.../run``) are named by the ends of
+    their paths instead, as far up as tells them apart (``bench-a/run``, ``bench-b/run``)."""
     runs: dict[str, list[CurvePoint]] = {}
     for p in points:
         runs.setdefault(p.run, []).append(p)
-    named: dict[str, list[CurvePoint]] = {}
+    names = {}
     for run, pts in runs.items():
         snapshots = [p for p in pts if snapshot_seconds(p.model) is not None]
-        name = run_name((snapshots or pts)[0]).rstrip(" ,;:")
-        named[f"{name} ({run})" if name in named else name] = pts
-    return named
+        names[run] = run_name((snapshots or pts)[0]).rstrip(" ,;:")
+    shared = [run for run in runs if list(names.values()).count(names[run]) > 1]
+    names |= dict(zip(shared, distinct_tails(shared), strict=True))
+    return {names[run]: pts for run, pts in runs.items()}
+
+
+def distinct_tails(paths: list[str]) -> list[str]:
+    """The shortest ends of ``paths`` (their last parts, joined by /) that tell them apart:
+    ``x/a/run`` and ``x/b/run`` are ``a/run`` and ``b/run``; a path shorter than the others
+    stays whole."""
+    parts = [Path(p).parts for p in paths]
+    depth = 1
+    while depth < max((len(p) for p in parts), default=1):
+        tails = ["/".join(p[-depth:]) for p in parts]
+        if len(set(tails)) == len(tails):
+            break
+        depth += 1
+    return ["/".join(p[-depth:]) for p in parts]
+
+
+def point_label(point: CurvePoint, line: str) -> str:
+    """A point's name in curve.md: its benchmark's (``pt at 15m``), or, where its line was
+    renamed to tell two runs apart, the line's with the snapshot's time (``a/run at 15m``)."""
+    if run_name(point).rstrip(" ,;:") == line:
+        return point.label
+    if snapshot_seconds(point.model) is not None:
+        return f"{line} at {Path(point.model).name.removeprefix(SNAPSHOT_PREFIX)}"
+    return line
 
 
 def run_name(point: CurvePoint) -> str:
@@ -190,19 +219,24 @@ def _points(value: float | None) -> str:
 
 
 def curve_table(
-    points: list[CurvePoint], twin: CurvePoint | None, references: dict[str, dict[str, Any]]
+    lines: dict[str, list[CurvePoint]],
+    twins: dict[str, CurvePoint],
+    references: dict[str, dict[str, Any]],
 ) -> str:
-    """The curve as a markdown table in GLUE points: the twin, each point by its minutes, then
-    the published references."""
+    """The curve as a markdown table in GLUE points: each line (:func:`series`) from its random
+    twin to its points by minutes, then the published references."""
     header = "| pretraining minutes | model | " + " | ".join(PANELS) + " | benchmark |"
-    lines = [header, "|" + "---|" * (len(PANELS) + 3)]
-    for p in ([twin] if twin else []) + points:
-        cells = " | ".join(_points(p.scores[k]) for k in PANELS)
-        lines.append(f"| {p.minutes:g} | {p.label} | {cells} | {p.results} |")
+    rows = [header, "|" + "---|" * (len(PANELS) + 3)]
+    for line, points in lines.items():
+        twin = twins.get(points[0].run)
+        named = [(twin, TWIN if len(lines) == 1 else f"{TWIN} of {line}")] if twin else []
+        for p, label in named + [(p, point_label(p, line)) for p in points]:
+            cells = " | ".join(_points(p.scores[k]) for k in PANELS)
+            rows.append(f"| {p.minutes:g} | {label} | {cells} | {p.results} |")
     for name, scores in references.items():
         cells = " | ".join(_points(scores[k]) for k in PANELS)
-        lines.append(f"| – | {name} (Google, test)* | {cells} | published |")
-    return "\n".join(lines)
+        rows.append(f"| – | {name} (Google, test)* | {cells} | published |")
+    return "\n".join(rows)
 
 
 def write_curve(
@@ -215,7 +249,7 @@ def write_curve(
     ``curve.json`` in ``output``; return curve.json's content. ``name`` is the title's (default:
     the names of the runs the models come from)."""
     results = [(d, read_results(d)) for d in directories]
-    points, twin, references = curve_points(results, minutes)
+    points, twins, references = curve_points(results, minutes)
     out = make_directory(output)
     smoke = any(r.get("smoke") for _, r in results)
     source = next((r["published_source"] for _, r in results if r.get("published_source")), None)
@@ -230,19 +264,25 @@ def write_curve(
         " (--smoke: the numbers mean nothing)" if smoke else ""
     )
     panels: dict[str, dict[str, list[tuple[float, float]]]] = {k: {} for k in PANELS}
+    starts: dict[str, tuple[str, dict[str, float]]] = {}
     for label, run_points in lines.items():
+        one = len(lines) == 1
         legend = (
             "ours after N minutes of pretraining (dev)"
-            if len(lines) == 1
+            if one
             else f"{label}: after N minutes (dev)"
         )
         for p in run_points:
             for k, v in in_points(p.scores).items():
                 panels[k].setdefault(legend, []).append((p.minutes, v))
+        twin = twins.get(run_points[0].run)
+        if twin is not None:  # the line starts at its own run's twin
+            what = "random twin: not pretrained, minute 0 (dev)"
+            starts[legend] = (what if one else f"{label}: {what}", in_points(twin.scores))
     plot_score_curves(
         panels,
         out / CURVE_PNG,
-        start=in_points(twin.scores) if twin else {},
+        starts=starts,
         references={
             f"Google {name} (published, GLUE test)": in_points(scores)
             for name, scores in references.items()
@@ -251,9 +291,8 @@ def write_curve(
         subtitle=caveat,
         xlabel="pretraining minutes (budget clock)",
         ylabel="score (GLUE points)",
-        start_label="random twin: not pretrained, minute 0 (dev)",
     )
-    table = curve_table(points, twin, references)
+    table = curve_table(lines, twins, references)
     notes = [
         f"# What pretraining time buys on GLUE: {', '.join(names)}",
         "",
@@ -265,8 +304,18 @@ def write_curve(
         "on the pretraining run's budget clock (--train.max_time); a snapshot of a longer run "
         "was trained under that run's learning-rate schedule.",
     ]
-    if twin:
-        notes.append(f"The random twin (minute 0) is the one benchmarked in {twin.results}.")
+    for line, run_points in lines.items():
+        twin = twins.get(run_points[0].run)
+        whose = "" if len(lines) == 1 else f" of {line}"
+        if twin:
+            notes.append(
+                f"The random twin{whose} (minute 0) is the one benchmarked in {twin.results}."
+            )
+        elif len(lines) > 1:
+            notes.append(
+                f"{line} has no random twin (none of its benchmarks ran --baseline): its line "
+                "starts at its first model."
+            )
     if source:
         notes.append(f"\\* {source}: GLUE *test*-set numbers; ours are dev.")
     if smoke:
@@ -276,7 +325,10 @@ def write_curve(
         "suite": "glue",
         "panels": list(PANELS),
         "points": [asdict(p) for p in points],
-        "random_twin": asdict(twin) if twin else None,
+        "lines": {line: [p.results for p in pts] for line, pts in lines.items()},
+        "random_twins": {
+            line: asdict(twins[pts[0].run]) for line, pts in lines.items() if pts[0].run in twins
+        },  # fmt: skip
         "references": references,
         "published_source": source,
         "smoke": smoke,
@@ -293,6 +345,8 @@ __all__ = [
     "CurvePoint",
     "curve_points",
     "curve_table",
+    "distinct_tails",
+    "point_label",
     "pretraining_minutes",
     "read_results",
     "run_of",
