@@ -328,7 +328,9 @@ def write_curve(
         "lines": {line: [p.results for p in pts] for line, pts in lines.items()},
         "random_twins": {
             line: asdict(twins[pts[0].run]) for line, pts in lines.items() if pts[0].run in twins
-        },  # fmt: skip
+        },
+        # the first line's twin, as curve.json held it before lines had a twin each
+        "random_twin": next((asdict(twins[p.run]) for p in points if p.run in twins), None),
         "references": references,
         "published_source": source,
         "smoke": smoke,
