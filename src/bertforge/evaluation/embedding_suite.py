@@ -92,9 +92,10 @@ def task_counts(name: str, entry: dict[str, Any]) -> str:
 def smoke_line(tasks: dict[str, dict[str, Any]]) -> str:
     """The warning of a --smoke run: what it scored of each task, and that it means nothing."""
     parts = [f"{entry['examples']:,} of {entry['of']:,} {name}" for name, entry in tasks.items()]
+    few = any("documents" in entry for entry in tasks.values())
     return (
         f"A --smoke run: the first rows of each task only ({'; '.join(parts)}); its numbers "
-        "mean nothing (a few documents make recall@10 trivially high)."
+        "mean nothing" + (" (a few documents make recall@10 trivially high)." if few else ".")
     )
 
 
