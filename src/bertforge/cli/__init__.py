@@ -31,11 +31,26 @@ from __future__ import annotations
 
 import importlib
 import sys
+import textwrap
+from typing import Any, get_args
 
 from bertforge import __version__, runtime
 from bertforge.errors import BertforgeError
+from bertforge.evaluation.benchmark import Suite
+from bertforge.inference.onnx import Quantization
+from bertforge.recipes.catalog import RECIPES
+from bertforge.training.config import Objective, Task
 
 __all__ = ["COMMANDS", "configure_process", "main"]
+
+
+def _choices(choices: Any) -> str:
+    """The values of a ``Literal`` type (or the keys of a catalogue) as ``a, b, c``: the help
+    lines below name the choices the code has, so a new task, suite, objective or recipe
+    appears in ``bertforge --help`` without a second edit (``bertforge`` imports these modules
+    already: no start-up time is added)."""
+    return ", ".join(get_args(choices) if get_args(choices) else choices)
+
 
 # subcommand -> (module, function ``f(argv: list[str]) -> int`` in it, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -48,12 +63,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "pretrain": (
         "bertforge.cli.pretrain",
         "main",
-        "pretrain a BERT encoder (MLM, optionally NSP)",
+        f"pretrain a BERT encoder (--train.objective {_choices(Objective)})",
     ),
     "finetune": (
         "bertforge.cli.finetune",
         "main",
-        "fine-tune for classification, regression, token classification or question answering",
+        f"fine-tune for a --task: {_choices(Task)}",
     ),
     "downstream": (
         "bertforge.cli.downstream",
@@ -63,7 +78,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "benchmark": (
         "bertforge.cli.benchmark",
         "main",
-        "fine-tune and score a model on a suite (GLUE, NER or QA), beside baselines",
+        f"fine-tune and score a model on a --suite ({_choices(Suite)}), beside baselines",
     ),
     "evaluate": ("bertforge.cli.evaluate", "main", "evaluate an MLM or a fine-tuned model"),
     "fill-mask": (
@@ -90,14 +105,18 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "recipe": (
         "bertforge.cli.recipe",
         "main",
-        "run a recipe (reviews-adapted, review-scores, news-from-scratch, wikitext-nsp)",
+        f"run a recipe ({_choices(RECIPES)})",
     ),
     "serve": (
         "bertforge.cli.serve",
         "main",
         "serve models over HTTP: JSON API and an explorer page",
     ),
-    "export": ("bertforge.cli.export", "main", "export a model to ONNX (optionally int8)"),
+    "export": (
+        "bertforge.cli.export",
+        "main",
+        f"export a model to ONNX (optionally --quantize {_choices(Quantization)})",
+    ),
     "verify": (
         "bertforge.cli.verify",
         "main",
@@ -112,7 +131,14 @@ def _usage() -> str:
         "       bertforge --version)",
         "",
     ]
-    lines += [f"  {name:<10} {help_}" for name, (_, _, help_) in COMMANDS.items()]
+    for name, (_, _, help_) in COMMANDS.items():  # wrapped under itself: the choices are long
+        lines += textwrap.wrap(
+            help_,
+            98,
+            initial_indent=f"  {name:<10} ",
+            subsequent_indent=" " * 13,
+            break_on_hyphens=False,
+        )
     return "\n".join(lines)
 
 
@@ -157,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     entry = getattr(importlib.import_module(module_name), function_name)
     try:
         rc = int(entry(rest) or 0)
-        if name in MEMORY_COMMANDS and rc == 0:
+        if name in MEMORY_COMMANDS and rc == 0 and rest:  # a bare `bertforge recipe` lists
             peak = runtime.format_bytes(runtime.peak_memory_bytes())
             print(f"peak memory: {peak} resident", file=sys.stderr, flush=True)
         return rc
