@@ -36,6 +36,7 @@ from bertforge.inference.predict import (
 )
 from bertforge.io import atomic_write_bytes, atomic_write_text
 from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
+from bertforge.progress import plural
 
 MLM_HEAD = (
     "cls.predictions.transform",
@@ -245,7 +246,7 @@ def embed_main(argv: list[str]) -> int:
     # rows stand for texts, not lines: a left-out blank line shifts every row after it
     skipped = ", ".join(map(str, blank[:5])) + (", ..." if len(blank) > 5 else "")
     shifted = (
-        f"; {len(blank)} blank line{'s' if len(blank) > 1 else ''} of {cfg.input} left out "
+        f"; {plural(len(blank), 'blank line')} of {cfg.input} left out "
         f"(line {skipped}): row i is not line i"
         if blank
         else ""

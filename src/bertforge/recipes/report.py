@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bertforge.progress import plural
+
 LABELS = {"random_init": "random init", "start": "start", "final": "after"}
 
 
@@ -109,8 +111,7 @@ def summary(results: dict[str, Any]) -> str:
         parts.append(downstream_table(results["downstream"]))
     commands = results.get("commands", [])
     total = sum(c["seconds"] for c in commands)
-    counted = f"{len(commands)} command{'' if len(commands) == 1 else 's'}"
-    parts.append(f"{counted}, {total / 60:.1f} minutes in all")
+    parts.append(f"{plural(len(commands), 'command')}, {total / 60:.1f} minutes in all")
     return "\n\n".join(parts) + "\n"
 
 
