@@ -32,25 +32,12 @@ from __future__ import annotations
 import importlib
 import sys
 import textwrap
-from typing import Any, get_args
+from typing import get_args
 
 from bertforge import __version__, runtime
 from bertforge.errors import BertforgeError
-from bertforge.evaluation.benchmark import Suite
-from bertforge.inference.onnx import Quantization
-from bertforge.recipes.catalog import RECIPES
-from bertforge.training.config import Objective, Task
 
-__all__ = ["COMMANDS", "configure_process", "main"]
-
-
-def _choices(choices: Any) -> str:
-    """The values of a ``Literal`` type (or the keys of a catalogue) as ``a, b, c``: the help
-    lines below name the choices the code has, so a new task, suite, objective or recipe
-    appears in ``bertforge --help`` without a second edit (``bertforge`` imports these modules
-    already: no start-up time is added)."""
-    return ", ".join(get_args(choices) if get_args(choices) else choices)
-
+__all__ = ["CHOICES", "COMMANDS", "command_help", "configure_process", "main"]
 
 # subcommand -> (module, function ``f(argv: list[str]) -> int`` in it, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -63,12 +50,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "pretrain": (
         "bertforge.cli.pretrain",
         "main",
-        f"pretrain a BERT encoder (--train.objective {_choices(Objective)})",
+        "pretrain a BERT encoder",
     ),
     "finetune": (
         "bertforge.cli.finetune",
         "main",
-        f"fine-tune for a --task: {_choices(Task)}",
+        "fine-tune a model for a task",
     ),
     "downstream": (
         "bertforge.cli.downstream",
@@ -78,7 +65,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "benchmark": (
         "bertforge.cli.benchmark",
         "main",
-        f"fine-tune and score a model on a --suite ({_choices(Suite)}), beside baselines",
+        "fine-tune and score a model on a suite, beside baselines",
     ),
     "evaluate": ("bertforge.cli.evaluate", "main", "evaluate an MLM or a fine-tuned model"),
     "fill-mask": (
@@ -105,7 +92,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "recipe": (
         "bertforge.cli.recipe",
         "main",
-        f"run a recipe ({_choices(RECIPES)})",
+        "run a recipe",
     ),
     "serve": (
         "bertforge.cli.serve",
@@ -115,7 +102,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "export": (
         "bertforge.cli.export",
         "main",
-        f"export a model to ONNX (optionally --quantize {_choices(Quantization)})",
+        "export a model to ONNX, optionally quantized",
     ),
     "verify": (
         "bertforge.cli.verify",
@@ -125,15 +112,39 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+#: command -> (its main option, the module and the name of the ``Literal`` type or catalogue
+#: holding that option's choices): :func:`command_help` reads them from the code when the help is
+#: printed, so a new task, suite, objective or recipe is in ``bertforge --help`` and docs/cli.md
+#: without a second edit, and only ``--help`` loads those modules
+CHOICES: dict[str, tuple[str, str, str]] = {
+    "pretrain": ("--train.objective", "bertforge.training.config", "Objective"),
+    "finetune": ("--task", "bertforge.training.config", "Task"),
+    "benchmark": ("--suite", "bertforge.evaluation.benchmark", "Suite"),
+    "recipe": ("NAME", "bertforge.recipes.catalog", "RECIPES"),
+    "export": ("--quantize", "bertforge.inference.onnx", "Quantization"),
+}
+
+
+def command_help(name: str) -> str:
+    """The one-line help of command ``name``: its line in :data:`COMMANDS`, then the choices of
+    its main option as the code has them (:data:`CHOICES`), e.g. ``(--suite: glue, ner, ...)``."""
+    help_ = COMMANDS[name][2]
+    if name not in CHOICES:
+        return help_
+    option, module, attribute = CHOICES[name]
+    found = getattr(importlib.import_module(module), attribute)
+    return f"{help_} ({option}: {', '.join(get_args(found) or found)})"
+
+
 def _usage() -> str:
     lines = [
         "usage: bertforge COMMAND [options]   (bertforge COMMAND --help for its options;",
         "       bertforge --version)",
         "",
     ]
-    for name, (_, _, help_) in COMMANDS.items():  # wrapped under itself: the choices are long
+    for name in COMMANDS:  # wrapped under itself: the choices are long
         lines += textwrap.wrap(
-            help_,
+            command_help(name),
             98,
             initial_indent=f"  {name:<10} ",
             subsequent_indent=" " * 13,
