@@ -44,6 +44,12 @@ def test_the_command_lines_name_every_choice_the_code_has(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert all(len(row) <= 100 for row in out.splitlines())  # wrapped, as docs/cli.md shows it
+    # and the commands' own --help says the same
+    described = _help_text(["benchmark"], capsys).split("options:")[0]
+    assert all(f"{suite}:" in described for suite in get_args(Suite)), described
+    assert "embedding: STS-B, XQuAD-en" in described
+    described = _help_text(["pretrain"], capsys).split("options:")[0]
+    assert all(objective in described for objective in get_args(Objective)), described
 
 
 def test_a_new_choice_appears_in_the_help_without_editing_it(monkeypatch, capsys):

@@ -65,7 +65,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "benchmark": (
         "bertforge.cli.benchmark",
         "main",
-        "fine-tune and score a model on a suite, beside baselines",
+        "score a model on a suite of public tasks, beside baselines",
     ),
     "evaluate": ("bertforge.cli.evaluate", "main", "evaluate an MLM or a fine-tuned model"),
     "fill-mask": (
