@@ -37,13 +37,14 @@ def _help(argv: list[str]) -> str:
 
 def render() -> str:
     """The whole page."""
-    from bertforge.cli import COMMANDS, _usage
+    from bertforge.cli import COMMANDS, _usage, command_help
 
     parts = [HEADER, "```\n" + _usage() + "\n```\n"]
     saved = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = WIDTH
     try:
-        for name, (_, _, summary) in COMMANDS.items():
+        for name in COMMANDS:
+            summary = command_help(name)
             argv = ["tokenizer", "train"] if name == "tokenizer" else [name]
             parts.append(f"## bertforge {' '.join(argv)}\n\n{summary[0].upper()}{summary[1:]}.\n")
             parts.append("```\n" + _help(argv) + "\n```\n")

@@ -574,6 +574,68 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
         )
         for option, value in [("--max_steps", "0"), ("--log_every", "0"), ("--patience", "-1")]
     ],
+    (
+        "finetune-epochs-negative-named-alone",
+        lambda fx, t: _ft(fx, t, "--epochs", "-1"),
+        ("--epochs -1.0 must be positive",),
+    ),
+    (
+        "finetune-max-memory-1KB-not-0-MB",
+        lambda fx, t: _ft(fx, t, "--max_memory", "1KB"),
+        ("--max_memory 1 KB is below this run's estimated need",),
+    ),
+    # choices in the user's words: an optional Literal and a boolean, as --task's own message
+    (
+        "embed-pooling-not-a-choice",
+        lambda fx, t: (
+            ["embed", "--model", fx["mlm"], "--input", _write(t / "in.txt", "a film\n")]
+            + ["--output", t / "o.npy", "--pooling", "foo"]
+        ),
+        ("bertforge embed: --pooling takes one of cls, mean, max, mean_sqrt_len, not 'foo';",),
+    ),
+    (
+        "finetune-pooling-not-a-choice",
+        lambda fx, t: _ft(fx, t, "--task", "embedding", "--pooling", "avg"),
+        ("--pooling takes one of cls, mean, max, mean_sqrt_len, not 'avg'",),
+    ),
+    (
+        "evaluate-truncation-not-a-choice",
+        lambda fx, t: [
+            "evaluate",
+            "--model",
+            fx["clf"],
+            "--data",
+            fx["train"],
+            "--truncation",
+            "tail",
+        ],
+        ("bertforge evaluate: --truncation takes one of head, head_tail, not 'tail';",),
+    ),
+    (
+        "finetune-compile-not-a-boolean",
+        lambda fx, t: _ft(fx, t, "--compile", "maybe"),
+        ("bertforge finetune: --compile takes true or false, not 'maybe';",),
+    ),
+    # small messages that misled
+    (
+        "tokenizer-input-is-a-folder",
+        lambda fx, t: (
+            ["tokenizer", "train", "--input", _dir(t / "texts"), "--vocab_size", "60"]
+            + ["--output", t / "out"]
+        ),
+        ("texts: a folder, not a text file", "/texts/*.txt"),
+    ),
+    (
+        "prepare-utf16-table",
+        lambda fx, t: _prep(
+            fx,
+            t,
+            "--text_column",
+            "text",
+            corpus=_write(t / "u.csv", "text\nhi\n".encode("utf-16")),
+        ),
+        ("u.csv:1: UTF-16 text", "iconv -f utf-16 -t utf-8"),
+    ),
 ]
 
 

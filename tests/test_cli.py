@@ -24,6 +24,58 @@ def test_help_lists_every_command(capsys):
     assert all(name in out for name in COMMANDS)
 
 
+def test_the_command_lines_name_every_choice_the_code_has(capsys):
+    from typing import get_args
+
+    from bertforge.cli import command_help
+    from bertforge.evaluation.benchmark import Suite
+    from bertforge.recipes import RECIPES
+    from bertforge.training.config import Objective, Task
+
+    for command, choices in [
+        ("finetune", get_args(Task)),
+        ("benchmark", get_args(Suite)),
+        ("pretrain", get_args(Objective)),
+        ("recipe", list(RECIPES)),
+    ]:
+        line = command_help(command)
+        assert all(choice in line for choice in choices), (command, line)
+    assert "embedding" in command_help("finetune") and "general" in command_help("recipe")
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(len(row) <= 100 for row in out.splitlines())  # wrapped, as docs/cli.md shows it
+    # and the commands' own --help says the same
+    described = _help_text(["benchmark"], capsys).split("options:")[0]
+    assert all(f"{suite}:" in described for suite in get_args(Suite)), described
+    assert "embedding: STS-B, XQuAD-en" in described
+    described = _help_text(["pretrain"], capsys).split("options:")[0]
+    assert all(objective in described for objective in get_args(Objective)), described
+
+
+def test_a_new_choice_appears_in_the_help_without_editing_it(monkeypatch, capsys):
+    from typing import Literal, get_args
+
+    import bertforge.evaluation.benchmark as benchmark
+    import bertforge.recipes.catalog as catalog
+    import bertforge.training.config as config
+
+    # each Literal type and the recipe catalogue grow by one: the help follows
+    monkeypatch.setattr(config, "Task", Literal[(*get_args(config.Task), "ranking")])
+    monkeypatch.setattr(config, "Objective", Literal[(*get_args(config.Objective), "span_mlm")])
+    monkeypatch.setattr(benchmark, "Suite", Literal[(*get_args(benchmark.Suite), "mteb")])
+    monkeypatch.setitem(catalog.RECIPES, "tiny-web", catalog.RECIPES["general"])
+    assert main(["--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+
+    def line(command: str, following: str) -> str:  # a command's help, however it is wrapped
+        return out.split(f" {command} ", 1)[1].split(f" {following} ", 1)[0]
+
+    assert "span_mlm" in line("pretrain", "finetune") and "ranking" in line(
+        "finetune", "downstream"
+    )
+    assert "mteb" in line("benchmark", "evaluate") and "tiny-web" in line("recipe", "serve")
+
+
 def test_unknown_command_exits_2(capsys):
     assert main(["pretrian"]) == 2
     assert "unknown command 'pretrian'" in capsys.readouterr().err
@@ -82,6 +134,27 @@ def test_every_command_help_shows_docstrings_defaults_and_choices(capsys):
     # the field docstring, its default and the Literal's choices
     assert "Peak learning rate (AdamW). (type: float, default: 5e-05)" in out
     assert "--truncation {head,head_tail}" in out and "--precision {auto,bf16,fp32}" in out
+    # an optional Literal shows its choices as a Literal does, not --pooling POOLING
+    assert "--pooling {cls,mean,max,mean_sqrt_len}" in out and "--metric {accuracy," in out
+    for command, shown in [
+        ("evaluate", "--truncation {head,head_tail}"),
+        ("embed", "--pooling {cls,mean,max,mean_sqrt_len}"),
+        ("export", "--quantize {int8}"),
+    ]:
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert shown in capsys.readouterr().out, command
+
+
+def test_an_optional_boolean_takes_null_as_its_help_says(capsys):
+    argv = ["--model", "m", "--train", "t.csv", "--output", "o"]
+    assert (
+        parse_config(FinetuneConfig, [*argv, "--compile", "null"], prog="p", description="").compile
+        is None
+    )
+    assert (
+        parse_config(FinetuneConfig, [*argv, "--compile"], prog="p", description="").compile is True
+    )
 
 
 def test_config_file_and_print_config_round_trip(tmp_path, capsys):
@@ -282,7 +355,7 @@ def test_help_matches_what_the_tasks_do(capsys):
     assert "split into windows at word boundaries" in out and "--doc_stride" in out
     top = (main(["--help"]), capsys.readouterr().out)[1]
     line = next(x for x in top.splitlines() if x.strip().startswith("benchmark"))
-    assert "NER" in line and "QA" in line, line
+    assert "ner" in line and "qa" in line, line  # as --suite spells them
     assert "ner" in _help_text(["benchmark"], capsys).split("options:")[0]
     out = _help_text(["answer"], capsys)
     assert "--top_k" in out

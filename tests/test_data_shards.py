@@ -50,6 +50,18 @@ def corpus(tmp_path_factory, shared_data: Path) -> Path:
     return shared_data / "wikitext2" / "wiki.valid.tokens"
 
 
+def test_prepare_takes_a_published_model_name_for_its_tokenizer(minilm_dir, tmp_path, capsys):
+    # --tokenizer all-MiniLM-L6-v2 is the installed model's tokenizer, as --model resolves it
+    text = tmp_path / "c.txt"
+    text.write_text("One sentence here. And a second one.\n\nOther doc. Two more.\n")
+    argv = ["prepare", "--input", str(text), "--output", str(tmp_path / "d"), "--mode", "packed"]
+    assert cli_main([*argv, "--tokenizer", "all-MiniLM-L6-v2", "--progress", "false"]) == 0, (
+        capsys.readouterr().err
+    )
+    meta = json.loads((tmp_path / "d" / "meta.json").read_text())
+    assert meta["vocab_size"] == Tokenizer.from_file(minilm_dir).vocab_size == 30522
+
+
 def test_nsp_data_round_trip(corpus: Path, tokenizer: Tokenizer, tmp_path: Path) -> None:
     out = tmp_path / "data"
     summary = prepare_quietly(corpus, tokenizer, out, max_seq_length=64, validation_fraction=0.05)

@@ -12,7 +12,13 @@ from conftest import FILLER, TaskFiles, noise
 from support.cli import run_cli
 
 from bertforge.evaluation import plots
-from bertforge.evaluation.mlm import comparison_table, evaluate_mlm, random_init_like
+from bertforge.evaluation.mlm import (
+    SUMS,
+    comparison_table,
+    evaluate_mlm,
+    mlm_metrics,
+    random_init_like,
+)
 from bertforge.evaluation.plots import eval_style, plot_training_curves
 from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
 from bertforge.progress import MetricsLogger
@@ -82,6 +88,8 @@ def test_nsp_accuracy_and_random_baseline(tiny_config):
         )
     truth = torch.cat([b["next_sentence_label"] for b in batches])
     assert metrics["nsp_accuracy"] == (pred == truth).sum().item() / len(truth)
+    not_next = int((truth == 1).sum())  # the baseline: always the more frequent label
+    assert metrics["nsp_majority"] == max(not_next, len(truth) - not_next) / len(truth)
     assert model.training  # evaluation restores the mode it found
 
     fresh = random_init_like(model, seed=5)
@@ -97,7 +105,17 @@ def test_nsp_accuracy_and_random_baseline(tiny_config):
     lines = table.splitlines()
     assert lines[0] == "val" and "random init" in lines[1] and "trained" in lines[1]
     assert any(line.startswith("NSP accuracy") for line in lines)
+    assert any(line.startswith("NSP majority class") for line in lines)
     assert any(line.startswith("masked-token top-5 accuracy") for line in lines)
+
+
+def test_nsp_majority_is_the_share_of_the_more_frequent_label():
+    # prepare said "NotNext share 0.655": always guessing NotNext scores 65.5 %, what NSP must beat
+    sums = dict.fromkeys(SUMS, 0.0) | {"loss": 10.0, "tokens": 5, "nsp_pairs": 200}
+    metrics = mlm_metrics(sums | {"not_next": 131, "nsp_correct": 160})
+    assert metrics["nsp_accuracy"] == 0.8 and metrics["nsp_majority"] == 0.655
+    assert mlm_metrics(sums | {"not_next": 60, "nsp_correct": 100})["nsp_majority"] == 0.7
+    assert mlm_metrics(sums | {"nsp_pairs": 0})["nsp_majority"] is None  # no NSP: no baseline
 
 
 def test_plot_from_metrics_file(tmp_path):

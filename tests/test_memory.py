@@ -126,6 +126,9 @@ def test_peak_memory_reads_this_process():
     assert peak_memory_bytes() >= peak + 150 * 2**20 or peak_memory_bytes() > 250 * 2**20
     del block
     assert format_bytes(1.5 * 2**30) == "1.50 GB" and format_bytes(300 * 2**20) == "300 MB"
+    # below a megabyte a size is KB or bytes, never "0 MB" (--max_memory 1KB was said so)
+    assert format_bytes(2**10) == "1 KB" and format_bytes(753 * 2**10) == "753 KB"
+    assert format_bytes(100) == "100 bytes"
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux's /proc only")

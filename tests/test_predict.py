@@ -228,6 +228,20 @@ def test_embed_command_writes_npy(mlm_dir, tmp_path, capsys):
     assert "--output FILE.npy" in capsys.readouterr().err
 
 
+def test_embed_says_when_a_blank_line_was_left_out(mlm_dir, tmp_path, capsys):
+    inputs = tmp_path / "in.txt"
+    inputs.write_text("a film\nmusic\n\nthe story\n")  # 4 lines, the third blank
+    out = tmp_path / "v.npy"
+    argv = ["embed", "--model", str(mlm_dir), "--input", str(inputs), "--output", str(out)]
+    assert cli.main([*argv, "--precision", "fp32"]) == 0
+    said = capsys.readouterr().err
+    assert np.load(out).shape[0] == 3  # one row per text: rows 0-2 are lines 1, 2 and 4
+    assert "1 blank line of" in said and "(line 3): row i is not line i" in said, said
+    inputs.write_text("a film\nmusic\n")
+    assert cli.main([*argv, "--precision", "fp32"]) == 0
+    assert "left out" not in capsys.readouterr().err
+
+
 def test_evaluate_command_on_an_mlm_model_compares_with_random_init(
     task_files, mlm_dir, tmp_path, capsys
 ):

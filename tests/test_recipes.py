@@ -22,7 +22,7 @@ from bertforge.cli import main as cli_main
 from bertforge.data.dataset import PretrainingDataset
 from bertforge.data.shards import PrepareConfig, prepare
 from bertforge.recipes import RECIPES
-from bertforge.recipes.report import downstream_table
+from bertforge.recipes.report import downstream_table, mlm_table, summary
 from bertforge.recipes.runner import fixed_split, sample, unigram_baseline
 from bertforge.tokenizer.wordpiece import Tokenizer
 
@@ -136,8 +136,9 @@ def test_wikitext_nsp_smoke(shared_data, tmp_path, capsys):
 
 def test_recipe_alone_lists_the_recipes(capsys):
     assert cli_main(["recipe"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert [line.split()[0] for line in out.splitlines()[1:]] == list(RECIPES)
+    assert "peak memory" not in err  # listing is not a run to measure
 
 
 def test_unknown_recipe_and_missing_data_are_one_line_errors(tmp_path, capsys):
@@ -238,6 +239,19 @@ def test_a_recipe_report_marks_a_seed_that_did_not_beat_the_baseline():
     )
     assert "| 0.2612*, 0.5600 |" in table
     assert "* did not beat the majority baseline" in table and "--lr" in table
+
+
+def test_a_recipe_report_puts_the_nsp_majority_class_beside_the_nsp_scores():
+    def row(nsp: float) -> dict:
+        m = {"loss": 7.0, "perplexity": 1e3, "accuracy": 0.04, "top5_accuracy": 0.1}
+        return {**m, "nsp_accuracy": nsp, "nsp_majority": 0.655}
+
+    mlm = {"steps": 10, "seconds": 60.0, "eval": {"val": {"random_init": row(0.8286)}}}
+    mlm["eval"]["val"]["final"] = row(0.80)
+    lines = mlm_table(mlm).splitlines()
+    assert "| val | majority class (NSP) | - | - | - | - | 65.50% |" in lines
+    one = summary({"commands": [{"command": "bertforge pretrain", "seconds": 60.0}]})
+    assert "1 command, 1.0 minutes in all" in one  # not "1 commands"
 
 
 @pytest.mark.slow

@@ -432,11 +432,16 @@ def not_utf8(
 ) -> str:
     """The message of :func:`text_lines` for bytes of line ``line`` that are not UTF-8."""
     where = " after decompression" if packed else ""
+    # UTF-16 (what Excel's "Unicode text" and Windows tools write) starts with a byte-order mark
+    # and puts a zero byte beside every ASCII letter; anything else is most likely Latin-1
+    utf16 = (line == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff"))) or b"\x00" in raw
+    source = "utf-16" if utf16 else "latin1"
+    kind = "UTF-16 text" if utf16 else "not UTF-8 text"
+    replace = "" if utf16 else " or pass --encoding_errors replace to read such bytes as U+FFFD"
     return (
-        f"{path}:{line}: not UTF-8 text ({raw[err.start : err.start + 4]!r} at character "
+        f"{path}:{line}: {kind} ({raw[err.start : err.start + 4]!r} at character "
         f"{len(raw[: err.start].decode('utf-8', 'replace')) + 1}{where}); convert the file "
-        "(e.g. iconv -f latin1 -t utf-8 IN > OUT) or pass --encoding_errors replace to read "
-        "such bytes as U+FFFD"
+        f"(e.g. iconv -f {source} -t utf-8 IN > OUT){replace}"
     )
 
 

@@ -92,8 +92,13 @@ def peak_memory_bytes() -> int:
 
 
 def format_bytes(n: float) -> str:
-    """``1.23 GB`` / ``456 MB`` (powers of 1024, as ``free`` and ``top`` count)."""
-    return f"{n / 2**30:.2f} GB" if n >= 2**30 else f"{n / 2**20:.0f} MB"
+    """``1.23 GB`` / ``456 MB`` / ``12 KB`` / ``100 bytes`` (powers of 1024, as ``free`` and
+    ``top`` count); a size is never shown as ``0 MB``."""
+    if n >= 2**30:
+        return f"{n / 2**30:.2f} GB"
+    if n >= 2**20:
+        return f"{n / 2**20:.0f} MB"
+    return f"{n / 2**10:.0f} KB" if n >= 2**10 else f"{n:.0f} bytes"
 
 
 _BYTE_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}

@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import importlib
 import sys
+import textwrap
+from typing import get_args
 
 from bertforge import __version__, runtime
 from bertforge.errors import BertforgeError
 
-__all__ = ["COMMANDS", "configure_process", "main"]
+__all__ = ["CHOICES", "COMMANDS", "command_help", "configure_process", "main"]
 
 # subcommand -> (module, function ``f(argv: list[str]) -> int`` in it, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -48,12 +50,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "pretrain": (
         "bertforge.cli.pretrain",
         "main",
-        "pretrain a BERT encoder (MLM, optionally NSP)",
+        "pretrain a BERT encoder",
     ),
     "finetune": (
         "bertforge.cli.finetune",
         "main",
-        "fine-tune for classification, regression, token classification or question answering",
+        "fine-tune a model for a task",
     ),
     "downstream": (
         "bertforge.cli.downstream",
@@ -63,7 +65,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "benchmark": (
         "bertforge.cli.benchmark",
         "main",
-        "fine-tune and score a model on a suite (GLUE, NER or QA), beside baselines",
+        "score a model on a suite of public tasks, beside baselines",
     ),
     "evaluate": ("bertforge.cli.evaluate", "main", "evaluate an MLM or a fine-tuned model"),
     "fill-mask": (
@@ -90,14 +92,18 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "recipe": (
         "bertforge.cli.recipe",
         "main",
-        "run a recipe (reviews-adapted, review-scores, news-from-scratch, wikitext-nsp)",
+        "run a recipe",
     ),
     "serve": (
         "bertforge.cli.serve",
         "main",
         "serve models over HTTP: JSON API and an explorer page",
     ),
-    "export": ("bertforge.cli.export", "main", "export a model to ONNX (optionally int8)"),
+    "export": (
+        "bertforge.cli.export",
+        "main",
+        "export a model to ONNX, optionally quantized",
+    ),
     "verify": (
         "bertforge.cli.verify",
         "main",
@@ -106,13 +112,44 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+#: command -> (its main option, the module and the name of the ``Literal`` type or catalogue
+#: holding that option's choices): :func:`command_help` reads them from the code when the help is
+#: printed, so a new task, suite, objective or recipe is in ``bertforge --help`` and docs/cli.md
+#: without a second edit, and only ``--help`` loads those modules
+CHOICES: dict[str, tuple[str, str, str]] = {
+    "pretrain": ("--train.objective", "bertforge.training.config", "Objective"),
+    "finetune": ("--task", "bertforge.training.config", "Task"),
+    "benchmark": ("--suite", "bertforge.evaluation.benchmark", "Suite"),
+    "recipe": ("NAME", "bertforge.recipes.catalog", "RECIPES"),
+    "export": ("--quantize", "bertforge.inference.onnx", "Quantization"),
+}
+
+
+def command_help(name: str) -> str:
+    """The one-line help of command ``name``: its line in :data:`COMMANDS`, then the choices of
+    its main option as the code has them (:data:`CHOICES`), e.g. ``(--suite: glue, ner, ...)``."""
+    help_ = COMMANDS[name][2]
+    if name not in CHOICES:
+        return help_
+    option, module, attribute = CHOICES[name]
+    found = getattr(importlib.import_module(module), attribute)
+    return f"{help_} ({option}: {', '.join(get_args(found) or found)})"
+
+
 def _usage() -> str:
     lines = [
         "usage: bertforge COMMAND [options]   (bertforge COMMAND --help for its options;",
         "       bertforge --version)",
         "",
     ]
-    lines += [f"  {name:<10} {help_}" for name, (_, _, help_) in COMMANDS.items()]
+    for name in COMMANDS:  # wrapped under itself: the choices are long
+        lines += textwrap.wrap(
+            command_help(name),
+            98,
+            initial_indent=f"  {name:<10} ",
+            subsequent_indent=" " * 13,
+            break_on_hyphens=False,
+        )
     return "\n".join(lines)
 
 
@@ -157,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     entry = getattr(importlib.import_module(module_name), function_name)
     try:
         rc = int(entry(rest) or 0)
-        if name in MEMORY_COMMANDS and rc == 0:
+        if name in MEMORY_COMMANDS and rc == 0 and rest:  # a bare `bertforge recipe` lists
             peak = runtime.format_bytes(runtime.peak_memory_bytes())
             print(f"peak memory: {peak} resident", file=sys.stderr, flush=True)
         return rc

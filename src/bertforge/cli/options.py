@@ -42,7 +42,8 @@ from bertforge.errors import BertforgeError
 set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
 T = TypeVar("T")
-_BOOL_WORDS = {"true", "false", "yes", "no", "1", "0", "on", "off"}
+# the words a boolean option takes as its value ("null": an optional one's default, as --help shows)
+_BOOL_WORDS = {"true", "false", "yes", "no", "1", "0", "on", "off", "null"}
 
 
 def _unwrap_optional(hint: Any) -> Any:
@@ -70,6 +71,20 @@ def option_kinds(cls: type, prefix: str = "") -> dict[str, str]:
         else:
             kinds[f"--{name}"] = "value"
     return kinds
+
+
+def literal_choices(cls: type, prefix: str = "") -> dict[str, tuple[Any, ...]]:
+    """``{"name": choices}`` for every option of dataclass ``cls`` whose type is a ``Literal`` or
+    an optional one (nested dataclass fields as ``section.name``, the parser's dest)."""
+    found: dict[str, tuple[Any, ...]] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint = _unwrap_optional(hints[f.name])
+        if dataclasses.is_dataclass(hint):
+            found.update(literal_choices(hint, f"{prefix}{f.name}."))
+        elif typing.get_origin(hint) is typing.Literal:
+            found[f"{prefix}{f.name}"] = typing.get_args(hint)
+    return found
 
 
 def _dash_value(token: str) -> bool:
@@ -227,6 +242,12 @@ def build_parser(
         parser.add_argument(positional[0], nargs="*", default=[], help=positional[1])
         skip.add(positional[0])
     parser.add_class_arguments(cls, as_positional=False, skip=skip)
+    # jsonargparse shows a Literal's choices ({auto,bf16,fp32}) but an optional one's as its name
+    # (--truncation TRUNCATION): show them alike; null, the default, is in the type line
+    choices = literal_choices(cls)
+    for action in parser._actions:
+        if action.dest in choices and action.metavar is None:
+            action.metavar = "{" + ",".join(str(c) for c in choices[action.dest]) + "}"
     return parser
 
 
@@ -251,7 +272,9 @@ def _type_message(message: str) -> str | None:
     if not head or not value:
         return None
     key, body = head.groups()
-    literal = re.match(r"Expected a typing\.Literal\[(.*?)\]\. Got value", body)
+    literal = re.match(r"Expected a typing\.Literal\[(.*?)\]\. Got value", body) or re.search(
+        r"Union subtypes Subtypes: \[typing\.Literal\[(.*?)\]", body
+    )  # an optional Literal (--pooling): its choices are what the user meant, null is the default
     if literal:
         choices = ", ".join(c.strip(" '\"") for c in literal.group(1).split(","))
         return f"--{key} takes one of {choices}, not {value.group(1)!r}"
@@ -264,7 +287,24 @@ def _type_message(message: str) -> str | None:
     return f"--{key} takes {' or '.join(words)}{null}, not {value.group(1)!r}"
 
 
-def _one_line(err: BaseException, prog: str, argv: Sequence[str]) -> BertforgeError:
+def _bool_message(message: str, argv: Sequence[str], kinds: dict[str, str]) -> str | None:
+    """``unrecognized arguments: maybe`` where ``maybe`` follows a boolean option (``--compile
+    maybe``, which :func:`normalize_argv` read as ``--compile true maybe``) as ``--compile takes
+    true or false, not 'maybe'``; None for any other message."""
+    extra = re.match(r"unrecognized arguments: (\S+)", message)
+    if not extra:
+        return None
+    word = extra.group(1)
+    for at in range(2, len(argv)):
+        flag = str(argv[at - 2])
+        if argv[at] == word and argv[at - 1] == "true" and kinds.get(flag) == "bool":
+            return f"{flag} takes true or false, not {word!r}"
+    return None
+
+
+def _one_line(
+    err: BaseException, prog: str, argv: Sequence[str], kinds: dict[str, str] | None = None
+) -> BertforgeError:
     message = " ".join(str(err).split())
     head = "the following arguments are required: "
     if message.startswith(head):  # jsonargparse names the keys; users type the options
@@ -278,7 +318,7 @@ def _one_line(err: BaseException, prog: str, argv: Sequence[str]) -> BertforgeEr
         items = ",".join(value.replace(",", " ").split()) or "..."
         message = f"--{key} takes a list: write --{key} '[{items}]', not {value}"
     else:
-        message = _type_message(message) or message
+        message = _type_message(message) or _bool_message(message, argv, kinds or {}) or message
     configs = [v for k, v in zip(argv, argv[1:], strict=False) if k == "--config"]
     where = f" (options from {', '.join(configs)} and the command line)" if configs else ""
     return BertforgeError(f"{prog}: {message}{where}; see {prog} --help")
@@ -304,7 +344,7 @@ def parse_config(
     try:
         parsed = parser.parse_args(argv)
     except (argparse.ArgumentError, UnicodeDecodeError) as err:
-        raise _one_line(err, prog, argv) from None
+        raise _one_line(err, prog, argv, kinds) from None
     try:
         namespace = parser.instantiate(parsed)  # nested sections: their __post_init__
         return cls(**{f.name: namespace[f.name] for f in dataclasses.fields(cls)})
@@ -320,6 +360,7 @@ def parse_config(
 __all__ = [
     "build_parser",
     "check_options",
+    "literal_choices",
     "normalize_argv",
     "option_kinds",
     "parse_config",

@@ -36,6 +36,7 @@ from bertforge.inference.predict import (
 )
 from bertforge.io import atomic_write_bytes, atomic_write_text
 from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
+from bertforge.progress import plural
 
 MLM_HEAD = (
     "cls.predictions.transform",
@@ -135,7 +136,8 @@ def _write_lines(records: list[dict[str, Any]], output: str | None) -> None:
 def _inputs(cfg: FillMaskConfig | ClassifyConfig) -> tuple[list[str], list[str] | None]:
     if cfg.input:
         pair_column = getattr(cfg, "text_pair_column", None)
-        return read_texts(cfg.input, cfg.text_column, pair_column, cfg.encoding_errors)
+        texts, pairs, _ = read_texts(cfg.input, cfg.text_column, pair_column, cfg.encoding_errors)
+        return texts, pairs  # each output row shows its text: a skipped blank line is visible
     return list(cfg.texts), None
 
 
@@ -220,7 +222,7 @@ def embed_main(argv: list[str]) -> int:
         prog="bertforge embed",
         description="Embed texts into an (N, hidden) float32 .npy matrix.",
     )
-    texts, _ = read_texts(cfg.input, cfg.text_column, encoding_errors=cfg.encoding_errors)
+    texts, _, blank = read_texts(cfg.input, cfg.text_column, encoding_errors=cfg.encoding_errors)
     if cfg.backend == "onnx":
         model, tokenizer, options = load_onnx_model(cfg, output="last_hidden_state")
     else:
@@ -241,10 +243,18 @@ def embed_main(argv: list[str]) -> int:
     pooled = "--pooling" if choice.pooling_source == "given" else choice.pooling_source
     flag = f"--normalize {str(choice.normalize).lower()}"
     normed = flag if choice.normalize_source == "given" else choice.normalize_source
+    # rows stand for texts, not lines: a left-out blank line shifts every row after it
+    skipped = ", ".join(map(str, blank[:5])) + (", ..." if len(blank) > 5 else "")
+    shifted = (
+        f"; {plural(len(blank), 'blank line')} of {cfg.input} left out "
+        f"(line {skipped}): row i is not line i"
+        if blank
+        else ""
+    )
     print(
         f"wrote {cfg.output}: {vectors.shape[0]} x {vectors.shape[1]} float32; "
         f"{choice.pooling} pooling ({pooled}), "
-        f"{'' if choice.normalize else 'not '}normalized ({normed})",
+        f"{'' if choice.normalize else 'not '}normalized ({normed}){shifted}",
         file=sys.stderr,
     )
     return 0

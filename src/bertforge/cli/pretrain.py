@@ -4,14 +4,16 @@ YAML files and dotted overrides (``--train.lr 1e-4``), then
 
 from __future__ import annotations
 
+from typing import get_args
+
 from bertforge import distributed as D
 from bertforge.cli.options import parse_config
-from bertforge.training.config import PretrainConfig
+from bertforge.training.config import Objective, PretrainConfig
 from bertforge.training.pretrain import pretrain
 
 DESCRIPTION = (
-    "Pretrain a BERT encoder (MLM + NSP or MLM only) on prepared data. Options come from "
-    "--config YAML files and dotted overrides (--train.lr 1e-4)."
+    f"Pretrain a BERT encoder (--train.objective: {', '.join(get_args(Objective))}) on prepared "
+    "data. Options come from --config YAML files and dotted overrides (--train.lr 1e-4)."
 )
 
 

@@ -15,6 +15,7 @@ from bertforge.tokenizer.files import (
     CONFIG_FILE,
     TOKENIZER_FILE,
     VOCAB_FILE,
+    check_text_files,
     iter_text_lines,
     sample_texts,
 )
@@ -122,9 +123,7 @@ def training_text(cfg: TokenizerTrainConfig) -> Iterator[str]:
     the sentences of a table's ``--text_column`` (what ``bertforge prepare`` reads from it); a
     table without ``--text_column`` is refused with its columns."""
     paths = [Path(f) for f in cfg.input]
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-        raise BertforgeError(f"input file(s) not found: {', '.join(missing)}; check --input")
+    check_text_files(paths, "; check --input")
     for path in paths:
         if detect_format(path) in ("csv", "tsv", "jsonl"):
             for document in read_documents(

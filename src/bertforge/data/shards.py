@@ -48,6 +48,7 @@ from bertforge.data.instances import InstanceBuilder
 from bertforge.data.workers import ChunkPool
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_directory, write_manifest
+from bertforge.modeling.checkpoint import resolve_model
 from bertforge.tokenizer.wordpiece import Tokenizer
 
 __all__ = [
@@ -207,7 +208,8 @@ class PrepareConfig:
     input: list[str]
     """Text files, directories or globs (txt, WikiText, csv/tsv/jsonl, .gz)."""
     tokenizer: str
-    """Tokenizer directory or file (from bertforge tokenizer train)."""
+    """Tokenizer directory or file (from bertforge tokenizer train), or a model directory or a
+    published model's name (all-MiniLM-L6-v2) whose tokenizer to use."""
     output: str
     """Data directory to create."""
     max_seq_length: int = 128
@@ -237,6 +239,10 @@ class PrepareConfig:
     """Replace an existing data directory."""
     progress: bool = True
     """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        # a model's name (--tokenizer all-MiniLM-L6-v2) means its tokenizer, as --model does
+        self.tokenizer = resolve_model(self.tokenizer)
 
 
 def prepare(

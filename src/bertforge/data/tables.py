@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bertforge.errors import BertforgeError
 from bertforge.io import plain_name, text_lines
@@ -167,12 +167,22 @@ def read_columns_lines(
     return out, where
 
 
+class Texts(NamedTuple):
+    """What :func:`read_texts` found: the texts, their pairs (None without a pair column) and the
+    (1-based) numbers of the blank lines a plain-text file had, which hold no text and are left
+    out, so a caller whose output rows follow the input lines can say so."""
+
+    texts: list[str]
+    pairs: list[str] | None
+    blank_lines: list[int]
+
+
 def read_texts(
     path: str | Path,
     text_column: str | None = None,
     text_pair_column: str | None = None,
     encoding_errors: str = "strict",
-) -> tuple[list[str], list[str] | None]:
+) -> Texts:
     """Texts of an input file: a column of a CSV/TSV/JSONL file, or the non-empty lines of any
     other (plain-text) file."""
     path = Path(path)
@@ -190,19 +200,26 @@ def read_texts(
             )
         if not path.is_file():
             raise BertforgeError(f"{path}: no such file")
-        lines = text_lines(path, encoding_errors)
-        texts = [clean_text(line.rstrip("\r\n")) for line in lines if line.strip()]
+        texts, blank = [], []
+        for number, line in enumerate(text_lines(path, encoding_errors), start=1):
+            if line.strip():
+                texts.append(clean_text(line.rstrip("\r\n")))
+            else:
+                blank.append(number)
         if not texts:
             raise BertforgeError(f"{path}: the file is empty (no non-blank line)")
-        return texts, None
+        return Texts(texts, None, blank)
     texts, pairs = read_columns(path, [text_column or "text", text_pair_column], encoding_errors)
-    return [clean_text(t) for t in texts], [
-        clean_text(t) for t in pairs
-    ] if text_pair_column else None
+    return Texts(
+        [clean_text(t) for t in texts],
+        [clean_text(t) for t in pairs] if text_pair_column else None,
+        [],
+    )
 
 
 __all__ = [
     "TABLE_SUFFIXES",
+    "Texts",
     "clean_text",
     "jsonl_rows",
     "read_columns",

@@ -51,6 +51,7 @@ def evaluate_mlm(
     (-100 where not masked) and optionally ``next_sentence_label``. ``model`` is a
     ``BertForPreTraining`` or ``BertForMaskedLM`` (the plain module, not a DDP wrapper). Returns
     ``loss, perplexity, accuracy, top5_accuracy, nsp_accuracy`` (None without NSP),
+    ``nsp_majority`` (the accuracy of always guessing the more frequent NSP label, the baseline),
     ``tokens`` (masked tokens scored) and ``sequences``. With ``reduce_across_ranks`` the sums are
     all-reduced first, so every rank returns the metrics of the whole (sharded) evaluation set.
     NSP pairs that are all IsNext (or all NotNext) say nothing about the NSP head: then
@@ -168,6 +169,10 @@ def mlm_metrics(sums: Mapping[str, float]) -> dict[str, float | int | str | None
         "accuracy": sums["top1"] / tokens,
         "top5_accuracy": sums["top5"] / tokens,
         "nsp_accuracy": nsp,
+        # always guessing the evaluation set's more frequent NSP label: what nsp_accuracy must beat
+        "nsp_majority": max(not_next, nsp_pairs - not_next) / nsp_pairs
+        if nsp is not None
+        else None,
         "rtd_accuracy": sums["rtd_correct"] / sums["rtd_tokens"] if sums["rtd_tokens"] else None,
         "contrastive_accuracy": (
             sums["contrastive_hits"] / sums["contrastive_rows"]
@@ -224,6 +229,7 @@ def comparison_table(columns: Mapping[str, Mapping[str, Any]], title: str | None
         ("masked-token accuracy", "accuracy", "{:.2%}"),
         ("masked-token top-5 accuracy", "top5_accuracy", "{:.2%}"),
         ("NSP accuracy", "nsp_accuracy", "{:.2%}"),
+        ("NSP majority class", "nsp_majority", "{:.2%}"),  # the NSP score to beat
         ("replaced-token accuracy", "rtd_accuracy", "{:.2%}"),
         ("same-document accuracy", "contrastive_accuracy", "{:.2%}"),
         ("masked tokens scored", "tokens", "{:,}"),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bertforge.progress import plural
+
 LABELS = {"random_init": "random init", "start": "start", "final": "after"}
 
 
@@ -17,7 +19,8 @@ def _num(value: Any, digits: int = 3) -> str:
 
 
 def mlm_table(mlm: dict[str, Any]) -> str:
-    """One row per (evaluation set, column): MLM loss, perplexity, accuracy, NSP accuracy."""
+    """One row per (evaluation set, column): MLM loss, perplexity, accuracy, NSP accuracy; with
+    NSP, the majority class's NSP accuracy beside them (what a trained NSP head must beat)."""
     lines = [
         "| evaluated on | model | MLM loss | perplexity | masked-token acc. | top-5 | NSP acc. |",
         "|---|---|---|---|---|---|---|",
@@ -39,6 +42,11 @@ def mlm_table(mlm: dict[str, Any]) -> str:
                 f"| {split} | {label} | {_num(m['loss'])} | {_num(m['perplexity'], 1)} | "
                 f"{_pct(m['accuracy'])} | {_pct(m['top5_accuracy'])} | {_pct(m.get('nsp_accuracy'))} |"
             )
+        majority = next(
+            (m["nsp_majority"] for m in columns.values() if m and m.get("nsp_majority")), None
+        )
+        if majority is not None:  # the NSP score to beat: always the more frequent label
+            lines.append(f"| {split} | majority class (NSP) | - | - | - | - | {_pct(majority)} |")
     guess = mlm.get("frequency_guesser")
     if guess:
         lines.append(
@@ -101,8 +109,9 @@ def summary(results: dict[str, Any]) -> str:
         parts.append(mlm_table(results["mlm"]))
     if "downstream" in results:
         parts.append(downstream_table(results["downstream"]))
-    total = sum(c["seconds"] for c in results.get("commands", []))
-    parts.append(f"{len(results.get('commands', []))} commands, {total / 60:.1f} minutes in all")
+    commands = results.get("commands", [])
+    total = sum(c["seconds"] for c in commands)
+    parts.append(f"{plural(len(commands), 'command')}, {total / 60:.1f} minutes in all")
     return "\n\n".join(parts) + "\n"
 
 

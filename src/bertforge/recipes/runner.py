@@ -144,7 +144,8 @@ def pretrain_results(run: Path, head: Path | None = None) -> dict[str, Any]:
     seconds count too (``head_steps``, ``head_seconds``)."""
     result = json.loads((run / "results.json").read_text())
     first = json.loads((head / "results.json").read_text()) if head else result
-    keep = ("loss", "perplexity", "accuracy", "top5_accuracy", "nsp_accuracy", "tokens")
+    keep = ("loss", "perplexity", "accuracy", "top5_accuracy", "nsp_accuracy", "nsp_majority")
+    keep += ("tokens",)
     columns = {"random_init": result.get("random_init"), "start": first["initial"]}
     columns["final"] = result["final"]
     tables: dict[str, Any] = {}

@@ -69,6 +69,20 @@ def read_tokenizer_config(directory: Path) -> dict[str, Any]:
     return read_json_object(path, "fix or delete the file")
 
 
+def check_text_files(files: Sequence[Path], fix: str) -> None:
+    """Refuse training input that is not a file: a folder is named as one (with the glob that
+    gives its files), anything else as not found; ``fix`` ends the not-found message."""
+    folders = [str(p) for p in files if p.is_dir()]
+    if folders:
+        raise BertforgeError(
+            f"{', '.join(folders)}: a folder, not a text file; give the files in it "
+            f"(e.g. --input {folders[0].rstrip('/')}/*.txt)"
+        )
+    missing = [str(p) for p in files if not p.is_file()]
+    if missing:
+        raise BertforgeError(f"input file(s) not found: {', '.join(missing)}{fix}")
+
+
 def iter_text_lines(files: Sequence[Path], encoding_errors: str = "strict") -> Iterator[str]:
     """The lines of UTF-8 text files (``.gz``/``.bz2``/``.xz`` read transparently), one file
     after the other (:func:`bertforge.io.text_lines`)."""
@@ -147,6 +161,7 @@ def write_tokenizer_files(
 
 
 __all__ = [
+    "check_text_files",
     "SPECIAL_TOKENS",
     "bert_backend",
     "iter_text_lines",

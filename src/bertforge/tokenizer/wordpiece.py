@@ -34,6 +34,7 @@ from bertforge.tokenizer.files import (
     TOKENIZER_FILE,
     VOCAB_FILE,
     bert_backend,
+    check_text_files,
     iter_text_lines,
     read_tokenizer_config,
     read_vocab_txt,
@@ -123,12 +124,7 @@ class Tokenizer:
         paths = [Path(files)] if isinstance(files, (str, Path)) else [Path(f) for f in files]
         if not paths:
             raise BertforgeError("tokenizer train: no input files given; pass --input FILE...")
-        missing = [str(p) for p in paths if not p.is_file()]
-        if missing:
-            raise BertforgeError(
-                f"input file(s) not found: {', '.join(missing)} (for text in memory use "
-                "Tokenizer.train_from_iterator)"
-            )
+        check_text_files(paths, " (for text in memory use Tokenizer.train_from_iterator)")
         return cls.train_from_iterator(
             iter_text_lines(paths),
             vocab_size,

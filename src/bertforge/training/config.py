@@ -449,11 +449,8 @@ class TrainConfig(LoopOptions):
         check_choice(self.attention_init, AttentionInit, "--train.attention_init")
         if self.max_steps is not None and self.max_steps <= 0:
             raise BertforgeError(f"train.max_steps={self.max_steps} must be positive")
-        if self.batch_size <= 0 or (
-            self.micro_batch_size is not None and self.micro_batch_size <= 0
-        ):
-            raise BertforgeError("train.batch_size and train.micro_batch_size must be positive")
         option = lambda name: f"--train.{name}"  # noqa: E731
+        check_positive(self, option, "batch_size", "micro_batch_size")
         check_training_options(self, option)
         check_at_least(self, option, eval_every=0, save_every=0, keep_checkpoints=0, eps=0)
         check_at_least(self, option, profile=0)
@@ -705,8 +702,7 @@ class FinetuneConfig(LoopOptions):
         check_max_length(
             self.max_length, 4 if self.text_pair_column else 3, "[CLS], [SEP] and one token"
         )
-        if self.batch_size <= 0 or self.eval_batch_size <= 0 or self.epochs <= 0:
-            raise BertforgeError("--batch_size, --eval_batch_size and --epochs must be positive")
+        check_positive(self, option, "batch_size", "eval_batch_size", "epochs")
         check_training_options(self, option)
         check_at_least(self, option, max_steps=1, eval_every=0, patience=0, keep_checkpoints=0)
         check_at_least(self, option, micro_batch_size=1, doc_stride=0, max_answer_length=1)
