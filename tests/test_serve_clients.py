@@ -56,7 +56,7 @@ def models(tmp_path_factory, minilm_dir) -> dict[str, Path]:
     ]
     TaskFiles.write_rows(root / "pairs.jsonl", rows, "jsonl")
     options = ["--task", "embedding", "--text_column", "q", "--text_pair_column", "d"]
-    options += ["--matryoshka_dims", "32", "16", "--max_length", "24"]
+    options += ["--matryoshka_dims", "32", "16", "--max_length", "24", "--max_steps", "1"]
     mat = finetune(made["mlm"], root / "pairs.jsonl", root / "mat", *options)
     return {"minilm": minilm_dir, "clf": made["clf"], "reg": made["reg"], "mat": mat}
 
@@ -64,7 +64,9 @@ def models(tmp_path_factory, minilm_dir) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def server(models, tmp_path_factory) -> str:
     log = tmp_path_factory.mktemp("clients-log") / "server.log"
-    options = ("--max_client_batch_size", "8", "--max_input_length", "64", "--num_threads", "1")
+    options = ("--max_client_batch_size", "8", "--max_input_length", "48", "--num_threads", "1")
+    # a small warm-up (shapes up to 128 tokens, 4 requests in flight): the texts here are short
+    options += ("--max_batch_tokens", "128", "--max_concurrent_requests", "4")
     with serve(models, *options, log=log, env={"BERTFORGE_API_KEY": KEY}) as (port, _):
         yield f"http://127.0.0.1:{port}"
 
@@ -125,7 +127,7 @@ def test_openai_dimensions_and_errors(server, models):
         (dict(model="mat", input="a", dimensions=12), openai.BadRequestError, "32, 16"),
         (dict(model="mat", input="a", dimensions=64), openai.BadRequestError, "width, 32"),
         (dict(model="minilm", input="a", dimensions=128), openai.BadRequestError, "not trained"),
-        (dict(model="minilm", input="word " * 80), openai.BadRequestError, "max_input_length"),
+        (dict(model="minilm", input="word " * 60), openai.BadRequestError, "max_input_length"),
         (dict(model="minilm", input=["a"] * 9), openai.BadRequestError, "batch_size=8"),
         (dict(model="minilm", input=[[10**9]]), openai.BadRequestError, "vocabulary"),
         (dict(model="nope", input="a"), openai.NotFoundError, "not served"),
@@ -156,7 +158,7 @@ def test_huggingface_inference_client_on_the_tei_routes(server, models, referenc
     np.testing.assert_allclose(one, reference[:1], atol=1e-5, rtol=0)
     info = hub.InferenceClient(server, api_key=KEY, provider="hf-inference").get_endpoint_info()
     assert info["model_id"] == "minilm" and info["model_type"] == {"embedding": {"pooling": "mean"}}
-    assert info["max_client_batch_size"] == 8 and info["max_input_length"] == 64
+    assert info["max_client_batch_size"] == 8 and info["max_input_length"] == 48
     clf = hub.InferenceClient(base_url=f"{server}/tei/predict?model=clf", api_key=KEY)
     labels = clf.text_classification("a good film")
     model = BertForSequenceClassification.from_pretrained(models["clf"])
