@@ -61,30 +61,48 @@ def models(tmp_path_factory, minilm_dir) -> dict[str, Path]:
     return {"minilm": minilm_dir, "clf": made["clf"], "reg": made["reg"], "mat": mat}
 
 
-@pytest.fixture(scope="module")
-def server(models, tmp_path_factory) -> str:
-    log = tmp_path_factory.mktemp("clients-log") / "server.log"
-    options = ("--max_client_batch_size", "8", "--max_input_length", "48", "--num_threads", "1")
-    # a small warm-up (shapes up to 128 tokens, 4 requests in flight): the texts here are short
-    options += ("--max_batch_tokens", "128", "--max_concurrent_requests", "4")
-    with serve(models, *options, log=log, env={"BERTFORGE_API_KEY": KEY}) as (port, _):
-        yield f"http://127.0.0.1:{port}"
-
-
-@pytest.fixture(scope="module")
-def reference(models, tmp_path_factory) -> np.ndarray:
+def embed_reference(minilm: Path, root: Path) -> np.ndarray:
     """``bertforge embed``'s vectors of TEXTS with all-MiniLM-L6-v2, checked against
     sentence-transformers' within 1e-5."""
-    root = tmp_path_factory.mktemp("clients-embed")
     (root / "texts.txt").write_text("\n".join(TEXTS) + "\n")
-    argv = ["embed", "--model", str(models["minilm"]), "--input", str(root / "texts.txt")]
+    argv = ["embed", "--model", str(minilm), "--input", str(root / "texts.txt")]
     argv += ["--output", str(root / "out.npy"), "--device", "cpu", "--precision", "fp32"]
     with redirect_stderr(io.StringIO()):
         assert cli.main(argv) == 0
     ours = np.load(root / "out.npy")
-    theirs = st.SentenceTransformer(str(models["minilm"]), device="cpu").encode(TEXTS)
+    theirs = st.SentenceTransformer(str(minilm), device="cpu").encode(TEXTS)
     np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
     return ours
+
+
+@pytest.fixture(scope="module")
+def served(models, tmp_path_factory) -> tuple[str, np.ndarray]:
+    """(the server's URL, the reference vectors), made while the server loads."""
+    root = tmp_path_factory.mktemp("clients-log")
+    options = ("--max_client_batch_size", "8", "--max_input_length", "48", "--num_threads", "1")
+    # a small warm-up (shapes up to 128 tokens, 4 requests in flight): the texts here are short
+    options += ("--max_batch_tokens", "128", "--max_concurrent_requests", "4")
+    found: dict[str, np.ndarray] = {}
+
+    def meanwhile() -> None:
+        found["reference"] = embed_reference(models["minilm"], root)
+
+    env = {"BERTFORGE_API_KEY": KEY}
+    with serve(models, *options, log=root / "server.log", env=env, meanwhile=meanwhile) as (
+        port,
+        _,
+    ):
+        yield f"http://127.0.0.1:{port}", found["reference"]
+
+
+@pytest.fixture(scope="module")
+def server(served) -> str:
+    return served[0]
+
+
+@pytest.fixture(scope="module")
+def reference(served) -> np.ndarray:
+    return served[1]
 
 
 def _openai(server: str, key: str = KEY):
