@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import math
 import random
 from contextlib import redirect_stderr
@@ -216,11 +215,21 @@ def test_rerank_in_tei_shape_equals_sentence_transformers(server, models, refere
     client.close()
 
 
-def test_openapi_document_names_both_protocols(server):
-    client = Client(int(server.rsplit(":", 1)[1]))
-    status, spec = client.request("GET", "/openapi.json")
-    assert status == 200
-    for path in ("/v1/embeddings", "/v1/models", "/rerank", "/tei/embed", "/tei/predict"):
+def test_the_new_routes_are_keyed_documented_and_counted(server):
+    bare = Client(int(server.rsplit(":", 1)[1]))
+    keyed = Client(bare.port, headers={"Authorization": f"Bearer {KEY}"})
+    assert bare.request("GET", "/")[0] == 200  # the page is public; TEI's POST / is not
+    for path in ("/", "/tei/embed", "/rerank", "/v1/embeddings", "/v1/models", "/tei/info"):
+        method = "GET" if path in ("/v1/models", "/tei/info") else "POST"
+        status, body = bare.request(method, path, {"inputs": "a"})
+        assert status == 401, (path, body)
+    assert bare.request("GET", "/tei/health")[0] == 200  # public, as TEI's /health
+    status, spec = bare.request("GET", "/openapi.json")
+    for path in ("/v1/embeddings", "/v1/models", "/rerank", "/tei/embed", "/tei/predict", "/"):
         assert path in spec["paths"], path
-    assert json.dumps(spec).count("EmbeddingsRequest") >= 1
-    client.close()
+    status, metrics = keyed.request("GET", "/metrics")
+    for route in ("/v1/embeddings", "/rerank", "/tei/predict", "/"):
+        assert f'route="{route}",status="200"' in metrics, route
+    assert 'route="/v1/embeddings",status="400"' in metrics
+    bare.close()
+    keyed.close()
