@@ -31,8 +31,14 @@ from conftest import FILLER, TaskFiles  # noqa: E402
 from support.serve import Client, finetune, serve, tiny_models  # noqa: E402
 
 from bertforge import cli  # noqa: E402
-from bertforge.inference.predict import classify  # noqa: E402
+from bertforge.inference.predict import (  # noqa: E402
+    classify,
+    cut_dimensions,
+    trained_dimensions,
+)
 from bertforge.modeling.model import BertForSequenceClassification  # noqa: E402
+from bertforge.serve.limits import error_answer, openai_error  # noqa: E402
+from bertforge.serve.routes.tei import cosines, label_scores, ranked  # noqa: E402
 from bertforge.tokenizer import Tokenizer  # noqa: E402
 
 KEY = "key-of-the-client-tests"
@@ -104,6 +110,57 @@ def reference(served) -> np.ndarray:
     return served[1]
 
 
+# ---- pure parts ---------------------------------------------------------------------------------
+def test_matryoshka_sizes_and_cuts_by_hand():
+    assert trained_dimensions({}, 384) == [384]
+    assert trained_dimensions({"matryoshka_dims": [256, 64, 999]}, 384) == [384, 256, 64]
+    vectors = np.array([[3.0, 4.0, 12.0], [1.0, 0.0, 0.0]], dtype=np.float32)
+    np.testing.assert_array_equal(cut_dimensions(vectors, 2, False), [[3, 4], [1, 0]])
+    np.testing.assert_allclose(cut_dimensions(vectors, 2, True), [[0.6, 0.8], [1, 0]], atol=1e-7)
+
+
+def test_tei_scores_and_ranks_by_hand():
+    logits = np.array([[0.0, math.log(3.0)], [2.0, 2.0]])
+    np.testing.assert_allclose(label_scores(logits, "softmax"), [[0.25, 0.75], [0.5, 0.5]])
+    np.testing.assert_allclose(label_scores(logits, "sigmoid")[0], [0.5, 0.75])
+    np.testing.assert_array_equal(label_scores(logits, "none"), logits)
+    np.testing.assert_allclose(cosines(np.array([1.0, 0.0]), np.array([[2.0, 0.0], [1, 1]])),
+                               [1.0, math.sqrt(0.5)])  # fmt: skip
+    scores = np.array([0.2, 0.9, 0.2, 0.5])
+    assert [r["index"] for r in ranked(scores, None)] == [1, 3, 0, 2]  # ties: input order
+    assert ranked(scores[:1], ["t"]) == [{"index": 0, "score": 0.2, "text": "t"}]
+
+
+def test_openai_error_shapes_and_statuses():
+    assert error_answer("/embed", 413, "too long", "max-input-length") == (
+        413,
+        {"error": "too long", "error_type": "max-input-length"},
+    )
+    status, body = error_answer("/v1/embeddings", 413, "too long", "max-input-length", "input")
+    assert status == 400 and body == {
+        "error": {
+            "message": "too long",
+            "type": "invalid_request_error",
+            "param": "input",
+            "code": "context_length_exceeded",
+        }
+    }
+    assert openai_error(422, "m", "validation") == (
+        400,
+        {"error": {"message": "m", "type": "invalid_request_error", "param": None, "code": None}},
+    )
+    assert openai_error(401, "m", "unauthorized")[1]["error"]["code"] == "invalid_api_key"
+    assert openai_error(404, "m", "model")[1]["error"]["code"] == "model_not_found"
+    assert openai_error(429, "m", "max-concurrent-requests")[1]["error"]["type"] == (
+        "rate_limit_error"
+    )
+    assert openai_error(503, "m", "loading") == (
+        503,
+        {"error": {"message": "m", "type": "server_error", "param": None, "code": "loading"}},
+    )
+
+
+# ---- the clients, against one server ------------------------------------------------------------
 def _openai(server: str, key: str = KEY):
     return openai.OpenAI(base_url=f"{server}/v1", api_key=key, max_retries=0)
 
