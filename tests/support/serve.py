@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -217,10 +217,12 @@ def serve(
     startup: float = 120.0,
     env: dict[str, str] | None = None,
     context: ssl.SSLContext | None = None,
+    meanwhile: Callable[[], Any] | None = None,
 ) -> Iterator[tuple[int, subprocess.Popen]]:
     """Run ``bertforge serve`` with ``models`` (NAME -> DIR) and ``options`` on a free port
     (``env`` added to the environment; ``context`` to reach it over HTTPS); yields (port,
-    process) once /health answers 200, stops the process after."""
+    process) once /health answers 200, stops the process after. ``meanwhile`` runs once the
+    process has started, while it loads (a test's own reference work, on the other core)."""
     port = free_port()
     argv = [sys.executable, "-m", "bertforge.cli", "serve", "--port", str(port)]
     for name, directory in models.items():
@@ -231,6 +233,8 @@ def serve(
     sink = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
     process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=env)
     try:
+        if meanwhile is not None:
+            meanwhile()
         deadline = time.monotonic() + startup
         while True:
             if process.poll() is not None:

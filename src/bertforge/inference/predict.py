@@ -389,14 +389,42 @@ def embed(
     :func:`resolve_pooling`.
     """
     texts = _check_texts(texts)
+    encoder = getattr(model, "bert", model)
+    encoded = encode_examples(tokenizer, texts, max_length=_max_length(encoder, max_length))
+    return embed_ids(
+        model,
+        tokenizer,
+        [ids for ids, _ in encoded],
+        pooling,
+        batch_size=batch_size,
+        normalize=normalize,
+        precision=precision,
+        progress=progress,
+    )
+
+
+@torch.inference_mode()
+def embed_ids(
+    model: nn.Module,
+    tokenizer: Any,
+    ids: Sequence[Sequence[int]],
+    pooling: str | None = None,
+    *,
+    batch_size: int = 32,
+    normalize: bool | None = None,
+    precision: str = "fp32",
+    progress: bool = False,
+) -> np.ndarray:
+    """(N, hidden) float32 vectors of texts already tokenized: each ``ids[i]`` the full input,
+    ``[CLS] ... [SEP]`` included and within the model's positions (:func:`embed` passes its
+    texts through here; the server's token-id inputs come in so)."""
     choice = resolve_pooling(model, pooling, normalize)
     encoder = getattr(model, "bert", model)
-    hidden_size = encoder.config.hidden_size
-    out = np.zeros((len(texts), hidden_size), dtype=np.float32)
-    if not texts:
+    out = np.zeros((len(ids), encoder.config.hidden_size), dtype=np.float32)
+    if not len(ids):
         return out
-    encoded = encode_examples(tokenizer, texts, max_length=_max_length(encoder, max_length))
-    bar = item_bar(len(texts), "embed", enabled=progress)
+    encoded = [(np.asarray(row, dtype=np.int32), len(row)) for row in ids]
+    bar = item_bar(len(ids), "embed", enabled=progress)
     onnx = not isinstance(model, nn.Module)  # an OnnxModel
     running = contextlib.nullcontext(torch.device("cpu")) if onnx else _evaluating(encoder)
     with running as device, bar:
@@ -416,18 +444,40 @@ def embed(
     return out
 
 
+def trained_dimensions(settings: dict[str, Any], width: int) -> list[int]:
+    """The vector sizes a model answers well, largest first: its full ``width``, and the
+    Matryoshka cuts ``bertforge finetune --matryoshka_dims`` trained (``matryoshka_dims`` in
+    the ``finetune_config.json`` it saved, ``settings`` as :func:`saved_settings` reads it)."""
+    cuts = settings.get("matryoshka_dims") or []
+    return sorted({width, *(int(k) for k in cuts if 0 < int(k) <= width)}, reverse=True)
+
+
+def cut_dimensions(vectors: np.ndarray, size: int, normalize: bool) -> np.ndarray:
+    """(N, H) vectors -> (N, size), their first ``size`` dimensions (a Matryoshka cut), scaled
+    back to unit length when ``normalize`` (a cut of a unit vector is shorter than 1), as
+    sentence-transformers' ``encode(truncate_dim=size, normalize_embeddings=True)`` does."""
+    cut = np.ascontiguousarray(vectors[:, :size], dtype=np.float32)
+    if not normalize:
+        return cut
+    norms = np.linalg.norm(cut, axis=1, keepdims=True)  # (N, 1)
+    return (cut / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
 __all__ = [
     "POOLINGS",
     "PoolingChoice",
     "PoolingMode",
     "classify",
     "copy_pooling_declaration",
+    "cut_dimensions",
     "declared_pooling",
     "embed",
+    "embed_ids",
     "fill_mask",
     "fill_mask_side_by_side",
     "pooling_declaration",
     "resolve_pooling",
     "saved_settings",
     "sequence_logits",
+    "trained_dimensions",
 ]

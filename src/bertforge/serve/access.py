@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from bertforge.serve.config import ServeConfig
-from bertforge.serve.limits import error_body, route_label
+from bertforge.serve.limits import error_answer, route_label
 from bertforge.serve.metrics import Metrics
 
 
@@ -47,10 +47,10 @@ LOGGER = logging.getLogger("bertforge.serve.access")
 #: answered without the key: the server's health, and the page and the API docs, which hold
 #: no model and no answer (a browser opening them cannot send a header; the page then asks
 #: for the key and sends it with every request)
-PUBLIC = ("/health", "/", "/docs", "/openapi.json")
+PUBLIC = ("/health", "/tei/health", "/", "/docs", "/openapi.json")
 PUBLIC_PREFIXES = ("/static/", "/docs-assets/")
-#: answered while the models load (the rest answer 503)
-WITHOUT_MODELS = (*PUBLIC, "/metrics")
+#: answered while the models load, besides the public pages (the rest answer 503)
+WITHOUT_MODELS = ("/metrics",)
 
 _SANE_ID = re.compile(rb"[A-Za-z0-9._:@/+=-]{1,128}")
 
@@ -122,7 +122,8 @@ class Access:
             await send(message)
 
         async def refuse(code: int, message: str, kind: str, headers: list) -> None:
-            body = json.dumps(error_body(message, kind)).encode()
+            code, answer = error_answer(path, code, message, kind)
+            body = json.dumps(answer).encode()
             await send_with_id(
                 {
                     "type": "http.response.start",
@@ -136,8 +137,10 @@ class Access:
             )
             await send_with_id({"type": "http.response.body", "body": body})
 
+        # the page and the docs are public to read; a POST to / is TEI's inference route
+        public = scope["method"] in ("GET", "HEAD") and is_public(path)
         try:
-            if config.api_key is not None and not is_public(path):
+            if config.api_key is not None and not public:
                 authorization = next(
                     (v for k, v in scope["headers"] if k == b"authorization"), None
                 )
@@ -151,7 +154,7 @@ class Access:
                         [(b"www-authenticate", b"Bearer")],
                     )
                     return
-            if not server.ready and path not in WITHOUT_MODELS and not is_public(path):
+            if not server.ready and not public and path not in WITHOUT_MODELS:
                 await refuse(
                     503,
                     "the models are still loading; retry shortly (GET /health answers 200 "

@@ -2,8 +2,9 @@
 (:class:`~bertforge.serve.access.Access` outermost, then
 :class:`~bertforge.serve.limits.Limits`), the error handlers (:mod:`~bertforge.serve.handlers`)
 and the routers (:mod:`~bertforge.serve.routes`): JSON routes named after
-text-embeddings-inference where one exists, the explorer page at ``/`` and OpenAPI docs at
-``/docs``, all served from this package.
+text-embeddings-inference where one exists, TEI's own API and OpenAI's embeddings API for their
+clients, the explorer page at ``/`` and OpenAPI docs at ``/docs``, all served from this
+package.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from bertforge.serve.config import ServeConfig
 from bertforge.serve.handlers import EXCEPTION_HANDLERS
 from bertforge.serve.limits import Limits
 from bertforge.serve.models import ServedModel
-from bertforge.serve.routes import explain, inference, meta, tasks
+from bertforge.serve.routes import explain, inference, meta, openai, tasks, tei
 from bertforge.serve.server import LoadModels, Server
 
 
@@ -65,7 +66,8 @@ def create_app(
     app.add_middleware(Access, server=server)  # added last: runs first
     if config.api_key is not None:
         meta.declare_bearer(app)
-    for router in (meta.router, inference.router, explain.router, tasks.router, meta.pages):
+    routers = (meta.router, inference.router, explain.router, tasks.router, tei.router)
+    for router in (*routers, openai.router, meta.pages):
         app.include_router(router)
     meta.mount_docs_assets(app)
     return app

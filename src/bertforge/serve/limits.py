@@ -36,14 +36,25 @@ ROUTES = (
     "/attribute",
     "/tag",
     "/answer",
+    "/rerank",
     "/docs",
     "/openapi.json",
+    "/v1/embeddings",
+    "/v1/models",
+    "/tei",
+    "/tei/embed",
+    "/tei/predict",
+    "/tei/rerank",
+    "/tei/tokenize",
+    "/tei/info",
+    "/tei/health",
 )
-PREFIXES = ("/static/", "/docs-assets/")
+PREFIXES = ("/static/", "/docs-assets/", "/v1/models/")
 
 
 class ApiError(Exception):
-    """An answer other than 200, raised by a route: status, one-line message, error type."""
+    """An answer other than 200, raised by a route: status, one-line message, error type, and
+    the request field at fault (``param``, which OpenAI's error shape names)."""
 
     def __init__(
         self,
@@ -51,14 +62,63 @@ class ApiError(Exception):
         message: str,
         kind: str = "validation",
         headers: dict[str, str] | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.headers = status, message, kind, headers
+        self.param = param
 
 
 def error_body(message: str, kind: str) -> dict[str, str]:
     """The JSON of every error answer (the shape text-embeddings-inference uses)."""
     return {"error": message, "error_type": kind}
+
+
+OPENAI_PREFIX = "/v1/"
+"""Paths answered in OpenAI's shapes (:mod:`~bertforge.serve.routes.openai`), errors included."""
+
+#: OpenAI's ``code`` for the kinds of error it has one for (null for a plain bad request, as
+#: OpenAI's; the other kinds keep ours)
+OPENAI_CODES: dict[str, str | None] = {
+    "unauthorized": "invalid_api_key",
+    "max-input-length": "context_length_exceeded",
+    "max-concurrent-requests": "rate_limit_exceeded",
+    "validation": None,
+    "http": None,
+}
+
+
+def openai_error(
+    status: int, message: str, kind: str, param: str | None = None
+) -> tuple[int, dict[str, dict[str, str | None]]]:
+    """``(status, body)`` of an error in OpenAI's shape, ``{"error": {"message", "type",
+    "param", "code"}}``, with the statuses its API answers (and its client turns into
+    exceptions): what the client sent wrong is a 400 ``invalid_request_error`` (where we answer
+    413 or 422: ``openai.BadRequestError``), 401/404/429 stay, a failure of ours is a
+    ``server_error``."""
+    if status in (413, 422):
+        status = 400
+    if status == 429:
+        kind_said = "rate_limit_error"
+    elif status >= 500:
+        kind_said = "server_error"
+    else:
+        kind_said = "invalid_request_error"
+    if kind == "model" and status == 404:
+        code: str | None = "model_not_found"
+    else:
+        code = OPENAI_CODES.get(kind, kind)
+    return status, {"error": {"message": message, "type": kind_said, "param": param, "code": code}}
+
+
+def error_answer(
+    path: str, status: int, message: str, kind: str, param: str | None = None
+) -> tuple[int, dict[str, object]]:
+    """``(status, body)`` of an error answer to ``path``: OpenAI's shape under /v1/, ours
+    (text-embeddings-inference's) everywhere else."""
+    if path.startswith(OPENAI_PREFIX):
+        return openai_error(status, message, kind, param)
+    return status, dict(error_body(message, kind))
 
 
 def route_label(path: str) -> str:
@@ -98,7 +158,8 @@ class Limits:
             await send(message)
 
         async def refuse(code: int, message: str, kind: str, **headers: str) -> None:
-            body = json.dumps(error_body(message, kind)).encode()
+            code, answer = error_answer(scope["path"], code, message, kind)
+            body = json.dumps(answer).encode()
             await send_counted(
                 {
                     "type": "http.response.start",
@@ -207,4 +268,12 @@ async def _read_body(receive: Any, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-__all__ = ["ApiError", "Limits", "error_body", "route_label"]
+__all__ = [
+    "OPENAI_PREFIX",
+    "ApiError",
+    "Limits",
+    "error_answer",
+    "error_body",
+    "openai_error",
+    "route_label",
+]

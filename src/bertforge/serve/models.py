@@ -63,6 +63,17 @@ class ServedModel:
         pooling, _, normalize = declared_pooling(self.directory)
         return pooling, normalize
 
+    @functools.cached_property
+    def prompts(self) -> dict[str, str]:
+        """The named prompts of a sentence-transformers directory (``prompts`` in
+        ``config_sentence_transformers.json``, e.g. ``{"query": "query: "}``), {} without."""
+        path = Path(self.directory) / "config_sentence_transformers.json"
+        try:
+            prompts = json.loads(path.read_text(encoding="utf-8")).get("prompts") or {}
+        except (OSError, ValueError, AttributeError):
+            return {}
+        return {str(k): str(v) for k, v in prompts.items()} if isinstance(prompts, dict) else {}
+
     @property
     def encoder(self) -> nn.Module:
         """The ``BertModel`` inside (the model itself for a bare encoder)."""
@@ -76,16 +87,27 @@ class ServedModel:
     def routes(self) -> list[str]:
         """The model-specific routes this model answers."""
         common = ["/tokenize", "/embed", "/similarity", "/attention"]
+        rerank = ["/rerank"] if self.reranks else []
         if self.backend == "onnx":  # no attention maps or gradients from ONNX Runtime
             head = {"classifier": "/predict", **TASK_ROUTES}.get(self.kind)
-            return [head, *common[:3]] if head else common[:3]
+            return [head, *common[:3], *rerank] if head else [*common[:3], *rerank]
         if self.kind == "masked-lm":
-            return ["/fill-mask", *common]
+            return ["/fill-mask", *common, *rerank]
         if self.kind == "classifier":
-            return ["/predict", "/attribute", *common]
+            return ["/predict", "/attribute", *common, *rerank]
         if self.kind in TASK_ROUTES:
             return [TASK_ROUTES[self.kind], *common]
-        return common
+        return [*common, *rerank]
+
+    @property
+    def reranks(self) -> str | None:
+        """How ``/rerank`` scores a (query, text) pair with this model: ``cross-encoder`` (a
+        classifier of one output or two classes reads the pair jointly), ``embedding`` (an
+        encoder or masked LM: the cosine of the two vectors), or None (a classifier of more
+        classes, a token classifier, a question-answering model)."""
+        if self.kind == "classifier":
+            return "cross-encoder" if self.model.config.num_labels <= 2 else None
+        return "embedding" if self.kind in ("encoder", "masked-lm") else None
 
     @property
     def pair_columns(self) -> tuple[str, str] | None:

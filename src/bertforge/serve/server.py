@@ -229,15 +229,19 @@ class Server:
                         f"{noun} {i + 1} is not valid Unicode ({err.reason} at character "
                         f"{err.start}); send UTF-8 text",
                     ) from err
+        self.check_batch_size(len(texts), noun)
+        return texts
+
+    def check_batch_size(self, count: int, noun: str = "text") -> None:
+        """At most --max_client_batch_size texts (or pairs, or token-id lists) per request."""
         limit = self.config.max_client_batch_size
-        if len(texts) > limit:
+        if count > limit:
             raise ApiError(
                 413,
-                f"{len(texts)} {noun}s in one request exceed --max_client_batch_size={limit}; "
+                f"{count} {noun}s in one request exceed --max_client_batch_size={limit}; "
                 "split the request",
                 "max-client-batch-size",
             )
-        return texts
 
     def check_pairing(self, served: ServedModel, paired: bool, route: str) -> None:
         """A model fine-tuned on text pairs takes pairs only, one fine-tuned on single texts
@@ -268,20 +272,29 @@ class Server:
             return served.max_length, f"model {served.name!r}'s max_position_embeddings"
         return self.config.max_input_length, "--max_input_length"
 
-    def lengths(self, served: ServedModel, texts: Sequence[Any], truncate: bool) -> list[int]:
+    def lengths(
+        self,
+        served: ServedModel,
+        texts: Sequence[Any],
+        truncate: bool,
+        *,
+        field: str | None = None,
+    ) -> list[int]:
         """Token counts (with [CLS] and [SEP], for a ``(text, text_pair)`` pair of both and
-        three specials); a text or pair over the limit is a 413 naming it."""
+        three specials); a text or pair over the limit is a 413 naming it (and, for a body
+        without ``truncate`` such as OpenAI's, the ``field`` it came in)."""
         limit, name = self.length_limit(served)
         paired = bool(texts) and isinstance(texts[0], tuple)
         lengths = _token_counts(served, texts)
         for i, n in enumerate(lengths):
             if n > limit and not truncate:
+                hint = "" if name.startswith("model") or field else " or send truncate: true"
                 raise ApiError(
                     413,
                     f"{'pair' if paired else 'text'} {i + 1} is {n} tokens long, more than "
-                    f"{name}={limit}; shorten it"
-                    + ("" if name.startswith("model") else " or send truncate: true"),
+                    f"{name}={limit}; shorten it{hint}",
                     "max-input-length",
+                    param=field,
                 )
         return [min(n, limit) for n in lengths]
 

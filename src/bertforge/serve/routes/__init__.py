@@ -4,7 +4,10 @@ receive the shared :class:`~bertforge.serve.server.Server` as a FastAPI dependen
 * :mod:`~bertforge.serve.routes.meta`: /health, /info, /metrics, the page at ``/`` and /docs;
 * :mod:`~bertforge.serve.routes.inference`: /tokenize, /fill-mask, /predict, /embed, /similarity;
 * :mod:`~bertforge.serve.routes.explain`: /attention and /attribute;
-* :mod:`~bertforge.serve.routes.tasks`: /tag and /answer (token classifiers, question answering).
+* :mod:`~bertforge.serve.routes.tasks`: /tag and /answer (token classifiers, question answering);
+* :mod:`~bertforge.serve.routes.tei`: /rerank, and text-embeddings-inference's API for its
+  clients (/tei/..., POST /);
+* :mod:`~bertforge.serve.routes.openai`: OpenAI's /v1/embeddings and /v1/models.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 
 from bertforge.inference.predict import classify as predict_classify
 from bertforge.inference.predict import embed as predict_embed
+from bertforge.inference.predict import embed_ids as predict_embed_ids
 from bertforge.inference.predict import fill_mask as predict_fill_mask
 from bertforge.serve.limits import ApiError
 from bertforge.serve.models import ServedModel
@@ -33,7 +34,7 @@ router = APIRouter()
 async def tokenize(body: TokenizeRequest, server: ServerDep) -> JSONResponse:
     served = server.model(body.model, "/tokenize")
     texts = server.texts(body.inputs)  # a body within the payload limit tokenizes in ms
-    return JSONResponse([_tokens(served, t) for t in texts])
+    return JSONResponse([tokens_of(served, t) for t in texts])
 
 
 @router.post("/fill-mask", summary="top-k candidates for every [MASK]")
@@ -101,19 +102,25 @@ async def predict(body: PredictRequest, server: ServerDep) -> JSONResponse:
     return JSONResponse(results)
 
 
-async def _vectors(
+async def text_vectors(
     server: Server,
     served: ServedModel,
     texts: list[str],
     pooling: str | None,
     normalize: bool | None,
     truncate: bool,
+    *,
+    lengths: list[int] | None = None,
 ) -> np.ndarray:
+    """(N, H) vectors of ``texts`` through the batcher (the forward passes of /embed, which the
+    other protocols' embedding routes share); ``lengths``: their token counts, when the caller
+    has checked them already."""
     # unset means what the model declares, as `bertforge embed` and embed() do
     declared, declared_norm = served.declared_pooling
     pooling = pooling or declared or "cls"
     normalize = declared_norm if normalize is None else normalize
-    lengths = server.lengths(served, texts, truncate)
+    if lengths is None:
+        lengths = server.lengths(served, texts, truncate)
     max_length = server.length_limit(served)[0]
 
     def run(batch: list[str]) -> list[np.ndarray]:
@@ -133,11 +140,53 @@ async def _vectors(
     return np.stack(await server.run(key, texts, sum(lengths), run))
 
 
+async def id_vectors(
+    server: Server, served: ServedModel, ids: list[list[int]], normalize: bool | None
+) -> np.ndarray:
+    """(N, H) vectors of texts given as WordPiece ids (without [CLS] and [SEP], which are added),
+    checked against the vocabulary and the length limit, through the batcher; the model's
+    declared pooling."""
+    tok = served.tokenizer
+    for i, row in enumerate(ids):
+        wrong = next((t for t in row if not 0 <= t < tok.vocab_size), None)
+        if wrong is not None:
+            raise ApiError(
+                422,
+                f"input {i + 1}: token id {wrong} is not in the model's vocabulary (0 to "
+                f"{tok.vocab_size - 1}); send ids as /tokenize gives them",
+                param="input",
+            )
+    limit, name = server.length_limit(served)
+    for i, row in enumerate(ids):
+        if len(row) + 2 > limit:
+            raise ApiError(
+                413,
+                f"input {i + 1} is {len(row) + 2} tokens long with [CLS] and [SEP], more than "
+                f"{name}={limit}; shorten it",
+                "max-input-length",
+                param="input",
+            )
+    declared, declared_norm = served.declared_pooling
+    pooling = declared or "cls"
+    normalize = declared_norm if normalize is None else normalize
+    full = [[tok.cls_id, *row, tok.sep_id] for row in ids]
+
+    def run(batch: list[list[int]]) -> list[np.ndarray]:
+        options = {**served.options, "batch_size": len(batch)}
+        vectors = predict_embed_ids(
+            served.encoder, tok, batch, pooling, normalize=normalize, **options
+        )
+        return list(vectors)
+
+    key = (served.name, "embed-ids", pooling, normalize)
+    return np.stack(await server.run(key, full, sum(len(r) for r in full), run))
+
+
 @router.post("/embed", summary="one vector per text")
 async def embed(body: EmbedRequest, server: ServerDep) -> Response:
     served = server.model(body.model, "/embed")
     texts = server.texts(body.inputs)
-    vectors = await _vectors(server, served, texts, body.pooling, body.normalize, body.truncate)
+    vectors = await text_vectors(server, served, texts, body.pooling, body.normalize, body.truncate)
     # orjson writes float32 arrays directly, in float32's shortest form: ~20x faster than
     # json over Python floats and half the bytes, on the event loop of every request
     payload = orjson.dumps(np.ascontiguousarray(vectors), option=orjson.OPT_SERIALIZE_NUMPY)
@@ -150,11 +199,11 @@ async def similarity(body: SimilarityRequest, server: ServerDep) -> JSONResponse
     texts = server.texts(body.inputs)
     if len(texts) < 2:
         raise ApiError(422, "inputs needs at least 2 texts to compare")
-    vectors = await _vectors(server, served, texts, body.pooling, True, body.truncate)
+    vectors = await text_vectors(server, served, texts, body.pooling, True, body.truncate)
     return JSONResponse({"similarity": rounded(vectors @ vectors.T)})
 
 
-def _tokens(served: ServedModel, text: str) -> list[dict[str, Any]]:
+def tokens_of(served: ServedModel, text: str) -> list[dict[str, Any]]:
     """WordPieces of ``text`` with ids and character offsets, [CLS] and [SEP] included."""
     tok = served.tokenizer
     enc = tok.backend.encode(text)

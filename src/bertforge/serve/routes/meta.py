@@ -12,6 +12,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 
 from bertforge.serve.limits import ApiError
 from bertforge.serve.routes import ServerDep
+from bertforge.serve.routes.tei import tei_info
 
 router = APIRouter()
 """/health, /info and /metrics."""
@@ -38,9 +39,14 @@ async def health(server: ServerDep) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-@router.get("/info", summary="models, their configs and parameter counts, tokenizers, limits")
+@router.get(
+    "/info",
+    summary="models, their configs and parameter counts, tokenizers, limits (and TEI's /info "
+    "fields of the default model)",
+)
 async def info(server: ServerDep) -> dict[str, Any]:
     return {
+        **tei_info(server, server.models[server.default]),
         "default_model": server.default,
         "models": [m.describe() for m in server.models.values()],
         "limits": server.config.limits(),
