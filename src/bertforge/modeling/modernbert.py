@@ -24,6 +24,9 @@ computation):
   prediction, transformers' ``sparse_prediction``), the decoder and its cross-entropy fused
   (:func:`~bertforge.modeling.ops.decoder_cross_entropy`); the token classifier, training,
   likewise at the labelled positions.
+
+Every forward takes ``token_type_ids`` as BERT's does and ignores it: ModernBERT has no segment
+embeddings (a pair is [CLS] a [SEP] b [SEP]), and the commands BERT shares pass them.
 """
 
 from __future__ import annotations
@@ -141,11 +144,11 @@ class ModernBertEmbeddings(nn.Module):
             config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id
         )
         self.norm = layer_norm(config)
-        self.p = config.embedding_dropout
+        self.dropout_p = config.embedding_dropout
 
     def forward(self, ids: Tensor) -> Tensor:
         """(n,) token ids -> (n, H)."""
-        return dropout(self.norm(self.tok_embeddings(ids)), self.p, self.training)
+        return dropout(self.norm(self.tok_embeddings(ids)), self.dropout_p, self.training)
 
 
 # ---- rotary positions --------------------------------------------------------------------------
@@ -243,12 +246,12 @@ class ModernBertMLP(nn.Module):
         self.Wi = nn.Linear(H, 2 * inner, bias=config.mlp_bias)
         self.Wo = nn.Linear(inner, H, bias=config.mlp_bias)
         self.act = config.hidden_activation
-        self.p = config.mlp_dropout
+        self.dropout_p = config.mlp_dropout
 
     def gate(self, x: Tensor) -> Tensor:
         """(n, H) -> (n, inner): everything before ``Wo``."""
         a, g = self.Wi(x).chunk(2, dim=-1)  # (n, inner) each
-        return dropout(activation(self.act, a) * g, self.p, self.training)
+        return dropout(activation(self.act, a) * g, self.dropout_p, self.training)
 
 
 # ---- layer and encoder -------------------------------------------------------------------------
@@ -338,9 +341,14 @@ class ModernBertPreTrainedModel(nn.Module):
         this class; heads the checkpoint lacks start freshly initialised. Eval mode."""
         return load_pretrained(cls, directory, **config_overrides)
 
-    def save_pretrained(self, directory: str | Path, tokenizer: Any = None) -> Path:
+    def save_pretrained(
+        self,
+        directory: str | Path,
+        tokenizer: Any = None,
+        extra_tensors: dict[str, Tensor] | None = None,
+    ) -> Path:
         """Write config.json (naming this class) + model.safetensors (+ tokenizer) atomically."""
-        return save_pretrained(self, directory, tokenizer=tokenizer)
+        return save_pretrained(self, directory, tokenizer=tokenizer, extra_tensors=extra_tensors)
 
 
 class ModernBertModel(ModernBertPreTrainedModel):
@@ -393,6 +401,7 @@ class ModernBertModel(ModernBertPreTrainedModel):
         input_ids: Tensor,
         attention_mask: Tensor | None = None,
         output_attentions: bool = False,
+        token_type_ids: Tensor | None = None,
     ) -> BertModelOutput:
         """``last_hidden_state`` (B, T, H): zero at padding (transformers' values there mean
         nothing); no pooler (``pooler_output`` None)."""
@@ -440,6 +449,7 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
         labels: Tensor | None = None,
         output_attentions: bool = False,
         masked_rows: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
     ) -> MaskedLMOutput:
         """Without labels: (B, T, V) logits. With labels (-100 where no target): the head and
         decoder at the labelled positions only, logits (n_masked, V) in row-major order, the
@@ -498,6 +508,7 @@ class ModernBertForSequenceClassification(ModernBertPreTrainedModel):
         attention_mask: Tensor | None = None,
         labels: Tensor | None = None,
         output_attentions: bool = False,
+        token_type_ids: Tensor | None = None,
     ) -> SequenceClassifierOutput:
         h, rows, attentions = self.model.encode(input_ids, attention_mask, output_attentions)
         pooled = self.head(self.pool(h, rows))  # (B, H)
@@ -532,6 +543,7 @@ class ModernBertForTokenClassification(ModernBertPreTrainedModel):
         labels: Tensor | None = None,
         output_attentions: bool = False,
         labelled_only: bool | None = None,
+        token_type_ids: Tensor | None = None,
     ) -> TokenClassifierOutput:
         """Logits (B, T, C), or (n_labelled, C) in row-major order with ``labelled_only``."""
         labelled_only = labels is not None if labelled_only is None else labelled_only
@@ -573,6 +585,7 @@ class ModernBertForQuestionAnswering(ModernBertPreTrainedModel):
         start_positions: Tensor | None = None,
         end_positions: Tensor | None = None,
         output_attentions: bool = False,
+        token_type_ids: Tensor | None = None,
     ) -> QuestionAnsweringOutput:
         """With ``start_positions`` / ``end_positions`` (B,) the loss is the mean of the two
         cross-entropies, padding masked out of the softmax (as our BERT's; transformers'
