@@ -402,9 +402,11 @@ class ModernBertModel(ModernBertPreTrainedModel):
         attention_mask: Tensor | None = None,
         output_attentions: bool = False,
         token_type_ids: Tensor | None = None,
+        skip_padding: bool = True,
     ) -> BertModelOutput:
         """``last_hidden_state`` (B, T, H): zero at padding (transformers' values there mean
-        nothing); no pooler (``pooler_output`` None)."""
+        nothing); no pooler (``pooler_output`` None). ``skip_padding`` is BERT's option,
+        always on here."""
         h, rows, attentions = self.encode(input_ids, attention_mask, output_attentions)
         return BertModelOutput(rows.to_grid(h), None, attentions)
 
@@ -509,7 +511,10 @@ class ModernBertForSequenceClassification(ModernBertPreTrainedModel):
         labels: Tensor | None = None,
         output_attentions: bool = False,
         token_type_ids: Tensor | None = None,
+        cls_only: bool | None = None,
     ) -> SequenceClassifierOutput:
+        """``cls_only`` (BERT's option; by default when labels are given): return no hidden
+        states, only the logits."""
         h, rows, attentions = self.model.encode(input_ids, attention_mask, output_attentions)
         pooled = self.head(self.pool(h, rows))  # (B, H)
         p = self.config.classifier_dropout
@@ -520,7 +525,8 @@ class ModernBertForSequenceClassification(ModernBertPreTrainedModel):
                 loss = F.mse_loss(logits.float().squeeze(-1), labels.float().view(-1))
             else:
                 loss = F.cross_entropy(logits.float(), labels.view(-1))
-        hidden = None if labels is not None else rows.to_grid(h)
+        cls_only = labels is not None if cls_only is None else cls_only
+        hidden = None if cls_only else rows.to_grid(h)
         return SequenceClassifierOutput(loss, logits, hidden, attentions)
 
 
