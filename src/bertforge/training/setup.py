@@ -82,12 +82,6 @@ def open_data(cfg: PretrainConfig, *, rank: int = 0, world_size: int = 1) -> Pre
         split = "validation" if splits.get("validation", {}).get("instances") else "train"
         extra[Path(path).name] = PretrainingDataset(path, split, tokenizer)
     objective = objective_class(tc.objective)
-    if objective.reads_pairs and train_ds.mode != "nsp":
-        raise BertforgeError(
-            f"{cfg.data} was prepared in {train_ds.mode!r} mode, without the sentence pairs "
-            f"--train.objective {tc.objective} needs; use --train.objective mlm or prepare "
-            "with --mode nsp"
-        )
     if cfg.init_from:
         model_config = start_config(cfg.init_from, cfg.model)
         check_start_tokenizer(cfg.init_from, meta, cfg.data)
@@ -96,6 +90,12 @@ def open_data(cfg: PretrainConfig, *, rank: int = 0, world_size: int = 1) -> Pre
         special = {"pad": tokenizer.pad_id, "cls": tokenizer.cls_id, "sep": tokenizer.sep_id}
         model_config = cfg.model.to_model_config(tokenizer.vocab_size, special)
     model_class_for(objective, model_config)  # an objective the architecture has no heads for
+    if objective.reads_pairs and train_ds.mode != "nsp":
+        raise BertforgeError(
+            f"{cfg.data} was prepared in {train_ds.mode!r} mode, without the sentence pairs "
+            f"--train.objective {tc.objective} needs; use --train.objective mlm or prepare "
+            "with --mode nsp"
+        )
     if meta["max_seq_length"] > model_config.max_position_embeddings:
         raise BertforgeError(
             f"data max_seq_length={meta['max_seq_length']} exceeds "
