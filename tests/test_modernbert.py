@@ -388,3 +388,117 @@ def test_attention_maps_show_the_local_window():
     n = int(mask[2].sum())
     assert not local[2][:, :n, n:].any()  # real queries never see padding
     assert out.attentions[0][0][:, outside].any()  # the global layer sees everything
+
+
+# ---- the commands on a tiny ModernBERT -------------------------------------------------------
+@pytest.mark.slow  # ~10 s of CPU: four commands
+def test_pretrain_finetune_and_predict_with_a_bpe_tokenizer(
+    shakespeare_file, task_files, tmp_path, capsys
+):
+    """A BPE tokenizer trained here -> prepare -> pretrain --model.architecture modernbert (MLM,
+    sequences past the local window) -> the model loads in transformers with the same logits ->
+    finetune a classifier -> classify and fill-mask (its own <mask>) through the CLI."""
+    from support.bpe import train_bpe
+
+    from bertforge import cli
+    from bertforge.data.shards import PrepareConfig, prepare
+
+    lines = shakespeare_file.read_text(encoding="utf-8").splitlines()[:3000]
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tokenizer = train_bpe(lines, tmp_path / "bpe", vocab_size=300)
+    data = tmp_path / "data"
+    prepare(
+        PrepareConfig(
+            [str(text)],
+            str(tokenizer),
+            str(data),
+            max_seq_length=48,
+            mode="packed",
+            validation_fraction=0.05,
+            progress=False,
+        )
+    )
+    run = tmp_path / "run"
+    fast = ["--train.precision", "fp32", "--train.progress", "false", "--train.num_threads", "1"]
+    argv = [
+        "pretrain",
+        "--data",
+        str(data),
+        "--output",
+        str(run),
+        "--train.objective",
+        "mlm",
+        "--model.architecture",
+        "modernbert",
+        "--model.preset",
+        "tiny",
+        "--model.hidden_size",
+        "32",
+        "--model.num_attention_heads",
+        "2",
+        "--model.max_position_embeddings",
+        "64",
+        "--model.local_attention",
+        "16",
+        "--train.max_steps",
+        "20",
+        "--train.batch_size",
+        "16",
+        "--train.lr",
+        "3e-3",
+        "--train.eval_every",
+        "0",
+        "--train.save_every",
+        "0",
+        "--train.eval_examples",
+        "32",
+        *fast,
+    ]
+    assert cli.main(argv) == 0
+    model_dir = run / "model"
+    log = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    val = [r["loss"] for r in log if r.get("split") == "val"]
+    assert val[-1] < val[0] - 0.2, val
+    theirs = transformers.AutoModelForMaskedLM.from_pretrained(model_dir).eval()
+    ours = ModernBertForMaskedLM.from_pretrained(model_dir)
+    ids, mask = batch(40)
+    (a,), (b,) = outputs(ours, ids, mask), outputs(theirs, ids, mask)
+    assert (a - b).abs().max() < TOL
+
+    task_files.write_sentiment(tmp_path / "train.csv", 240, seed=1)
+    out = tmp_path / "classifier"
+    argv = [
+        "finetune",
+        "--model",
+        str(model_dir),
+        "--train",
+        str(tmp_path / "train.csv"),
+        "--output",
+        str(out),
+        "--max_steps",
+        "45",
+        "--batch_size",
+        "16",
+        "--lr",
+        "1e-2",
+        "--num_threads",
+        "1",
+        "--max_length",
+        "32",
+        "--precision",
+        "fp32",
+        "--progress",
+        "false",
+    ]
+    assert cli.main(argv) == 0
+    assert json.loads((out / "config.json").read_text())["architectures"] == [
+        "ModernBertForSequenceClassification"
+    ]
+    capsys.readouterr()
+    assert cli.main(["classify", "--model", str(out), "a good story", "bad music"]) == 0
+    labels = [json.loads(line)["label"] for line in capsys.readouterr().out.splitlines()]
+    assert labels == ["pos", "neg"]
+    assert cli.main(["fill-mask", "--model", str(model_dir), "to be or not to<mask>"]) == 0
+    (filled,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(filled["masks"]) == 1 and filled["filled"].startswith("to be or not to")
