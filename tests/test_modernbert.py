@@ -502,3 +502,17 @@ def test_pretrain_finetune_and_predict_with_a_bpe_tokenizer(
     assert cli.main(["fill-mask", "--model", str(model_dir), "to be or not to<mask>"]) == 0
     (filled,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(filled["masks"]) == 1 and filled["filled"].startswith("to be or not to")
+
+
+def test_the_padded_grid_path_equals_the_unpadded_one(monkeypatch):
+    """Under torch.compile the rows stay the whole padded grid (one shape), attention masking
+    the padding: the same logits at the real tokens, and mean pooling still ignores padding."""
+    from bertforge.modeling import modernbert
+
+    model = ModernBertForSequenceClassification(tiny(classifier_pooling="mean")).eval()
+    ids, mask = batch(29)
+    with torch.no_grad():
+        unpadded = model(ids, mask).logits
+        monkeypatch.setattr(modernbert.torch.compiler, "is_compiling", lambda: True)
+        grid = model(ids, mask).logits
+    assert (unpadded - grid).abs().max() < TOL

@@ -500,8 +500,13 @@ class ModernBertForSequenceClassification(ModernBertPreTrainedModel):
             first = torch.arange(B, device=h.device) * T  # each sequence's position 0
             return h[rows.rows_of(first)]
         seq = rows.sequence_of_rows()  # (N,)
-        sums = h.new_zeros(B, h.shape[1]).index_add_(0, seq, h[: rows.real])
-        counts = torch.bincount(seq, minlength=B).clamp(min=1).to(h.dtype)
+        x = h[: rows.real]
+        if rows.index is None and rows.keys is not None:  # compiled: the grid, padding too
+            x = x * rows.keys.reshape(-1, 1).to(x.dtype)
+            counts = rows.keys.sum(1).clamp(min=1).to(h.dtype)
+        else:
+            counts = torch.bincount(seq, minlength=B).clamp(min=1).to(h.dtype)
+        sums = h.new_zeros(B, h.shape[1]).index_add_(0, seq, x)
         return sums / counts[:, None]
 
     def forward(
