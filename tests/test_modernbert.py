@@ -516,3 +516,88 @@ def test_the_padded_grid_path_equals_the_unpadded_one(monkeypatch):
         monkeypatch.setattr(modernbert.torch.compiler, "is_compiling", lambda: True)
         grid = model(ids, mask).logits
     assert (unpadded - grid).abs().max() < TOL
+
+
+@pytest.mark.slow  # two short pretraining runs
+def test_a_modernbert_pretraining_run_resumes_bit_exactly(shakespeare_file, tmp_path):
+    """Dropout on (--train.dropout reaches ModernBERT's dropout places), an evaluation mid-way:
+    the run resumed from step 6 logs the same losses and ends with the same weights."""
+    from safetensors.torch import load_file
+
+    from bertforge import cli
+    from bertforge.data.shards import PrepareConfig, prepare
+    from bertforge.tokenizer.wordpiece import Tokenizer
+
+    text = tmp_path / "text.txt"
+    text.write_text(shakespeare_file.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+    tokenizer = tmp_path / "tok"
+    Tokenizer.train(text, vocab_size=300).save(tokenizer)
+    data = tmp_path / "data"
+    prepare(
+        PrepareConfig(
+            [str(text)],
+            str(tokenizer),
+            str(data),
+            max_seq_length=40,
+            mode="packed",
+            validation_fraction=0.05,
+            progress=False,
+        )
+    )
+    argv = [
+        "pretrain",
+        "--data",
+        str(data),
+        "--model.architecture",
+        "modernbert",
+        "--model.preset",
+        "tiny",
+        "--model.hidden_size",
+        "32",
+        "--model.num_attention_heads",
+        "2",
+        "--model.max_position_embeddings",
+        "64",
+        "--model.local_attention",
+        "16",
+        "--train.objective",
+        "mlm",
+        "--train.batch_size",
+        "16",
+        "--train.precision",
+        "fp32",
+        "--train.eval_every",
+        "4",
+        "--train.progress",
+        "false",
+        "--train.num_threads",
+        "1",
+        "--train.eval_examples",
+        "16",
+        "--train.log_every",
+        "1",
+        "--train.keep_checkpoints",
+        "0",
+        "--train.max_steps",
+        "10",
+        "--train.save_every",
+        "3",
+        "--train.dropout",
+        "0.1",
+    ]
+    assert cli.main([*argv, "--output", str(tmp_path / "full")]) == 0
+    checkpoint = tmp_path / "full" / "checkpoint-00000006"
+    assert (
+        cli.main([*argv, "--output", str(tmp_path / "resumed"), "--resume", str(checkpoint)]) == 0
+    )
+
+    def losses(run):
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
+
+    full, resumed = losses(tmp_path / "full"), losses(tmp_path / "resumed")
+    assert sorted(resumed) == [7, 8, 9, 10]
+    assert [full[s] for s in resumed] == [resumed[s] for s in resumed]
+    a = load_file(tmp_path / "full" / "model" / "model.safetensors")
+    b = load_file(tmp_path / "resumed" / "model" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
