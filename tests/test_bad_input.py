@@ -39,6 +39,8 @@ TINY_PRETRAIN = [
     *("--train.precision", "fp32", "--train.device", "cpu", "--train.eval_examples", "8"),
     *("--train.num_threads", "1", "--train.eval_every", "0", "--train.save_every", "0"),
 ]
+MODERN = ["--model.architecture", "modernbert", "--model.local_attention", "16"]
+"""TINY_PRETRAIN as a ModernBERT (its sizes, a window inside its 64 positions)."""
 FAST_FINETUNE = [
     "--max_steps",
     "1",
@@ -373,6 +375,38 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
             ("--masking.bucket_window", "-2", "-2 must be at least 0"),
         ]
     ],
+    # pretrain --model.architecture modernbert: configs it cannot build
+    *[
+        (f"pretrain-modernbert-{name}", lambda fx, t, e=extra: _pt(fx["data"], t, *MODERN, *e), m)
+        for name, extra, m in [
+            (
+                "window-past-the-context",
+                ["--model.local_attention", "128"],
+                ("local_attention=128 is larger than the context (max_position_embeddings=64)",),
+            ),
+            (
+                "heads-do-not-divide-the-width",
+                ["--model.num_attention_heads", "5"],
+                ("hidden_size=32 is not divisible by num_attention_heads=5",),
+            ),
+            (
+                "nsp",
+                ["--train.objective", "mlm_nsp"],
+                (
+                    "--train.objective mlm_nsp: ModernBERT has no token types",
+                    "use --train.objective mlm",
+                ),
+            ),
+            ("bert-size", ["--model.preset", "small"], ("has no ModernBERT size",)),
+        ]
+    ],
+    (
+        "pretrain-modernbert-from-a-bert-checkpoint",
+        lambda fx, t: _pt(
+            fx["data"], t, "--init_from", fx["mlm"], "--model.architecture", "modernbert"
+        ),
+        ("--model.architecture modernbert contradicts", "(model_type bert)"),
+    ),
     # pretrain: resuming from a damaged checkpoint
     (
         "resume-state-json-not-json",

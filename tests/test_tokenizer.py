@@ -390,3 +390,52 @@ def test_tokenizer_train_says_it_trained_on_a_sample_of_a_large_input(tmp_path, 
     out = capsys.readouterr().out
     assert "random sample of 19,9" in out and "(--max_chars 20000, --seed 0)" in out
     assert Tokenizer.from_file(tmp_path / "part").token_to_id("word") is not None
+
+
+# ---- any tokenizer.json: a BPE one, as a published ModernBERT ships ------------------------------
+
+
+def test_a_bpe_tokenizer_json_loads_with_its_own_special_tokens(shakespeare_lines, tmp_path):
+    """A byte-level BPE trained here: the special tokens come from tokenizer_config.json (cls
+    from bos_token, sep from eos_token, the mask in special_tokens_map.json as {"content": ...}), the ids
+    equal transformers' for texts and pairs, and the saved directory loads in both alike."""
+    from support.bpe import train_bpe
+    from transformers import AutoTokenizer
+
+    directory = train_bpe(shakespeare_lines[:2000], tmp_path / "bpe")
+    ours = Tokenizer.from_file(directory)
+    assert ours.special_tokens == {
+        "pad": "<pad>",
+        "unk": "<unk>",
+        "cls": "<s>",
+        "sep": "</s>",
+        "mask": "<mask>",
+    }
+    assert not ours.wordpiece and not ours.is_continuation.any()
+    theirs = AutoTokenizer.from_pretrained(directory)
+    texts = shakespeare_lines[:20] + ["the king <mask> here"]
+    pairs = shakespeare_lines[20:41]
+    assert ours.encode_batch(texts, padding=False)["input_ids"] == theirs(texts)["input_ids"]
+    got = ours.encode_batch(texts, pairs, padding=False)["input_ids"]
+    assert got == theirs(texts, pairs)["input_ids"]
+    assert ours.mask_id in ours.encode("the king <mask> here")["input_ids"]
+    assert ours.decode(ours.encode(texts[0])["input_ids"]) == texts[0]
+    ours.save(tmp_path / "saved")
+    assert not (tmp_path / "saved" / "vocab.txt").exists()  # no WordPiece vocabulary
+    again = Tokenizer.from_file(tmp_path / "saved")
+    assert again.fingerprint == ours.fingerprint
+    assert (
+        AutoTokenizer.from_pretrained(tmp_path / "saved")(texts)["input_ids"]
+        == theirs(texts)["input_ids"]
+    )
+
+
+def test_a_tokenizer_json_without_its_special_tokens_named_is_refused(shakespeare_lines, tmp_path):
+    from support.bpe import train_bpe
+
+    directory = train_bpe(shakespeare_lines[:500], tmp_path / "bpe")
+    (directory / "tokenizer_config.json").unlink()
+    (directory / "special_tokens_map.json").unlink()
+    with pytest.raises(BertforgeError, match=r"lacks the special token\(s\) \[PAD\]") as err:
+        Tokenizer.from_file(directory)
+    assert "tokenizer_config.json" in str(err.value) and "\n" not in str(err.value)

@@ -19,13 +19,20 @@ this package's public names -> cli.
 
 from bertforge.errors import BertforgeError
 from bertforge.inference.predict import classify, embed, fill_mask
-from bertforge.modeling.config import BertConfig
+from bertforge.modeling.config import BertConfig, ModernBertConfig
 from bertforge.modeling.model import (
     BertForMaskedLM,
     BertForPreTraining,
     BertForSequenceClassification,
     BertForTokenClassification,
     BertModel,
+)
+from bertforge.modeling.modernbert import (
+    ModernBertForMaskedLM,
+    ModernBertForQuestionAnswering,
+    ModernBertForSequenceClassification,
+    ModernBertForTokenClassification,
+    ModernBertModel,
 )
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.config import FinetuneConfig, PretrainConfig
@@ -43,6 +50,12 @@ __all__ = [
     "BertModel",
     "BertforgeError",
     "FinetuneConfig",
+    "ModernBertConfig",
+    "ModernBertForMaskedLM",
+    "ModernBertForQuestionAnswering",
+    "ModernBertForSequenceClassification",
+    "ModernBertForTokenClassification",
+    "ModernBertModel",
     "PretrainConfig",
     "Tokenizer",
     "__version__",

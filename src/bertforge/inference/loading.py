@@ -13,6 +13,7 @@ from torch import nn
 
 from bertforge.errors import BertforgeError
 from bertforge.inference.onnx import OnnxModel, load_onnx
+from bertforge.modeling.auto import for_directory, head_prefix
 from bertforge.modeling.checkpoint import (
     check_model_directory,
     check_tokenizer_fits,
@@ -45,12 +46,18 @@ TASK_COMMANDS = {
     "BertForSequenceClassification": ("a text classifier", "bertforge classify"),
     "BertForTokenClassification": ("a token classifier", "bertforge tag"),
     "BertForQuestionAnswering": ("a question-answering model", "bertforge answer"),
+    "ModernBertForSequenceClassification": ("a text classifier", "bertforge classify"),
+    "ModernBertForTokenClassification": ("a token classifier", "bertforge tag"),
+    "ModernBertForQuestionAnswering": ("a question-answering model", "bertforge answer"),
 }
 """What a fine-tuned model's ``architectures`` says it is, and the command that uses it."""
 FINETUNE_TASKS = {
     "BertForSequenceClassification": "classification",
     "BertForTokenClassification": "token_classification",
     "BertForQuestionAnswering": "question_answering",
+    "ModernBertForSequenceClassification": "classification",
+    "ModernBertForTokenClassification": "token_classification",
+    "ModernBertForQuestionAnswering": "question_answering",
 }
 """The ``bertforge finetune --task`` that makes each of those models."""
 
@@ -82,11 +89,12 @@ def load_model(
     if getattr(args, "num_threads", None):
         torch.set_num_threads(args.num_threads)
     device = pick_device(args.device)
+    cls = for_directory(cls, args.model)  # BERT's class or ModernBERT's, as config.json says
     model = cls.from_pretrained(args.model).to(device)
     missing = model.loading_info["missing"]
     if require is not None and (other := other_task(model.config, cls)):
         raise BertforgeError(f"{args.model}: {other}")  # a classifier's head fits a tagger's
-    if require is not None and any(k.startswith(require[0]) for k in missing):
+    if require is not None and any(k.startswith(head_prefix(cls, require[0])) for k in missing):
         raise BertforgeError(f"{args.model}: {require[1]}")
     options = {
         "batch_size": args.batch_size,

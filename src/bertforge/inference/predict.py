@@ -285,7 +285,10 @@ def fill_mask(
         ]
         filled = readable[b]
         for (start, end), top in reversed(list(zip(masks, results[b]["masks"], strict=True))):
-            filled = filled[:start] + top[0]["token"].removeprefix("##") + filled[end:]
+            piece = top[0]["token"].removeprefix("##")
+            if not tokenizer.wordpiece:  # a BPE piece's text is its decoding ("Ġthe": " the")
+                piece = tokenizer.decode([top[0]["id"]])
+            filled = filled[:start] + piece + filled[end:]
         results[b] = {"text": text, "filled": filled, **results[b]}
     return results
 

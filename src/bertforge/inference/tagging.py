@@ -130,7 +130,7 @@ def tag(
     texts = _check_texts(texts)
     # what config.json says it is (a sequence classifier's head would load into ours unnoticed)
     kind = next(iter(model.config.architectures or []), type(model).__name__)
-    if kind != "BertForTokenClassification":
+    if kind not in ("BertForTokenClassification", "ModernBertForTokenClassification"):
         where = getattr(model, "name_or_path", "the model")
         raise BertforgeError(
             f"{where}: is a {kind}, not a token classifier; fine-tune one with bertforge "

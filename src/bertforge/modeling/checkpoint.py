@@ -40,7 +40,13 @@ from bertforge.io import (
     write_error,
     write_manifest,
 )
-from bertforge.modeling.config import CONFIG_NAME, BertConfig
+from bertforge.modeling.config import (
+    CONFIG_NAME,
+    AnyConfig,
+    BertConfig,
+    ModernBertConfig,
+    load_config,
+)
 
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
@@ -55,6 +61,8 @@ that use the model read its data columns, length and truncation from there."""
 # parameters that alias others (tied), so they are stored once: keys ending so (the MLM head's
 # decoder, also inside an ELECTRA generator: ``generator.cls.predictions.decoder.weight``)
 TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+MODERN_TIED_KEY = "decoder.weight"
+"""ModernBertForMaskedLM's decoder weight, the token table (its bias is a parameter of its own)."""
 # parameters a checkpoint may lack without error: task heads and the pooler start freshly initialised
 # (an ELECTRA run's generator and replaced-token head too, so it can start from a plain BERT)
 OPTIONAL_PREFIXES = (
@@ -65,7 +73,15 @@ OPTIONAL_PREFIXES = (
     "pooler.",
     "generator.",
     "discriminator_predictions.",
+    "head.",  # ModernBERT's task and MLM heads
+    "decoder.",
 )
+
+
+def is_tied(key: str) -> bool:
+    """Whether ``key`` names a parameter that aliases another (stored once)."""
+    return key.endswith(TIED_KEYS) or key == MODERN_TIED_KEY
+
 
 log = logging.getLogger("bertforge")
 M = TypeVar("M", bound=torch.nn.Module)
@@ -137,21 +153,22 @@ def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def remap_state_dict(
-    source: dict[str, torch.Tensor], target_prefix: str
+    source: dict[str, torch.Tensor], target_prefix: str, encoder: str = "bert."
 ) -> dict[str, torch.Tensor]:
     """Rename a checkpoint's keys onto a model whose encoder lives under ``target_prefix``.
 
-    Handles checkpoints saved from BertModel (no prefix) and from task models (``bert.``).
-    Buffers that are not parameters (``position_ids``, ``token_type_ids``) are dropped.
+    Handles checkpoints saved from the bare encoder (no prefix) and from task models (the
+    ``encoder`` prefix: ``bert.``, ModernBERT's ``model.``). Buffers that are not parameters
+    (``position_ids``, ``token_type_ids``) are dropped.
     """
     out: dict[str, torch.Tensor] = {}
-    has_prefix = any(k.startswith("bert.") for k in source)
+    has_prefix = any(k.startswith(encoder) for k in source)
     for key, value in source.items():
         key = normalize_key(key)
         if key.endswith(("embeddings.position_ids", "embeddings.token_type_ids")):
             continue
-        if has_prefix and key.startswith("bert."):
-            key = key[len("bert.") :]
+        if has_prefix and key.startswith(encoder):
+            key = key[len(encoder) :]
         elif has_prefix:  # a head (cls.*, classifier.*): only meaningful for task models
             if not target_prefix:
                 continue
@@ -180,9 +197,9 @@ def load_state_dict_into(
 ) -> dict[str, list[str]]:
     """Copy ``source`` into ``model`` after checking every key and shape; returns what was skipped."""
     prefix = getattr(model, "base_prefix", "")
-    weights = remap_state_dict(source, prefix)
+    weights = remap_state_dict(source, prefix, getattr(model, "encoder_name", "bert."))
     expected = model.state_dict()
-    missing = [k for k in expected if k not in weights and not k.endswith(TIED_KEYS)]
+    missing = [k for k in expected if k not in weights and not is_tied(k)]
     unexpected = [k for k in weights if k not in expected]
     _refuse_structural(
         missing,
@@ -344,7 +361,15 @@ def load_pretrained(cls: type[M], directory: str | Path, **config_overrides: Any
     if directory.is_file():
         directory = directory.parent
     verify_manifest(directory, [CONFIG_NAME])
-    config = BertConfig.load(directory / CONFIG_NAME)
+    config: AnyConfig = load_config(directory / CONFIG_NAME)
+    wanted = getattr(cls, "config_class", BertConfig)
+    if not isinstance(config, wanted):
+        theirs = "modernbert" if isinstance(config, ModernBertConfig) else "bert"
+        raise BertforgeError(
+            f"{directory}: model_type={theirs!r}, but {cls.__name__} reads "
+            f"{wanted.model_type!r} checkpoints; load it as what it is "
+            f"(--model.architecture {theirs}), or give a {wanted.model_type} directory"
+        )
     if config_overrides:
         if "num_labels" in config_overrides and "id2label" not in config_overrides:
             config_overrides["id2label"] = None
@@ -381,7 +406,7 @@ def save_pretrained(
     state = {
         k: v.detach().to("cpu").contiguous().clone()
         for k, v in model.state_dict().items()
-        if not k.endswith(TIED_KEYS)
+        if not is_tied(k)
     }
     for k, v in (extra_tensors or {}).items():
         if k in state:
@@ -396,7 +421,7 @@ def save_pretrained(
                 raise
             raise write_error(directory / WEIGHTS_NAME, int(code.group(1))) from None
     pause_point("weights")
-    config: BertConfig = model.config  # type: ignore[assignment]
+    config: AnyConfig = model.config  # type: ignore[assignment]
     config = dataclasses.replace(config, architectures=[type(model).__name__])
     written = [config.save(directory)]
     if tokenizer is not None:

@@ -23,6 +23,12 @@ from bertforge.io import atomic_write_text, make_directory, read_json_object, te
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 """BERT's special tokens, in the order (and so with the ids 0-4) of a trained vocabulary."""
+SPECIAL_ROLES = ("pad", "unk", "cls", "sep", "mask")
+"""The roles of :data:`SPECIAL_TOKENS`, in the same order (``tokenizer_config.json``'s keys
+without ``_token``)."""
+SPECIAL_MAP_FILE = "special_tokens_map.json"
+FALLBACK_ROLES = {"cls": "bos", "sep": "eos"}
+"""A tokenizer without a ``cls_token`` starts sequences with its ``bos_token`` (likewise sep/eos)."""
 
 VOCAB_FILE, TOKENIZER_FILE, CONFIG_FILE = "vocab.txt", "tokenizer.json", "tokenizer_config.json"
 
@@ -81,6 +87,31 @@ def check_text_files(files: Sequence[Path], fix: str) -> None:
     missing = [str(p) for p in files if not p.is_file()]
     if missing:
         raise BertforgeError(f"input file(s) not found: {', '.join(missing)}{fix}")
+
+
+def read_special_tokens(directory: Path) -> dict[str, str]:
+    """The special tokens a ``tokenizer.json``'s directory names, by role: from
+    ``special_tokens_map.json`` and ``tokenizer_config.json`` (the latter wins), each a string
+    or transformers' ``{"content": ...}``; ``cls`` falls back to ``bos_token``, ``sep`` to
+    ``eos_token``; a role neither names is left out (BERT's token then)."""
+    named: dict[str, Any] = {}
+    for path in (directory / SPECIAL_MAP_FILE, directory / CONFIG_FILE):
+        if path.is_file():
+            named |= read_json_object(path, "fix or delete the file")
+    out: dict[str, str] = {}
+    for role in SPECIAL_ROLES:
+        value = named.get(f"{role}_token")
+        if value is None and role in FALLBACK_ROLES:
+            value = named.get(f"{FALLBACK_ROLES[role]}_token")
+        if isinstance(value, dict):
+            value = value.get("content")
+        if value is not None and not isinstance(value, str):
+            raise BertforgeError(
+                f"{directory}: {role}_token={value!r} is not a token; give its text"
+            )
+        if value:
+            out[role] = value
+    return out
 
 
 def iter_text_lines(files: Sequence[Path], encoding_errors: str = "strict") -> Iterator[str]:
@@ -160,9 +191,32 @@ def write_tokenizer_files(
     return [directory / name for name in written]
 
 
+def write_fast_tokenizer_files(
+    directory: str | Path,
+    tokenizer_json: str,
+    special: dict[str, str],
+    *,
+    model_max_length: int | None,
+) -> list[Path]:
+    """Write a non-WordPiece tokenizer: ``tokenizer.json`` and a ``tokenizer_config.json`` that
+    ``transformers.PreTrainedTokenizerFast`` reads (its special tokens by role), atomically."""
+    directory = make_directory(directory)
+    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    config |= {f"{role}_token": token for role, token in special.items()}
+    if model_max_length is not None:
+        config["model_max_length"] = model_max_length
+    written = {TOKENIZER_FILE: tokenizer_json, CONFIG_FILE: json.dumps(config, indent=2) + "\n"}
+    for name, text in written.items():
+        atomic_write_text(directory / name, text)
+    return [directory / name for name in written]
+
+
 __all__ = [
     "check_text_files",
+    "SPECIAL_ROLES",
     "SPECIAL_TOKENS",
+    "read_special_tokens",
+    "write_fast_tokenizer_files",
     "bert_backend",
     "iter_text_lines",
     "read_tokenizer_config",

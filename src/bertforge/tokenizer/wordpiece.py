@@ -9,6 +9,14 @@ same ids, and Google's or Hugging Face's BERT vocabularies load here with the sa
 
 Trained vocabularies start with ``[PAD] [UNK] [CLS] [SEP] [MASK]`` (ids 0-4); a loaded
 ``vocab.txt`` keeps the ids its lines give (BERT's: ``[PAD]`` 0, ``[UNK]`` 100, ``[CLS]`` 101, ...).
+
+Any other ``tokenizer.json`` the ``tokenizers`` library reads loads too (a published
+ModernBERT's BPE, for instance): its model, normaliser, pre-tokeniser and decoder are kept, its
+special tokens are the ones ``tokenizer_config.json`` / ``special_tokens_map.json`` beside it
+name (``cls_token`` or else ``bos_token``, ``sep_token`` or else ``eos_token``, ``pad_token``,
+``unk_token``, ``mask_token``; BERT's names where they say nothing), and sequences are
+``CLS a SEP (b SEP)`` as ModernBERT's. Such a tokenizer saves as ``tokenizer.json`` with a
+``tokenizer_config.json`` for ``transformers.PreTrainedTokenizerFast`` (no ``vocab.txt``).
 """
 
 from __future__ import annotations
@@ -27,17 +35,17 @@ from tokenizers import processors, trainers
 from bertforge.errors import BertforgeError
 from bertforge.io import verify_manifest
 from bertforge.tokenizer.files import (
-    CLS,
-    PAD,
-    SEP,
+    SPECIAL_ROLES,
     SPECIAL_TOKENS,
     TOKENIZER_FILE,
     VOCAB_FILE,
     bert_backend,
     check_text_files,
     iter_text_lines,
+    read_special_tokens,
     read_tokenizer_config,
     read_vocab_txt,
+    write_fast_tokenizer_files,
     write_tokenizer_files,
 )
 
@@ -74,40 +82,62 @@ class Tokenizer:
     """
 
     def __init__(
-        self, backend: _Backend, model_max_length: int | None = None, source: str = ""
+        self,
+        backend: _Backend,
+        model_max_length: int | None = None,
+        source: str = "",
+        special: dict[str, str] | None = None,
     ) -> None:
-        missing = [t for t in SPECIAL_TOKENS if backend.token_to_id(t) is None]
+        """``special``: the special tokens by role (``pad``, ``unk``, ``cls``, ``sep``,
+        ``mask``) where they are not BERT's ``[PAD]`` ... ``[MASK]``."""
+        self.special_tokens = dict(zip(SPECIAL_ROLES, SPECIAL_TOKENS, strict=True)) | (
+            special or {}
+        )
+        """The special tokens by role: ``pad``, ``unk``, ``cls``, ``sep``, ``mask``."""
+        named = list(self.special_tokens.values())
+        missing = [t for t in named if backend.token_to_id(t) is None]
         if missing:
             raise BertforgeError(
                 f"{source or 'tokenizer'}: vocabulary lacks the special token(s) {' '.join(missing)}; "
-                f"a BERT vocabulary needs all of {' '.join(SPECIAL_TOKENS)}"
+                f"a vocabulary needs all of {' '.join(named)} (for a tokenizer.json: name its own "
+                'in tokenizer_config.json, e.g. "mask_token": "<mask>")'
             )
         backend.no_truncation()
         backend.no_padding()
         backend.post_processor = None
         # Registered as special so that decode can skip them and a literal "[MASK]" in the text
         # maps to its id, as in transformers; ids of tokens already in the vocabulary are kept.
-        backend.add_special_tokens(list(SPECIAL_TOKENS))
+        backend.add_special_tokens(named)
         self._backend = backend
         self.model_max_length = model_max_length
         """Longest sequence the model that uses this tokenizer accepts, when known."""
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
-            int(backend.token_to_id(t)) for t in SPECIAL_TOKENS
+            int(backend.token_to_id(t)) for t in named
         )
         self._encoder = _Backend.from_str(backend.to_str())
+        cls_token, sep_token = self.special_tokens["cls"], self.special_tokens["sep"]
         self._encoder.post_processor = processors.TemplateProcessing(
-            single=f"{CLS}:0 $A:0 {SEP}:0",
-            pair=f"{CLS}:0 $A:0 {SEP}:0 $B:1 {SEP}:1",
-            special_tokens=[(CLS, self.cls_id), (SEP, self.sep_id)],
+            single=f"{cls_token}:0 $A:0 {sep_token}:0",
+            pair=f"{cls_token}:0 $A:0 {sep_token}:0 $B:1 {sep_token}:1",
+            special_tokens=[(cls_token, self.cls_id), (sep_token, self.sep_id)],
         )
         spec = json.loads(backend.to_str())
         norm = spec.get("normalizer") or {}
         self._bert_normalizer = norm if norm.get("type") == "BertNormalizer" else {}
-        model = {k: v for k, v in spec["model"].items() if k != "vocab"}
+        model = {k: v for k, v in spec["model"].items() if k not in ("vocab", "merges")}
+        self.wordpiece = spec["model"].get("type") == "WordPiece"
+        """A WordPiece vocabulary (BERT's); else another ``tokenizers`` model (BPE, Unigram),
+        saved as tokenizer.json only, whose pieces are never ``##`` continuations."""
         tokens = [backend.id_to_token(i) for i in range(self.vocab_size)]
-        payload = json.dumps([tokens, norm, spec.get("pre_tokenizer"), model], sort_keys=True)
+        named = [self.special_tokens[role] for role in SPECIAL_ROLES]
+        parts = [tokens, norm, spec.get("pre_tokenizer"), model]
+        if not self.wordpiece:  # BPE's merges decide its ids too
+            parts += [spec["model"].get("merges"), named]
+        payload = json.dumps(parts, sort_keys=True)
         self._fingerprint = hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
-        self._is_continuation = np.array([(t or "").startswith("##") for t in tokens], dtype=bool)
+        self._is_continuation = np.array(
+            [self.wordpiece and (t or "").startswith("##") for t in tokens], dtype=bool
+        )
 
     # ---- construction -------------------------------------------------------------------------
 
@@ -229,7 +259,7 @@ class Tokenizer:
                 backend = _Backend.from_file(str(path))
             except Exception as err:  # the Rust parser raises a plain Exception
                 raise BertforgeError(f"{path}: not a tokenizers JSON file ({err})") from err
-            return cls(backend, max_len, str(path))
+            return cls(backend, max_len, str(path), read_special_tokens(path.parent))
         if lowercase is None:
             lowercase = bool(config.get("do_lower_case", True))
         backend = bert_backend(read_vocab_txt(path), lowercase, config.get("strip_accents"))
@@ -301,9 +331,10 @@ class Tokenizer:
         if padding == "max_length":
             if max_length is None:
                 raise BertforgeError('padding="max_length" needs max_length')
-            self._encoder.enable_padding(pad_id=self.pad_id, pad_token=PAD, length=max_length)
+            pad = self.special_tokens["pad"]
+            self._encoder.enable_padding(pad_id=self.pad_id, pad_token=pad, length=max_length)
         elif padding is True or padding == "longest":
-            self._encoder.enable_padding(pad_id=self.pad_id, pad_token=PAD)
+            self._encoder.enable_padding(pad_id=self.pad_id, pad_token=self.special_tokens["pad"])
         elif padding is False:
             self._encoder.no_padding()
         else:
@@ -390,6 +421,13 @@ class Tokenizer:
         atomically; returns the paths written.
         """
         self._configure(None, False, False)
+        if not self.wordpiece:
+            return write_fast_tokenizer_files(
+                directory,
+                self._encoder.to_str(pretty=True),
+                self.special_tokens,
+                model_max_length=self.model_max_length,
+            )
         return write_tokenizer_files(
             directory,
             [self._backend.id_to_token(i) for i in range(self.vocab_size)],

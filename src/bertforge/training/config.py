@@ -17,7 +17,13 @@ from bertforge.data.encoding import Truncation, check_max_length
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.metrics import RETRIEVAL_METRICS
 from bertforge.modeling.checkpoint import FINETUNE_CONFIG, resolve_model
-from bertforge.modeling.config import BertConfig
+from bertforge.modeling.config import (
+    MODERN_PRESETS,
+    PRESETS,
+    AnyConfig,
+    BertConfig,
+    ModernBertConfig,
+)
 from bertforge.modeling.pooling import PoolingMode
 from bertforge.progress import parse_duration
 from bertforge.runtime import Precision, parse_bytes
@@ -30,7 +36,8 @@ WordInit = Literal["normal", "cooccurrence"]
 AttentionInit = Literal["normal", "identity"]
 BowTarget = Literal["pair", "shared"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
-Preset = Literal["tiny", "mini", "small", "medium", "base", "large"]
+Preset = Literal["tiny", "mini", "small", "medium", "base", "large", "ettin-17m"]
+Architecture = Literal["bert", "modernbert"]
 Task = Literal[
     "classification", "regression", "token_classification", "question_answering", "embedding"
 ]
@@ -153,8 +160,12 @@ class ModelSection:
     tokenizer; the dropout values here are the ones written to ``config.json`` (what fine-tuning
     uses), see ``TrainConfig.dropout`` for the rate during pretraining."""
 
+    architecture: Architecture = "bert"
+    """bert (2018: post-LN, position table, segments) or modernbert (pre-norm, rotary
+    positions, GeGLU, global and sliding-window layers, no segments: docs/modernbert.md)."""
     preset: Preset = "mini"
-    """Named size: tiny (2x128), mini (4x256), small (4x512), medium (8x512), base, large."""
+    """Named size: tiny (2x128), mini (4x256), small (4x512), medium (8x512), base, large;
+    modernbert: tiny, mini (BERT's cost per token), ettin-17m (7x256) and base."""
     num_hidden_layers: int | None = None
     """Override the preset's number of layers."""
     hidden_size: int | None = None
@@ -173,6 +184,53 @@ class ModelSection:
     """Dropout on attention probabilities, as saved for fine-tuning."""
     initializer_range: float = 0.02
     """Standard deviation of the initial weights."""
+    local_attention: int = 128
+    """modernbert: the whole window of its sliding-window layers (a token sees half of it
+    either side; every third layer is global)."""
+
+    def __post_init__(self) -> None:
+        if self.architecture == "bert" and self.preset not in PRESETS:
+            raise BertforgeError(
+                f"--model.preset {self.preset} is a ModernBERT size; add --model.architecture "
+                f"modernbert or choose one of {', '.join(PRESETS)}"
+            )
+        if self.architecture == "modernbert" and self.preset not in MODERN_PRESETS:
+            raise BertforgeError(
+                f"--model.preset {self.preset} has no ModernBERT size; with --model.architecture "
+                f"modernbert choose one of {', '.join(MODERN_PRESETS)}"
+            )
+
+    def to_model_config(self, vocab_size: int, special: dict[str, int]) -> AnyConfig:
+        """The encoder this section describes, sized to a vocabulary; ``special``: the
+        tokenizer's ``pad``, ``cls`` and ``sep`` ids (a ModernBERT config names them)."""
+        if self.architecture == "bert":
+            return self.to_bert_config(vocab_size)
+        overrides: dict[str, Any] = {
+            "vocab_size": vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "hidden_activation": self.hidden_act,
+            # BERT's dropout places, as modernbert has them (ModernBERT's own default is 0)
+            "embedding_dropout": self.hidden_dropout_prob,
+            "mlp_dropout": self.hidden_dropout_prob,
+            "attention_dropout": self.attention_probs_dropout_prob,
+            "initializer_range": self.initializer_range,
+            "local_attention": self.local_attention,
+            "pad_token_id": special["pad"],
+            "cls_token_id": special["cls"],
+            "bos_token_id": special["cls"],
+            "sep_token_id": special["sep"],
+            "eos_token_id": special["sep"],
+        }
+        if self.hidden_size is not None:
+            base = ModernBertConfig.preset(self.preset)
+            overrides["hidden_size"] = self.hidden_size
+            overrides["num_attention_heads"] = max(1, self.hidden_size // 64)
+            ratio = base.intermediate_size / base.hidden_size
+            overrides["intermediate_size"] = round(ratio * self.hidden_size)
+        for name in ("num_hidden_layers", "num_attention_heads", "intermediate_size"):
+            if getattr(self, name) is not None:
+                overrides[name] = getattr(self, name)
+        return ModernBertConfig.preset(self.preset, **overrides)
 
     def to_bert_config(self, vocab_size: int) -> BertConfig:
         overrides: dict[str, Any] = {

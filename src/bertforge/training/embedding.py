@@ -27,6 +27,7 @@ from bertforge.evaluation.embedding import (
     score_vectors,
     scores_table,
 )
+from bertforge.modeling.auto import model_class
 from bertforge.modeling.model import BertModel
 from bertforge.modeling.pooling import declared_pooling, pool, write_pooling_declaration
 from bertforge.runtime import autocast
@@ -120,9 +121,10 @@ def load_embedding_data(cfg: FinetuneConfig, tokenizer: Any) -> EmbeddingTaskDat
 
 
 def load_embedding_model(cfg: FinetuneConfig, resume_dir: Path | None) -> BertModel:
-    """The encoder of the start model (any BERT directory: its heads are left out), or of the
-    checkpoint being resumed."""
-    return BertModel.from_pretrained(resume_dir or cfg.model)
+    """The encoder of the start model (any BERT or ModernBERT directory: its heads are left
+    out), or of the checkpoint being resumed."""
+    directory = resume_dir or cfg.model
+    return model_class(directory, "encoder").from_pretrained(directory)
 
 
 def sentence_vectors(

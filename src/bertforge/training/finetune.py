@@ -57,12 +57,12 @@ from bertforge.io import (
     format_size,
     read_json_object,
 )
+from bertforge.modeling.auto import ModelKind
+from bertforge.modeling.auto import model_class as auto_model_class
 from bertforge.modeling.checkpoint import check_model_directory, check_tokenizer_fits
 from bertforge.modeling.model import (
-    BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
-    BertModel,
 )
 from bertforge.progress import MetricsLogger, format_duration, parse_duration, plural
 from bertforge.runtime import (
@@ -443,7 +443,7 @@ def load_model(
 ) -> torch.nn.Module:
     """The checkpoint to resume, or ``cfg.model`` with a fresh head for the task (embedding: its
     encoder alone)."""
-    cls = model_class(cfg.task)
+    cls = model_class(cfg.task, resume_dir or cfg.model)
     if cfg.task == "embedding":
         model = load_embedding_model(cfg, resume_dir)
     elif cfg.task == "question_answering":
@@ -455,11 +455,9 @@ def load_model(
     elif cfg.task == "token_classification":
         model = cls.from_pretrained(cfg.model, num_labels=len(id2label or {}), id2label=id2label)
     elif cfg.task == "regression":
-        model = BertForSequenceClassification.from_pretrained(
-            cfg.model, num_labels=1, problem_type="regression"
-        )
+        model = cls.from_pretrained(cfg.model, num_labels=1, problem_type="regression")
     else:
-        model = BertForSequenceClassification.from_pretrained(
+        model = cls.from_pretrained(
             cfg.model,
             num_labels=len(id2label or {}),
             id2label=id2label,
@@ -474,16 +472,16 @@ def load_model(
     return model
 
 
-def model_class(task: str) -> type[torch.nn.Module]:
-    """The model of a task: a token classifier for token_classification, a span scorer for
-    question_answering, the encoder alone for embedding, else a sequence classifier."""
-    if task == "embedding":
-        return BertModel
-    if task == "token_classification":
-        return BertForTokenClassification
-    if task == "question_answering":
-        return BertForQuestionAnswering
-    return BertForSequenceClassification
+def model_class(task: str, model_dir: str | Path) -> type[torch.nn.Module]:
+    """The model of a task, in the architecture of the model in ``model_dir``: a token
+    classifier for token_classification, a span scorer for question_answering, the encoder
+    alone for embedding, else a sequence classifier."""
+    kinds: dict[str, ModelKind] = {
+        "embedding": "encoder",
+        "token_classification": "token",
+        "question_answering": "question_answering",
+    }
+    return auto_model_class(model_dir, kinds.get(task, "sequence"))
 
 
 def plan_memory(
@@ -617,7 +615,7 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     # peaked here, 0.10 GB over, after training steps that kept under it)
     run.model.zero_grad(set_to_none=True)
     run.optimizer.state.clear()
-    best = model_class(cfg.task).from_pretrained(out).to(run.device)
+    best = model_class(cfg.task, out).from_pretrained(out).to(run.device)
     if cfg.task == "question_answering":
         plot = None
         metrics, report = finish_qa(run, best, out)

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from bertforge.data.dataset import PretrainingDataset
 from bertforge.errors import BertforgeError
+from bertforge.modeling.config import AnyConfig, ModernBertConfig
 from bertforge.modeling.model import (
     IGNORE_INDEX,
     BertForMaskedLM,
@@ -32,9 +33,12 @@ from bertforge.modeling.model import (
     segment_similarity,
     similarity_loss,
 )
+from bertforge.modeling.modernbert import ModernBertForMaskedLM
 from bertforge.tokenizer.wordpiece import Tokenizer
 
-PretrainingModel = BertForPreTraining | BertForMaskedLM | BertForReplacedTokenDetection
+PretrainingModel = (
+    BertForPreTraining | BertForMaskedLM | BertForReplacedTokenDetection | ModernBertForMaskedLM
+)
 
 Unit = Literal["masked", "pairs", "tokens"]
 """What a loss term is a mean over: masked tokens, sentence pairs (or rows with a partner) or
@@ -260,6 +264,21 @@ def objective_class(name: str) -> type[Objective]:
     return OBJECTIVES[name]
 
 
+def model_class_for(objective: type[Objective], config: AnyConfig) -> type[PretrainingModel]:
+    """The model ``objective`` trains on an encoder of ``config``'s architecture: its
+    ``model_class`` for BERT; for ModernBERT the masked LM, the one objective it has heads for
+    (a one-line error for the others)."""
+    if not isinstance(config, ModernBertConfig):
+        return objective.model_class
+    if objective is not MaskedLM:
+        raise BertforgeError(
+            f"--train.objective {objective.name}: ModernBERT has no token types (a pair is one "
+            "segment, [CLS] a [SEP] b [SEP]) nor the pooler and BERT heads this objective "
+            "trains; use --train.objective mlm"
+        )
+    return ModernBertForMaskedLM  # type: ignore[return-value]
+
+
 def objective_for(train: Any) -> Objective:
     """The objective of a ``TrainConfig``, holding its weights."""
     return objective_class(train.objective)(train)
@@ -285,6 +304,7 @@ __all__ = [
     "ReplacedTokenDetection",
     "Term",
     "objective_class",
+    "model_class_for",
     "objective_for",
     "unit_counts",
 ]

@@ -21,7 +21,7 @@ from bertforge.data.loader import PretrainingCollator, PretrainingLoader, Pretra
 from bertforge.data.shards import TOKENIZER_DIR, PretrainingDataset, read_meta
 from bertforge.errors import BertforgeError
 from bertforge.modeling.checkpoint import check_tokenizer_fits, read_safetensors
-from bertforge.modeling.config import CONFIG_NAME, BertConfig
+from bertforge.modeling.config import CONFIG_NAME, AnyConfig, ModernBertConfig, load_config
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import (
     TRAIN_STATE_JSON,
@@ -29,7 +29,7 @@ from bertforge.training.checkpoints import (
     latest_checkpoint,
 )
 from bertforge.training.config import ModelSection, PretrainConfig
-from bertforge.training.objectives import PretrainingModel, objective_class
+from bertforge.training.objectives import PretrainingModel, model_class_for, objective_class
 from bertforge.training.start import (
     freeze_parameters,
     head_warm_counts,
@@ -46,7 +46,7 @@ class PretrainingData:
     """The data directory's meta.json (max_seq_length, tokenizer fingerprint, splits)."""
     tokenizer: Tokenizer
     """The data's tokenizer (saved with every checkpoint and the final model)."""
-    model_config: BertConfig
+    model_config: AnyConfig
     """The encoder ``cfg.model`` describes, sized to the tokenizer's vocabulary."""
     train: PretrainingDataset
     """The training split."""
@@ -82,18 +82,20 @@ def open_data(cfg: PretrainConfig, *, rank: int = 0, world_size: int = 1) -> Pre
         split = "validation" if splits.get("validation", {}).get("instances") else "train"
         extra[Path(path).name] = PretrainingDataset(path, split, tokenizer)
     objective = objective_class(tc.objective)
+    if cfg.init_from:
+        model_config = start_config(cfg.init_from, cfg.model)
+        check_start_tokenizer(cfg.init_from, meta, cfg.data)
+        check_tokenizer_fits(tokenizer, model_config, cfg.init_from)
+    else:
+        special = {"pad": tokenizer.pad_id, "cls": tokenizer.cls_id, "sep": tokenizer.sep_id}
+        model_config = cfg.model.to_model_config(tokenizer.vocab_size, special)
+    model_class_for(objective, model_config)  # an objective the architecture has no heads for
     if objective.reads_pairs and train_ds.mode != "nsp":
         raise BertforgeError(
             f"{cfg.data} was prepared in {train_ds.mode!r} mode, without the sentence pairs "
             f"--train.objective {tc.objective} needs; use --train.objective mlm or prepare "
             "with --mode nsp"
         )
-    if cfg.init_from:
-        model_config = start_config(cfg.init_from, cfg.model)
-        check_start_tokenizer(cfg.init_from, meta, cfg.data)
-        check_tokenizer_fits(tokenizer, model_config, cfg.init_from)
-    else:
-        model_config = cfg.model.to_bert_config(tokenizer.vocab_size)
     if meta["max_seq_length"] > model_config.max_position_embeddings:
         raise BertforgeError(
             f"data max_seq_length={meta['max_seq_length']} exceeds "
@@ -146,7 +148,7 @@ def open_data(cfg: PretrainConfig, *, rank: int = 0, world_size: int = 1) -> Pre
 # ---- starting from a published (or our own) model: --init_from -------------------------------
 
 
-def start_config(directory: str | Path, section: ModelSection) -> BertConfig:
+def start_config(directory: str | Path, section: ModelSection) -> AnyConfig:
     """The config of the model in ``directory`` (its own sizes, vocabulary and dropout), after
     refusing any ``--model.*`` value that was changed from its default and contradicts it."""
     path = Path(directory)
@@ -155,7 +157,7 @@ def start_config(directory: str | Path, section: ModelSection) -> BertConfig:
             f"--init_from {path}: no {CONFIG_NAME} there; give a model directory "
             "(config.json + model.safetensors + vocab.txt or tokenizer.json)"
         )
-    config = dataclasses.replace(BertConfig.load(path / CONFIG_NAME), architectures=None)
+    config = dataclasses.replace(load_config(path / CONFIG_NAME), architectures=None)
     clash = model_contradictions(section, config)
     if clash:
         field, ours, theirs = clash[0]
@@ -166,26 +168,42 @@ def start_config(directory: str | Path, section: ModelSection) -> BertConfig:
     return config
 
 
-def model_contradictions(section: ModelSection, config: BertConfig) -> list[tuple[str, Any, Any]]:
+def model_contradictions(section: ModelSection, config: AnyConfig) -> list[tuple[str, Any, Any]]:
     """``(field, our value, the checkpoint's)`` for every ``--model.*`` option that differs from
     its default and from ``config`` (a value left at its default defers to the checkpoint)."""
     defaults = ModelSection()
+    modern = isinstance(config, ModernBertConfig)
+    # ModernBERT's names for ModelSection's BERT-named fields
+    names = MODERN_NAMES if modern else {}
     out: list[tuple[str, Any, Any]] = []
     for f in dataclasses.fields(ModelSection):
         value = getattr(section, f.name)
         if value is None or value == getattr(defaults, f.name):
             continue
-        if f.name == "preset":
-            sized = BertConfig.preset(value)
+        if f.name == "architecture":
+            if value != config.model_type:
+                out.append((f.name, value, f"model_type {config.model_type}"))
+        elif f.name == "preset":
+            sized = type(config).preset(value)
             keys = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
             ours = {k: getattr(sized, k) for k in keys}
             theirs = {k: getattr(config, k) for k in keys}
             if ours != theirs:
                 shape = ", ".join(f"{k} {v}" for k, v in theirs.items())
                 out.append((f.name, value, shape))
-        elif value != getattr(config, f.name):
-            out.append((f.name, value, f"{f.name} {getattr(config, f.name)}"))
+        else:
+            name = names.get(f.name, f.name)
+            if hasattr(config, name) and value != getattr(config, name):
+                out.append((f.name, value, f"{name} {getattr(config, name)}"))
     return out
+
+
+MODERN_NAMES = {
+    "hidden_act": "hidden_activation",
+    "hidden_dropout_prob": "mlp_dropout",
+    "attention_probs_dropout_prob": "attention_dropout",
+}
+"""``ModelSection`` fields under their ``ModernBertConfig`` names."""
 
 
 def check_start_tokenizer(directory: str | Path, meta: dict[str, Any], data_dir: str) -> None:
@@ -238,7 +256,7 @@ def start_pooler(directory: str | Path, model: torch.nn.Module) -> dict[str, tor
 def random_twin(cfg: PretrainConfig, data: PretrainingData) -> PretrainingModel:
     """The same network freshly initialised with the run's seed (the global RNG is left as it
     was): the third column of the start vs adapted table."""
-    model_cls = objective_class(cfg.train.objective).model_class
+    model_cls = model_class_for(objective_class(cfg.train.objective), data.model_config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.train.seed)
         return model_cls(data.model_config)
@@ -254,7 +272,7 @@ def build_model(
     ``--init_from`` (heads it lacks freshly initialised, see ``model.loading_info["missing"]``,
     and an MLM head among them started warm unless ``--train.fresh_head random``); or the one
     in ``resume_dir``, which must have the same config. ``--train.freeze`` is applied to each."""
-    model_cls = objective_class(cfg.train.objective).model_class
+    model_cls = model_class_for(objective_class(cfg.train.objective), data.model_config)
     if resume_dir is not None:
         model = model_cls.from_pretrained(resume_dir)
         ours, theirs = model.config.to_dict(), data.model_config.to_dict()

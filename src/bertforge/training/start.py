@@ -151,15 +151,18 @@ def freeze_parameters(model: torch.nn.Module, freeze: str | None) -> list[str]:
     returns the frozen modules' names. Frozen word embeddings also freeze the tied output
     decoder (the head's transform and bias still train)."""
     embeddings, layers = parse_freeze(freeze)
-    base = getattr(model, "bert", model)
-    total = len(base.encoder.layer)
+    if not freeze:
+        return []
+    base = getattr(model, "bert", None) or getattr(model, "model", model)
+    where = "encoder.layer" if hasattr(base, "encoder") else "layers"  # BERT's, ModernBERT's
+    total = len(base.get_submodule(where))
     if layers == ALL_LAYERS:
         layers = total
     if layers > total:
         raise BertforgeError(
             f"--train.freeze {freeze}: the model has {total} layers; freeze at most {total}"
         )
-    frozen = (["embeddings"] if embeddings else []) + [f"encoder.layer.{i}" for i in range(layers)]
+    frozen = (["embeddings"] if embeddings else []) + [f"{where}.{i}" for i in range(layers)]
     for name in frozen:
         base.get_submodule(name).requires_grad_(False)
     return frozen

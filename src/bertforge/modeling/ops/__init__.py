@@ -6,6 +6,10 @@ module per concern, the fused ones beside their C file in ``modeling/csrc/``:
   :func:`torch_dropout`);
 * ``layer_norm`` (``layer_norm.c``): :func:`dense_dropout_norm`, the end of each post-LN block
   (dense + bias + dropout + residual + LayerNorm, :class:`AddNorm`);
+* ``layer_norm`` also: :func:`residual_norm`, the end of a pre-norm block (ModernBERT's):
+  dense + residual + the next LayerNorm, both the sum and its norm, through the same kernels;
+* ``local_attention``: :func:`window_attention`, sliding-window attention in blocks of the
+  window (no (T, T) scores where the window is small), and :func:`band_mask`;
 * ``softmax`` (``softmax.c``): :func:`attention`, attention with dropout
   (:class:`KernelAttention`), and :func:`query_attention`, attention from queries at some rows
   only (the sparse last layer);
@@ -41,7 +45,8 @@ from bertforge.modeling.ops.buffers import clear_scratch, padded_rows, scratch
 from bertforge.modeling.ops.common import autograd_free, cpu_tuned
 from bertforge.modeling.ops.embedding import WordEmbedding, word_embedding
 from bertforge.modeling.ops.gelu import BiasGelu, activation, dense_activation
-from bertforge.modeling.ops.layer_norm import AddNorm, dense_dropout_norm
+from bertforge.modeling.ops.layer_norm import AddNorm, dense_dropout_norm, residual_norm
+from bertforge.modeling.ops.local_attention import band_mask, window_attention
 from bertforge.modeling.ops.loss import (
     CrossEntropy,
     DecoderCrossEntropy,
@@ -89,6 +94,9 @@ __all__ = [
     "decoder_cross_entropy",
     "decoder_logits",
     "dense_dropout_norm",
+    "residual_norm",
+    "band_mask",
+    "window_attention",
     "attention",
     "autograd_free",
     "clear_scratch",

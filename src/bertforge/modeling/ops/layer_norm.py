@@ -102,4 +102,37 @@ class AddNorm(torch.autograd.Function):
         return grad_y, grad_bias, grad_h, grad_weight, grad_norm_bias, None, None, None
 
 
-__all__ = ["dense_dropout_norm", "AddNorm"]
+def residual_norm(
+    y: Tensor, dense: nn.Linear, residual: Tensor, norm: nn.LayerNorm, p: float, training: bool
+) -> tuple[Tensor, Tensor]:
+    """``(norm(s), s)`` with ``s = residual + dropout(dense(y), p)``: the end of a pre-norm
+    block (ModernBERT's), whose sum goes on as the residual stream and whose normalised sum is
+    the next block's input. ``y`` (n, in), ``residual`` (n, H) rows; ``dense`` and ``norm``
+    with or without biases.
+
+    fp32 training on the CPU: the bias-free product, then :class:`AddNorm`'s C kernels for the
+    bias, dropout, sum and LayerNorm in one pass (both outputs), and all their gradients in one
+    pass back; else torch ops (a different dropout mask, the same distribution)."""
+    p = p if training else 0.0
+    w, b = dense.weight, dense.bias
+    beta = norm.bias if norm.bias is not None else None
+    takes = (
+        torch.is_grad_enabled()
+        and y.dim() == 2
+        and residual.shape == (y.shape[0], w.shape[0])
+        and norm.weight is not None
+        and residual.numel() > 0
+        and not torch.is_autocast_enabled("cpu")
+        and _fp32_cpu(y, w, residual, norm.weight)
+    )
+    kernels = add_norm_kernels() if takes else None
+    if kernels is None:
+        s = residual + dropout(dense(y), p, True)
+        return norm(s), s
+    if beta is None:  # a bias-free LayerNorm: the kernel adds zeros (their gradient is unused)
+        beta = torch.zeros_like(norm.weight)
+    h = ScratchLinear.apply(y, w, None, None, "dense.grad_input")  # (n, H), a new tensor
+    return AddNorm.apply(h, b, residual, norm.weight, beta, p, norm.eps, kernels)
+
+
+__all__ = ["dense_dropout_norm", "residual_norm", "AddNorm"]

@@ -1,0 +1,603 @@
+"""ModernBERT against transformers' ModernBert* classes (the installed 5.x): the same parameter
+names both ways through real saved directories, the same logits at the real tokens (fp32,
+1e-5) on padded batches, pairs, and sequences shorter and longer than the local window, for
+every head; and each fast path of ``bertforge.modeling.modernbert`` against the plain
+computation (sliding-window attention in blocks, the fused pre-norm block ends, unpadding,
+sparse MLM prediction)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+
+from bertforge.errors import BertforgeError
+from bertforge.modeling import ops
+from bertforge.modeling.config import ModernBertConfig, load_config
+from bertforge.modeling.modernbert import (
+    ModernBertForMaskedLM,
+    ModernBertForQuestionAnswering,
+    ModernBertForSequenceClassification,
+    ModernBertForTokenClassification,
+    ModernBertModel,
+    rotary_tables,
+    rotate,
+)
+from bertforge.modeling.ops import band_mask, residual_norm, window_attention
+
+HAVE_COMPILER = bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
+PAD, CLS, SEP = 0, 1, 2
+TOL = 1e-5
+CLASSES = {
+    "mlm": (ModernBertForMaskedLM, transformers.AutoModelForMaskedLM),
+    "sequence": (
+        ModernBertForSequenceClassification,
+        transformers.AutoModelForSequenceClassification,
+    ),
+    "token": (ModernBertForTokenClassification, transformers.AutoModelForTokenClassification),
+    "qa": (ModernBertForQuestionAnswering, transformers.AutoModelForQuestionAnswering),
+}
+
+
+def tiny(**extra) -> ModernBertConfig:
+    """hidden 32, 3 layers (global, local, local), a window of 4 either side."""
+    base = dict(
+        vocab_size=97,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        intermediate_size=48,
+        local_attention=8,
+        max_position_embeddings=64,
+        pad_token_id=PAD,
+        cls_token_id=CLS,
+        bos_token_id=CLS,
+        sep_token_id=SEP,
+        eos_token_id=SEP,
+        num_labels=3,
+    )
+    return ModernBertConfig(**(base | extra))
+
+
+def config_for(kind: str, **extra) -> ModernBertConfig:
+    """A QA model has two outputs (transformers' classifier has num_labels of them)."""
+    return tiny(**(dict(num_labels=2) if kind == "qa" else {}) | extra)
+
+
+def batch(T: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(4, T): a full row, a pair [CLS] a [SEP] b [SEP] padded, a short padded row and a row of
+    two tokens; ids above the special ones."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 97, (4, T), generator=g)
+    lengths = [T, max(3, T - 3), max(2, T // 3), 2]
+    mask = torch.zeros(4, T, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        mask[row, :n] = 1
+    ids[:, 0] = CLS
+    half = lengths[1] // 2
+    ids[1, half], ids[1, lengths[1] - 1] = SEP, SEP
+    ids[mask == 0] = PAD
+    return ids, mask
+
+
+def outputs(model, ids, mask) -> list[torch.Tensor]:
+    """The head's outputs, at the real tokens where they are per token."""
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask)
+    real = mask.bool()
+    if hasattr(out, "start_logits"):
+        return [out.start_logits[real], out.end_logits[real]]
+    if out.logits.dim() == 3:
+        return [out.logits[real]]
+    return [out.logits]
+
+
+def transfer(kind: str, direction: str, config: ModernBertConfig, tmp_path, attn="sdpa"):
+    """(ours, theirs) with the same weights, moved through a saved directory."""
+    ours_cls, auto = CLASSES[kind]
+    torch.manual_seed(0)
+    if direction == "ours_to_hf":
+        ours = ours_cls(config).eval()
+        with torch.no_grad():  # non-trivial norms and biases, so that a lost weight shows
+            for p in ours.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+        ours.save_pretrained(tmp_path)
+        theirs, info = auto.from_pretrained(
+            tmp_path, output_loading_info=True, attn_implementation=attn
+        )
+        assert not info["missing_keys"] and not info["unexpected_keys"], info
+        assert type(theirs).__name__ == ours_cls.__name__
+    else:
+        hf_config = transformers.ModernBertConfig(**config.to_dict())
+        theirs = getattr(transformers, ours_cls.__name__)(hf_config)
+        theirs.save_pretrained(tmp_path)
+        ours = ours_cls.from_pretrained(tmp_path)
+        assert ours.loading_info == {"missing": [], "unexpected": []}
+        theirs = auto.from_pretrained(tmp_path, attn_implementation=attn)
+    return ours.eval(), theirs.eval()
+
+
+# ---- names -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", sorted(CLASSES))
+def test_state_dict_keys_and_shapes_equal_transformers(kind):
+    ours_cls, _ = CLASSES[kind]
+    config = config_for(kind)
+    ours = ours_cls(config).state_dict()
+    hf_config = transformers.ModernBertConfig(**config.to_dict())
+    theirs = getattr(transformers, ours_cls.__name__)(hf_config).state_dict()
+    assert {k: tuple(v.shape) for k, v in ours.items()} == {
+        k: tuple(v.shape) for k, v in theirs.items()
+    }
+    base = ModernBertModel(config).state_dict()
+    assert set(base) == {k[len("model.") :] for k in theirs if k.startswith("model.")}
+
+
+# ---- logits against transformers ---------------------------------------------------------------
+@pytest.mark.parametrize("direction", ["ours_to_hf", "hf_to_ours"])
+@pytest.mark.parametrize("kind", sorted(CLASSES))
+def test_outputs_match_transformers(kind, direction, tmp_path):
+    """T 5 (inside the window: every pair seen), 11 (band mask), 29 (blocks of the window), each
+    with padded rows, a pair and a two-token row."""
+    ours, theirs = transfer(kind, direction, config_for(kind), tmp_path)
+    for T in (5, 11, 29):
+        ids, mask = batch(T, seed=T)
+        for a, b in zip(outputs(ours, ids, mask), outputs(theirs, ids, mask), strict=True):
+            assert (a - b).abs().max() < TOL, (kind, T)
+
+
+def test_mean_pooling_and_biases_match_transformers(tmp_path):
+    """classifier_pooling mean, and every optional bias on (norms, products, head)."""
+    config = tiny(
+        classifier_pooling="mean",
+        norm_bias=True,
+        attention_bias=True,
+        mlp_bias=True,
+        classifier_bias=True,
+        hidden_activation="gelu_pytorch_tanh",
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    )
+    ours, theirs = transfer("sequence", "ours_to_hf", config, tmp_path)
+    for T in (7, 29):
+        ids, mask = batch(T, seed=T)
+        (a,), (b,) = outputs(ours, ids, mask), outputs(theirs, ids, mask)
+        assert (a - b).abs().max() < TOL
+
+
+def test_eager_attention_matches_too(tmp_path):
+    ours, theirs = transfer("mlm", "ours_to_hf", tiny(), tmp_path, attn="eager")
+    ids, mask = batch(29)
+    (a,), (b,) = outputs(ours, ids, mask), outputs(theirs, ids, mask)
+    assert (a - b).abs().max() < TOL
+
+
+def test_training_gradients_match_transformers(tmp_path):
+    """MLM loss and every parameter's gradient (fp32, no dropout): our sparse head, fused block
+    ends and unpadding against transformers' dense padded computation."""
+    ours, theirs = transfer("mlm", "ours_to_hf", tiny(), tmp_path)
+    ours.train(), theirs.train()
+    ids, mask = batch(29, seed=3)
+    labels = torch.full_like(ids, -100)
+    labels[0, [1, 5, 20]] = torch.tensor([7, 8, 9])
+    labels[1, 2] = 11
+    labels[2, 1] = 12
+    ours_loss = ours(ids, mask, labels=labels).loss
+    theirs_loss = theirs(input_ids=ids, attention_mask=mask, labels=labels).loss
+    assert abs(ours_loss.item() - theirs_loss.item()) < TOL
+    ours_loss.backward()
+    theirs_loss.backward()
+    theirs_grads = dict(theirs.named_parameters())
+    for name, p in ours.named_parameters():
+        assert (p.grad - theirs_grads[name].grad).abs().max() < TOL, name
+
+
+# ---- checkpoints and configs -------------------------------------------------------------------
+def test_config_json_round_trips_through_transformers(tmp_path):
+    config = tiny(classifier_pooling="mean", id2label={0: "neg", 1: "neu", 2: "pos"})
+    ModernBertForSequenceClassification(config).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == "modernbert"
+    assert saved["architectures"] == ["ModernBertForSequenceClassification"]
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert theirs.layer_types == config.layer_types
+    assert theirs.sliding_window == config.window == 4
+    assert theirs.id2label == {0: "neg", 1: "neu", 2: "pos"}
+    theirs.save_pretrained(tmp_path / "hf")
+    saved_as = ["ModernBertForSequenceClassification"]
+    assert load_config(tmp_path / "hf") == dataclasses.replace(config, architectures=saved_as)
+
+
+def test_older_hub_configs_load():
+    """Configs written before transformers 5: the global-layer period and two rotary thetas."""
+    old = tiny().to_dict()
+    del old["layer_types"], old["rope_parameters"]
+    old |= {"global_attn_every_n_layers": 2, "global_rope_theta": 80000.0, "local_rope_theta": 5e3}
+    config = ModernBertConfig.from_dict(old)
+    assert config.layer_types == ["full_attention", "sliding_attention", "full_attention"]
+    assert config.rope_parameters["full_attention"]["rope_theta"] == 80000.0
+    assert config.rope_parameters["sliding_attention"]["rope_theta"] == 5e3
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(local_attention=128, max_position_embeddings=64), "larger than the context"),
+        (dict(hidden_size=30, num_attention_heads=4), "not divisible by num_attention_heads"),
+        (dict(layer_types=["full_attention"]), "give one per layer"),
+        (dict(tie_word_embeddings=False), "not supported"),
+    ],
+)
+def test_bad_configs_are_one_line_errors(fields, message):
+    with pytest.raises(BertforgeError, match=message) as err:
+        tiny(**fields)
+    assert "\n" not in str(err.value)
+
+
+def test_a_bert_checkpoint_is_refused_by_modernbert_and_back(tmp_path, tiny_config):
+    from bertforge import BertForMaskedLM
+
+    BertForMaskedLM(tiny_config).save_pretrained(tmp_path / "bert")
+    ModernBertForMaskedLM(tiny()).save_pretrained(tmp_path / "modern")
+    with pytest.raises(BertforgeError, match="model_type='bert'.*--model.architecture bert"):
+        ModernBertForMaskedLM.from_pretrained(tmp_path / "bert")
+    with pytest.raises(BertforgeError, match="model_type='modernbert'"):
+        BertForMaskedLM.from_pretrained(tmp_path / "modern")
+
+
+def test_presets_cost_what_bert_costs():
+    """tiny/mini: BERT-Tiny's and BERT-Mini's depth and width, the per-layer products within
+    5% of BERT's 12 H^2; ettin-17m: 17M parameters with a 50,368-token table."""
+    from bertforge import BertConfig
+
+    for name in ("tiny", "mini"):
+        modern, bert = ModernBertConfig.preset(name), BertConfig.preset(name)
+        H, inner = modern.hidden_size, modern.intermediate_size
+        assert (modern.num_hidden_layers, H) == (bert.num_hidden_layers, bert.hidden_size)
+        assert abs((4 * H * H + 3 * H * inner) / (12 * H * H) - 1) < 0.05
+    ettin = ModernBertConfig.preset("ettin-17m")
+    assert 16.5e6 < ettin.num_parameters() < 17.5e6
+    with torch.device("meta"):  # sizes only
+        model = ModernBertForMaskedLM(ettin)
+    params = {id(p): p.numel() for p in model.parameters()}
+    assert sum(params.values()) == ettin.num_parameters()
+
+
+# ---- fast paths against the plain computation --------------------------------------------------
+def plain_window(q, k, v, keys, window):
+    scores = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5
+    allowed = band_mask(q.shape[2], window)[None, None] & keys[:, None, None, :]
+    return scores.masked_fill(~allowed, torch.finfo(scores.dtype).min).softmax(-1) @ v
+
+
+@pytest.mark.parametrize("T", [4, 9, 23, 64])
+def test_window_attention_equals_the_band(T):
+    """Every regime (window covers all, band mask, blocks with a ragged last block), padded
+    keys, float64, forward and gradients."""
+    g = torch.Generator().manual_seed(T)
+    q, k, v = (torch.randn(2, 3, T, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    keys = torch.ones(2, T, dtype=torch.bool)
+    keys[1, T - T // 3 :] = False
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    ours = window_attention(q, k, v, keys, 3)
+    plain = plain_window(q, k, v, keys, 3)
+    real = keys[:, None, :, None].expand_as(ours)
+    assert torch.allclose(ours[real], plain[real], atol=1e-12)
+    grads = torch.autograd.grad((ours * real).sum(), (q, k, v))
+    plain_grads = torch.autograd.grad((plain * real).sum(), (q, k, v))
+    for a, b in zip(grads, plain_grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_window_attention_keeps_no_sequence_square():
+    """At T 2,048 with a window of 16 no tensor autograd keeps (nor the scores) holds T x T
+    values: the blocks keep B x nh x T x 3w."""
+    T, w = 2048, 16
+    q, k, v = (torch.randn(1, 2, T, 8, requires_grad=True) for _ in range(3))
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: kept.append(t.numel()) or t, lambda t: t
+    ):
+        window_attention(q, k, v, None, w).sum().backward()
+    assert max(kept) <= 2 * T * 3 * w  # 2 heads x T x (C + 2w) scores
+    assert max(kept) < T * T
+
+
+def test_rotary_matches_transformers():
+    from transformers.models.modernbert import modeling_modernbert as hf
+
+    positions = torch.arange(13)
+    cos, sin = rotary_tables(positions, 8, 10_000.0)
+    x = torch.randn(13, 2, 8)
+    q_hf, _ = hf.apply_rotary_pos_emb(
+        x.transpose(0, 1)[None], x.transpose(0, 1)[None], cos[None], sin[None]
+    )
+    assert torch.allclose(rotate(x, cos[:, None], sin[:, None]), q_hf[0].transpose(0, 1), atol=1e-6)
+
+
+@pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler on this machine")
+@pytest.mark.parametrize("bias", [False, True])
+def test_residual_norm_kernel_equals_torch(bias, monkeypatch):
+    """The pre-norm block end through the AddNorm kernels (fp32 training) against torch ops:
+    both outputs and every gradient, with and without biases, no dropout."""
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(24, 16, bias=bias)
+    norm = torch.nn.LayerNorm(16, bias=bias)
+    with torch.no_grad():
+        norm.weight.add_(torch.randn(16) * 0.1)
+    y = torch.randn(7, 24, requires_grad=True)
+    res = torch.randn(7, 16, requires_grad=True)
+
+    def run():
+        normed, summed = residual_norm(y, dense, res, norm, 0.0, True)
+        loss = (normed * torch.arange(16.0)).sum() + (summed**2).sum()
+        params = [y, res, dense.weight, norm.weight] + ([dense.bias, norm.bias] if bias else [])
+        return [normed, summed, *torch.autograd.grad(loss, params)]
+
+    fused = run()
+    monkeypatch.setattr(ops.layer_norm, "add_norm_kernels", lambda: None)
+    plain = run()
+    for a, b in zip(fused, plain, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_unpadding_equals_each_sequence_alone():
+    """Each padded row's hidden states equal that sequence run alone (no padding at all), and
+    the padding comes out zero."""
+    model = ModernBertModel(tiny()).eval()
+    ids, mask = batch(29)
+    with torch.no_grad():
+        together = model(ids, mask).last_hidden_state
+        for row in range(ids.shape[0]):
+            n = int(mask[row].sum())
+            alone = model(ids[row : row + 1, :n]).last_hidden_state[0]
+            assert (together[row, :n] - alone).abs().max() < TOL
+            assert not together[row, n:].any()
+
+
+def test_sparse_prediction_equals_dense_logits():
+    model = ModernBertForMaskedLM(tiny()).eval()
+    ids, mask = batch(29)
+    labels = torch.full_like(ids, -100)
+    labels[0, 3], labels[1, 10], labels[2, 2] = 5, 6, 7
+    with torch.no_grad():
+        dense = model(ids, mask).logits
+        sparse = model(ids, mask, labels=labels)
+    picked = dense[labels != -100]
+    assert (sparse.logits - picked).abs().max() < TOL
+    assert abs(sparse.loss - F.cross_entropy(picked, labels[labels != -100])) < TOL
+
+
+def test_attention_maps_show_the_local_window():
+    """output_attentions runs the plain computation: the same logits, and a local layer's map
+    is zero past the window (and at padded keys)."""
+    model = ModernBertForTokenClassification(tiny()).eval()
+    ids, mask = batch(29)
+    with torch.no_grad():
+        fast = model(ids, mask).logits
+        out = model(ids, mask, output_attentions=True)
+    assert (out.logits - fast).abs().max() < TOL
+    local = out.attentions[1]  # (B, nh, T, T), layer 1 is sliding
+    outside = ~band_mask(29, 4)
+    assert not local[0][:, outside].any()
+    n = int(mask[2].sum())
+    assert not local[2][:, :n, n:].any()  # real queries never see padding
+    assert out.attentions[0][0][:, outside].any()  # the global layer sees everything
+
+
+# ---- the commands on a tiny ModernBERT -------------------------------------------------------
+@pytest.mark.slow  # ~10 s of CPU: four commands
+def test_pretrain_finetune_and_predict_with_a_bpe_tokenizer(
+    shakespeare_file, task_files, tmp_path, capsys
+):
+    """A BPE tokenizer trained here -> prepare -> pretrain --model.architecture modernbert (MLM,
+    sequences past the local window) -> the model loads in transformers with the same logits ->
+    finetune a classifier -> classify and fill-mask (its own <mask>) through the CLI."""
+    from support.bpe import train_bpe
+
+    from bertforge import cli
+    from bertforge.data.shards import PrepareConfig, prepare
+
+    lines = shakespeare_file.read_text(encoding="utf-8").splitlines()[:3000]
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tokenizer = train_bpe(lines, tmp_path / "bpe", vocab_size=300)
+    data = tmp_path / "data"
+    prepare(
+        PrepareConfig(
+            [str(text)],
+            str(tokenizer),
+            str(data),
+            max_seq_length=48,
+            mode="packed",
+            validation_fraction=0.05,
+            progress=False,
+        )
+    )
+    run = tmp_path / "run"
+    fast = ["--train.precision", "fp32", "--train.progress", "false", "--train.num_threads", "1"]
+    argv = [
+        "pretrain",
+        "--data",
+        str(data),
+        "--output",
+        str(run),
+        "--train.objective",
+        "mlm",
+        "--model.architecture",
+        "modernbert",
+        "--model.preset",
+        "tiny",
+        "--model.hidden_size",
+        "32",
+        "--model.num_attention_heads",
+        "2",
+        "--model.max_position_embeddings",
+        "64",
+        "--model.local_attention",
+        "16",
+        "--train.max_steps",
+        "20",
+        "--train.batch_size",
+        "16",
+        "--train.lr",
+        "3e-3",
+        "--train.eval_every",
+        "0",
+        "--train.save_every",
+        "0",
+        "--train.eval_examples",
+        "32",
+        *fast,
+    ]
+    assert cli.main(argv) == 0
+    model_dir = run / "model"
+    log = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    val = [r["loss"] for r in log if r.get("split") == "val"]
+    assert val[-1] < val[0] - 0.2, val
+    theirs = transformers.AutoModelForMaskedLM.from_pretrained(model_dir).eval()
+    ours = ModernBertForMaskedLM.from_pretrained(model_dir)
+    ids, mask = batch(40)
+    (a,), (b,) = outputs(ours, ids, mask), outputs(theirs, ids, mask)
+    assert (a - b).abs().max() < TOL
+
+    task_files.write_sentiment(tmp_path / "train.csv", 240, seed=1)
+    out = tmp_path / "classifier"
+    argv = [
+        "finetune",
+        "--model",
+        str(model_dir),
+        "--train",
+        str(tmp_path / "train.csv"),
+        "--output",
+        str(out),
+        "--max_steps",
+        "45",
+        "--batch_size",
+        "16",
+        "--lr",
+        "1e-2",
+        "--num_threads",
+        "1",
+        "--max_length",
+        "32",
+        "--precision",
+        "fp32",
+        "--progress",
+        "false",
+    ]
+    assert cli.main(argv) == 0
+    assert json.loads((out / "config.json").read_text())["architectures"] == [
+        "ModernBertForSequenceClassification"
+    ]
+    capsys.readouterr()
+    assert cli.main(["classify", "--model", str(out), "a good story", "bad music"]) == 0
+    labels = [json.loads(line)["label"] for line in capsys.readouterr().out.splitlines()]
+    assert labels == ["pos", "neg"]
+    assert cli.main(["fill-mask", "--model", str(model_dir), "to be or not to<mask>"]) == 0
+    (filled,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(filled["masks"]) == 1 and filled["filled"].startswith("to be or not to")
+
+
+def test_the_padded_grid_path_equals_the_unpadded_one(monkeypatch):
+    """Under torch.compile the rows stay the whole padded grid (one shape), attention masking
+    the padding: the same logits at the real tokens, and mean pooling still ignores padding."""
+    from bertforge.modeling import modernbert
+
+    model = ModernBertForSequenceClassification(tiny(classifier_pooling="mean")).eval()
+    ids, mask = batch(29)
+    with torch.no_grad():
+        unpadded = model(ids, mask).logits
+        monkeypatch.setattr(modernbert.torch.compiler, "is_compiling", lambda: True)
+        grid = model(ids, mask).logits
+    assert (unpadded - grid).abs().max() < TOL
+
+
+@pytest.mark.slow  # two short pretraining runs
+def test_a_modernbert_pretraining_run_resumes_bit_exactly(shakespeare_file, tmp_path):
+    """Dropout on (--train.dropout reaches ModernBERT's dropout places), an evaluation mid-way:
+    the run resumed from step 6 logs the same losses and ends with the same weights."""
+    from safetensors.torch import load_file
+
+    from bertforge import cli
+    from bertforge.data.shards import PrepareConfig, prepare
+    from bertforge.tokenizer.wordpiece import Tokenizer
+
+    text = tmp_path / "text.txt"
+    text.write_text(shakespeare_file.read_text(encoding="utf-8")[:60_000], encoding="utf-8")
+    tokenizer = tmp_path / "tok"
+    Tokenizer.train(text, vocab_size=300).save(tokenizer)
+    data = tmp_path / "data"
+    prepare(
+        PrepareConfig(
+            [str(text)],
+            str(tokenizer),
+            str(data),
+            max_seq_length=40,
+            mode="packed",
+            validation_fraction=0.05,
+            progress=False,
+        )
+    )
+    argv = [
+        "pretrain",
+        "--data",
+        str(data),
+        "--model.architecture",
+        "modernbert",
+        "--model.preset",
+        "tiny",
+        "--model.hidden_size",
+        "32",
+        "--model.num_attention_heads",
+        "2",
+        "--model.max_position_embeddings",
+        "64",
+        "--model.local_attention",
+        "16",
+        "--train.objective",
+        "mlm",
+        "--train.batch_size",
+        "16",
+        "--train.precision",
+        "fp32",
+        "--train.eval_every",
+        "4",
+        "--train.progress",
+        "false",
+        "--train.num_threads",
+        "1",
+        "--train.eval_examples",
+        "16",
+        "--train.log_every",
+        "1",
+        "--train.keep_checkpoints",
+        "0",
+        "--train.max_steps",
+        "10",
+        "--train.save_every",
+        "3",
+        "--train.dropout",
+        "0.1",
+    ]
+    assert cli.main([*argv, "--output", str(tmp_path / "full")]) == 0
+    checkpoint = tmp_path / "full" / "checkpoint-00000006"
+    assert (
+        cli.main([*argv, "--output", str(tmp_path / "resumed"), "--resume", str(checkpoint)]) == 0
+    )
+
+    def losses(run):
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
+
+    full, resumed = losses(tmp_path / "full"), losses(tmp_path / "resumed")
+    assert sorted(resumed) == [7, 8, 9, 10]
+    assert [full[s] for s in resumed] == [resumed[s] for s in resumed]
+    a = load_file(tmp_path / "full" / "model" / "model.safetensors")
+    b = load_file(tmp_path / "resumed" / "model" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
