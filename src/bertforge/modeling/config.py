@@ -60,6 +60,10 @@ class BertConfig:
     """``regression`` or ``single_label_classification``; derived from ``num_labels`` when unset."""
     architectures: list[str] | None = None
     """Class names the checkpoint was saved from (informational, written for HF)."""
+    sentence_transformers: dict[str, str] | None = None
+    """What sentence-transformers' ``CrossEncoder`` reads from config.json: ``activation_fn``,
+    the function its ``predict`` applies to the logits (fine-tuning writes the identity, so that
+    its scores are this model's logits, a regressor's values)."""
 
     def __post_init__(self) -> None:
         if self.id2label is not None:
@@ -138,7 +142,7 @@ class BertConfig:
         else:
             d["id2label"] = {str(k): v for k, v in self.id2label.items()}
             d["label2id"] = self.label2id
-        for key in ("problem_type", "architectures", "classifier_dropout"):
+        for key in ("problem_type", "architectures", "classifier_dropout", "sentence_transformers"):
             if d[key] is None:
                 d.pop(key)
         return d
