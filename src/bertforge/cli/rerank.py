@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 
 from bertforge.cli.options import parse_config
 from bertforge.data.corpus import EncodingErrors
+from bertforge.data.encoding import Truncation
 from bertforge.data.tables import read_texts
 from bertforge.errors import BertforgeError
 from bertforge.inference.rerank import load_reranker, rerank
 from bertforge.io import atomic_write_text
-from bertforge.data.encoding import Truncation
 from bertforge.training.options import ModelOptions
 
 

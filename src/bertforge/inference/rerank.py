@@ -71,7 +71,9 @@ def load_reranker(args: LoadOptions) -> Reranker:
     """The model of directory ``args.model`` as the reranker its config says it is."""
     kind = reranker_kind(BertConfig.load(args.model))
     cls = BertForSequenceClassification if kind == "cross-encoder" else BertModel
-    require = ("classifier.", "the checkpoint has no classifier head") if cls is not BertModel else None
+    require = (
+        ("classifier.", "the checkpoint has no classifier head") if cls is not BertModel else None
+    )
     model, tokenizer, options = load_model(cls, args, require)
     return Reranker(model, tokenizer, kind, options)
 
@@ -103,7 +105,9 @@ def score(
     ``truncation`` default to what fine-tuning saved beside the model, else its positions and
     ``head``."""
     if isinstance(texts, str):
-        raise BertforgeError("pass a list of candidate texts, not a single string (wrap it: [text])")
+        raise BertforgeError(
+            "pass a list of candidate texts, not a single string (wrap it: [text])"
+        )
     texts = list(texts)
     if not texts:
         return np.zeros(0)

@@ -103,6 +103,7 @@ from bertforge.training.embedding import (
     validate_embeddings,
     validation_baselines,
 )
+from bertforge.training.model_card import finetune_card, write_model_card
 from bertforge.training.optim import build_optimizer, set_lr
 from bertforge.training.qa import QATaskData, finish_qa, load_qa_task, qa_baseline, validate_qa
 
@@ -665,6 +666,7 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     if kept:
         run.say(f"kept from {cfg.model}: {', '.join(kept)} (how bertforge embed pools it)")
     run.say(_drop_finished_checkpoints(out, keep=cfg.keep_final_checkpoint))
+    write_model_card(out, finetune_card(cfg, result, out, run.device))
     return result
 
 
