@@ -12,8 +12,8 @@ Steps, each a ``bertforge`` command or library call:
 2. ``bertforge finetune --task regression`` from ``--start`` (default all-MiniLM-L6-v2 with a
    fresh one-output head) on those pairs: a pointwise reranker (squared error on 0/1 relevance),
    saved as a cross-encoder.
-3. XQuAD-en as BEIR files (1,190 questions, 240 paragraphs, each question's own paragraph
-   relevant) and ``bertforge evaluate --model RERANKER --retriever all-MiniLM-L6-v2 --top_k K``.
+3. XQuAD-en as BEIR files (1,190 questions, or a fixed sample of ``--queries`` of them when
+   the CPU is short; the 240 paragraphs; each question's own paragraph relevant) and ``bertforge evaluate --model RERANKER --retriever all-MiniLM-L6-v2 --top_k K``.
 4. ``CrossEncoder(RERANKER).predict`` on ``--check_pairs`` XQuAD (question, paragraph) pairs
    against ``bertforge.inference.rerank.score``: the largest difference.
 
@@ -86,10 +86,13 @@ def mine(args: argparse.Namespace, work: Path) -> dict[str, int]:
     return {"questions": len(sample), "pairs": len(pairs), "retriever_top1": own_first}
 
 
-def xquad_beir(work: Path) -> dict[str, str]:
-    """XQuAD-en as BEIR files: queries.jsonl, corpus.jsonl, qrels.tsv (step 3)."""
+def xquad_beir(work: Path, queries: int | None, seed: int) -> dict[str, str]:
+    """XQuAD-en as BEIR files: queries.jsonl (all 1,190 questions, or a fixed random sample of
+    ``queries``), corpus.jsonl (all 240 paragraphs), qrels.tsv (step 3)."""
     rows = squad_rows("xquad_en_test.json.gz")
     paragraphs = list(dict.fromkeys(r["context"] for r in rows))
+    if queries is not None and queries < len(rows):
+        rows = random.Random(seed).sample(rows, queries)
     index = {p: f"p{i}" for i, p in enumerate(paragraphs)}
     files = {name: str(work / name) for name in ("queries.jsonl", "corpus.jsonl", "qrels.tsv")}
     Path(files["queries.jsonl"]).write_text(
@@ -115,8 +118,12 @@ def cross_encoder_check(model: Path, files: dict[str, str], count: int) -> dict[
     (question, paragraph) pairs, half of them a question's own paragraph (step 4)."""
     from sentence_transformers import CrossEncoder
 
-    queries = [json.loads(line)["text"] for line in Path(files["queries.jsonl"]).open()]
-    corpus = [json.loads(line)["text"] for line in Path(files["corpus.jsonl"]).open()]
+    queries = [
+        json.loads(line)["text"] for line in Path(files["queries.jsonl"]).read_text().splitlines()
+    ]
+    corpus = [
+        json.loads(line)["text"] for line in Path(files["corpus.jsonl"]).read_text().splitlines()
+    ]
     rng = random.Random(1)
     pairs = [(rng.choice(queries), rng.choice(corpus)) for _ in range(count)]
     theirs = CrossEncoder(str(model), device="cpu").predict(pairs, batch_size=16)
@@ -136,6 +143,7 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--top_k", type=int, default=10)
+    parser.add_argument("--queries", type=int, default=None, help="XQuAD questions (all 1,190)")
     parser.add_argument("--check_pairs", type=int, default=64)
     parser.add_argument("--num_threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -157,7 +165,7 @@ def main() -> None:
         *("--batch_size", str(args.batch_size), "--lr", str(args.lr)),
         *("--validation_fraction", "0.05", "--seed", str(args.seed), *threads),
     )
-    files = xquad_beir(work)
+    files = xquad_beir(work, args.queries, args.seed)
     beir = ["--queries", files["queries.jsonl"], "--corpus", files["corpus.jsonl"]]
     beir += ["--qrels", files["qrels.tsv"]]
     eval_s = bertforge(

@@ -141,6 +141,14 @@ TASK_HEADS = (
 ``BertModel`` or declares its pooling is a sentence-embedding model."""
 
 
+def is_embedding_model(directory: str, config: BertConfig) -> bool:
+    """An encoder without a task head that is a ``BertModel`` or declares its pooling."""
+    architectures = config.architectures or []
+    return not set(TASK_HEADS) & set(architectures) and (
+        "BertModel" in architectures or bool(declared_pooling(directory)[0])
+    )
+
+
 def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     """Evaluate ``cfg.model`` on ``cfg.data`` (or the retrieval files ``cfg.queries``,
     ``cfg.corpus``, ``cfg.qrels``) as its architecture asks (a token classifier, a sequence
@@ -150,9 +158,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
 
     config = BertConfig.load(check_model_directory(cfg.model))
     architectures = config.architectures or []
-    embedding = not set(TASK_HEADS) & set(architectures) and (
-        "BertModel" in architectures or bool(declared_pooling(cfg.model)[0])
-    )
+    embedding = is_embedding_model(cfg.model, config)
     if cfg.retriever:
         result = _evaluate_reranking(cfg)
     elif cfg.queries and not embedding:
@@ -315,11 +321,12 @@ def _evaluate_reranking(cfg: EvaluateConfig) -> dict[str, Any]:
     assert cfg.queries and cfg.corpus and cfg.qrels and cfg.retriever
     start = time.perf_counter()
     retriever_config = BertConfig.load(check_model_directory(cfg.retriever))
-    if set(TASK_HEADS) & set(retriever_config.architectures or []):
+    if not is_embedding_model(cfg.retriever, retriever_config):
+        kind = ", ".join(retriever_config.architectures or []) or "no architecture"
         raise BertforgeError(
-            f"--retriever {cfg.retriever} is a {', '.join(retriever_config.architectures or [])}, "
-            "not an embedding model; the first stage embeds queries and documents apart: give "
-            "an encoder alone or a model declaring its pooling"
+            f"--retriever {cfg.retriever} is not a sentence-embedding model ({kind}); the first "
+            "stage embeds queries and documents apart: give an encoder alone or a model "
+            "declaring its pooling"
         )
     data = load_beir(cfg.queries, cfg.corpus, cfg.qrels, cfg.encoding_errors)
     if not data.queries:
