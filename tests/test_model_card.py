@@ -138,9 +138,7 @@ def test_a_card_written_by_another_command_and_the_command_line(tmp_path):
 
     from bertforge.training.config import FinetuneConfig
 
-    cfg = FinetuneConfig(model=str(tmp_path), train=["a b.csv"], output="o", lr=1e-3)
+    cfg = FinetuneConfig(model=str(tmp_path), train=["a b.csv", "c"], output="o", lr=1e-3)
     line = command_line("finetune", cfg)  # the options off their defaults, as resolved
-    assert line.startswith(
-        f"bertforge finetune --model {tmp_path} --train '[\"a b.csv\"]' --output o "
-    )
+    assert line.startswith(f"bertforge finetune --model {tmp_path} --train 'a b.csv' c --output o ")
     assert " --lr 0.001 " in line and " --metric accuracy " in line and "--epochs" not in line

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import QUICK_FINETUNE, TaskFiles, noise
-from support.cli import one_line_error, run_cli
+from support.cli import run_cli
 
 from bertforge import cli
 from bertforge.data.encoding import encode_examples
@@ -205,15 +205,3 @@ def test_evaluate_with_a_retriever_scores_both_stages(models, tmp_path, capsys):
     assert results["regression", 1]["reranked"] == pytest.approx(
         results["regression", 1]["retriever"]
     )
-
-
-def test_rerank_bad_input(models, tmp_path, capsys):
-    base = ["evaluate", "--model", str(models["regression"])]
-    err = one_line_error([*base, "--retriever", str(models["encoder"]), "--data", "x.csv"], capsys)
-    assert "--retriever" in err and "--queries" in err
-    err = one_line_error(["rerank", "--model", str(models["regression"]), "--query", QUERY], capsys)
-    assert "candidate texts" in err
-    err = one_line_error(
-        ["rerank", "--model", str(models["regression"]), "--query", " ", "x"], capsys
-    )
-    assert "--query is empty" in err

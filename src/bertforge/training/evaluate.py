@@ -82,7 +82,7 @@ class EvaluateConfig(ModelOptions, TaskOptions):
     0 not relevant, 1, 2, ... relevant, higher better); queries without a relevant document are
     skipped and counted."""
     retriever: str | None = None
-    """With --queries/--corpus/--qrels: an embedding model (directory) that retrieves first;
+    """With --queries, --corpus and --qrels: an embedding model (directory) that retrieves first;
     --model (a cross-encoder, or an embedding model) then reranks each query's top --top_k,
     and the scores of both orders are printed (nDCG@10 / MRR@10 before and after)."""
     top_k: int = 100

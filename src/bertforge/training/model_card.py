@@ -118,6 +118,8 @@ class ModelCard:
     tags: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     """Paragraphs the reader should see (a score that does not beat its baseline...)."""
+    more_results: list[tuple[str, list[Score]]] = field(default_factory=list)
+    """Scores measured elsewhere (where, scores): a test file beside the random-init twin..."""
 
 
 # ---- rendering -------------------------------------------------------------------------------
@@ -136,22 +138,20 @@ def card_metadata(card: ModelCard) -> dict[str, Any]:
         meta["base_model"] = card.base_model
     if card.datasets:
         meta["datasets"] = list(card.datasets)
-    if card.scores:
-        meta["model-index"] = [
-            {
-                "name": card.name,
-                "results": [
-                    {
-                        "task": {"type": PIPELINE_TAGS[card.kind], "name": card.kind},
-                        "dataset": {"name": card.evaluated_on, "type": "local"},
-                        "metrics": [
-                            {"type": s.metric, "name": s.metric, "value": float(s.value)}
-                            for s in card.scores
-                        ],
-                    }
-                ],
-            }
-        ]
+    measured = [(card.evaluated_on, card.scores), *card.more_results]
+    results = [
+        {
+            "task": {"type": PIPELINE_TAGS[card.kind], "name": card.kind},
+            "dataset": {"name": where, "type": "local"},
+            "metrics": [
+                {"type": s.metric, "name": s.metric, "value": float(s.value)} for s in scores
+            ],
+        }
+        for where, scores in measured
+        if scores
+    ]
+    if results:
+        meta["model-index"] = [{"name": card.name, "results": results}]
     return meta
 
 
@@ -163,11 +163,11 @@ LOWER_IS_BETTER = frozenset({"loss", "perplexity", "mse", "mae"})
 """Scores where less is better (every other score of bertforge's: more is better)."""
 
 
-def _scores_table(card: ModelCard) -> str:
-    baselines = list(dict.fromkeys(b for s in card.scores for b in s.baselines))
+def _scores_table(scores: list[Score]) -> str:
+    baselines = list(dict.fromkeys(b for s in scores for b in s.baselines))
     header = ["metric", "better", "this model", *baselines]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for s in card.scores:
+    for s in scores:
         better = "lower" if s.metric in LOWER_IS_BETTER else "higher"
         cells = [s.metric, better, f"**{_number(s.value)}**"]
         cells += [_number(s.baselines[b]) if b in s.baselines else "" for b in baselines]
@@ -211,9 +211,11 @@ def render_model_card(card: ModelCard) -> str:
     parts.append("## How good it is\n")
     if card.scores:
         parts.append(f"Measured on {card.evaluated_on}.\n")
-        parts.append(_scores_table(card) + "\n")
+        parts.append(_scores_table(card.scores) + "\n")
         if verdict := _verdict(card.scores[0]):
             parts.append(verdict + "\n")
+        for where, scores in card.more_results:
+            parts += [f"Measured on {where}.\n", _scores_table(scores) + "\n"]
         for name, what in card.baseline_notes.items():
             parts.append(f"- *{name}*: {what}")
         parts.append("")
@@ -276,12 +278,14 @@ def command_line(command: str, cfg: Any, skip: tuple[str, ...] = ()) -> str:
     """``bertforge COMMAND`` with every option of ``cfg`` (a config dataclass, nested sections
     as ``--section.field``) that differs from its default: the run's command, as resolved."""
     words = ["bertforge", command]
-    for name, value in _options(cfg, "", skip):
-        words += [f"--{name}", value]
+    for name, values in _options(cfg, "", skip):
+        words += [f"--{name}", *values]
     return " ".join(shlex.quote(w) for w in words)
 
 
-def _options(cfg: Any, prefix: str, skip: tuple[str, ...]) -> list[tuple[str, str]]:
+def _options(cfg: Any, prefix: str, skip: tuple[str, ...]) -> list[tuple[str, list[str]]]:
+    """(option, its words) of each field off its default; a list of plain values is its items
+    (``--train a.csv b.csv``), a mapping or nested list JSON."""
     out = []
     for f in dataclasses.fields(cfg):
         if f.name in skip or not f.init:
@@ -299,13 +303,19 @@ def _options(cfg: Any, prefix: str, skip: tuple[str, ...]) -> list[tuple[str, st
         if value == default:
             continue
         if isinstance(value, bool):
-            text = str(value).lower()
+            words = [str(value).lower()]
+        elif isinstance(value, list | tuple) and value and all(_plain(v) for v in value):
+            words = [str(v) for v in value]
         elif isinstance(value, list | tuple | dict):
-            text = json.dumps(value)
+            words = [json.dumps(value)]
         else:
-            text = str(value)
-        out.append((f"{prefix}{f.name}", text))
+            words = [str(value)]
+        out.append((f"{prefix}{f.name}", words))
     return out
+
+
+def _plain(value: Any) -> bool:
+    return isinstance(value, str | int | float) and not isinstance(value, bool)
 
 
 def data_file(path: str | Path, role: str) -> DataFile:
