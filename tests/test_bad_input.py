@@ -531,6 +531,40 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
         ),
         ("p.png: is a directory",),
     ),
+    # reranking
+    (
+        "evaluate-retriever-without-beir-files",
+        lambda fx, t: [
+            "evaluate",
+            "--model",
+            fx["clf"],
+            "--retriever",
+            fx["mlm"],
+            "--data",
+            fx["train"],
+        ],
+        ("--retriever reranks the first stage of a retrieval test set: give --queries",),
+    ),
+    (
+        "evaluate-retriever-is-a-classifier",
+        lambda fx, t: [
+            *("evaluate", "--model", fx["clf"], "--retriever", fx["clf"]),
+            *("--queries", _write(t / "q.jsonl", '{"_id": "q", "text": "a"}\n')),
+            *("--corpus", _write(t / "c.jsonl", '{"_id": "d", "text": "b"}\n')),
+            *("--qrels", _write(t / "r.tsv", "query-id\tcorpus-id\tscore\nq\td\t1\n")),
+        ],
+        ("is not a sentence-embedding model (BertForSequenceClassification)",),
+    ),
+    (
+        "rerank-with-a-token-classifier",
+        lambda fx, t: ["rerank", "--model", fx["tagger"], "--query", "who", "anna went home"],
+        ("a BertForTokenClassification is no reranker",),
+    ),
+    (
+        "rerank-without-candidates",
+        lambda fx, t: ["rerank", "--model", fx["clf"], "--query", "who"],
+        ("give candidate texts as arguments or --input FILE",),
+    ),
     # token classification
     (
         "tag-with-a-sequence-classifier",

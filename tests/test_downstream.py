@@ -20,6 +20,7 @@ from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForPreTraining
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.downstream import RESULTS_FILE, TWIN_DIR, downstream_table
+from bertforge.training.model_card import read_card_metadata
 
 FAST = [
     "--max_length",
@@ -118,6 +119,15 @@ def test_both_columns_and_the_baseline_are_scored_on_the_test_file(result, work,
     )
     assert result["pretrained"]["model"] == str(work["pretrained"])
     assert result["finetune"]["lr"] == 3e-3 and result["finetune"]["max_length"] == 32
+    # the fine-tuned model's card: its test scores beside the random-init twin's
+    meta = read_card_metadata(work["root"] / "ds" / "pretrained")
+    validation, test = meta["model-index"][0]["results"]
+    assert "test.csv" in test["dataset"]["name"]
+    scores = {m["type"]: m["value"] for m in test["metrics"]}
+    assert scores["accuracy"] == result["pretrained"]["accuracy"]
+    card = (work["root"] / "ds" / "pretrained" / "README.md").read_text()
+    twin = f"| {result['random_init']['accuracy']:.4f} |"
+    assert "random-init twin (fine-tuned the same way)" in card and twin in card
 
 
 def test_the_table_prints_every_column(work, capsys):

@@ -84,6 +84,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "find named entities with a fine-tuned token classifier",
     ),
     "embed": ("bertforge.cli.predict", "embed_main", "embed texts into a .npy matrix"),
+    "rerank": (
+        "bertforge.cli.rerank",
+        "main",
+        "rank candidate texts for a query (cross-encoder or embedding model)",
+    ),
     "answer": (
         "bertforge.cli.answer",
         "main",

@@ -86,8 +86,9 @@ def encode_examples(
         la, lb = len(a), len(b)
         if la + lb > budget:  # longest first: trim the longer side until both fit
             half = budget // 2
-            if la > half and lb > half:
-                la, lb = budget - half, half
+            if la > half and lb > half:  # an odd budget's last token: the longer side's
+                # (the second on a tie), as Hugging Face tokenizers' longest_first keeps it
+                la, lb = (budget - half, half) if la > lb else (half, budget - half)
             elif la > lb:
                 la = budget - lb
             else:

@@ -61,6 +61,10 @@ class BertConfig:
     """``regression`` or ``single_label_classification``; derived from ``num_labels`` when unset."""
     architectures: list[str] | None = None
     """Class names the checkpoint was saved from (informational, written for HF)."""
+    sentence_transformers: dict[str, str] | None = None
+    """What sentence-transformers' ``CrossEncoder`` reads from config.json: ``activation_fn``,
+    the function its ``predict`` applies to the logits (fine-tuning writes the identity, so that
+    its scores are this model's logits, a regressor's values)."""
 
     model_type = "bert"
 
@@ -141,7 +145,7 @@ class BertConfig:
         else:
             d["id2label"] = {str(k): v for k, v in self.id2label.items()}
             d["label2id"] = self.label2id
-        for key in ("problem_type", "architectures", "classifier_dropout"):
+        for key in ("problem_type", "architectures", "classifier_dropout", "sentence_transformers"):
             if d[key] is None:
                 d.pop(key)
         return d
@@ -343,6 +347,9 @@ class ModernBertConfig:
     """``regression`` or ``single_label_classification``; derived from ``num_labels`` when unset."""
     architectures: list[str] | None = None
     """Class names the checkpoint was saved from (transformers picks its class from this)."""
+    sentence_transformers: dict[str, str] | None = None
+    """What sentence-transformers' ``CrossEncoder`` reads (its ``activation_fn``); written by
+    ``finetune`` of a pair classifier or regressor, so that ``CrossEncoder(dir)`` scores as we do."""
 
     model_type = "modernbert"
 
@@ -469,7 +476,7 @@ class ModernBertConfig:
         else:
             d["id2label"] = {str(k): v for k, v in self.id2label.items()}
             d["label2id"] = self.label2id
-        for key in ("problem_type", "architectures"):
+        for key in ("problem_type", "architectures", "sentence_transformers"):
             if d[key] is None:
                 d.pop(key)
         return d

@@ -50,6 +50,7 @@ from bertforge.runtime import peak_memory_bytes, pick_device, pick_precision
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.config import FinetuneConfig
 from bertforge.training.finetune import finetune
+from bertforge.training.model_card import Score, finetune_card, write_model_card
 
 RESULTS_FILE = "downstream.json"
 TWIN_DIR = "random_init_model"
@@ -181,10 +182,11 @@ def downstream(
     if baseline is not None:
         sources["baseline"] = baseline
     columns: dict[str, dict[str, Any]] = {}
+    runs: dict[str, dict[str, Any]] = {}
     majority: dict[str, Any] | None = None
     for name, model_dir in sources.items():
         say(f"== {COLUMNS[name]}: fine-tuning {model_dir}")
-        run = finetune(replace(cfg, model=model_dir, output=str(out / name)))
+        run = runs[name] = finetune(replace(cfg, model=model_dir, output=str(out / name)))
         if run.get("stopped"):
             raise BertforgeError(
                 f"fine-tuning {name} was interrupted at step {run['step']}; run the same "
@@ -216,9 +218,37 @@ def downstream(
         "peak_memory_bytes": peak_memory_bytes(),
     }
     atomic_write_text(out / RESULTS_FILE, json.dumps(result, indent=2) + "\n")
+    write_twin_card(cfg, out, test, runs["pretrained"], columns, majority or {})
     print(downstream_table(result))
     say(f"results: {out / RESULTS_FILE}")
     return result
+
+
+def write_twin_card(
+    cfg: FinetuneConfig,
+    out: Path,
+    test: Sequence[str],
+    run: dict[str, Any],
+    columns: dict[str, dict[str, Any]],
+    majority: dict[str, Any],
+) -> None:
+    """The fine-tuned pretrained model's card, its test scores beside the random-init twin's
+    (fine-tuned the same way) and the majority baseline's."""
+    directory = out / "pretrained"
+    card = finetune_card(
+        replace(cfg, output=str(directory)), run, directory, pick_device(cfg.device)
+    )
+    twin = "random-init twin (fine-tuned the same way)"
+    scores = [
+        Score(k, columns["pretrained"][k], {twin: columns["random_init"][k]})
+        for k in _metric_keys(cfg)
+    ]
+    for s in scores:
+        if isinstance(majority.get(s.metric), int | float):
+            s.baselines["majority baseline"] = float(majority[s.metric])
+    where = "the test file(s) " + ", ".join(f"`{Path(t).name}`" for t in test)
+    card.more_results.append((where, scores))
+    write_model_card(directory, card)
 
 
 def _metric_keys(cfg: FinetuneConfig) -> tuple[str, ...]:

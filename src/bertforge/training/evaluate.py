@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
+
+import numpy as np
 
 from bertforge import runtime
 from bertforge.data.encoding import encode_examples
@@ -39,9 +42,11 @@ from bertforge.evaluation.qa import (
     qa_report,
     squad_metrics,
 )
+from bertforge.evaluation.rerank import rerank_scores
 from bertforge.evaluation.tagging import evaluate_tagging_model, tagging_report
 from bertforge.evaluation.task_scores import baseline_warning, evaluate_sequence_model, task_report
 from bertforge.inference.loading import finetune_defaults, load_model
+from bertforge.inference.rerank import load_reranker, score
 from bertforge.io import atomic_write_text, read_json_object
 from bertforge.modeling.checkpoint import check_model_directory, resolve_model
 from bertforge.modeling.config import BertConfig
@@ -76,6 +81,12 @@ class EvaluateConfig(ModelOptions, TaskOptions):
     """Relevance judgments: a TSV file with the header query-id, corpus-id, score (an integer:
     0 not relevant, 1, 2, ... relevant, higher better); queries without a relevant document are
     skipped and counted."""
+    retriever: str | None = None
+    """With --queries, --corpus and --qrels: an embedding model (directory) that retrieves first;
+    --model (a cross-encoder, or an embedding model) then reranks each query's top --top_k,
+    and the scores of both orders are printed (nDCG@10 / MRR@10 before and after)."""
+    top_k: int = 100
+    """With --retriever: documents per query the reranker re-orders."""
     batch_size: int = 64
     """Texts per forward pass."""
     label_column: str | None = None
@@ -107,6 +118,13 @@ class EvaluateConfig(ModelOptions, TaskOptions):
                 "--data and --queries/--corpus/--qrels: give one test set, a file of pairs "
                 "(--data) or the three BEIR files"
             )
+        if self.retriever and not given:
+            raise BertforgeError(
+                "--retriever reranks the first stage of a retrieval test set: give --queries, "
+                "--corpus and --qrels (BEIR files) with it"
+            )
+        if self.top_k < 1:
+            raise BertforgeError(f"--top_k {self.top_k}: give 1 or more documents to rerank")
         if not given and not self.data:
             raise BertforgeError(
                 "give --data FILE (or, for a sentence-embedding model, --queries, --corpus and "
@@ -123,6 +141,14 @@ TASK_HEADS = (
 ``BertModel`` or declares its pooling is a sentence-embedding model."""
 
 
+def is_embedding_model(directory: str, config: BertConfig) -> bool:
+    """An encoder without a task head that is a ``BertModel`` or declares its pooling."""
+    architectures = config.architectures or []
+    return not set(TASK_HEADS) & set(architectures) and (
+        "BertModel" in architectures or bool(declared_pooling(directory)[0])
+    )
+
+
 def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     """Evaluate ``cfg.model`` on ``cfg.data`` (or the retrieval files ``cfg.queries``,
     ``cfg.corpus``, ``cfg.qrels``) as its architecture asks (a token classifier, a sequence
@@ -132,16 +158,16 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
 
     config = BertConfig.load(check_model_directory(cfg.model))
     architectures = config.architectures or []
-    embedding = not set(TASK_HEADS) & set(architectures) and (
-        "BertModel" in architectures or bool(declared_pooling(cfg.model)[0])
-    )
-    if cfg.queries and not embedding:
+    embedding = is_embedding_model(cfg.model, config)
+    if cfg.retriever:
+        result = _evaluate_reranking(cfg)
+    elif cfg.queries and not embedding:
         kind = ", ".join(architectures) or "no architecture"
         raise BertforgeError(
             f"{cfg.model} is not a sentence-embedding model ({kind}); --queries/--corpus/--qrels "
             "score an encoder alone or a model declaring its pooling: evaluate this one on --data"
         )
-    if cfg.queries:
+    elif cfg.queries:
         result = _evaluate_retrieval_files(cfg)
     elif "BertForTokenClassification" in architectures:
         result = _evaluate_tagging_model(cfg, config)
@@ -334,6 +360,54 @@ def _evaluate_retrieval_files(cfg: EvaluateConfig) -> dict[str, Any]:
             "queries": len(data), "documents": len(data.documents),
             "skipped_queries": data.skipped, "seconds": seconds, **length, "baselines": base,
             "report_text": table}  # fmt: skip
+
+
+def _evaluate_reranking(cfg: EvaluateConfig) -> dict[str, Any]:
+    """``--retriever R --model M`` on BEIR files: R's top --top_k per query re-ordered by M
+    (:mod:`bertforge.evaluation.rerank`); the scores of R alone and of R then M."""
+    assert cfg.queries and cfg.corpus and cfg.qrels and cfg.retriever
+    start = time.perf_counter()
+    retriever_config = BertConfig.load(check_model_directory(cfg.retriever))
+    if not is_embedding_model(cfg.retriever, retriever_config):
+        kind = ", ".join(retriever_config.architectures or []) or "no architecture"
+        raise BertforgeError(
+            f"--retriever {cfg.retriever} is not a sentence-embedding model ({kind}); the first "
+            "stage embeds queries and documents apart: give an encoder alone or a model "
+            "declaring its pooling"
+        )
+    data = load_beir(cfg.queries, cfg.corpus, cfg.qrels, cfg.encoding_errors)
+    if not data.queries:
+        raise BertforgeError(
+            f"{cfg.qrels}: judges no query of {cfg.queries} relevant to a document (every score "
+            "is 0 or below); give the qrels of these queries"
+        )
+    retriever, tokenizer, options = load_model(BertModel, replace(cfg, model=cfg.retriever))
+    max_length = finetune_defaults(cfg.retriever).get("max_length")
+    vectors = model_vectors(retriever, tokenizer, max_length=max_length, **options)
+    query_vectors, document_vectors = vectors(data.queries), vectors(data.documents)
+    del retriever
+    reranker = load_reranker(cfg)
+
+    def pair_scores(query: str, texts: Sequence[str]) -> np.ndarray:
+        return score(reranker, query, texts, max_length=cfg.max_length, truncation=cfg.truncation)
+
+    scores = rerank_scores(
+        data, query_vectors, document_vectors, pair_scores, cfg.top_k, progress=cfg.progress
+    )
+    rows = {"retriever": scores["retriever"], f"reranked@{cfg.top_k}": scores["reranked"]}
+    table = scores_table(rows)
+    seconds = round(time.perf_counter() - start, 1)
+    print(
+        f"reranking: {len(data):,} queries over {len(data.documents):,} documents, the top "
+        f"{cfg.top_k} of {cfg.retriever} re-ordered by {cfg.model} ({reranker.kind}; "
+        f"{data.skipped:,} queries without a relevant document skipped; {seconds}s)\n" + table,
+        end="",
+    )
+    files = {"queries": cfg.queries, "corpus": cfg.corpus, "qrels": cfg.qrels}
+    return {"model": cfg.model, "retriever": cfg.retriever, "data": files, "task": "reranking",
+            "top_k": cfg.top_k, "reranker_kind": reranker.kind, **scores,
+            "queries": len(data), "documents": len(data.documents),
+            "skipped_queries": data.skipped, "seconds": seconds, "report_text": table}  # fmt: skip
 
 
 def _evaluate_tagging_model(cfg: EvaluateConfig, config: Any) -> dict[str, Any]:

@@ -103,9 +103,15 @@ from bertforge.training.embedding import (
     validate_embeddings,
     validation_baselines,
 )
+from bertforge.training.model_card import finetune_card, write_model_card
 from bertforge.training.optim import build_optimizer, set_lr
 from bertforge.training.qa import QATaskData, finish_qa, load_qa_task, qa_baseline, validate_qa
 
+CROSS_ENCODER = {"activation_fn": "torch.nn.modules.linear.Identity"}
+"""config.json's ``sentence_transformers`` of a sequence classifier or regressor: the identity
+as the activation of sentence-transformers' ``CrossEncoder(dir)``, so that its ``predict``
+gives this model's logits (a regressor's values) and not the sigmoid it applies to a one-output
+model by default."""
 RESULTS_FILE = "eval_results.json"
 PLOT_FILE = "curves.png"
 RUN_IDENTITY = (
@@ -455,13 +461,16 @@ def load_model(
     elif cfg.task == "token_classification":
         model = cls.from_pretrained(cfg.model, num_labels=len(id2label or {}), id2label=id2label)
     elif cfg.task == "regression":
-        model = cls.from_pretrained(cfg.model, num_labels=1, problem_type="regression")
+        model = cls.from_pretrained(
+            cfg.model, num_labels=1, problem_type="regression", sentence_transformers=CROSS_ENCODER
+        )
     else:
         model = cls.from_pretrained(
             cfg.model,
             num_labels=len(id2label or {}),
             id2label=id2label,
             problem_type="single_label_classification",
+            sentence_transformers=CROSS_ENCODER,
         )
     check_tokenizer_fits(tokenizer, model.config, cfg.model)
     if model.config.max_position_embeddings < cfg.max_length:
@@ -687,6 +696,7 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     if kept:
         run.say(f"kept from {cfg.model}: {', '.join(kept)} (how bertforge embed pools it)")
     run.say(_drop_finished_checkpoints(out, keep=cfg.keep_final_checkpoint))
+    write_model_card(out, finetune_card(cfg, result, out, run.device))
     return result
 
 
@@ -757,7 +767,13 @@ def save_best(run: Run, state: FinetuneState) -> None:
     if isinstance(run.data, EmbeddingTaskData):
         save_embedding_model(run.model, run.out, run.tokenizer, run)
     else:
-        save_model(run.model, run.out, run.tokenizer, state.scale)
+        tokenizer = run.tokenizer
+        if isinstance(run.model, BertForSequenceClassification):
+            # a cross-encoder truncates where it was trained: transformers' and sentence-
+            # transformers' CrossEncoder(dir) read the limit from tokenizer_config.json
+            tokenizer = copy.copy(tokenizer)
+            tokenizer.model_max_length = run.cfg.max_length
+        save_model(run.model, run.out, tokenizer, state.scale)
 
 
 def save_model(

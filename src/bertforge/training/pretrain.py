@@ -71,6 +71,7 @@ from bertforge.training.checkpoints import (
     write_checkpoint,
 )
 from bertforge.training.config import PretrainConfig, TrainConfig, snapshot_times
+from bertforge.training.model_card import pretrain_card, write_model_card
 from bertforge.training.objectives import UNITS, Objective, objective_for, unit_counts
 from bertforge.training.optim import build_optimizer, set_lr
 from bertforge.training.profiling import StepProfiler
@@ -756,6 +757,19 @@ def check_snapshots_resume(run: Run, state: PretrainState) -> None:
             )
 
 
+def write_cards(run: Run, result: dict[str, Any]) -> None:
+    """The model card (README.md) of the final model and of each snapshot (whose scores are
+    those logged at its step, if an evaluation fell there)."""
+    out = run.out
+    write_model_card(
+        out / FINAL_DIR, pretrain_card(run.cfg, result, out, out / FINAL_DIR, run.device)
+    )
+    for label, snap in result["snapshots"].items():
+        at = {**result, "step": snap["step"], "elapsed": parse_duration(label)}
+        card = pretrain_card(run.cfg, at, out, Path(snap["model_dir"]), run.device)
+        write_model_card(snap["model_dir"], card)
+
+
 def finish(run: Run, state: PretrainState) -> dict[str, Any]:
     """The end-of-run report: the final evaluation, the model, the curves, results.json and the
     "random init vs trained" tables."""
@@ -789,6 +803,7 @@ def finish(run: Run, state: PretrainState) -> dict[str, Any]:
                 run.raw.generator_model().save_pretrained(tmp, tokenizer=run.data.tokenizer)
         plot_training_curves(out, out / PLOT_FILE, title=f"bertforge pretrain: {run_title(out)}")
         atomic_write_text(out / "results.json", json.dumps(result, indent=2) + "\n")
+        write_cards(run, result)
         assert state.initial_eval is not None
         for name in final:
             title = f"{name} ({'validation split' if name == 'val' else 'extra evaluation set'})"
