@@ -55,6 +55,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "fine-tune for classification, regression, token classification or question answering",
     ),
+    "distill": (
+        "bertforge.cli.distill",
+        "main",
+        "distill a fine-tuned teacher into a smaller, faster student",
+    ),
     "downstream": (
         "bertforge.cli.downstream",
         "main",
@@ -117,7 +122,9 @@ def _usage() -> str:
 
 
 #: commands that train: :func:`bertforge.runtime.keep_freed_memory` runs before them
-TRAINING_COMMANDS = frozenset({"pretrain", "finetune", "downstream", "benchmark", "recipe"})
+TRAINING_COMMANDS = frozenset(
+    {"pretrain", "finetune", "distill", "downstream", "benchmark", "recipe"}
+)
 #: commands that print their peak resident memory at the end; oneDNN's kernel caches are
 #: bounded before them (:func:`bertforge.runtime.bound_kernel_caches`)
 MEMORY_COMMANDS = TRAINING_COMMANDS | {"evaluate"}

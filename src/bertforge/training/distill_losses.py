@@ -250,11 +250,17 @@ class SpanLoss(DistillLoss):
 class EmbeddingLoss(DistillLoss):
     """An embedding model's loss: ``mse`` between the student's vectors and the teacher's (their
     PCA projection where the widths differ: ``projection`` (Ds, Dt)), and with
-    ``cosine_weight`` the ``cosine`` term (:func:`cosine_matrix_mse`)."""
+    ``cosine_weight`` the ``cosine`` term (:func:`cosine_matrix_mse`). ``normalize``: both
+    sides at unit length first (a model saved with a Normalize module)."""
 
-    def __init__(self, cosine_weight: float = 0.0, projection: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        cosine_weight: float = 0.0,
+        projection: np.ndarray | None = None,
+        normalize: bool = False,
+    ) -> None:
         super().__init__()
-        self.cosine_weight = cosine_weight
+        self.cosine_weight, self.normalize = cosine_weight, normalize
         self.register_buffer(
             "projection", None if projection is None else torch.as_tensor(projection)
         )
@@ -266,10 +272,13 @@ class EmbeddingLoss(DistillLoss):
     def target(self, teacher: Tensor) -> Tensor:
         """The teacher's (B, Dt) vectors as the student learns them: (B, Ds)."""
         teacher = teacher.float()
-        return teacher if self.projection is None else teacher @ self.projection.T
+        target = teacher if self.projection is None else teacher @ self.projection.T
+        return F.normalize(target, dim=-1) if self.normalize else target
 
     def forward(self, student: Tensor, teacher: Tensor) -> dict[str, Tensor]:
-        terms = {"mse": F.mse_loss(student.float(), self.target(teacher))}
+        """(B, Ds) student vectors (pooled, not yet normalised), (B, Dt) teacher vectors."""
+        student = F.normalize(student.float(), dim=-1) if self.normalize else student.float()
+        terms = {"mse": F.mse_loss(student, self.target(teacher))}
         if self.cosine_weight:
             terms["cosine"] = cosine_matrix_mse(student, teacher)
         return terms
