@@ -160,6 +160,21 @@ def test_a_student_with_another_vocabulary_tokenises_on_its_own(work):
     assert results["validation"]["accuracy"] >= 0.8
 
 
+def test_a_pair_teacher_gives_its_columns_to_the_student(classifier, tmp_path):
+    """A teacher fine-tuned on text pairs: the student reads the same two columns (from the
+    teacher's finetune_config.json) and keeps them for the inference commands."""
+    out = tmp_path / "pairs"
+    argv = ["distill", "--teacher", str(classifier), "--output", str(out), *QUICK]
+    argv += ["--student_layers", "0", "--train", str(classifier.parent / "train.csv")]
+    assert (
+        cli.main([*argv, "--max_steps", "2", "--batch_size", "8", "--validation_fraction", "0.25"])
+        == 0
+    )
+    settings = json.loads((out / "finetune_config.json").read_text())
+    assert settings["text_pair_column"] == "second" and settings["task"] == "classification"
+    assert json.loads((out / "eval_results.json").read_text())["validation"]["examples"] == 10
+
+
 def test_regression_student_predicts_in_the_labels_units(work):
     out = work["root"] / "regression-student"
     argv = ["distill", "--teacher", str(work["regressor"]), "--output", str(out), *QUICK]
@@ -179,11 +194,30 @@ def test_regression_student_predicts_in_the_labels_units(work):
     assert values[0].argsort().tolist() == values[1].argsort().tolist() == [3, 2, 1, 0]
 
 
+def test_intermediate_losses_run_the_teacher_beside_the_student(work):
+    """Hidden states through the learned projection, attention KL and MiniLM's relations on the
+    layer map, logged by name; a fresh student of other width and head count takes the
+    relation and hidden-state losses."""
+    out = work["root"] / "layers"
+    argv = distill_argv(work, out, "--student_layers", "1", "--train", str(work["train"]))
+    argv += ["--hidden_weight", "1", "--attention_weight", "1", "--relation_weight", "1"]
+    assert cli.main([*argv, "--max_steps", "4", "--log_every", "2"]) == 0
+    train = [r for r in read_metrics(out) if r["split"] == "train"]
+    assert {"hidden_loss", "attention_loss", "relation_loss", "soft_loss"} <= set(train[0])
+    out = work["root"] / "layers-preset"
+    argv = distill_argv(work, out, "--student_preset", "tiny", "--train", str(work["train"]))
+    argv += ["--hidden_weight", "1", "--relation_weight", "1", "--relation_heads", "2"]
+    assert cli.main([*argv, "--max_steps", "2", "--log_every", "1"]) == 0
+    first, second = (r["hidden_loss"] for r in read_metrics(out) if r["split"] == "train")
+    assert 0 < second < first  # the projection and the student learn the teacher's states
+
+
 def test_resume_after_an_interruption_continues_exactly(work):
     options = ["--student_layers", "1", "--train", str(work["train"]), "--max_steps", "12"]
     options += ["--eval_every", "6", "--log_every", "3", "--keep_checkpoints", "0"]
     options += ["--keep_final_checkpoint"]
     options += ["--dropout", "0.1"]  # dropout draws from the restored RNG
+    options += ["--hidden_weight", "0.5"]  # its projection resumes with the student
     full, resumed = work["root"] / "full", work["root"] / "resumed"
     assert cli.main(distill_argv(work, full, *options)) == 0
     first, last = list_checkpoints(full)
@@ -210,7 +244,8 @@ def test_embedding_teacher_from_unlabelled_text_alone(work, minilm_dir):
     out = work["root"] / "minilm-1"
     argv = ["distill", "--teacher", str(minilm_dir), "--output", str(out), *QUICK]
     argv += ["--student_layers", "0", "--unlabelled", str(work["unlabelled"]), "--max_length", "24"]
-    assert cli.main([*argv, "--max_steps", "12", "--lr", "5e-4", "--eval_every", "6"]) == 0
+    argv += ["--max_unlabelled", "96", "--max_steps", "8", "--lr", "5e-4", "--eval_every", "4"]
+    assert cli.main(argv) == 0
     results = json.loads((out / "eval_results.json").read_text())
     val = [r for r in read_metrics(out) if r["split"] == "val"]
     assert results["validation"]["cosine"] >= val[0]["cosine"] > 0.5
@@ -222,12 +257,15 @@ def test_embedding_teacher_from_unlabelled_text_alone(work, minilm_dir):
 
 
 def test_embedding_student_narrower_than_its_teacher_learns_a_pca_projection(work, minilm_dir):
-    out = work["root"] / "minilm-tiny"
+    """A 32-wide student with a vocabulary of its own learns the 384-wide teacher's vectors
+    through their PCA projection, the cosine term beside the MSE."""
+    out = work["root"] / "minilm-narrow"
     argv = ["distill", "--teacher", str(minilm_dir), "--output", str(out), *QUICK]
-    argv += ["--student_preset", "tiny", "--unlabelled", str(work["unlabelled"])]
-    argv += ["--max_length", "24", "--max_steps", "4", "--cosine_weight", "1"]
-    assert cli.main(argv) == 0
-    assert BertModel.from_pretrained(out).config.hidden_size == 128
+    argv += ["--student", str(work["start"]), "--unlabelled", str(work["unlabelled"])]
+    argv += ["--max_unlabelled", "64", "--max_length", "24", "--max_steps", "3"]
+    assert cli.main([*argv, "--cosine_weight", "1"]) == 0
+    assert BertModel.from_pretrained(out).config.hidden_size == 32
+    assert Tokenizer.from_file(out).vocab_size != Tokenizer.from_file(minilm_dir).vocab_size
     train = [r for r in read_metrics(out) if r["split"] == "train"]
     assert {"mse_loss", "cosine_loss"} <= set(train[0])
 
@@ -240,9 +278,12 @@ def test_embedding_student_narrower_than_its_teacher_learns_a_pca_projection(wor
         ("layers_out_of_range", "out of range"),
         ("unreadable_unlabelled", "no corpus reader reads .parquet"),
         ("two_students", "exactly one student"),
+        ("unlabelled_for_pairs", "the teacher reads pairs"),
+        ("attention_heads_differ", "use --relation_weight for differing head counts"),
+        ("layers_need_the_tokenizer", "need the teacher's tokenizer"),
     ],
 )
-def test_bad_input_is_one_line(work, tmp_path, capsys, case, expected):
+def test_bad_input_is_one_line(work, classifier, tmp_path, capsys, case, expected):
     out = tmp_path / "out"
     train = ["--train", str(work["train"])]
     argv = {
@@ -255,5 +296,13 @@ def test_bad_input_is_one_line(work, tmp_path, capsys, case, expected):
             "--unlabelled", str(write_lines(tmp_path / "texts.parquet", ["PAR1"])),
         ),
         "two_students": distill_argv(work, out, "--student_layers", "0", "--student_preset", "tiny", *train),
+        "unlabelled_for_pairs": ["distill", "--teacher", str(classifier), "--output", str(out),
+                                 "--student_layers", "0", "--unlabelled", str(work["unlabelled"]),
+                                 "--train", str(classifier.parent / "train.csv")],
+        "attention_heads_differ": distill_argv(work, out, "--student_preset", "tiny", *train,
+                                               "--attention_weight", "1"),
+        "layers_need_the_tokenizer": distill_argv(work, out, "--student", str(work["other"]),
+                                                  *train, "--hidden_weight", "1"),
     }[case]  # fmt: skip
     assert expected in one_line_error(argv, capsys)
+    assert not out.exists()  # refused before anything is written

@@ -24,6 +24,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ from bertforge.evaluation.task_scores import evaluate_sequence_model
 from bertforge.io import atomic_write_text, check_run_directory, plain_name, read_json_object
 from bertforge.modeling.checkpoint import FINETUNE_CONFIG
 from bertforge.modeling.model import BertForSequenceClassification, BertModel
-from bertforge.modeling.pooling import write_pooling_declaration
+from bertforge.modeling.pooling import pool, write_pooling_declaration
 from bertforge.progress import MetricsLogger, format_duration, parse_duration, plural
 from bertforge.runtime import autocast, explain_precision, pick_device, seed_everything, set_threads
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -59,6 +60,14 @@ from bertforge.training.checkpoints import (
     write_checkpoint,
 )
 from bertforge.training.distill_config import DISTILL_CONFIG, DistillConfig, option
+from bertforge.training.distill_layers import (
+    encoder_of,
+    layer_loss,
+    layer_losses,
+    layer_terms,
+    traced,
+    traced_layers,
+)
 from bertforge.training.distill_losses import EmbeddingLoss, LogitsLoss, pca_projection
 from bertforge.training.embedding import sentence_vectors
 from bertforge.training.finetune import FinetuneState, save_model
@@ -85,6 +94,11 @@ RUN_IDENTITY = (
     "max_length",
     "batch_size",
     "seed",
+    "hidden_weight",
+    "attention_weight",
+    "relation_weight",
+    "relation_heads",
+    "layer_map",
 )
 """Settings a resumed run must share with the interrupted one (the texts and their order)."""
 METRIC = {"classification": "accuracy", "regression": "spearman", "embedding": "cosine"}
@@ -141,6 +155,8 @@ class Run:
     optimizer: torch.optim.Optimizer
     logger: MetricsLogger
     teacher_scores: dict[str, float]
+    layers: torch.nn.ModuleList
+    """The intermediate losses that are on (empty: the teacher's cached outputs alone)."""
 
     @property
     def task(self) -> str:
@@ -245,15 +261,34 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
             f"the student has {model.config.max_position_embeddings} positions, fewer than the "
             f"teacher's max_length {teacher.max_length}; lower --max_length"
         )
+    layers = layer_losses(cfg, teacher, model, tokenizer)
+    resolved = steps.config_dict(cfg)
+
+    def before_teacher(texts: int) -> None:
+        """The checks that need the texts read, then OUTPUT made a distillation run (first its
+        config: check_run_directory), before the teacher's pass writes its cache there."""
+        if cfg.batch_size > texts:
+            raise BertforgeError(
+                f"--batch_size {cfg.batch_size} is larger than the {texts:,} training texts; "
+                "lower it or give more text"
+            )
+        width = model.config.hidden_size
+        if teacher.task == "embedding" and width > teacher.width:
+            raise BertforgeError(
+                f"the student's vectors ({width} wide) are wider than the teacher's "
+                f"({teacher.width}); choose a student at most as wide"
+            )
+        if teacher.task == "embedding" and width < teacher.width and min(texts, PCA_TEXTS) < width:
+            raise BertforgeError(
+                f"{texts} training texts are too few to fit the {teacher.width} -> {width} PCA "
+                "projection; give at least as many texts as the student is wide"
+            )
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / DISTILL_CONFIG, json.dumps(resolved, indent=2) + "\n")
+
     t0 = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    data = load_data(cfg, teacher, tokenizer, out / CACHE_FILE, device)
+    data = load_data(cfg, teacher, tokenizer, out / CACHE_FILE, device, before_teacher)
     teacher_seconds = time.perf_counter() - t0
-    if cfg.batch_size > len(data.texts):
-        raise BertforgeError(
-            f"--batch_size {cfg.batch_size} is larger than the {len(data.texts):,} training "
-            f"texts; lower it or give more text"
-        )
     steps_per_epoch = math.ceil(len(data.texts) / cfg.batch_size)
     total = cfg.max_steps or max(1, round(cfg.epochs * steps_per_epoch))
     precision, why = explain_precision(cfg.precision, device, model.config.hidden_size)
@@ -261,19 +296,24 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
         steps.set_dropout(model, cfg.dropout)
     model = model.to(device)
     loss = loss_module(cfg, teacher, data, model.config.hidden_size).to(device)
-    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
-    resolved = steps.config_dict(cfg)
+    layers = layers.to(device)
+    if len(layers):  # the teacher runs beside the student at every step
+        teacher.model.to(device)
+    # a learned projection of the hidden-state loss trains with the student
+    trained = torch.nn.ModuleList([model, layers]) if len(layers) else model
+    optimizer = build_optimizer(trained, cfg.lr, cfg.weight_decay)
     identity = {k: resolved[k] for k in RUN_IDENTITY}
     state = FinetuneState(run=identity, scale=data.scale)
     if resume_dir is not None:
-        state, _ = FinetuneState.load(resume_dir, optimizer)
+        state, blob = FinetuneState.load(resume_dir, optimizer)
+        if len(layers):
+            layers.load_state_dict(blob["layer_losses"])
         check_same_run(resume_dir, state.run, identity, option=option)
         print(f"resuming from {resume_dir} at step {state.step}", file=sys.stderr, flush=True)
-    atomic_write_text(out / DISTILL_CONFIG, json.dumps(resolved, indent=2) + "\n")
     logger = MetricsLogger(out, resume_step=state.step if resume_dir is not None else None)
     scores = teacher_scores(teacher, data)
     run = Run(cfg, out, device, precision, budget, total, steps_per_epoch, teacher, tokenizer,
-              data, model, loss, optimizer, logger, scores)  # fmt: skip
+              data, model, loss, optimizer, logger, scores, layers)  # fmt: skip
     gold = int(data.labelled.sum())
     params = sum(p.numel() for p in model.parameters())
     teacher_params = sum(p.numel() for p in teacher.model.parameters())
@@ -297,18 +337,8 @@ def loss_module(
     if teacher.task != "embedding":
         return LogitsLoss(teacher.task == "regression", cfg.alpha, cfg.temperature)
     projection = None
-    if width != teacher.width:
-        if width > teacher.width:
-            raise BertforgeError(
-                f"the student's vectors ({width} wide) are wider than the teacher's "
-                f"({teacher.width}); choose a student at most as wide"
-            )
+    if width != teacher.width:  # narrower (before_teacher refused a wider one)
         fit = np.asarray(data.outputs[: min(PCA_TEXTS, len(data.texts))])
-        if len(fit) < width:
-            raise BertforgeError(
-                f"{len(fit)} training texts are too few to fit a {teacher.width} -> {width} "
-                "projection; give at least as many texts as the student is wide"
-            )
         projection = pca_projection(fit, width)
     return EmbeddingLoss(cfg.cosine_weight, projection, teacher.normalize)
 
@@ -374,10 +404,16 @@ def labelled_sets(cfg: DistillConfig, teacher: Teacher) -> tuple[LabelledData, L
 
 
 def load_data(
-    cfg: DistillConfig, teacher: Teacher, tokenizer: Tokenizer, cache: Path, device: torch.device
+    cfg: DistillConfig,
+    teacher: Teacher,
+    tokenizer: Tokenizer,
+    cache: Path,
+    device: torch.device,
+    before_teacher: Callable[[int], None],
 ) -> DistillData:
     """Read the gold and transfer texts, encode them for the student (its own tokenizer) and
-    get the teacher's outputs of them (its tokenizer; cached in ``cache``)."""
+    get the teacher's outputs of them (its tokenizer; cached in ``cache``), calling
+    ``before_teacher(training texts)`` first."""
     transfer = transfer_texts(cfg, teacher)
     if teacher.task == "embedding":
         gold: list[str] = []
@@ -411,6 +447,7 @@ def load_data(
         labelled = np.arange(len(train)) < len(gold_train)
     val_pairs = None if val.pairs is None else list(val.pairs)
     all_pairs = None if train.pairs is None else train.pairs + (val_pairs or [])
+    before_teacher(len(train))
     precision, _ = explain_precision(cfg.precision, device, teacher.config.hidden_size)
     teacher.model.to(device)
     outputs = teacher_outputs(
@@ -455,7 +492,16 @@ def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
     )  # fmt: skip
     batch = {k: v.to(device) for k, v in padded.items()}
     teacher = data.teacher(rows).to(device)
-    if run.task == "embedding":
+    extra: dict[str, torch.Tensor] = {}
+    if len(run.layers):
+        student, extra = layer_step(run, batch)
+        if run.task == "embedding":
+            terms = run.loss(student, teacher)
+        else:
+            labels = torch.as_tensor(data.labels[rows]).to(device)
+            labelled = torch.as_tensor(data.labelled[rows]).to(device)
+            terms = run.loss(student, teacher, labels, labelled)
+    elif run.task == "embedding":
         student = sentence_vectors(run.model, batch, run.teacher.pooling, device, run.precision)
         terms = run.loss(student, teacher)
     else:
@@ -465,12 +511,41 @@ def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
         labelled = torch.as_tensor(data.labelled[rows]).to(device)
         terms = run.loss(student, teacher, labels, labelled)
     loss = run.loss.loss(terms)
+    if extra:
+        loss = loss + layer_loss(run.layers, extra)
+        terms |= extra
     loss.backward()
     grad_norm = steps.clip_gradients(run.model.parameters(), run.cfg.max_grad_norm)
     losses = {"loss": float(loss.detach())}
     losses |= {f"{name}_loss": float(value.detach()) for name, value in terms.items()}
     tokens = int(batch["attention_mask"].sum())
     return steps.StepReport(0.0, grad_norm, tokens, 0.0, losses)
+
+
+def layer_step(run: Run, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    """The student's outputs (logits or pooled vectors) and the intermediate losses' terms,
+    the teacher run beside it on the same batch (the same tokens)."""
+    device, precision, model = run.device, run.precision, run.model
+    student_layers, teacher_layers = traced_layers(run.layers)
+    teacher = run.teacher.model
+    with torch.no_grad(), autocast(device, precision):
+        encoder = encoder_of(teacher)
+        teacher_trace = traced(
+            teacher, lambda: encoder(**batch, output_attentions=True), teacher_layers
+        )
+    with autocast(device, precision):
+        if run.task == "embedding":
+            trace = traced(model, lambda: model(**batch, output_attentions=True), student_layers)
+            hidden = trace.output.last_hidden_state.float()
+            student = pool(hidden, batch["attention_mask"], run.teacher.pooling or "mean")
+        else:
+            call = lambda: model(**batch, output_attentions=True, cls_only=False)  # noqa: E731
+            trace = traced(model, call, student_layers)
+            student = trace.output.logits
+        terms = layer_terms(
+            run.layers, model, teacher, (trace, teacher_trace), batch["attention_mask"]
+        )
+    return student, terms
 
 
 def validate(run: Run, model: torch.nn.Module, scale: Any = None) -> dict[str, float]:
@@ -568,6 +643,7 @@ def save_checkpoint(run: Run, state: FinetuneState) -> None:
         state=state.to_json(),
         optimizer=run.optimizer,
         keep=run.cfg.keep_checkpoints,
+        extra_tensors={"layer_losses": run.layers.state_dict()} if len(run.layers) else None,
     )
 
 

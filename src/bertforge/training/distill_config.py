@@ -83,6 +83,24 @@ class DistillConfig(LoopOptions):
     cosine_weight: float = 0.0
     """embedding: weight of the in-batch cosine-matrix term beside the MSE to the teacher's
     vectors (0: MSE alone)."""
+    hidden_weight: float = 0.0
+    """Weight of TinyBERT's hidden-state loss: the MSE between each mapped pair of layers'
+    outputs, the student's through a learned projection to the teacher's width (0: off). The
+    intermediate losses run the teacher beside the student at every step and need its
+    tokenizer (--student_layers, --student_preset or a student with the same vocabulary)."""
+    attention_weight: float = 0.0
+    """Weight of the attention-distribution KL of each mapped pair of layers (the same head
+    count on both sides; else --relation_weight). 0: off."""
+    relation_weight: float = 0.0
+    """Weight of MiniLM-v2's self-attention relation KL (queries, keys and values, each split
+    into --relation_heads on both sides: any head counts and widths). 0: off."""
+    relation_heads: int | None = None
+    """Relation heads of --relation_weight, dividing both models' widths; default the
+    student's attention heads."""
+    layer_map: list[int] | None = None
+    """The teacher layer (0-based) each student layer learns from in the intermediate losses,
+    one per student layer; default: the copied layers of --student_layers, else uniform with
+    the last layers meeting (TinyBERT)."""
     max_length: int | None = None
     """Tokens per text including [CLS]/[SEP], for both models; default the teacher's
     fine-tuning length (finetune_config.json), else 128."""
@@ -141,8 +159,10 @@ class DistillConfig(LoopOptions):
             raise BertforgeError(f"--alpha {self.alpha} must lie in [0, 1] (1: the teacher alone)")
         if not (self.temperature > 0 and math.isfinite(self.temperature)):
             raise BertforgeError(f"--temperature {self.temperature} must be positive (2 is usual)")
-        if not self.cosine_weight >= 0:
-            raise BertforgeError(f"--cosine_weight {self.cosine_weight} must be 0 or more")
+        for name in ("cosine_weight", "hidden_weight", "attention_weight", "relation_weight"):
+            if not getattr(self, name) >= 0:
+                raise BertforgeError(f"{option(name)} {getattr(self, name)} must be 0 or more")
+        check_at_least(self, option, relation_heads=1)
         if not 0.0 < self.validation_fraction < 1.0:
             raise BertforgeError(
                 f"--validation_fraction {self.validation_fraction} must lie strictly between 0 and 1"
@@ -156,6 +176,11 @@ class DistillConfig(LoopOptions):
             )
         check_at_least(self, option, max_steps=1, eval_every=0, keep_checkpoints=0)
         check_at_least(self, option, max_unlabelled=1, max_length=3)
+
+    @property
+    def intermediate(self) -> bool:
+        """Whether any intermediate (layer) loss is on: the teacher then runs at every step."""
+        return bool(self.hidden_weight or self.attention_weight or self.relation_weight)
 
 
 __all__ = ["DISTILL_CONFIG", "DistillConfig", "TransferUnit", "option"]
