@@ -160,6 +160,21 @@ def test_a_student_with_another_vocabulary_tokenises_on_its_own(work):
     assert results["validation"]["accuracy"] >= 0.8
 
 
+def test_unlabelled_text_alone_with_a_validation_file(work):
+    """No gold label to train on: the teacher labels the transfer text, the student learns its
+    rule (alpha plays no part: every batch trains on the soft term alone)."""
+    out = work["root"] / "unlabelled-only"
+    argv = distill_argv(work, out, "--student_layers", "1", "--unlabelled", str(work["unlabelled"]))
+    assert (
+        cli.main([*argv, "--validation", str(work["train"]), "--max_steps", "12", "--lr", "3e-3"])
+        == 0
+    )
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["validation"]["examples"] == 240 and results["validation"]["accuracy"] >= 0.85
+    train = [r for r in read_metrics(out) if r["split"] == "train"]
+    assert "hard_loss" not in train[0]
+
+
 def test_a_pair_teacher_gives_its_columns_to_the_student(classifier, tmp_path):
     """A teacher fine-tuned on text pairs: the student reads the same two columns (from the
     teacher's finetune_config.json) and keeps them for the inference commands."""
@@ -280,6 +295,7 @@ def test_embedding_student_narrower_than_its_teacher_learns_a_pca_projection(wor
         ("two_students", "exactly one student"),
         ("unlabelled_for_pairs", "the teacher reads pairs"),
         ("attention_heads_differ", "use --relation_weight for differing head counts"),
+        ("no_gold_to_validate_on", "needs gold labels to validate on"),
         ("layers_need_the_tokenizer", "need the teacher's tokenizer"),
     ],
 )
@@ -299,6 +315,8 @@ def test_bad_input_is_one_line(work, classifier, tmp_path, capsys, case, expecte
         "unlabelled_for_pairs": ["distill", "--teacher", str(classifier), "--output", str(out),
                                  "--student_layers", "0", "--unlabelled", str(work["unlabelled"]),
                                  "--train", str(classifier.parent / "train.csv")],
+        "no_gold_to_validate_on": distill_argv(work, out, "--student_layers", "0",
+                                               "--unlabelled", str(work["unlabelled"])),
         "attention_heads_differ": distill_argv(work, out, "--student_preset", "tiny", *train,
                                                "--attention_weight", "1"),
         "layers_need_the_tokenizer": distill_argv(work, out, "--student", str(work["other"]),
