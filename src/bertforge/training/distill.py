@@ -244,23 +244,7 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
     teacher = load_teacher(cfg.teacher, cfg.max_length)
     seed_everything(cfg.seed)
     resume_dir = intact_checkpoint(latest_checkpoint(out))
-    if resume_dir is None:
-        model, tokenizer, start = build_student(
-            teacher,
-            directory=cfg.student,
-            layers=cfg.student_layers,
-            preset=cfg.student_preset,
-            seed=cfg.seed,
-        )
-    else:
-        cls = BertModel if teacher.task == "embedding" else BertForSequenceClassification
-        model, tokenizer, start = cls.from_pretrained(resume_dir), None, str(resume_dir)
-        tokenizer = Tokenizer.from_file(resume_dir)
-    if model.config.max_position_embeddings < teacher.max_length:
-        raise BertforgeError(
-            f"the student has {model.config.max_position_embeddings} positions, fewer than the "
-            f"teacher's max_length {teacher.max_length}; lower --max_length"
-        )
+    model, tokenizer, start = student_for(cfg, teacher, resume_dir)
     layers = layer_losses(cfg, teacher, model, tokenizer)
     resolved = steps.config_dict(cfg)
 
@@ -327,6 +311,31 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
     )
     run.say("teacher on validation: " + _scores_line(scores))
     return run, state
+
+
+def student_for(
+    cfg: DistillConfig, teacher: Teacher, resume_dir: Path | None
+) -> tuple[torch.nn.Module, Tokenizer, str]:
+    """``(model, tokenizer, what it is)``: the checkpoint being resumed, else the student built
+    from its start (:func:`~bertforge.training.students.build_student`)."""
+    if resume_dir is None:
+        model, tokenizer, start = build_student(
+            teacher,
+            directory=cfg.student,
+            layers=cfg.student_layers,
+            preset=cfg.student_preset,
+            seed=cfg.seed,
+        )
+    else:
+        cls = BertModel if teacher.task == "embedding" else BertForSequenceClassification
+        model, tokenizer = cls.from_pretrained(resume_dir), Tokenizer.from_file(resume_dir)
+        start = str(resume_dir)
+    if model.config.max_position_embeddings < teacher.max_length:
+        raise BertforgeError(
+            f"the student has {model.config.max_position_embeddings} positions, fewer than the "
+            f"teacher's max_length {teacher.max_length}; lower --max_length"
+        )
+    return model, tokenizer, start
 
 
 def loss_module(
