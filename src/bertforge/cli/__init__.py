@@ -57,6 +57,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "fine-tune a model for a task",
     ),
+    "distill": (
+        "bertforge.cli.distill",
+        "main",
+        "distill a fine-tuned teacher into a smaller, faster student",
+    ),
     "downstream": (
         "bertforge.cli.downstream",
         "main",
@@ -159,7 +164,9 @@ def _usage() -> str:
 
 
 #: commands that train: :func:`bertforge.runtime.keep_freed_memory` runs before them
-TRAINING_COMMANDS = frozenset({"pretrain", "finetune", "downstream", "benchmark", "recipe"})
+TRAINING_COMMANDS = frozenset(
+    {"pretrain", "finetune", "distill", "downstream", "benchmark", "recipe"}
+)
 #: commands that print their peak resident memory at the end; oneDNN's kernel caches are
 #: bounded before them (:func:`bertforge.runtime.bound_kernel_caches`)
 MEMORY_COMMANDS = TRAINING_COMMANDS | {"evaluate"}

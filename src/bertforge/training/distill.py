@@ -1,0 +1,740 @@
+"""``bertforge distill``: a small student learns what a fine-tuned teacher knows
+(docs/distillation.md). :func:`distill` is the loop, ``finetune``'s with a teacher beside it;
+the named parts it calls follow it.
+
+Per optimizer step: set the LR -> take the next batch of training and transfer texts -> the
+student's outputs against the teacher's cached ones (:func:`bertforge.training.teacher.
+teacher_outputs`) and the gold labels where a text has one, as the named terms of a loss
+module (:mod:`bertforge.training.distill_losses`) -> clip -> step unless non-finite -> log ->
+maybe validate (keep the best student) / checkpoint / stop on a signal. The train state,
+checkpoints, resume, progress bar, metrics log and signal handling are ``finetune``'s.
+
+OUTPUT holds the best student by the validation metric, a normal model directory: a
+``BertForSequenceClassification`` with the teacher's labels (regression: predicting in the
+labels' units) or a ``BertModel`` in the sentence-transformers layout, with its tokenizer and a
+``finetune_config.json`` carrying the teacher's task settings (columns, maximum length), so that
+``classify``, ``embed``, ``evaluate``, ``serve``, ``export`` and transformers read it as they
+read a fine-tuned model; beside it ``distill_config.json``, ``metrics.jsonl``, ``curves.png``
+and ``eval_results.json`` (the student's and the teacher's validation scores).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from bertforge.data.corpus import CORPUS_SUFFIXES, expand_inputs, iter_documents
+from bertforge.data.encoding import batch_order, collate, encode_examples, pad_multiple
+from bertforge.data.labelled import LabelledData, load_labelled, stratified_split
+from bertforge.errors import BertforgeError
+from bertforge.evaluation import metrics as M
+from bertforge.evaluation.embedding import cosine_rows, model_vectors
+from bertforge.evaluation.plots import plot_training_curves
+from bertforge.evaluation.task_scores import evaluate_sequence_model
+from bertforge.io import atomic_write_text, check_run_directory, plain_name, read_json_object
+from bertforge.modeling.checkpoint import FINETUNE_CONFIG
+from bertforge.modeling.model import BertForSequenceClassification, BertModel
+from bertforge.modeling.pooling import pool, write_pooling_declaration
+from bertforge.progress import MetricsLogger, format_duration, parse_duration, plural
+from bertforge.runtime import autocast, explain_precision, pick_device, seed_everything, set_threads
+from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training import steps
+from bertforge.training.checkpoints import (
+    GracefulStop,
+    check_same_run,
+    intact_checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+    locks_output,
+    remove_checkpoint,
+    write_checkpoint,
+)
+from bertforge.training.distill_config import DISTILL_CONFIG, DistillConfig, option
+from bertforge.training.distill_layers import (
+    encoder_of,
+    layer_loss,
+    layer_losses,
+    layer_terms,
+    traced,
+    traced_layers,
+)
+from bertforge.training.distill_losses import EmbeddingLoss, LogitsLoss, pca_projection
+from bertforge.training.embedding import sentence_vectors
+from bertforge.training.finetune import FinetuneState, save_model
+from bertforge.training.optim import build_optimizer, set_lr
+from bertforge.training.students import build_student
+from bertforge.training.teacher import Teacher, load_teacher, teacher_outputs
+
+RESULTS_FILE = "eval_results.json"
+PLOT_FILE = "curves.png"
+CACHE_FILE = "teacher_outputs.npy"
+PCA_TEXTS = 20_000
+"""Teacher vectors the PCA projection is fitted on (the first training texts)."""
+RUN_IDENTITY = (
+    "teacher",
+    "student",
+    "student_layers",
+    "student_preset",
+    "train",
+    "unlabelled",
+    "validation",
+    "validation_fraction",
+    "transfer_unit",
+    "max_unlabelled",
+    "max_length",
+    "batch_size",
+    "seed",
+    "hidden_weight",
+    "attention_weight",
+    "relation_weight",
+    "relation_heads",
+    "layer_map",
+)
+"""Settings a resumed run must share with the interrupted one (the texts and their order)."""
+METRIC = {"classification": "accuracy", "regression": "spearman", "embedding": "cosine"}
+"""The validation metric that picks the best student (higher is better for each)."""
+
+
+@dataclass
+class DistillData:
+    """The texts a run trains on (the labelled ones first, then the transfer texts) and
+    validates on, encoded for the student, with the teacher's outputs of both."""
+
+    texts: list[str]
+    pairs: list[str] | None
+    labels: np.ndarray | None
+    """Gold labels as trained on (class ids, z-scored targets), 0 where a text has none."""
+    labelled: np.ndarray
+    """(N,) True where a training text has a gold label."""
+    encoded: list[tuple[np.ndarray, int]]
+    val: LabelledData
+    encoded_val: list[tuple[np.ndarray, int]]
+    outputs: np.ndarray
+    """(N + N_val, width) teacher outputs, the training texts' rows first (memory-mapped)."""
+    scale: tuple[float, float] | None = None
+    """Regression: ``(mean, std)`` of the teacher's training predictions (the z-scores)."""
+
+    def teacher(self, rows: np.ndarray) -> torch.Tensor:
+        """The teacher's outputs of training texts ``rows``, as trained on."""
+        out = torch.from_numpy(np.array(self.outputs[rows], dtype=np.float32))
+        if self.scale is not None:
+            out = (out - self.scale[0]) / self.scale[1]
+        return out
+
+    @property
+    def val_outputs(self) -> np.ndarray:
+        return np.asarray(self.outputs[len(self.texts) :])
+
+
+@dataclass
+class Run:
+    """What the loop works with, set up once by :func:`setup`."""
+
+    cfg: DistillConfig
+    out: Path
+    device: torch.device
+    precision: str
+    budget: float | None
+    total: int
+    steps_per_epoch: int
+    teacher: Teacher
+    tokenizer: Tokenizer
+    data: DistillData
+    model: torch.nn.Module
+    loss: LogitsLoss | EmbeddingLoss
+    optimizer: torch.optim.Optimizer
+    logger: MetricsLogger
+    teacher_scores: dict[str, float]
+    layers: torch.nn.ModuleList
+    """The intermediate losses that are on (empty: the teacher's cached outputs alone)."""
+
+    @property
+    def task(self) -> str:
+        return self.teacher.task
+
+    def say(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    def done(self, state: FinetuneState) -> bool:
+        spent = steps.budget_spent(
+            state.step, state.elapsed, total_steps=self.total, budget=self.budget
+        )
+        return state.finished or spent
+
+
+@locks_output
+def distill(cfg: DistillConfig) -> dict[str, Any]:
+    """Run (or resume) a distillation as configured; return the best validation results."""
+    check_run_directory(cfg.output, DISTILL_CONFIG, "a distillation run")
+    finished = _finished_run(cfg)
+    if finished is not None:
+        return finished
+    run, state = setup(cfg)
+    eval_every = cfg.eval_every or run.steps_per_epoch
+    bar = steps.progress_bar(state, run.total, run.budget, enabled=cfg.progress)
+    window = steps.RunningMeans()
+    guard = steps.NonFiniteGuard(cfg.max_nonfinite, "lower --lr or use --precision fp32")
+    stopped, order, order_epoch = None, [], -1
+    run.model.train()
+    with GracefulStop() as stop:
+        while not run.done(state):
+            if order_epoch != state.epoch:  # a pure function of (seed, epoch): no replay
+                lengths = [len(ids) for ids, _ in run.data.encoded]
+                order = batch_order(lengths, cfg.batch_size, seed=cfg.seed, epoch=state.epoch)
+                order_epoch = state.epoch
+            if state.batch >= len(order):
+                state.epoch, state.batch = state.epoch + 1, 0
+                continue
+            t0 = time.perf_counter()
+            lr = steps.scheduled_lr(
+                state.step, state.elapsed, cfg, total_steps=run.total, budget=run.budget
+            )
+            set_lr(run.optimizer, lr)
+            report = train_step(run, order[state.batch])
+            steps.optimizer_step(
+                run.optimizer, guard, state, report.losses["loss"], report.grad_norm
+            )
+            state.batch += 1
+            report.lr, report.seconds = lr, time.perf_counter() - t0
+            steps.record_step(
+                state,
+                report,
+                window,
+                bar,
+                run.logger,
+                log=lambda: steps.due(state.step, cfg.log_every) or run.done(state),
+                state_fields=("elapsed",),
+                epoch=state.epoch + state.batch / len(order),
+                skipped=state.skipped,
+            )
+            if steps.due(state.step, eval_every) or run.done(state):
+                evaluate(run, state, bar)
+                save_checkpoint(run, state)
+            if stop.requested:
+                stopped = stop.signal_name or "signal"
+                break
+    bar.close()
+    if stopped:
+        save_checkpoint(run, state)
+        run.logger.close()
+        resume = "Resume by running the same command again."
+        run.say(steps.stopped_message(run.out, state.step, stopped, resume))
+        return {"stopped": True, "step": state.step}
+    run.logger.close()
+    return finish(run, state)
+
+
+def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
+    """Device, teacher, student, data and the teacher's outputs, loss, optimizer and the state
+    (fresh or resumed); writes the resolved config and says what will run."""
+    threads = set_threads(cfg.num_threads)
+    budget = parse_duration(cfg.max_time)
+    device = pick_device(cfg.device)
+    out = Path(cfg.output)
+    teacher = load_teacher(cfg.teacher, cfg.max_length)
+    seed_everything(cfg.seed)
+    resume_dir = intact_checkpoint(latest_checkpoint(out))
+    model, tokenizer, start = student_for(cfg, teacher, resume_dir)
+    layers = layer_losses(cfg, teacher, model, tokenizer)
+    resolved = steps.config_dict(cfg)
+
+    def before_teacher(texts: int) -> None:
+        """The checks that need the texts read, then OUTPUT made a distillation run (first its
+        config: check_run_directory), before the teacher's pass writes its cache there."""
+        if cfg.batch_size > texts:
+            raise BertforgeError(
+                f"--batch_size {cfg.batch_size} is larger than the {texts:,} training texts; "
+                "lower it or give more text"
+            )
+        width = model.config.hidden_size
+        if teacher.task == "embedding" and width > teacher.width:
+            raise BertforgeError(
+                f"the student's vectors ({width} wide) are wider than the teacher's "
+                f"({teacher.width}); choose a student at most as wide"
+            )
+        if teacher.task == "embedding" and width < teacher.width and min(texts, PCA_TEXTS) < width:
+            raise BertforgeError(
+                f"{texts} training texts are too few to fit the {teacher.width} -> {width} PCA "
+                "projection; give at least as many texts as the student is wide"
+            )
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / DISTILL_CONFIG, json.dumps(resolved, indent=2) + "\n")
+
+    t0 = time.perf_counter()
+    data = load_data(cfg, teacher, tokenizer, out / CACHE_FILE, device, before_teacher)
+    teacher_seconds = time.perf_counter() - t0
+    steps_per_epoch = math.ceil(len(data.texts) / cfg.batch_size)
+    total = cfg.max_steps or max(1, round(cfg.epochs * steps_per_epoch))
+    precision, why = explain_precision(cfg.precision, device, model.config.hidden_size)
+    if cfg.dropout is not None:
+        steps.set_dropout(model, cfg.dropout)
+    model = model.to(device)
+    loss = loss_module(cfg, teacher, data, model.config.hidden_size).to(device)
+    layers = layers.to(device)
+    if len(layers):  # the teacher runs beside the student at every step
+        teacher.model.to(device)
+    # a learned projection of the hidden-state loss trains with the student
+    trained = torch.nn.ModuleList([model, layers]) if len(layers) else model
+    optimizer = build_optimizer(trained, cfg.lr, cfg.weight_decay)
+    identity = {k: resolved[k] for k in RUN_IDENTITY}
+    state = FinetuneState(run=identity, scale=data.scale)
+    if resume_dir is not None:
+        state, blob = FinetuneState.load(resume_dir, optimizer)
+        if len(layers):
+            layers.load_state_dict(blob["layer_losses"])
+        check_same_run(resume_dir, state.run, identity, option=option)
+        print(f"resuming from {resume_dir} at step {state.step}", file=sys.stderr, flush=True)
+    logger = MetricsLogger(out, resume_step=state.step if resume_dir is not None else None)
+    scores = teacher_scores(teacher, data)
+    run = Run(cfg, out, device, precision, budget, total, steps_per_epoch, teacher, tokenizer,
+              data, model, loss, optimizer, logger, scores, layers)  # fmt: skip
+    gold = int(data.labelled.sum())
+    params = sum(p.numel() for p in model.parameters())
+    teacher_params = sum(p.numel() for p in teacher.model.parameters())
+    run.say(
+        f"distilling {teacher.directory} ({teacher.task}, {teacher_params / 1e6:.1f}M parameters) "
+        f"into {start} ({params / 1e6:.1f}M) on {len(data.texts):,} texts ({gold:,} with gold "
+        f"labels), validating on {len(data.val):,}; teacher outputs ready in "
+        f"{teacher_seconds:.1f}s; {precision} ({why}) on {device}, {plural(threads, 'thread')}; "
+        f"{plural(total, 'step')} of batch {cfg.batch_size}"
+        + (f" or {format_duration(budget)}" if budget else "")
+    )
+    run.say("teacher on validation: " + _scores_line(scores))
+    return run, state
+
+
+def student_for(
+    cfg: DistillConfig, teacher: Teacher, resume_dir: Path | None
+) -> tuple[torch.nn.Module, Tokenizer, str]:
+    """``(model, tokenizer, what it is)``: the checkpoint being resumed, else the student built
+    from its start (:func:`~bertforge.training.students.build_student`)."""
+    if resume_dir is None:
+        model, tokenizer, start = build_student(
+            teacher,
+            directory=cfg.student,
+            layers=cfg.student_layers,
+            preset=cfg.student_preset,
+            seed=cfg.seed,
+        )
+    else:
+        cls = BertModel if teacher.task == "embedding" else BertForSequenceClassification
+        model, tokenizer = cls.from_pretrained(resume_dir), Tokenizer.from_file(resume_dir)
+        start = str(resume_dir)
+    if model.config.max_position_embeddings < teacher.max_length:
+        raise BertforgeError(
+            f"the student has {model.config.max_position_embeddings} positions, fewer than the "
+            f"teacher's max_length {teacher.max_length}; lower --max_length"
+        )
+    return model, tokenizer, start
+
+
+def loss_module(
+    cfg: DistillConfig, teacher: Teacher, data: DistillData, width: int
+) -> LogitsLoss | EmbeddingLoss:
+    """The loss of the teacher's task; an embedding student narrower than its teacher learns the
+    PCA projection of the teacher's vectors (fitted on the first training texts' vectors)."""
+    if teacher.task != "embedding":
+        return LogitsLoss(teacher.task == "regression", cfg.alpha, cfg.temperature)
+    projection = None
+    if width != teacher.width:  # narrower (before_teacher refused a wider one)
+        fit = np.asarray(data.outputs[: min(PCA_TEXTS, len(data.texts))])
+        projection = pca_projection(fit, width)
+    return EmbeddingLoss(cfg.cosine_weight, projection, teacher.normalize)
+
+
+# ---- data ------------------------------------------------------------------------------------
+
+
+def transfer_texts(cfg: DistillConfig, teacher: Teacher) -> list[str]:
+    """The texts of the ``--unlabelled`` corpora (documents or sentences, :data:`transfer_unit`),
+    at most ``--max_unlabelled``; a file no corpus reader reads is refused."""
+    if not cfg.unlabelled:
+        return []
+    files = expand_inputs(cfg.unlabelled)
+    for path in files:
+        suffix = Path(plain_name(path)).suffix
+        if suffix and suffix not in CORPUS_SUFFIXES:
+            raise BertforgeError(
+                f"{path}: no corpus reader reads {suffix} files; give --unlabelled text "
+                f"({', '.join(CORPUS_SUFFIXES)}, optionally .gz, .bz2 or .xz)"
+            )
+    unit = cfg.transfer_unit
+    if unit == "auto":
+        unit = "sentence" if teacher.task == "embedding" else "document"
+    texts: list[str] = []
+    for document in iter_documents(
+        files, text_column=teacher.text_column, encoding_errors=cfg.encoding_errors
+    ):
+        parts = document if unit == "sentence" else [" ".join(document)] if document else []
+        texts += [t for t in parts if t.strip()]
+        if cfg.max_unlabelled and len(texts) >= cfg.max_unlabelled:
+            texts = texts[: cfg.max_unlabelled]
+            break
+    if not texts:
+        raise BertforgeError(f"{', '.join(cfg.unlabelled)}: no text found in --unlabelled")
+    return texts
+
+
+def labelled_sets(cfg: DistillConfig, teacher: Teacher) -> tuple[LabelledData, LabelledData]:
+    """``(train, validation)`` gold rows of a task teacher, in its columns and labels; without
+    --validation a stratified share of --train is held out."""
+    regression = teacher.task == "regression"
+    columns = dict(
+        text_column=teacher.text_column,
+        label_column=teacher.label_column,
+        text_pair_column=teacher.text_pair_column,
+        task=teacher.task,
+        label2id=None if regression else teacher.config.label2id,
+        encoding_errors=cfg.encoding_errors,
+    )
+    empty = LabelledData([], [] if teacher.text_pair_column else None, np.zeros(0))
+    train = load_labelled(cfg.train, **columns)[0] if cfg.train else empty
+    if cfg.validation:
+        return train, load_labelled(cfg.validation, **columns)[0]
+    if not cfg.train:
+        raise BertforgeError(
+            f"a {teacher.task} teacher needs gold labels to validate on: give --validation "
+            "(or --train, whose share --validation_fraction is held out)"
+        )
+    train_idx, val_idx = stratified_split(
+        train.labels, cfg.validation_fraction, cfg.seed, regression=regression
+    )
+    return train.subset(train_idx), train.subset(val_idx)
+
+
+def load_data(
+    cfg: DistillConfig,
+    teacher: Teacher,
+    tokenizer: Tokenizer,
+    cache: Path,
+    device: torch.device,
+    before_teacher: Callable[[int], None],
+) -> DistillData:
+    """Read the gold and transfer texts, encode them for the student (its own tokenizer) and
+    get the teacher's outputs of them (its tokenizer; cached in ``cache``), calling
+    ``before_teacher(training texts)`` first."""
+    transfer = transfer_texts(cfg, teacher)
+    if teacher.task == "embedding":
+        gold: list[str] = []
+        if cfg.train:
+            gold = load_labelled(cfg.train, text_column=teacher.text_column, label_column=None)[
+                0
+            ].texts
+        texts = gold + transfer
+        order = np.random.default_rng(cfg.seed).permutation(len(texts))
+        cut = int(round(cfg.validation_fraction * len(texts)))
+        if cut == 0 or cut == len(texts):
+            raise BertforgeError(
+                f"--validation_fraction {cfg.validation_fraction} of {len(texts)} texts leaves "
+                "an empty split; give more text or another fraction"
+            )
+        train_rows, val_rows = np.sort(order[cut:]), np.sort(order[:cut])
+        train = LabelledData([texts[i] for i in train_rows], None, None)
+        val = LabelledData([texts[i] for i in val_rows], None, None)
+        labels, labelled = None, np.zeros(len(train), dtype=bool)
+    else:
+        if transfer and teacher.text_pair_column:
+            raise BertforgeError(
+                f"--unlabelled gives single texts, but the teacher reads pairs "
+                f"({teacher.text_column!r}, {teacher.text_pair_column!r}); drop --unlabelled"
+            )
+        gold_train, val = labelled_sets(cfg, teacher)
+        pairs = None if gold_train.pairs is None else list(gold_train.pairs)
+        train = LabelledData(gold_train.texts + transfer, pairs, None)
+        labels = np.zeros(len(train), dtype=gold_train.labels.dtype)
+        labels[: len(gold_train)] = gold_train.labels
+        labelled = np.arange(len(train)) < len(gold_train)
+    val_pairs = None if val.pairs is None else list(val.pairs)
+    all_pairs = None if train.pairs is None else train.pairs + (val_pairs or [])
+    before_teacher(len(train))
+    precision, _ = explain_precision(cfg.precision, device, teacher.config.hidden_size)
+    teacher.model.to(device)
+    outputs = teacher_outputs(
+        teacher,
+        train.texts + val.texts,
+        all_pairs,
+        cache,
+        batch_size=cfg.eval_batch_size,
+        precision=precision,
+    )
+    teacher.model.to("cpu")  # its outputs are cached: the device is the student's
+    scale = None
+    if teacher.task == "regression":
+        predicted = np.asarray(outputs[: len(train)], dtype=np.float64)[:, 0]
+        scale = (float(predicted.mean()), float(predicted.std()) or 1.0)
+        assert labels is not None
+        labels = ((labels - scale[0]) / scale[1]).astype(np.float32)
+    encode = dict(max_length=teacher.max_length, truncation=teacher.truncation)
+    return DistillData(
+        train.texts,
+        train.pairs,
+        labels,
+        labelled,
+        encode_examples(tokenizer, train.texts, train.pairs, **encode),
+        val,
+        encode_examples(tokenizer, val.texts, val_pairs, **encode),
+        outputs,
+        scale,
+    )
+
+
+# ---- the step, validation and the end --------------------------------------------------------
+
+
+def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
+    """Forward/backward of the batch ``rows`` against the teacher's outputs and the gold
+    labels, then gradient clipping."""
+    data, device = run.data, run.device
+    padded = collate(
+        [data.encoded[i] for i in rows], run.tokenizer.pad_id, pad_multiple(device),
+        run.teacher.max_length,
+    )  # fmt: skip
+    batch = {k: v.to(device) for k, v in padded.items()}
+    teacher = data.teacher(rows).to(device)
+    extra: dict[str, torch.Tensor] = {}
+    if len(run.layers):
+        student, extra = layer_step(run, batch)
+        if run.task == "embedding":
+            terms = run.loss(student, teacher)
+        else:
+            labels = torch.as_tensor(data.labels[rows]).to(device)
+            labelled = torch.as_tensor(data.labelled[rows]).to(device)
+            terms = run.loss(student, teacher, labels, labelled)
+    elif run.task == "embedding":
+        student = sentence_vectors(run.model, batch, run.teacher.pooling, device, run.precision)
+        terms = run.loss(student, teacher)
+    else:
+        with autocast(device, run.precision):
+            student = run.model(**batch, cls_only=True).logits  # (B, C)
+        labels = torch.as_tensor(data.labels[rows]).to(device)
+        labelled = torch.as_tensor(data.labelled[rows]).to(device)
+        terms = run.loss(student, teacher, labels, labelled)
+    loss = run.loss.loss(terms)
+    if extra:
+        loss = loss + layer_loss(run.layers, extra)
+        terms |= extra
+    loss.backward()
+    grad_norm = steps.clip_gradients(run.model.parameters(), run.cfg.max_grad_norm)
+    losses = {"loss": float(loss.detach())}
+    losses |= {f"{name}_loss": float(value.detach()) for name, value in terms.items()}
+    tokens = int(batch["attention_mask"].sum())
+    return steps.StepReport(0.0, grad_norm, tokens, 0.0, losses)
+
+
+def layer_step(run: Run, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    """The student's outputs (logits or pooled vectors) and the intermediate losses' terms,
+    the teacher run beside it on the same batch (the same tokens)."""
+    device, precision, model = run.device, run.precision, run.model
+    student_layers, teacher_layers = traced_layers(run.layers)
+    teacher = run.teacher.model
+    with torch.no_grad(), autocast(device, precision):
+        encoder = encoder_of(teacher)
+        teacher_trace = traced(
+            teacher, lambda: encoder(**batch, output_attentions=True), teacher_layers
+        )
+    with autocast(device, precision):
+        if run.task == "embedding":
+            trace = traced(model, lambda: model(**batch, output_attentions=True), student_layers)
+            hidden = trace.output.last_hidden_state.float()
+            student = pool(hidden, batch["attention_mask"], run.teacher.pooling or "mean")
+        else:
+            call = lambda: model(**batch, output_attentions=True, cls_only=False)  # noqa: E731
+            trace = traced(model, call, student_layers)
+            student = trace.output.logits
+        terms = layer_terms(
+            run.layers, model, teacher, (trace, teacher_trace), batch["attention_mask"]
+        )
+    return student, terms
+
+
+def validate(run: Run, model: torch.nn.Module, scale: Any = None) -> dict[str, float]:
+    """The student's validation scores: against the gold labels (a task teacher; ``agreement``
+    with the teacher's predictions beside them), or an embedding's ``cosine`` and ``mse`` to
+    the teacher's vectors as it learns them."""
+    data, cfg = run.data, run.cfg
+    if run.task == "embedding":
+        vectors = model_vectors(
+            model,
+            run.tokenizer,
+            pooling=run.teacher.pooling,
+            normalize=False,
+            batch_size=cfg.eval_batch_size,
+            max_length=run.teacher.max_length,
+            precision=run.precision,
+        )(data.val.texts)
+        with torch.no_grad():
+            got = torch.from_numpy(vectors)
+            if run.teacher.normalize:
+                got = F.normalize(got, dim=-1)
+            teacher = torch.from_numpy(np.array(data.val_outputs, dtype=np.float32))
+            target = run.loss.target(teacher.to(run.device)).cpu()
+        return {
+            "cosine": float(np.mean(cosine_rows(got.numpy(), target.numpy()))),
+            "mse": float(F.mse_loss(got, target)),
+            "examples": len(data.val),
+        }
+    metrics, predictions = evaluate_sequence_model(
+        model,
+        data.encoded_val,
+        data.val.labels,
+        run.tokenizer.pad_id,
+        batch_size=cfg.eval_batch_size,
+        precision=run.precision,
+        scale=scale,
+    )
+    if run.task == "classification":
+        teacher = data.val_outputs.argmax(-1)
+        metrics["agreement"] = float(np.mean(predictions == teacher))
+    return metrics
+
+
+def teacher_scores(teacher: Teacher, data: DistillData) -> dict[str, float]:
+    """The teacher's validation scores from its cached outputs (what the student aims at)."""
+    if teacher.task == "embedding":
+        return {"cosine": 1.0, "mse": 0.0}
+    outputs = data.val_outputs
+    if teacher.task == "regression":
+        return M.regression_metrics(data.val.labels, outputs[:, 0])
+    predicted = outputs.argmax(-1)
+    return M.classification_metrics(data.val.labels, predicted, teacher.config.num_labels)
+
+
+def _scores_line(scores: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v:.4f}" for k, v in scores.items() if isinstance(v, float))
+
+
+def evaluate(run: Run, state: FinetuneState, bar: Any) -> None:
+    """Validate; keep the student when the metric improved."""
+    metric = METRIC[run.task]
+    metrics = validate(run, run.model, scale=state.scale)
+    run.logger.log(state.step, "val", **metrics)
+    value = metrics[metric]
+    if state.best is None or value > state.best:
+        state.best, state.best_step = value, state.step
+        save_best(run, state)
+    bar.write(
+        f"step {state.step}: {metric} {value:.4f} (best {state.best:.4f} at step "
+        f"{state.best_step}) | teacher {run.teacher_scores[metric]:.4f}"
+    )
+
+
+def save_best(run: Run, state: FinetuneState) -> None:
+    """The student as the best so far (an embedding model in the sentence-transformers
+    layout; a regressor's head rescaled to predict in the labels' units)."""
+    if run.task == "embedding":
+        run.model.save_pretrained(run.out, tokenizer=run.tokenizer)
+        write_pooling_declaration(
+            run.out,
+            run.teacher.pooling or "mean",
+            run.teacher.normalize,
+            run.model.config.hidden_size,
+            run.teacher.max_length,
+        )
+    else:
+        save_model(run.model, run.out, run.tokenizer, state.scale)
+
+
+def save_checkpoint(run: Run, state: FinetuneState) -> None:
+    write_checkpoint(
+        run.out,
+        run.model,
+        run.tokenizer,
+        state=state.to_json(),
+        optimizer=run.optimizer,
+        keep=run.cfg.keep_checkpoints,
+        extra_tensors={"layer_losses": run.layers.state_dict()} if len(run.layers) else None,
+    )
+
+
+def task_settings(run: Run) -> dict[str, Any]:
+    """The ``finetune_config.json`` of the student: the teacher's task settings, so that the
+    inference commands (and a further distillation) read the student as a fine-tuned model."""
+    teacher = run.teacher
+    return {
+        "model": str(teacher.directory),
+        "task": teacher.task,
+        "text_column": teacher.text_column,
+        "text_pair_column": teacher.text_pair_column,
+        "label_column": teacher.label_column,
+        "max_length": teacher.max_length,
+        "truncation": teacher.truncation,
+        "pooling": teacher.pooling,
+        "distilled_from": str(teacher.directory),
+    }
+
+
+def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
+    """The end of a run: the best student reloaded, its validation scores beside the teacher's,
+    curves, eval_results.json, the task settings; the checkpoint and the teacher's cache
+    dropped unless --keep_final_checkpoint."""
+    cfg, out = run.cfg, run.out
+    run.model.zero_grad(set_to_none=True)
+    run.optimizer.state.clear()
+    cls = BertModel if run.task == "embedding" else BertForSequenceClassification
+    best = cls.from_pretrained(out).to(run.device)
+    metrics = validate(run, best)
+    plot_training_curves(out, out / PLOT_FILE, title=f"bertforge distill: {out.name}")
+    atomic_write_text(out / FINETUNE_CONFIG, json.dumps(task_settings(run), indent=2) + "\n")
+    metric = METRIC[run.task]
+    result = {
+        "best_step": state.best_step,
+        "steps": state.step,
+        "train_seconds": round(state.elapsed, 1),
+        "tokens": state.tokens,
+        "skipped": state.skipped,
+        "metric": metric,
+        "validation": metrics,
+        "teacher": run.teacher_scores,
+        "parameters": sum(p.numel() for p in best.parameters()),
+        "teacher_parameters": sum(p.numel() for p in run.teacher.model.parameters()),
+        "model_dir": str(out),
+    }
+    atomic_write_text(out / RESULTS_FILE, json.dumps(result, indent=2) + "\n")
+    if not cfg.keep_final_checkpoint:
+        for path in list_checkpoints(out):
+            remove_checkpoint(path)
+        for name in (CACHE_FILE, Path(CACHE_FILE).with_suffix(".json").name):
+            (out / name).unlink(missing_ok=True)
+    run.say(
+        f"best {metric} {metrics[metric]:.4f} at step {state.best_step} of {state.step} "
+        f"({format_duration(state.elapsed)} of training); teacher {run.teacher_scores[metric]:.4f}; "
+        f"student: {out}"
+    )
+    run.say("student on validation: " + _scores_line(metrics))
+    return result
+
+
+def _finished_run(cfg: DistillConfig) -> dict[str, Any] | None:
+    """The saved results when OUTPUT holds a finished run of these settings; a finished run of
+    others is refused, naming what differs."""
+    out = Path(cfg.output)
+    if latest_checkpoint(out) is not None or not (out / RESULTS_FILE).is_file():
+        return None
+    saved = read_json_object(out / DISTILL_CONFIG, "restore it or delete the directory")
+    resolved = steps.config_dict(cfg)
+    ignored = ("output", "progress", "num_threads", "log_every", "eval_batch_size")
+    changed = [
+        f"{option(k)} was {saved[k]!r}, now {v!r}"
+        for k, v in resolved.items()
+        if k not in ignored and k in saved and saved[k] != v
+    ]
+    if changed:
+        raise BertforgeError(
+            f"{out} holds a finished run of other settings ({'; '.join(changed)}); choose another "
+            f"--output, or delete {out} to distill there again"
+        )
+    print(f"{out} holds a finished run of these settings; nothing to do", file=sys.stderr)
+    return read_json_object(out / RESULTS_FILE, "restore it or delete the directory")
+
+
+__all__ = ["DistillConfig", "distill", "validate"]

@@ -1,0 +1,186 @@
+"""``DistillConfig``: everything ``bertforge distill`` needs (docs/distillation.md), validated once
+with messages that say how to fix a value; written resolved to OUTPUT/distill_config.json.
+
+The task, labels, text columns, pooling and maximum length come from the teacher's directory
+(its ``config.json``, ``finetune_config.json`` and sentence-transformers declaration), so that a
+user names only the files; the options here are the student, the data and the loss.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from bertforge.data.corpus import EncodingErrors
+from bertforge.errors import BertforgeError
+from bertforge.modeling.checkpoint import resolve_model
+from bertforge.training.config import (
+    LoopOptions,
+    Preset,
+    check_at_least,
+    check_choice,
+    check_training_options,
+)
+
+DISTILL_CONFIG = "distill_config.json"
+"""The file a distillation run writes first into OUTPUT (what marks the directory as one)."""
+
+TransferUnit = Literal["auto", "document", "sentence"]
+"""What one text of an ``--unlabelled`` corpus is."""
+
+
+def option(name: str) -> str:
+    """How ``bertforge distill`` spells a ``DistillConfig`` field on the command line."""
+    return "--" + name
+
+
+@dataclass
+class DistillConfig(LoopOptions):
+    """Everything ``bertforge distill`` needs; written resolved to OUTPUT/distill_config.json."""
+
+    teacher: str
+    """The fine-tuned teacher: a directory ``bertforge finetune`` wrote (classification or
+    regression, single texts or pairs), any BERT sequence classifier, or a sentence-transformers
+    embedding model (all-MiniLM-L6-v2 names the installed copy of that published model)."""
+    output: str
+    """Output directory for the distilled student, metrics, plots and checkpoints."""
+    student: str | None = None
+    """The student's start: any BERT directory (its own tokenizer; a pretraining head is
+    dropped, another task's head refused). Give exactly one of --student, --student_layers and
+    --student_preset."""
+    student_layers: list[int] | None = None
+    """Start the student as a copy of these teacher layers (0-based, increasing, e.g. 0 2 4),
+    with the teacher's embeddings, pooler, head and tokenizer (DistilBERT's initialisation,
+    sentence-transformers' layer reduction)."""
+    student_preset: Preset | None = None
+    """Start the student with fresh weights in one of Google's BERT sizes (tiny: 2 x 128 ...
+    large), with the teacher's tokenizer."""
+    train: list[str] | None = None
+    """Labelled training file(s) in the teacher's columns (as for ``finetune``): gold labels
+    beside the teacher's; an embedding teacher reads the texts of its text columns."""
+    unlabelled: list[str] | None = None
+    """Transfer text the teacher labels, no gold labels needed: files, directories or globs in
+    any corpus format ``prepare`` reads (text, lines, wikitext, csv/tsv/jsonl with the teacher's
+    text column), optionally compressed. Alone (without --train) for an embedding teacher, or for
+    a task teacher with --validation."""
+    validation: list[str] | None = None
+    """Labelled validation file(s) in the teacher's columns; without them a share
+    (--validation_fraction) of --train (embedding: of the transfer texts) is held out."""
+    validation_fraction: float = 0.1
+    """Share of the training rows (embedding: texts) held out for validation without --validation."""
+    transfer_unit: TransferUnit = "auto"
+    """One text of an --unlabelled corpus: a document (a line of a ``lines`` file, a table
+    row), or each of its sentences; auto: sentences for an embedding teacher, else documents."""
+    max_unlabelled: int | None = None
+    """Read at most this many transfer texts from --unlabelled (its first ones)."""
+    alpha: float = 0.5
+    """Weight of the soft-target (teacher) term; the gold labels' term weighs 1 - alpha. A batch
+    without gold labels (transfer text) trains on the soft term alone. 1: the teacher alone."""
+    temperature: float = 2.0
+    """Softmax temperature of the soft targets (classification); the term is scaled by T^2 so
+    its gradient keeps its size (Hinton et al. 2015)."""
+    cosine_weight: float = 0.0
+    """embedding: weight of the in-batch cosine-matrix term beside the MSE to the teacher's
+    vectors (0: MSE alone)."""
+    hidden_weight: float = 0.0
+    """Weight of TinyBERT's hidden-state loss: the MSE between each mapped pair of layers'
+    outputs, the student's through a learned projection to the teacher's width (0: off). The
+    intermediate losses run the teacher beside the student at every step and need its
+    tokenizer (--student_layers, --student_preset or a student with the same vocabulary)."""
+    attention_weight: float = 0.0
+    """Weight of the attention-distribution KL of each mapped pair of layers (the same head
+    count on both sides; else --relation_weight). 0: off."""
+    relation_weight: float = 0.0
+    """Weight of MiniLM-v2's self-attention relation KL (queries, keys and values, each split
+    into --relation_heads on both sides: any head counts and widths). 0: off."""
+    relation_heads: int | None = None
+    """Relation heads of --relation_weight, dividing both models' widths; default the
+    student's attention heads."""
+    layer_map: list[int] | None = None
+    """The teacher layer (0-based) each student layer learns from in the intermediate losses,
+    one per student layer; default: the copied layers of --student_layers, else uniform with
+    the last layers meeting (TinyBERT)."""
+    max_length: int | None = None
+    """Tokens per text including [CLS]/[SEP], for both models; default the teacher's
+    fine-tuning length (finetune_config.json), else 128."""
+    batch_size: int = 32
+    """Texts per optimizer step."""
+    eval_batch_size: int = 64
+    """Texts per evaluation batch (and per teacher batch)."""
+    lr: float = 1e-4
+    """Peak learning rate (AdamW)."""
+    warmup_ratio: float = 0.1
+    """Fraction of training (steps or time) spent warming the LR up linearly from 0."""
+    epochs: float = 3.0
+    """Passes over the training and transfer texts; --max_steps overrides it."""
+    max_steps: int | None = None
+    """Train for this many optimizer steps (overrides --epochs; the LR schedule ends there)."""
+    max_time: str | None = None
+    """Wall-clock training budget such as 40m (evaluation and the teacher's pass not counted);
+    0 or none: no limit."""
+    dropout: float | None = None
+    """The student's dropout rate while training; None keeps its config's."""
+    eval_every: int = 0
+    """Validate every N steps (0 = once per epoch), and always at the end."""
+    seed: int = 0
+    """Seed for a fresh student, the validation split, the data order and dropout."""
+    encoding_errors: EncodingErrors = "strict"
+    """strict: stop at bytes that are not UTF-8 (naming file and line); replace: read them as
+    U+FFFD."""
+    keep_checkpoints: int = 1
+    """Resumable checkpoints (written at each evaluation and on SIGINT/SIGTERM) to keep."""
+    keep_final_checkpoint: bool = False
+    """Keep the resumable checkpoint and the teacher's cached outputs after a finished run."""
+
+    def __post_init__(self) -> None:
+        self.teacher = resolve_model(self.teacher)
+        if self.student is not None:
+            self.student = resolve_model(self.student)
+        starts = [self.student, self.student_layers, self.student_preset]
+        if sum(s is not None for s in starts) != 1:
+            raise BertforgeError(
+                "give exactly one student: --student DIR, --student_layers 0 2 4 (a subset of "
+                "the teacher's layers) or --student_preset tiny (fresh weights)"
+            )
+        layers = self.student_layers
+        if layers is not None and (not layers or sorted(set(layers)) != list(layers)):
+            raise BertforgeError(
+                f"--student_layers {layers}: distinct teacher layers in increasing order, e.g. 0 2 4"
+            )
+        if not (self.train or self.unlabelled):
+            raise BertforgeError(
+                "give training text: --train FILE (labelled) and/or --unlabelled FILE "
+                "(text the teacher labels)"
+            )
+        check_choice(self.transfer_unit, TransferUnit, "--transfer_unit")
+        check_choice(self.encoding_errors, EncodingErrors, "--encoding_errors")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise BertforgeError(f"--alpha {self.alpha} must lie in [0, 1] (1: the teacher alone)")
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise BertforgeError(f"--temperature {self.temperature} must be positive (2 is usual)")
+        for name in ("cosine_weight", "hidden_weight", "attention_weight", "relation_weight"):
+            if not getattr(self, name) >= 0:
+                raise BertforgeError(f"{option(name)} {getattr(self, name)} must be 0 or more")
+        check_at_least(self, option, relation_heads=1)
+        if not 0.0 < self.validation_fraction < 1.0:
+            raise BertforgeError(
+                f"--validation_fraction {self.validation_fraction} must lie strictly between 0 and 1"
+            )
+        if self.batch_size <= 0 or self.eval_batch_size <= 0 or self.epochs <= 0:
+            raise BertforgeError("--batch_size, --eval_batch_size and --epochs must be positive")
+        check_training_options(self, option)
+        if self.max_memory is not None:
+            raise BertforgeError(
+                "--max_memory is not supported by distill yet; lower --batch_size instead"
+            )
+        check_at_least(self, option, max_steps=1, eval_every=0, keep_checkpoints=0)
+        check_at_least(self, option, max_unlabelled=1, max_length=3)
+
+    @property
+    def intermediate(self) -> bool:
+        """Whether any intermediate (layer) loss is on: the teacher then runs at every step."""
+        return bool(self.hidden_weight or self.attention_weight or self.relation_weight)
+
+
+__all__ = ["DISTILL_CONFIG", "DistillConfig", "TransferUnit", "option"]

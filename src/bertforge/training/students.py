@@ -1,0 +1,130 @@
+"""The student of ``bertforge distill``, made in one of three ways: from any BERT directory (its
+own tokenizer; a pretraining head dropped, another task's head refused), as a subset of the
+teacher's layers (:func:`layer_subset`: DistilBERT's initialisation, sentence-transformers' layer
+reduction), or fresh in one of Google's sizes with the teacher's tokenizer."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from bertforge.errors import BertforgeError
+from bertforge.modeling.checkpoint import check_model_directory, check_tokenizer_fits
+from bertforge.modeling.config import BertConfig
+from bertforge.modeling.model import BertForSequenceClassification, BertModel
+from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.teacher import TASK_ARCHITECTURES, Teacher
+
+_LAYER_KEY = re.compile(r"(^|\.)encoder\.layer\.(\d+)\.")
+
+
+def layer_subset(model: nn.Module, layers: list[int]) -> nn.Module:
+    """A new model of ``model``'s class with only its encoder ``layers`` (0-based), renumbered
+    0, 1, ...; every other weight (embeddings, pooler, head) copied as it is."""
+    total = model.config.num_hidden_layers
+    bad = [i for i in layers if not 0 <= i < total]
+    if bad:
+        raise BertforgeError(
+            f"--student_layers {' '.join(map(str, layers))}: the teacher has layers 0 to "
+            f"{total - 1}; {', '.join(map(str, bad))} is out of range"
+        )
+    position = {old: new for new, old in enumerate(layers)}
+    state = {}
+    for key, value in model.state_dict().items():
+        found = _LAYER_KEY.search(key)
+        if found is None:
+            state[key] = value.clone()
+        elif int(found.group(2)) in position:
+            new = f"{found.group(1)}encoder.layer.{position[int(found.group(2))]}."
+            state[key[: found.start()] + new + key[found.end() :]] = value.clone()
+    config = dataclasses.replace(model.config, num_hidden_layers=len(layers))
+    student = type(model)(config)
+    student.load_state_dict(state, strict=True)
+    return student
+
+
+def _task_model(teacher: Teacher, directory: Path | None, config: BertConfig | None) -> nn.Module:
+    """The teacher's model class with its labels: loaded from ``directory`` or fresh of
+    ``config``."""
+    labels = {}
+    if teacher.task == "classification":
+        labels = dict(
+            num_labels=teacher.config.num_labels,
+            id2label=teacher.config.id2label,
+            problem_type="single_label_classification",
+        )
+    elif teacher.task == "regression":
+        labels = dict(num_labels=1, id2label=None, problem_type="regression")
+    cls = BertModel if teacher.task == "embedding" else BertForSequenceClassification
+    if directory is not None:
+        return cls.from_pretrained(directory, **labels)
+    assert config is not None
+    return cls(dataclasses.replace(config, **labels))
+
+
+def _check_student_head(directory: Path, teacher: Teacher) -> None:
+    """A student directory fine-tuned for another task (or other labels) is refused: its head
+    would be thrown away or trained against the teacher's classes."""
+    config = BertConfig.load(directory / "config.json")
+    arch = (config.architectures or ["BertModel"])[0]
+    kind = TASK_ARCHITECTURES.get(arch)
+    if kind is None:
+        return  # a pretrained encoder (MLM/NSP heads or none): its heads are left out
+    task = (
+        kind if kind != "sequence" else "regression" if config.is_regression else "classification"
+    )
+    same = task == teacher.task and (
+        task != "classification" or config.id2label == teacher.config.id2label
+    )
+    if not same:
+        what = (
+            f"{task} with labels {sorted((config.id2label or {}).values())}"
+            if task == "classification"
+            else task
+        )
+        raise BertforgeError(
+            f"{directory}: the student has a {arch} head for {what}, the teacher is for "
+            f"{teacher.task}; start from a pretrained (not fine-tuned) model or "
+            "--student_layers / --student_preset"
+        )
+
+
+def build_student(
+    teacher: Teacher,
+    *,
+    directory: str | None = None,
+    layers: list[int] | None = None,
+    preset: str | None = None,
+    seed: int = 0,
+) -> tuple[nn.Module, Tokenizer, str]:
+    """``(model, tokenizer, description)`` of the student, fresh from its start."""
+    if directory is not None:
+        path = check_model_directory(directory)
+        _check_student_head(path, teacher)
+        tokenizer = Tokenizer.from_file(path)
+        model = _task_model(teacher, path, None)
+        check_tokenizer_fits(tokenizer, model.config, path)
+        return model, tokenizer, str(path)
+    if layers is not None:
+        model = layer_subset(teacher.model, layers)
+        described = f"layers {' '.join(map(str, layers))} of the teacher"
+        return model, teacher.tokenizer, described
+    assert preset is not None
+    torch.manual_seed(seed)
+    source = teacher.config
+    config = BertConfig.preset(
+        preset,
+        vocab_size=source.vocab_size,
+        max_position_embeddings=source.max_position_embeddings,
+        type_vocab_size=source.type_vocab_size,
+        pad_token_id=source.pad_token_id,
+    )
+    model = _task_model(teacher, None, config)
+    return model, teacher.tokenizer, f"a fresh {preset} BERT"
+
+
+__all__ = ["build_student", "layer_subset"]

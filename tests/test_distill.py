@@ -1,0 +1,326 @@
+"""``bertforge distill`` end to end on tiny models: a fine-tuned teacher's knowledge reaches a
+student (a layer subset, a fresh preset, a model with another vocabulary), the student is a
+normal model directory transformers and sentence-transformers load with the same outputs, a
+layer subset holds exactly the teacher's layers (transformers on copied weights), resume is
+exact, and bad input is a one-line error."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import FILLER, QUICK_FINETUNE, TINY_MODEL, TaskFiles
+from support.cli import one_line_error
+
+from bertforge import cli
+from bertforge.inference.predict import embed
+from bertforge.modeling.config import BertConfig
+from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
+from bertforge.progress import read_metrics
+from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.checkpoints import list_checkpoints
+from bertforge.training.students import layer_subset
+
+QUICK = ["--batch_size", "16", "--num_threads", "1", "--precision", "fp32", "--progress", "false"]
+QUICK += ["--dropout", "0"]
+
+
+def write_lines(path: Path, texts: list[str]) -> Path:
+    path.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> dict[str, Path]:
+    """A tiny classifier and regressor fine-tuned on the keyword rule (the teachers), their data,
+    unlabelled sentences, and a tiny start model with a vocabulary of its own."""
+    root = tmp_path_factory.mktemp("distill")
+    start = TaskFiles.tiny_start_model(root, kind="mlm")
+    paths = {
+        "root": root,
+        "start": start,
+        "train": root / "train.csv",
+        "scores": root / "scores.csv",
+    }
+    TaskFiles.write_sentiment(paths["train"], 240, seed=1)
+    TaskFiles.write_scores(paths["scores"], 240, seed=3)
+    rng = random.Random(4)
+    sentences = [TaskFiles.sentence(rng, rng.choice(["good", "bad"])) for _ in range(200)]
+    paths["unlabelled"] = write_lines(root / "unlabelled.txt", sentences)
+    fast = [*QUICK_FINETUNE, "--max_length", "24", "--batch_size", "16", "--lr", "3e-3"]
+    for name, data, extra in (
+        ("teacher", "train", []),
+        (
+            "regressor",
+            "scores",
+            ["--task", "regression", "--text_column", "review", "--label_column", "score"],
+        ),
+    ):
+        argv = ["finetune", "--model", str(start), "--train", str(paths[data])]
+        argv += ["--output", str(root / name), *extra, *fast, "--max_steps", "60"]
+        assert cli.main(argv) == 0
+        paths[name] = root / name
+    # another vocabulary: a tokenizer trained on other text (the filler words beside words
+    # spelt backwards), so the same text becomes other ids
+    other = root / "other"
+    lines = [
+        TaskFiles.sentence(rng, "good")
+        + " "
+        + " ".join(w[::-1] for w in rng.sample(FILLER, 6))
+        + " bad"
+        for _ in range(300)
+    ]
+    tokenizer = Tokenizer.train(
+        write_lines(root / "other.txt", lines), vocab_size=200, min_frequency=1
+    )
+    config = BertConfig(vocab_size=tokenizer.vocab_size, **{**TINY_MODEL, "num_hidden_layers": 1})
+    torch.manual_seed(1)
+    BertForMaskedLM(config).save_pretrained(other, tokenizer=tokenizer)
+    paths["other"] = other
+    return paths
+
+
+def distill_argv(work: dict[str, Path], out: Path, *options: str) -> list[str]:
+    return ["distill", "--teacher", str(work["teacher"]), "--output", str(out), *options, *QUICK]
+
+
+def test_layer_subset_copies_the_right_layers_as_transformers_does(work):
+    transformers = pytest.importorskip("transformers")
+    ours = layer_subset(BertForSequenceClassification.from_pretrained(work["teacher"]), [1]).eval()
+    theirs = transformers.BertForSequenceClassification.from_pretrained(work["teacher"]).eval()
+    theirs.bert.encoder.layer = torch.nn.ModuleList([theirs.bert.encoder.layer[1]])
+    theirs.config.num_hidden_layers = 1
+    tok = transformers.BertTokenizerFast.from_pretrained(work["teacher"])
+    batch = tok(["a good film .", "the plot was bad and long"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = theirs(**batch).logits
+        got = ours(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    teacher = BertForSequenceClassification.from_pretrained(work["teacher"]).state_dict()
+    kept = ours.state_dict()
+    assert torch.equal(
+        kept["bert.encoder.layer.0.output.dense.weight"],
+        teacher["bert.encoder.layer.1.output.dense.weight"],
+    )
+    assert "bert.encoder.layer.1.output.dense.weight" not in kept
+
+
+@pytest.fixture(scope="module")
+def distilled(work) -> Path:
+    out = work["root"] / "student"
+    argv = distill_argv(work, out, "--student_layers", "1", "--train", str(work["train"]))
+    argv += ["--unlabelled", str(work["unlabelled"]), "--max_steps", "30", "--lr", "3e-3"]
+    argv += ["--eval_every", "15"]
+    assert cli.main(argv) == 0
+    return out
+
+
+def test_distilled_student_learns_and_reports_beside_the_teacher(distilled):
+    results = json.loads((distilled / "eval_results.json").read_text())
+    assert results["teacher"]["accuracy"] >= 0.9
+    assert results["validation"]["accuracy"] >= 0.85  # chance is 0.5
+    assert results["validation"]["agreement"] >= 0.85
+    assert results["parameters"] < results["teacher_parameters"]
+    train = [r for r in read_metrics(distilled) if r["split"] == "train"]
+    assert {"soft_loss", "hard_loss"} <= set(train[0])
+    settings = json.loads((distilled / "finetune_config.json").read_text())
+    assert settings["task"] == "classification" and settings["max_length"] == 24
+    assert not list_checkpoints(distilled) and not (distilled / "teacher_outputs.npy").exists()
+
+
+def test_distilled_student_loads_in_transformers_with_the_same_logits(distilled, work):
+    transformers = pytest.importorskip("transformers")
+    ours = BertForSequenceClassification.from_pretrained(distilled).eval()
+    theirs = transformers.BertForSequenceClassification.from_pretrained(distilled).eval()
+    assert ours.config.num_hidden_layers == 1 and theirs.config.id2label == {0: "neg", 1: "pos"}
+    tok = transformers.BertTokenizerFast.from_pretrained(distilled)
+    batch = tok(["a good film .", "the plot was bad"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = theirs(**batch).logits
+        got = ours(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_student_with_another_vocabulary_tokenises_on_its_own(work):
+    """The student reads the text with its own tokenizer (other ids for the same words) and
+    still learns the teacher's rule; the saved model carries the student's vocabulary."""
+    out = work["root"] / "other-vocab"
+    argv = distill_argv(work, out, "--student", str(work["other"]), "--train", str(work["train"]))
+    assert cli.main([*argv, "--max_steps", "40", "--lr", "1e-2", "--alpha", "0.8"]) == 0
+    saved, teacher = Tokenizer.from_file(out), Tokenizer.from_file(work["teacher"])
+    assert saved.vocab_size == Tokenizer.from_file(work["other"]).vocab_size != teacher.vocab_size
+    text = "the movie was good ."
+    assert saved.encode(text)["input_ids"] != teacher.encode(text)["input_ids"]
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["validation"]["accuracy"] >= 0.8
+
+
+def test_unlabelled_text_alone_with_a_validation_file(work):
+    """No gold label to train on: the teacher labels the transfer text, the student learns its
+    rule (alpha plays no part: every batch trains on the soft term alone)."""
+    out = work["root"] / "unlabelled-only"
+    argv = distill_argv(work, out, "--student_layers", "1", "--unlabelled", str(work["unlabelled"]))
+    assert (
+        cli.main([*argv, "--validation", str(work["train"]), "--max_steps", "12", "--lr", "3e-3"])
+        == 0
+    )
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["validation"]["examples"] == 240 and results["validation"]["accuracy"] >= 0.85
+    train = [r for r in read_metrics(out) if r["split"] == "train"]
+    assert "hard_loss" not in train[0]
+
+
+def test_a_pair_teacher_gives_its_columns_to_the_student(classifier, tmp_path):
+    """A teacher fine-tuned on text pairs: the student reads the same two columns (from the
+    teacher's finetune_config.json) and keeps them for the inference commands."""
+    out = tmp_path / "pairs"
+    argv = ["distill", "--teacher", str(classifier), "--output", str(out), *QUICK]
+    argv += ["--student_layers", "0", "--train", str(classifier.parent / "train.csv")]
+    assert (
+        cli.main([*argv, "--max_steps", "2", "--batch_size", "8", "--validation_fraction", "0.25"])
+        == 0
+    )
+    settings = json.loads((out / "finetune_config.json").read_text())
+    assert settings["text_pair_column"] == "second" and settings["task"] == "classification"
+    assert json.loads((out / "eval_results.json").read_text())["validation"]["examples"] == 10
+
+
+def test_regression_student_predicts_in_the_labels_units(work):
+    out = work["root"] / "regression-student"
+    argv = ["distill", "--teacher", str(work["regressor"]), "--output", str(out), *QUICK]
+    argv += ["--student_preset", "tiny", "--train", str(work["scores"]), "--max_steps", "30"]
+    assert cli.main([*argv, "--lr", "2e-3"]) == 0
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["teacher"]["spearman"] > 0.8 and results["validation"]["spearman"] > 0.6
+    model = BertForSequenceClassification.from_pretrained(out).eval()
+    teacher = BertForSequenceClassification.from_pretrained(work["regressor"]).eval()
+    assert model.config.is_regression and model.config.hidden_size == 128
+    texts = ["good good good film .", "a good good film", "the good plot", "some people went"]
+    with torch.no_grad():
+        values = [m(**Tokenizer.from_file(out).encode_batch(texts, return_tensors="pt")).logits[:, 0]
+                  for m in (model, teacher)]  # fmt: skip
+    # in the labels' units (the teacher's mean, not the z-scores' 0), in the teacher's order
+    assert abs(float(values[0].mean() - values[1].mean())) < 0.5 < float(values[1].mean())
+    assert values[0].argsort().tolist() == values[1].argsort().tolist() == [3, 2, 1, 0]
+
+
+def test_intermediate_losses_run_the_teacher_beside_the_student(work):
+    """Hidden states through the learned projection, attention KL and MiniLM's relations on the
+    layer map, logged by name; a fresh student of other width and head count takes the
+    relation and hidden-state losses."""
+    out = work["root"] / "layers"
+    argv = distill_argv(work, out, "--student_layers", "1", "--train", str(work["train"]))
+    argv += ["--hidden_weight", "1", "--attention_weight", "1", "--relation_weight", "1"]
+    assert cli.main([*argv, "--max_steps", "4", "--log_every", "2"]) == 0
+    train = [r for r in read_metrics(out) if r["split"] == "train"]
+    assert {"hidden_loss", "attention_loss", "relation_loss", "soft_loss"} <= set(train[0])
+    out = work["root"] / "layers-preset"
+    argv = distill_argv(work, out, "--student_preset", "tiny", "--train", str(work["train"]))
+    argv += ["--hidden_weight", "1", "--relation_weight", "1", "--relation_heads", "2"]
+    assert cli.main([*argv, "--max_steps", "2", "--log_every", "1"]) == 0
+    first, second = (r["hidden_loss"] for r in read_metrics(out) if r["split"] == "train")
+    assert 0 < second < first  # the projection and the student learn the teacher's states
+
+
+def test_resume_after_an_interruption_continues_exactly(work):
+    options = ["--student_layers", "1", "--train", str(work["train"]), "--max_steps", "12"]
+    options += ["--eval_every", "6", "--log_every", "3", "--keep_checkpoints", "0"]
+    options += ["--keep_final_checkpoint"]
+    options += ["--dropout", "0.1"]  # dropout draws from the restored RNG
+    options += ["--hidden_weight", "0.5"]  # its projection resumes with the student
+    full, resumed = work["root"] / "full", work["root"] / "resumed"
+    assert cli.main(distill_argv(work, full, *options)) == 0
+    first, last = list_checkpoints(full)
+    shutil.copytree(first, resumed / first.name)  # as if killed after step 6
+    for f in full.iterdir():
+        if f.is_file() and f.name not in ("eval_results.json", "finetune_config.json"):
+            shutil.copy(f, resumed / f.name)
+    assert cli.main(distill_argv(work, resumed, *options)) == 0
+    a = BertForSequenceClassification.from_pretrained(last).state_dict()
+    b = BertForSequenceClassification.from_pretrained(list_checkpoints(resumed)[-1]).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    losses = [
+        [r["loss"] for r in read_metrics(d) if r["split"] == "train" and r["step"] > 6]
+        for d in (full, resumed)
+    ]
+    assert losses[0] == losses[1] and losses[0]
+
+
+def test_embedding_teacher_from_unlabelled_text_alone(work, minilm_dir):
+    """all-MiniLM-L6-v2 into its own first layer, on unlabelled sentences alone: the student's
+    vectors move towards the teacher's, and sentence-transformers reads the student as embed
+    does."""
+    st = pytest.importorskip("sentence_transformers")
+    out = work["root"] / "minilm-1"
+    argv = ["distill", "--teacher", str(minilm_dir), "--output", str(out), *QUICK]
+    argv += ["--student_layers", "0", "--unlabelled", str(work["unlabelled"]), "--max_length", "24"]
+    argv += ["--max_unlabelled", "96", "--max_steps", "8", "--lr", "5e-4", "--eval_every", "4"]
+    assert cli.main(argv) == 0
+    results = json.loads((out / "eval_results.json").read_text())
+    val = [r for r in read_metrics(out) if r["split"] == "val"]
+    assert results["validation"]["cosine"] >= val[0]["cosine"] > 0.5
+    assert json.loads((out / "modules.json").read_text())[-1]["type"].endswith("Normalize")
+    texts = ["a good film .", "the plot was bad and long"]
+    ours = embed(BertModel.from_pretrained(out), Tokenizer.from_file(out), texts)
+    theirs = st.SentenceTransformer(str(out), device="cpu").encode(texts)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+def test_embedding_student_narrower_than_its_teacher_learns_a_pca_projection(work, minilm_dir):
+    """A 32-wide student with a vocabulary of its own learns the 384-wide teacher's vectors
+    through their PCA projection, the cosine term beside the MSE."""
+    out = work["root"] / "minilm-narrow"
+    argv = ["distill", "--teacher", str(minilm_dir), "--output", str(out), *QUICK]
+    argv += ["--student", str(work["start"]), "--unlabelled", str(work["unlabelled"])]
+    argv += ["--max_unlabelled", "64", "--max_length", "24", "--max_steps", "3"]
+    assert cli.main([*argv, "--cosine_weight", "1"]) == 0
+    assert BertModel.from_pretrained(out).config.hidden_size == 32
+    assert Tokenizer.from_file(out).vocab_size != Tokenizer.from_file(minilm_dir).vocab_size
+    train = [r for r in read_metrics(out) if r["split"] == "train"]
+    assert {"mse_loss", "cosine_loss"} <= set(train[0])
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("not_finetuned", "is not fine-tuned"),
+        ("other_head", "head for regression"),
+        ("layers_out_of_range", "out of range"),
+        ("unreadable_unlabelled", "no corpus reader reads .parquet"),
+        ("two_students", "exactly one student"),
+        ("unlabelled_for_pairs", "the teacher reads pairs"),
+        ("attention_heads_differ", "use --relation_weight for differing head counts"),
+        ("no_gold_to_validate_on", "needs gold labels to validate on"),
+        ("layers_need_the_tokenizer", "need the teacher's tokenizer"),
+    ],
+)
+def test_bad_input_is_one_line(work, classifier, tmp_path, capsys, case, expected):
+    out = tmp_path / "out"
+    train = ["--train", str(work["train"])]
+    argv = {
+        "not_finetuned": ["distill", "--teacher", str(work["start"]), "--output", str(out),
+                          "--student_preset", "tiny", *train],
+        "other_head": distill_argv(work, out, "--student", str(work["regressor"]), *train),
+        "layers_out_of_range": distill_argv(work, out, "--student_layers", "0", "2", *train),
+        "unreadable_unlabelled": distill_argv(
+            work, out, "--student_layers", "0", *train,
+            "--unlabelled", str(write_lines(tmp_path / "texts.parquet", ["PAR1"])),
+        ),
+        "two_students": distill_argv(work, out, "--student_layers", "0", "--student_preset", "tiny", *train),
+        "unlabelled_for_pairs": ["distill", "--teacher", str(classifier), "--output", str(out),
+                                 "--student_layers", "0", "--unlabelled", str(work["unlabelled"]),
+                                 "--train", str(classifier.parent / "train.csv")],
+        "no_gold_to_validate_on": distill_argv(work, out, "--student_layers", "0",
+                                               "--unlabelled", str(work["unlabelled"])),
+        "attention_heads_differ": distill_argv(work, out, "--student_preset", "tiny", *train,
+                                               "--attention_weight", "1"),
+        "layers_need_the_tokenizer": distill_argv(work, out, "--student", str(work["other"]),
+                                                  *train, "--hidden_weight", "1"),
+    }[case]  # fmt: skip
+    assert expected in one_line_error(argv, capsys)
+    assert not out.exists()  # refused before anything is written
