@@ -601,3 +601,74 @@ def test_a_modernbert_pretraining_run_resumes_bit_exactly(shakespeare_file, tmp_
     a = load_file(tmp_path / "full" / "model" / "model.safetensors")
     b = load_file(tmp_path / "resumed" / "model" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---- downstream, benchmark, serve, export and verify on a tiny ModernBERT ----------------------
+@pytest.fixture(scope="module")
+def modern_dirs(task_files, tmp_path_factory) -> dict:
+    """A tiny ModernBERT masked LM and a 2-label classifier (:func:`tiny`'s shape: global, local,
+    local, a window of 4 either side) with the task fixtures' WordPiece tokenizer, saved as model
+    directories; and sentiment files to fine-tune and test on."""
+    from bertforge.tokenizer import Tokenizer
+
+    root = tmp_path_factory.mktemp("modern")
+    tokenizer = Tokenizer.from_file(task_files.tiny_start_model(root, kind="mlm"))
+    ids = dict(pad_token_id=tokenizer.pad_id, cls_token_id=tokenizer.cls_id)
+    ids |= dict(bos_token_id=tokenizer.cls_id, sep_token_id=tokenizer.sep_id)
+    ids |= dict(eos_token_id=tokenizer.sep_id, vocab_size=tokenizer.vocab_size)
+    torch.manual_seed(0)
+    mlm = ModernBertForMaskedLM(tiny(**ids)).save_pretrained(root / "mlm", tokenizer=tokenizer)
+    labels = dict(num_labels=2, id2label={0: "neg", 1: "pos"})
+    clf = ModernBertForSequenceClassification(tiny(**ids, **labels))
+    with torch.no_grad():  # non-trivial norms, so that a lost weight shows in the outputs
+        for p in clf.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    clf.save_pretrained(root / "clf", tokenizer=tokenizer)
+    task_files.write_sentiment(root / "train.csv", 64, seed=1)
+    task_files.write_sentiment(root / "test.csv", 32, seed=2)
+    return {"root": root, "mlm": mlm, "clf": root / "clf", "tokenizer": tokenizer}
+
+
+def test_downstream_twins_a_modernbert_with_a_modernbert(modern_dirs, capsys):
+    """``bertforge downstream`` on a ModernBERT: both columns fine-tune and score, and the random
+    twin is a ModernBERT of the same config with the seed's fresh weights (not a BERT)."""
+    from conftest import QUICK_FINETUNE
+    from safetensors.torch import load_file
+
+    from bertforge import cli
+    from bertforge.training.downstream import RESULTS_FILE, TWIN_DIR
+
+    root = modern_dirs["root"]
+    out = root / "ds"
+    argv = ["downstream", "--model", str(modern_dirs["mlm"]), "--train", str(root / "train.csv")]
+    argv += ["--test", str(root / "test.csv"), "--output", str(out), "--init_seed", "5"]
+    assert cli.main([*argv, *QUICK_FINETUNE, "--max_steps", "2"]) == 0
+    result = json.loads((out / RESULTS_FILE).read_text())
+    assert {"pretrained", "random_init"} <= set(result)
+    assert 0 <= result["random_init"]["accuracy"] <= 1
+    config = load_config(modern_dirs["mlm"])
+    assert load_config(out / TWIN_DIR) == config
+    torch.manual_seed(5)
+    fresh = ModernBertForMaskedLM(config).state_dict()
+    twin = load_file(out / TWIN_DIR / "model.safetensors")
+    assert set(twin) == set(load_file(modern_dirs["mlm"] / "model.safetensors"))
+    for key, value in twin.items():
+        assert torch.equal(value, fresh[key]), key
+    for run in ("pretrained", "random_init"):
+        saved = json.loads((out / run / "config.json").read_text())
+        assert saved["architectures"] == ["ModernBertForSequenceClassification"], run
+
+
+@pytest.mark.slow  # ~5 s: a --smoke GLUE task, twice fine-tuned
+def test_benchmark_smoke_with_a_modernbert_twin(modern_dirs, shared_data, capsys):
+    from bertforge import cli
+    from bertforge.training.downstream import TWIN_DIR
+
+    out = modern_dirs["root"] / "bench"
+    argv = ["benchmark", "--model", str(modern_dirs["mlm"]), "--output", str(out), "--smoke"]
+    argv += ["--baseline", "--tasks", "RTE", "--data_dir", str(shared_data / "glue")]
+    assert cli.main([*argv, "--num_threads", "1", "--precision", "fp32"]) == 0
+    twin = json.loads((out / TWIN_DIR / "config.json").read_text())
+    assert twin["architectures"] == ["ModernBertForMaskedLM"]
+    result = json.loads((out / "results.json").read_text())
+    assert set(result["tasks"]["RTE"]) >= {"model", "random_init"}

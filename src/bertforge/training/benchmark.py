@@ -45,8 +45,8 @@ from bertforge.evaluation.embedding_suite import (
 )
 from bertforge.evaluation.task_scores import class_names, evaluate_sequence_model
 from bertforge.io import atomic_write_text, make_directory, read_json_object
+from bertforge.modeling.auto import model_class
 from bertforge.modeling.checkpoint import RUN_MODEL_DIR, resolve_model
-from bertforge.modeling.model import BertForSequenceClassification, BertModel
 from bertforge.modeling.pooling import declared_max_length
 from bertforge.progress import format_duration, parse_duration, plural
 from bertforge.runtime import Precision, pick_device, pick_precision
@@ -297,7 +297,7 @@ def score_sequence_model(
     """The task's metrics of the fine-tuned classifier/regressor in ``run_dir`` on ``eval_file``
     (encoded as fine-tuning encoded its training text), and the number of examples."""
     device = pick_device(cfg.device)
-    model = BertForSequenceClassification.from_pretrained(run_dir).to(device)
+    model = model_class(run_dir, "sequence").from_pretrained(run_dir).to(device)
     tokenizer = Tokenizer.from_file(run_dir)
     regression = spec.kind == "regression"
     data, _ = load_labelled(
@@ -610,7 +610,7 @@ def embedding_benchmark(cfg: BenchmarkConfig, say: Callable[[str], None]) -> dic
     tasks = [t for t in EMBEDDING_TASKS if not cfg.tasks or t.name in cfg.tasks]
     device = pick_device(cfg.device)
     load_encoder_dir(cfg.model)  # a one-line error for anything that is not a BERT directory
-    model = BertModel.from_pretrained(cfg.model).to(device)
+    model = model_class(cfg.model, "encoder").from_pretrained(cfg.model).to(device)
     tokenizer = Tokenizer.from_file(cfg.model)
     positions = model.config.max_position_embeddings
     max_length = cfg.max_length or min(declared_max_length(cfg.model) or positions, positions)

@@ -39,13 +39,10 @@ from bertforge.evaluation.task_scores import (
     evaluate_sequence_model,
 )
 from bertforge.io import atomic_write_text
-from bertforge.modeling.config import CONFIG_NAME, BertConfig
-from bertforge.modeling.model import (
-    BertForMaskedLM,
-    BertForPreTraining,
-    BertForSequenceClassification,
-    BertModel,
-)
+from bertforge.modeling.auto import model_class
+from bertforge.modeling.config import CONFIG_NAME, AnyConfig, load_config
+from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining
+from bertforge.modeling.modernbert import ModernBertForMaskedLM
 from bertforge.runtime import peak_memory_bytes, pick_device, pick_precision
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.config import FinetuneConfig
@@ -61,14 +58,15 @@ COLUMNS = {"pretrained": "pretrained", "random_init": "random init", "baseline":
 _TWIN_CLASSES: dict[str, type[torch.nn.Module]] = {
     "BertForPreTraining": BertForPreTraining,
     "BertForMaskedLM": BertForMaskedLM,
+    "ModernBertForMaskedLM": ModernBertForMaskedLM,
 }
 
 
 def load_encoder_dir(
     directory: str | Path, option: str = "--model"
 ) -> tuple[torch.nn.Module, Tokenizer]:
-    """The network and tokenizer of a BERT model directory (``BertForPreTraining``,
-    ``BertForMaskedLM`` or else the encoder), with a one-line error naming ``option`` for anything
+    """The network and tokenizer of a BERT or ModernBERT model directory (``BertForPreTraining``,
+    ``BertForMaskedLM``, ``ModernBertForMaskedLM`` or else the encoder of its architecture), with a one-line error naming ``option`` for anything
     that is not one."""
     path = Path(directory)
     if not path.is_dir():
@@ -80,9 +78,10 @@ def load_encoder_dir(
             f"{option} {directory}: no {CONFIG_NAME}, so not a BERT model directory "
             "(a pretraining run keeps its model in RUN/model)"
         )
-    config = BertConfig.load(path)
+    config = load_config(path)
+    encoder = model_class(config, "encoder")
     cls = next(
-        (_TWIN_CLASSES[a] for a in config.architectures or [] if a in _TWIN_CLASSES), BertModel
+        (_TWIN_CLASSES[a] for a in config.architectures or [] if a in _TWIN_CLASSES), encoder
     )
     return cls.from_pretrained(path), Tokenizer.from_file(path)
 
@@ -101,7 +100,7 @@ def score_on_file(
     and the model's own label ids, encoded the way fine-tuning encoded its training text
     (``cfg.max_length``, ``cfg.truncation``)."""
     device = pick_device(cfg.device)
-    model = BertForSequenceClassification.from_pretrained(model_dir).to(device)
+    model = model_class(model_dir, "sequence").from_pretrained(model_dir).to(device)
     tokenizer = Tokenizer.from_file(model_dir)
     data = read_test(cfg, test, model.config)
     encoded = encode_examples(
@@ -123,7 +122,7 @@ def majority_on_file(
 ) -> dict[str, Any]:
     """The test metrics of predicting ``predicts`` (the training baseline a fine-tuning run
     reported: a class name, or the mean target) for every test example."""
-    config = BertConfig.load(model_dir)
+    config = load_config(model_dir)
     regression = config.is_regression
     data = read_test(cfg, test, config)
     value = float(predicts) if regression else config.label2id[str(predicts)]
@@ -136,7 +135,7 @@ def majority_on_file(
 
 
 def read_test(
-    cfg: FinetuneConfig, test: Sequence[str], config: BertConfig | None = None
+    cfg: FinetuneConfig, test: Sequence[str], config: AnyConfig | None = None
 ) -> LabelledData:
     """The test file(s), read with the fine-tuning columns; fails before any training if a column
     is missing or a label is empty. With a trained model's ``config``, labels become its ids."""
