@@ -672,3 +672,56 @@ def test_benchmark_smoke_with_a_modernbert_twin(modern_dirs, shared_data, capsys
     assert twin["architectures"] == ["ModernBertForMaskedLM"]
     result = json.loads((out / "results.json").read_text())
     assert set(result["tasks"]["RTE"]) >= {"model", "random_init"}
+
+
+def test_serve_a_modernbert(modern_dirs):
+    """A real ``bertforge serve`` process with a ModernBERT classifier and masked LM: /predict,
+    /embed, /fill-mask and /attribute answer what the library computes in process, and the
+    explorer's /attention maps show the local layers' windows."""
+    import numpy as np
+    from support.serve import request, serve
+
+    import bertforge
+    from bertforge.inference.explain import attention_maps
+
+    tok = modern_dirs["tokenizer"]
+    texts = ["a good film about town and the music was good .", "bad"]
+    models = {"clf": modern_dirs["clf"], "mlm": modern_dirs["mlm"]}
+    options = ["--max_input_length", "24", "--max_client_batch_size", "2"]
+    log = modern_dirs["root"] / "serve.log"
+    with serve(models, *options, "--max_concurrent_requests", "2", log=log) as (port, _):
+        status, info = request(port, "GET", "/info")
+        assert status == 200, info
+        kinds = {m["name"]: m["kind"] for m in info["models"]}
+        assert kinds == {"clf": "classifier", "mlm": "masked-lm"}
+        clf = ModernBertForSequenceClassification.from_pretrained(modern_dirs["clf"])
+        status, served = request(port, "POST", "/predict", {"inputs": texts, "model": "clf"})
+        direct = bertforge.classify(clf, tok, texts)
+        assert status == 200 and [r["label"] for r in served] == [r["label"] for r in direct]
+        for a, b in zip(served, direct, strict=True):
+            assert a["scores"]["pos"] == pytest.approx(b["scores"]["pos"], abs=1e-6)
+        encoder = ModernBertModel.from_pretrained(modern_dirs["mlm"])
+        body = {"inputs": texts, "model": "mlm", "pooling": "mean", "normalize": True}
+        status, vectors = request(port, "POST", "/embed", body)
+        direct = bertforge.embed(encoder, tok, texts, "mean", normalize=True)
+        assert status == 200 and np.allclose(vectors, direct, atol=1e-5)
+        status, filled = request(
+            port, "POST", "/fill-mask", {"inputs": "a [MASK] film", "model": "mlm"}
+        )
+        assert status == 200 and len(filled[0]["masks"]) == 1, filled
+        status, answer = request(port, "POST", "/attention", {"inputs": texts[0], "model": "clf"})
+        assert status == 200 and (answer["layers"], answer["heads"]) == (3, 2)
+        ids = torch.tensor(tok.encode(texts[0])["input_ids"])
+        maps = np.array(answer["attentions"])  # (L, nh, T, T)
+        assert np.allclose(maps, attention_maps(clf.model, ids).numpy(), atol=1e-4)
+        T = len(ids)
+        assert T > 9  # longer than a local window (4 either side)
+        outside = ~band_mask(T, 4).numpy()
+        assert not maps[1][:, outside].any() and not maps[2][:, outside].any()
+        assert maps[0][:, outside].any()  # the global layer sees every token
+        status, attributed = request(port, "POST", "/attribute", {"inputs": texts[0]})
+        assert status == 200, attributed
+        change = attributed["output"] - attributed["baseline_output"]
+        assert abs(sum(attributed["attributions"]) - change) == pytest.approx(
+            abs(attributed["delta"]), abs=1e-6
+        )

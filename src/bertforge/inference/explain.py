@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from bertforge.modeling.auto import is_modern
 from bertforge.tokenizer import Tokenizer
 
 
@@ -63,7 +64,8 @@ def integrated_gradients(
     token_type_ids: Tensor | None = None,
 ) -> Attribution:
     """Integrated gradients (Sundararajan et al., 2017) over the word embeddings of a
-    ``BertForSequenceClassification``: the straight path from the embeddings of ``baseline_ids``
+    ``BertForSequenceClassification`` (or ModernBERT's, whose token table the hook replaces
+    as flat rows): the straight path from the embeddings of ``baseline_ids``
     to those of ``input_ids`` (both (T,)), the gradient of logit ``target`` (column 0 for a
     regressor) averaged at ``steps`` midpoints, times the embedding difference, summed over the
     hidden size. Positions and token types (``token_type_ids`` (T,), 1 on the second text of a
@@ -76,7 +78,11 @@ def integrated_gradients(
     """
     if steps < 1:
         raise ValueError(f"steps={steps} must be at least 1")
-    word_embeddings = model.bert.embeddings.word_embeddings
+    word_embeddings = (
+        model.model.embeddings.tok_embeddings
+        if is_modern(model)
+        else model.bert.embeddings.word_embeddings
+    )
     was_training = model.training
     model.eval()
     with torch.no_grad():
@@ -98,7 +104,9 @@ def integrated_gradients(
             # on this thread only: a server runs other requests' passes of the same model on
             # other threads meanwhile, which must see their own embeddings
             hook = word_embeddings.register_forward_hook(
-                lambda m, i, o, z=path: z.clone() if threading.get_ident() == owner else None
+                lambda m, i, o, z=path: (
+                    z.clone().reshape(o.shape) if threading.get_ident() == owner else None
+                )
             )
             try:
                 with torch.enable_grad():

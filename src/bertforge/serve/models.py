@@ -24,6 +24,7 @@ from bertforge.inference.loading import (
     load_onnx_model,
 )
 from bertforge.inference.onnx import ONNX_FILE
+from bertforge.modeling.auto import is_modern
 from bertforge.modeling.checkpoint import check_model_directory, read_safetensors
 from bertforge.modeling.model import (
     BertForMaskedLM,
@@ -76,7 +77,10 @@ class ServedModel:
 
     @property
     def encoder(self) -> nn.Module:
-        """The ``BertModel`` inside (the model itself for a bare encoder)."""
+        """The ``BertModel`` (or ``ModernBertModel``) inside (the model itself for a bare
+        encoder)."""
+        if is_modern(self.model) and hasattr(self.model, "model"):
+            return self.model.model
         return getattr(self.model, "bert", self.model)
 
     @property
@@ -182,6 +186,9 @@ TASK_ROUTES = {"token-classifier": "/tag", "question-answering": "/answer"}
 ARCHITECTURES = {
     "BertForTokenClassification": "token-classifier",
     "BertForQuestionAnswering": "question-answering",
+    "ModernBertForTokenClassification": "token-classifier",
+    "ModernBertForQuestionAnswering": "question-answering",
+    "ModernBertForMaskedLM": "masked-lm",
 }
 """``config.json`` ``architectures`` whose heads the weights' names alone do not tell apart (a
 token classifier's ``classifier.`` is a sequence classifier's)."""
@@ -210,7 +217,7 @@ def weights_kind(directory: str | Path) -> str:
         return "question-answering"
     if any(k.startswith("classifier.") for k in keys):
         return "classifier"
-    if any(k.startswith("cls.predictions.transform") for k in keys):
+    if any(k.startswith(("cls.predictions.transform", "head.dense")) for k in keys):
         return "masked-lm"
     return "encoder"
 
