@@ -725,3 +725,65 @@ def test_serve_a_modernbert(modern_dirs):
         assert abs(sum(attributed["attributions"]) - change) == pytest.approx(
             abs(attributed["delta"]), abs=1e-6
         )
+
+
+def padded(tokenizer, texts: list[str]) -> dict:
+    """The texts as a padded numpy batch (input_ids, attention_mask, token_type_ids)."""
+    import numpy as np
+
+    rows = [tokenizer.encode(t)["input_ids"] for t in texts]
+    T = max(map(len, rows))
+    ids = np.full((len(rows), T), tokenizer.pad_id, dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for r, row in enumerate(rows):
+        ids[r, : len(row)], mask[r, : len(row)] = row, 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+
+
+def test_onnx_export_equals_the_eager_modernbert(modern_dirs, tmp_path, capsys):
+    """``bertforge export --format onnx`` (and ``--quantize int8``) of a ModernBERT classifier,
+    its encoder and a token classifier: ONNX Runtime's outputs equal the eager model's at the
+    real tokens, on a padded batch whose longest row is past the local window."""
+    pytest.importorskip("onnxruntime")
+    from bertforge import cli
+    from bertforge.inference.onnx import export_onnx, load_onnx
+
+    tok = modern_dirs["tokenizer"]
+    texts = ["a good film about town and the music was good on a night .", "bad", "the plot"]
+    batch_ = padded(tok, texts)
+    assert batch_["input_ids"].shape[1] > 9  # past the window of 4 either side
+    ids, mask = (torch.from_numpy(batch_[k]) for k in ("input_ids", "attention_mask"))
+    real = mask.bool()
+    clf = ModernBertForSequenceClassification.from_pretrained(modern_dirs["clf"])
+    with torch.no_grad():
+        eager = clf(ids, mask)
+    for quantize, tol in ((None, 1e-5), ("int8", 0.05)):
+        out = tmp_path / f"clf-{quantize}"
+        argv = ["export", "--model", str(modern_dirs["clf"]), "--output", str(out)]
+        argv += ["--format", "onnx"] + (["--quantize", quantize] if quantize else [])
+        assert cli.main(argv) == 0
+        onnx_model = load_onnx(out)
+        assert onnx_model.input_names == ["input_ids", "attention_mask"]  # no segments
+        logits = torch.from_numpy(onnx_model.sequence_logits(batch_))
+        assert (logits - eager.logits).abs().max() < tol, quantize
+    capsys.readouterr()
+    assert cli.main(["classify", "--model", str(out), "--backend", "onnx", *texts]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3
+
+    export_onnx(modern_dirs["mlm"], tmp_path / "encoder")  # a masked LM exports its encoder
+    hidden = load_onnx(tmp_path / "encoder").hidden_states(batch_)
+    with torch.no_grad():
+        expected = ModernBertModel.from_pretrained(modern_dirs["mlm"])(ids, mask)
+    assert (torch.from_numpy(hidden) - expected.last_hidden_state).abs().max() < TOL
+
+    config = load_config(modern_dirs["clf"])
+    torch.manual_seed(3)
+    tagger = ModernBertForTokenClassification(dataclasses.replace(config, architectures=None))
+    tagger.save_pretrained(tmp_path / "tagger", tokenizer=tok)
+    export_onnx(tmp_path / "tagger", tmp_path / "tagger-onnx")
+    logits = torch.from_numpy(load_onnx(tmp_path / "tagger-onnx").token_logits(batch_))
+    with torch.no_grad():
+        expected = tagger.eval()(ids, mask).logits
+    assert (logits[real] - expected[real]).abs().max() < TOL
+    with pytest.raises(BertforgeError, match="--fuse true rewrites BERT graphs"):
+        export_onnx(modern_dirs["clf"], tmp_path / "fused", fuse=True)

@@ -47,6 +47,7 @@ from torch import Tensor, nn
 
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_directory
+from bertforge.modeling.auto import is_modern
 from bertforge.modeling.checkpoint import (
     FINETUNE_CONFIG,
     ONNX_EXPORT_FILE,
@@ -55,13 +56,22 @@ from bertforge.modeling.checkpoint import (
     normalize_key,
     read_safetensors,
 )
-from bertforge.modeling.config import BertConfig
+from bertforge.modeling.config import AnyConfig, BertConfig, ModernBertConfig, load_config
 from bertforge.modeling.model import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
     BertModel,
 )
+from bertforge.modeling.modernbert import (
+    ModernBertForQuestionAnswering,
+    ModernBertForSequenceClassification,
+    ModernBertForTokenClassification,
+    ModernBertModel,
+    rotary_tables,
+    rotate,
+)
+from bertforge.modeling.ops import activation
 from bertforge.modeling.pooling import copy_pooling_declaration, pooling_declaration
 from bertforge.tokenizer.wordpiece import Tokenizer
 
@@ -158,13 +168,86 @@ class PlainBert(nn.Module):
         return tuple(outputs)
 
 
+class PlainModernBert(nn.Module):
+    """A ModernBERT (encoder, + the pooled head and classifier of a sequence classifier, the
+    per-token head and classifier of a token classifier, or the span scorer of a
+    question-answering model) as one straight-line graph over the padded (B, T) grid: the
+    computation ``bertforge.modeling.modernbert`` runs under ``torch.compile`` (no unpadding, no
+    blocks of the window), with the window of a local layer as a (T, T) band mask built from
+    the length, so any length runs. ``token_type_ids`` is taken and ignored (ModernBERT has no
+    segments; ONNX Runtime is fed only the inputs the graph keeps). The last hidden state is
+    zero at padding, as the eager model's."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.encoder = getattr(model, "model", model)
+        self.config = self.encoder.config
+        self.head = getattr(model, "head", None)
+        self.classifier = getattr(model, "classifier", None)
+        self.per_token = isinstance(model, ModernBertForTokenClassification)
+        self.spans = isinstance(model, ModernBertForQuestionAnswering)
+        self.output_names = ["last_hidden_state"]
+        if self.spans:
+            self.output_names[:0] = ["start_logits", "end_logits"]
+        elif self.classifier is not None:
+            self.output_names.insert(0, "logits")
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor
+    ) -> tuple[Tensor, ...]:
+        B, T = input_ids.shape
+        c = self.config
+        nh, hs = c.num_attention_heads, c.head_dim
+        enc = self.encoder
+        x = enc.embeddings.norm(enc.embeddings.tok_embeddings(input_ids))  # (B, T, H)
+        positions = torch.arange(T, device=input_ids.device)
+        ropes = {}
+        for kind in set(c.layer_types):
+            theta = c.rope_parameters[kind]["rope_theta"]
+            ropes[kind] = rotary_tables(positions, hs, theta)  # (T, hs) each
+        keys = attention_mask[:, None, None, :].bool()  # (B, 1, 1, T)
+        i = positions
+        band = (i[:, None] - i[None, :]).abs() <= c.window  # (T, T)
+        allowed = {"full_attention": keys, "sliding_attention": keys & band[None, None]}
+        for layer in enc.layers:
+            h = layer.attn_norm(x)
+            qkv = layer.attn.Wqkv(h).view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv.unbind(0)  # (B, nh, T, hs)
+            cos, sin = ropes[layer.attention_type]
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            scores = q @ k.transpose(-1, -2) / math.sqrt(hs)  # (B, nh, T, T)
+            mask = allowed[layer.attention_type]
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+            y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, H)
+            x = x + layer.attn.Wo(y)
+            a, g = layer.mlp.Wi(layer.mlp_norm(x)).chunk(2, dim=-1)
+            x = x + layer.mlp.Wo(activation(layer.mlp.act, a) * g)
+        keep = attention_mask[:, :, None].to(x.dtype)  # (B, T, 1)
+        x = enc.final_norm(x) * keep  # zero at padding, as the eager model's
+        outputs = [x]
+        if self.spans:
+            spans = self.classifier(self.head(x))  # (B, T, 2)
+            outputs[:0] = [spans[..., 0], spans[..., 1]]
+        elif self.per_token:
+            outputs.insert(0, self.classifier(self.head(x)))  # (B, T, num_labels)
+        elif self.classifier is not None:
+            if c.classifier_pooling == "cls":
+                pooled = x[:, 0]  # (B, H)
+            else:
+                pooled = x.sum(1) / keep.sum(1).clamp(min=1.0)  # the real tokens' mean
+            outputs.insert(0, self.classifier(self.head(pooled)))  # (B, num_labels)
+        return tuple(outputs)
+
+
 # ---- export -----------------------------------------------------------------------------------
 def _load_for_export(model_dir: Path) -> nn.Module:
     """The richest model the checkpoint holds: a token classifier (by its declared architecture),
     a question-answering model when it has ``qa_outputs`` weights, a sequence classifier when it
     has classifier weights, else the encoder (with its pooler when the checkpoint has one)."""
     keys = {normalize_key(k) for k in read_safetensors(model_dir)}
-    config = BertConfig.load(model_dir / "config.json")
+    config = load_config(model_dir / "config.json")
+    if isinstance(config, ModernBertConfig):
+        return _load_modern_for_export(model_dir, config, keys)
     if "BertForTokenClassification" in (config.architectures or []):
         return BertForTokenClassification.from_pretrained(model_dir).eval()
     if any(k.startswith("qa_outputs.") for k in keys):
@@ -177,7 +260,20 @@ def _load_for_export(model_dir: Path) -> nn.Module:
     return model.eval()
 
 
-def _sample_inputs(config: BertConfig) -> tuple[Tensor, Tensor, Tensor]:
+def _load_modern_for_export(model_dir: Path, config: ModernBertConfig, keys: set[str]) -> nn.Module:
+    """:func:`_load_for_export` of a ModernBERT: its token classifier or question-answering model
+    (as ``architectures`` declares: their heads have the names of a sequence classifier's), its
+    sequence classifier (classifier weights), else its encoder (a masked LM's too)."""
+    architectures = config.architectures or []
+    for cls in (ModernBertForTokenClassification, ModernBertForQuestionAnswering):
+        if cls.__name__ in architectures:
+            return cls.from_pretrained(model_dir).eval()
+    if any(k.startswith("classifier.") for k in keys):
+        return ModernBertForSequenceClassification.from_pretrained(model_dir).eval()
+    return ModernBertModel.from_pretrained(model_dir).eval()
+
+
+def _sample_inputs(config: AnyConfig) -> tuple[Tensor, Tensor, Tensor]:
     """A (2, 8) batch with padding in its second row (any shapes: the axes are dynamic)."""
     ids = torch.randint(5, config.vocab_size, (2, 8))
     mask = torch.ones_like(ids)
@@ -263,7 +359,13 @@ def export_onnx(
     model = _load_for_export(model_dir)
     tokenizer = Tokenizer.from_file(model_dir)
     check_tokenizer_fits(tokenizer, model.config, model_dir)
-    plain = PlainBert(model).eval()
+    modern = is_modern(model)
+    if modern and fuse:
+        raise BertforgeError(
+            f"{model_dir}: --fuse true rewrites BERT graphs (ONNX Runtime's model_type bert); "
+            "a ModernBERT exports with standard operators only: leave --fuse out"
+        )
+    plain = (PlainModernBert(model) if modern else PlainBert(model)).eval()
     with atomic_directory(output) as tmp:
         fp32 = tmp / (ONNX_FILE if quantize is None else "model-fp32.onnx")
         # The TorchScript exporter (dynamo=False): it traces this straight-line graph in seconds
@@ -311,7 +413,7 @@ def export_onnx(
 class OnnxModel:
     """An exported directory loaded into ONNX Runtime (CPU): what the ``onnx`` backend runs.
 
-    ``config`` is the model's :class:`BertConfig` (labels, positions, hidden size);
+    ``config`` is the model's :class:`BertConfig` or ``ModernBertConfig`` (labels, positions, hidden size);
     :meth:`sequence_logits` and :meth:`hidden_states` take padded int64 numpy batches.
     """
 
@@ -328,13 +430,18 @@ class OnnxModel:
         # as a PyTorch model's: inference reads the settings saved beside the weights from here
         # (finetune_config.json, the pooling declaration)
         self.name_or_path = str(directory)
-        self.config = BertConfig.load(directory / "config.json")
+        self.config = load_config(directory / "config.json")
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
             options.intra_op_num_threads = threads
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.output_names = [o.name for o in self.session.get_outputs()]
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        """What the graph takes: a ModernBERT's export keeps no ``token_type_ids``."""
+
+    def _feed(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: np.ascontiguousarray(batch[k], dtype=np.int64) for k in self.input_names}
 
     def parameter_count(self) -> int:
         """Number of weights in the graph (its initializers; int8 weights count once each)."""
@@ -348,8 +455,7 @@ class OnnxModel:
                 f"{self.directory / ONNX_FILE} has no {name!r} output (it has "
                 f"{', '.join(self.output_names)}); export a model that has one"
             )
-        feed = {k: np.ascontiguousarray(batch[k], dtype=np.int64) for k in INPUT_NAMES}
-        return self.session.run([name], feed)[0]
+        return self.session.run([name], self._feed(batch))[0]
 
     def sequence_logits(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         """(B, num_labels) float32 logits of a padded batch of a sequence classifier."""
@@ -366,8 +472,7 @@ class OnnxModel:
                 f"{self.directory / ONNX_FILE} has no start_logits output (it has "
                 f"{', '.join(self.output_names)}); export a question-answering model"
             )
-        feed = {k: np.ascontiguousarray(batch[k], dtype=np.int64) for k in INPUT_NAMES}
-        start, end = self.session.run(["start_logits", "end_logits"], feed)
+        start, end = self.session.run(["start_logits", "end_logits"], self._feed(batch))
         return start, end
 
     def hidden_states(self, batch: dict[str, np.ndarray]) -> np.ndarray:
@@ -387,6 +492,7 @@ __all__ = [
     "Quantization",
     "OnnxModel",
     "PlainBert",
+    "PlainModernBert",
     "export_onnx",
     "fuse_graph",
     "quantize_int8",
