@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -629,20 +630,29 @@ def modern_dirs(task_files, tmp_path_factory) -> dict:
     return {"root": root, "mlm": mlm, "clf": root / "clf", "tokenizer": tokenizer}
 
 
-def test_downstream_twins_a_modernbert_with_a_modernbert(modern_dirs, capsys):
-    """``bertforge downstream`` on a ModernBERT: both columns fine-tune and score, and the random
-    twin is a ModernBERT of the same config with the seed's fresh weights (not a BERT)."""
+@pytest.fixture(scope="module")
+def modern_downstream(modern_dirs) -> Path:
+    """``bertforge downstream`` of the tiny ModernBERT masked LM (2 steps a column, seed 5)."""
     from conftest import QUICK_FINETUNE
-    from safetensors.torch import load_file
 
     from bertforge import cli
-    from bertforge.training.downstream import RESULTS_FILE, TWIN_DIR
 
     root = modern_dirs["root"]
     out = root / "ds"
     argv = ["downstream", "--model", str(modern_dirs["mlm"]), "--train", str(root / "train.csv")]
     argv += ["--test", str(root / "test.csv"), "--output", str(out), "--init_seed", "5"]
     assert cli.main([*argv, *QUICK_FINETUNE, "--max_steps", "2"]) == 0
+    return out
+
+
+def test_downstream_twins_a_modernbert_with_a_modernbert(modern_dirs, modern_downstream):
+    """``bertforge downstream`` on a ModernBERT: both columns fine-tune and score, and the random
+    twin is a ModernBERT of the same config with the seed's fresh weights (not a BERT)."""
+    from safetensors.torch import load_file
+
+    from bertforge.training.downstream import RESULTS_FILE, TWIN_DIR
+
+    out = modern_downstream
     result = json.loads((out / RESULTS_FILE).read_text())
     assert {"pretrained", "random_init"} <= set(result)
     assert 0 <= result["random_init"]["accuracy"] <= 1
@@ -657,6 +667,27 @@ def test_downstream_twins_a_modernbert_with_a_modernbert(modern_dirs, capsys):
     for run in ("pretrained", "random_init"):
         saved = json.loads((out / run / "config.json").read_text())
         assert saved["architectures"] == ["ModernBertForSequenceClassification"], run
+
+
+def test_verify_a_modernbert_downstream_output_and_model(modern_dirs, modern_downstream, capsys):
+    """``bertforge verify`` on the ModernBERT downstream output above (each run and the twin)
+    and on a ModernBERT model directory: OK, then DAMAGED once a byte of the weights changes."""
+    from bertforge import cli
+    from bertforge.training.downstream import TWIN_DIR
+
+    out = modern_downstream
+    capsys.readouterr()
+    assert cli.main(["verify", str(out), str(modern_dirs["clf"])]) == 0
+    report = capsys.readouterr().out
+    for path in (out / "pretrained", out / "random_init", out / TWIN_DIR, modern_dirs["clf"]):
+        assert f"OK         model      {path}  (" in report, report
+    copy = shutil.copytree(modern_dirs["clf"], modern_dirs["root"] / "clf-copy")
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    assert cli.main(["verify", str(copy)]) == 1
+    assert f"DAMAGED    model      {copy}  (" in capsys.readouterr().out
 
 
 @pytest.mark.slow  # ~5 s: a --smoke GLUE task, twice fine-tuned
