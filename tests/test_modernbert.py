@@ -800,6 +800,10 @@ def test_onnx_export_equals_the_eager_modernbert(modern_dirs, tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["classify", "--model", str(out), "--backend", "onnx", *texts]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 3
+    from bertforge.serve.models import load_served_model
+
+    served = load_served_model("clf", str(out), "cpu", "fp32")  # what serve runs an export with
+    assert (served.kind, served.backend, served.routes[0]) == ("classifier", "onnx", "/predict")
 
     export_onnx(modern_dirs["mlm"], tmp_path / "encoder")  # a masked LM exports its encoder
     hidden = load_onnx(tmp_path / "encoder").hidden_states(batch_)

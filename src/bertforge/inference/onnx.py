@@ -23,7 +23,10 @@ What is exported is the plain computation (:class:`PlainBert`): the model's own 
 through embeddings, attention with an additive padding mask, feed-forward and post-LN, without
 the speed paths of ``bertforge.modeling.model`` (in-place buffers, skipping the padding, C
 kernels), which serve eager PyTorch and would bake one batch's shapes into a traced graph.
-``tests/test_onnx.py`` checks that ONNX Runtime's outputs equal the eager model's.
+``tests/test_onnx.py`` checks that ONNX Runtime's outputs equal the eager model's. A ModernBERT
+exports as :class:`PlainModernBert`: its padded-grid computation (the one ``torch.compile``
+runs), local layers through a (T, T) band mask, ``input_ids`` and ``attention_mask`` its only
+inputs (``tests/test_modernbert.py`` checks it against the eager model).
 
 :class:`OnnxModel` is the inference-level interface: it loads such a directory into an
 ``onnxruntime.InferenceSession`` and offers ``sequence_logits`` and ``hidden_states`` on padded
