@@ -10,7 +10,13 @@ from pathlib import Path
 from bertforge.cli.options import parse_config
 from bertforge.data.corpus import EncodingErrors, detect_format, read_documents
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_directory, describe_directory, directory_entries, make_directory
+from bertforge.io import (
+    atomic_directory,
+    describe_directory,
+    directory_entries,
+    disk_size,
+    make_directory,
+)
 from bertforge.tokenizer.files import (
     CONFIG_FILE,
     TOKENIZER_FILE,
@@ -29,15 +35,15 @@ class TokenizerTrainConfig:
     """Options of ``bertforge tokenizer train`` (:meth:`Tokenizer.train` checks the values)."""
 
     input: list[str]
-    """UTF-8 text files, or csv/tsv/jsonl tables with --text_column (.gz, .bz2 and .xz are read
-    as they stream)."""
+    """UTF-8 text files, or csv/tsv/jsonl tables, Parquet files or datasets folders with
+    --text_column (.gz, .bz2, .xz and .zst are read as they stream)."""
     vocab_size: int
     """Vocabulary size including the 5 special tokens (BERT: 30522)."""
     output: str
     """Directory for vocab.txt, tokenizer.json, tokenizer_config.json."""
     text_column: str | None = None
-    """Column or key of csv/tsv/jsonl inputs (as bertforge prepare reads them): only its text
-    is trained on, never the header, the other columns or the quotes."""
+    """Column or key of csv/tsv/jsonl/Parquet inputs (as bertforge prepare reads them): only its
+    text is trained on, never the header, the other columns or the quotes."""
     encoding_errors: EncodingErrors = "strict"
     """strict: stop at bytes that are not UTF-8 (naming file and line); replace: read them as
     U+FFFD."""
@@ -107,7 +113,7 @@ def main(argv: list[str]) -> int:
     else:  # new or replaced whole: never a mix of the old vocabulary's files and the new one's
         with atomic_directory(output, replace=cfg.overwrite) as tmp:
             tok.save(tmp)
-    size_mb = sum(Path(f).stat().st_size for f in cfg.input) / 1e6
+    size_mb = sum(disk_size(f) for f in cfg.input) / 1e6
     case = "lowercased" if cfg.lowercase else "cased"
     print(
         f"trained a {case} WordPiece vocabulary of {tok.vocab_size} tokens on {len(cfg.input)} "
@@ -122,11 +128,11 @@ def training_text(cfg: TokenizerTrainConfig) -> Iterator[str]:
     the sentences of a table's ``--text_column`` (what ``bertforge prepare`` reads from it); a
     table without ``--text_column`` is refused with its columns."""
     paths = [Path(f) for f in cfg.input]
-    missing = [str(p) for p in paths if not p.is_file()]
+    missing = [str(p) for p in paths if not p.is_file() and not p.is_dir()]
     if missing:
         raise BertforgeError(f"input file(s) not found: {', '.join(missing)}; check --input")
     for path in paths:
-        if detect_format(path) in ("csv", "tsv", "jsonl"):
+        if path.is_dir() or detect_format(path) in ("csv", "tsv", "jsonl", "parquet", "arrow"):
             for document in read_documents(
                 path, text_column=cfg.text_column, encoding_errors=cfg.encoding_errors
             ):
