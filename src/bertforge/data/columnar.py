@@ -187,7 +187,7 @@ def _read_errors(path: Path, pa: Any) -> Iterator[None]:
         yield
     except (pa.ArrowException, OSError) as err:
         what = "Parquet" if path.name.lower().endswith(PARQUET_SUFFIXES) else "Arrow"
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
         raise BertforgeError(
             f"{path}: cannot read it as {what} ({first}); check the file (truncated, or not "
             "this format?)"
