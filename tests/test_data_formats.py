@@ -19,7 +19,8 @@ from bertforge.cli.tokenizer import TokenizerTrainConfig, training_text
 from bertforge.data.corpus import iter_documents
 from bertforge.data.labelled import load_labelled
 from bertforge.data.shards import PrepareConfig, prepare
-from bertforge.data.tables import iter_texts
+from bertforge.data.tables import iter_texts, read_texts
+from bertforge.data.tagging import texts_to_tag
 from bertforge.errors import BertforgeError
 from bertforge.io import text_lines
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -102,6 +103,8 @@ def test_tokenizer_text_tables_and_iter_texts_read_every_container(containers, d
     cells = ["\n".join(d) for d in docs]
     for name in tables:
         assert list(iter_texts(containers[name])) == cells
+    # what classify, embed, fill-mask (read_texts) and tag (texts_to_tag) read from --input
+    assert read_texts(containers["ds"])[0] == cells == texts_to_tag(containers["c.parquet"])
     lines = [line for d in docs for line in d]
     assert list(iter_texts([containers["c.txt.zst"], containers["c.txt.bz2"]])) == lines * 2
 

@@ -228,7 +228,8 @@ def read_texts(
         if not texts:
             raise BertforgeError(f"{path}: the file is empty (no non-blank line)")
         return texts, None
-    texts, pairs = read_columns(path, [text_column or "text", text_pair_column], encoding_errors)
+    columns = [text_column or "text", text_pair_column]
+    texts, pairs = read_columns(path, columns, encoding_errors, text=columns)
     return [clean_text(t) for t in texts], [
         clean_text(t) for t in pairs
     ] if text_pair_column else None
