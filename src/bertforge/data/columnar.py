@@ -1,8 +1,8 @@
 """Columnar tables: Parquet files (and folders of them), Arrow files, and the folders that
 ``datasets.Dataset.save_to_disk`` writes, read with pyarrow (the optional extra
-``bertforge[parquet]``) in record batches of a few thousand rows: a Parquet file is read one row
-group at a time and only the columns asked for, an Arrow file one record batch at a time, so
-memory does not grow with the file.
+``bertforge[parquet]``) in record batches: a Parquet file one row group after the other, in
+batches of about 8 MB, its pages streamed, and only the columns asked for; an Arrow file one
+record batch (as written) at a time. Memory does not grow with the file, nor with its row groups.
 
 One row is one example (one document of a corpus, one row of a labelled table), as a CSV row
 or a JSON line is. ``corpus`` and ``tables`` read these through :func:`column_batches` and
@@ -31,7 +31,13 @@ ARROW_SUFFIXES = (".arrow",)
 PARQUET_EXTRA = "pip install 'bertforge[parquet]'"
 """How to get what reads Parquet and Arrow."""
 BATCH_ROWS = 4096
-"""Rows per record batch read (a Parquet row group is read in such slices)."""
+"""At most this many rows per record batch read from a Parquet row group."""
+BATCH_BYTES = 8 << 20
+"""About this many (uncompressed) bytes per record batch read from a Parquet row group: rows of
+whole articles or books are long, and pyarrow's batches count rows, filling one from as many
+row groups as it takes (4,096 Wikipedia articles are some 70 MB)."""
+READ_BUFFER = 1 << 20
+"""Bytes of a Parquet column chunk read at a time."""
 _STRING_TYPES = ("string", "large_string", "string_view")
 
 
@@ -106,7 +112,9 @@ def _pyarrow(path: Path) -> Any:
 def _open(path: Path, pa: Any) -> tuple[Any, Iterator[Any]]:
     """(schema, record batches) of one Parquet or Arrow file, read lazily."""
     if path.name.lower().endswith(PARQUET_SUFFIXES):
-        parquet = pa.parquet.ParquetFile(path)
+        # buffered: a column chunk's pages stream (unbuffered, pyarrow reads a row group's whole
+        # chunk first, as it does when pre-buffering: one written as one row group is read whole)
+        parquet = pa.parquet.ParquetFile(path, buffer_size=READ_BUFFER, pre_buffer=False)
         return parquet.schema_arrow, parquet
     source = pa.OSFile(str(path))  # plain reads, not a memory map: RSS stays one batch
     try:
@@ -142,9 +150,19 @@ def column_batches(
             schema, batches = _open(part, pa)
             _check_columns(part, pa, schema, columns, text, fix)
             if isinstance(batches, pa.parquet.ParquetFile):
-                batches = batches.iter_batches(batch_size=BATCH_ROWS, columns=list(columns))
+                batches = _row_group_batches(batches, columns)
             for batch in batches:
                 yield {c: batch.column(c).to_pylist() for c in columns}
+
+
+def _row_group_batches(parquet: Any, columns: Sequence[str]) -> Iterator[Any]:
+    """The record batches of a Parquet file, one row group after the other, each of about
+    :data:`BATCH_BYTES` (at most :data:`BATCH_ROWS` rows, at least one)."""
+    for index in range(parquet.metadata.num_row_groups):
+        group = parquet.metadata.row_group(index)
+        rows = group.num_rows * BATCH_BYTES // max(group.total_byte_size, 1)
+        size = max(1, min(BATCH_ROWS, rows))
+        yield from parquet.iter_batches(batch_size=size, row_groups=[index], columns=list(columns))
 
 
 def read_rows(
