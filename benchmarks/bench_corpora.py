@@ -10,8 +10,9 @@ newlines, row groups of 256 articles, pyarrow's default snappy compression), ``s
 uncased's 30,522-id WordPiece vocabulary) runs in a fresh process, single-threaded
 (``OMP_NUM_THREADS=1``, also Arrow's thread pool) and nice'd; the containers alternate, their
 order reversed on every repetition, so the drift of a shared machine hits each alike. words/s is
-the slice's words over the median of ``prepare``'s own seconds; peak RSS is the child's
-``ru_maxrss`` (its RSS before reading, torch and the tokenizer loaded, in brackets).
+the slice's words over the median of ``prepare``'s own wall seconds, words/CPU-s over the median
+of its process's CPU seconds (user + system: what a loaded machine disturbs least); peak RSS is
+the child's ``VmHWM`` (its RSS before reading, torch and the tokenizer loaded, in brackets).
 
     nice -n 10 env OMP_NUM_THREADS=1 python benchmarks/bench_corpora.py --words 5000000 --reps 3
 """
@@ -97,21 +98,35 @@ def write_containers(words: int, work: Path) -> dict:
     return {"documents": n_docs, "words": n_words, "bytes": sizes}
 
 
+def memory_mib(field: str) -> float:
+    """``VmRSS`` (now) or ``VmHWM`` (peak) of this process. Not ``ru_maxrss``: across ``exec``
+    Linux keeps the larger of the old and new image's, so a child started from this script
+    would report at least the parent's RSS."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
 def child(args: argparse.Namespace) -> None:
-    """Child mode: one ``prepare`` of ``args.child``; print its summary, peak RSS, shard hashes."""
+    """Child mode: one ``prepare`` of ``args.child``; print its summary, CPU seconds, peak RSS
+    and the shards' hash."""
     from bertforge.data.shards import PrepareConfig, prepare
     from bertforge.tokenizer.wordpiece import Tokenizer
 
     tokenizer = Tokenizer.from_file(args.tokenizer)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = memory_mib("VmRSS")
+    cpu = resource.getrusage(resource.RUSAGE_SELF)
     column = "text" if args.child.endswith(".parquet") else None
     cfg = PrepareConfig(
         [args.child], args.tokenizer, args.output, text_column=column, progress=False
     )
     cfg.overwrite = True
     summary = prepare(cfg, tokenizer)
-    summary["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    summary["rss_before_mib"] = before / 1024
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    summary["cpu_seconds"] = after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
+    summary["peak_rss_mib"] = memory_mib("VmHWM")
+    summary["rss_before_mib"] = before
     shards = sorted(p for p in Path(args.output).iterdir() if p.suffix in (".ids", ".idx"))
     digest = hashlib.sha256()
     for path in shards:
@@ -121,7 +136,9 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_child(path: Path, tokenizer: Path, output: Path) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # torch's and Arrow's thread pools
+    # one thread: torch's and Arrow's pools (OMP_NUM_THREADS), the tokenizers library's (Rayon)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1"}
+    env["TOKENIZERS_PARALLELISM"] = "false"
     cmd = ["nice", "-n", "10", sys.executable, __file__, "--child", str(path)]
     cmd += ["--tokenizer", str(tokenizer), "--output", str(output)]
     done = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
@@ -157,20 +174,24 @@ def main() -> None:
     rows = []
     for name in CONTAINERS:
         seconds = statistics.median(r["seconds"] for r in runs[name])
+        cpu = statistics.median(r["cpu_seconds"] for r in runs[name])
         same = all(r["shards_sha256"] == reference for r in runs[name])
         first = runs[name][0]
+        peak = max(r["peak_rss_mib"] for r in runs[name])
         rows.append(
             [
                 f"`{name}`",
                 f"{made['bytes'][name] / 1e6:.1f} MB",
-                f"{seconds:.1f}",
+                f"{seconds:.1f} ({min(r['seconds'] for r in runs[name]):.1f})",
                 fmt(made["words"] / seconds),
-                fmt(first["text_tokens"] / seconds),
-                f"{max(r['peak_rss_mib'] for r in runs[name]):.0f} ({first['rss_before_mib']:.0f})",
+                f"{cpu:.1f}",
+                fmt(made["words"] / cpu),
+                f"{peak:.0f} ({first['rss_before_mib']:.0f})",
                 "yes" if same else "NO",
             ]
         )
-    header = ["input", "on disk", "seconds", "words/s", "tokens/s", "peak RSS MiB", "same shards"]
+    header = ["input", "on disk", "wall s (best)", "words/s", "CPU s", "words/CPU-s"]
+    header += ["peak RSS MiB (before)", "same shards"]
     print(
         f"## `bertforge prepare` of the first {made['words']:,} words ({made['documents']:,} "
         f"articles) of wikipedia-00, {args.reps} runs each, median\n"

@@ -5,6 +5,7 @@ extras as one-line errors (the damaged files are cases of tests/test_bad_input.p
 from __future__ import annotations
 
 import bz2
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 import zstandard
 
 from bertforge.cli.tokenizer import TokenizerTrainConfig, training_text
+from bertforge.data import columnar
 from bertforge.data.corpus import iter_documents
 from bertforge.data.labelled import load_labelled
 from bertforge.data.shards import PrepareConfig, prepare
@@ -130,6 +132,20 @@ def test_finetune_reads_labelled_parquet_and_datasets_as_csv(task_files, tmp_pat
     pq.write_table(pa.Table.from_pylist(empty), tmp_path / "empty.parquet")
     with pytest.raises(BertforgeError, match=r"empty.parquet:row 1: empty 'text'"):
         load_labelled(tmp_path / "empty.parquet", text_column="text", label_column="label")
+
+
+def test_parquet_is_read_in_batches_of_bounded_bytes_within_row_groups(
+    tmp_path, monkeypatch
+) -> None:
+    """Batches hold about BATCH_BYTES of rows however long the rows (pyarrow's own batches count
+    rows, across row groups), and end where a row group ends."""
+    monkeypatch.setattr(columnar, "BATCH_BYTES", 1_000_000)  # 10 rows of 100 kB
+    rows = [f"{i} " + "word " * 20_000 for i in range(60)]
+    pq.write_table(pa.table({"text": rows}), tmp_path / "long.parquet", row_group_size=50)
+    batches = [b["text"] for b in columnar.column_batches(tmp_path / "long.parquet", ["text"])]
+    sizes = [len(b) for b in batches]
+    assert 8 <= max(sizes) <= 10 and 50 in itertools.accumulate(sizes), sizes
+    assert [t for b in batches for t in b] == rows
 
 
 def test_without_pyarrow_or_zstandard_the_error_names_the_extra(containers, monkeypatch) -> None:
