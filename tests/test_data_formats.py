@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+from bertforge import cli
 from bertforge.cli.tokenizer import TokenizerTrainConfig, training_text
 from bertforge.data import columnar
 from bertforge.data.corpus import iter_documents
@@ -132,6 +133,25 @@ def test_finetune_reads_labelled_parquet_and_datasets_as_csv(task_files, tmp_pat
     pq.write_table(pa.Table.from_pylist(empty), tmp_path / "empty.parquet")
     with pytest.raises(BertforgeError, match=r"empty.parquet:row 1: empty 'text'"):
         load_labelled(tmp_path / "empty.parquet", text_column="text", label_column="label")
+
+
+def test_finetune_a_parquet_folder_and_evaluate_a_datasets_folder(start, task_files, tmp_path):
+    """The commands end to end: ``finetune --train`` of a folder of two Parquet files (the Hub's
+    layout) and ``evaluate --data`` of a save_to_disk folder holding the same rows."""
+    rows = task_files.write_sentiment(tmp_path / "train.csv", 32, seed=5)
+    (tmp_path / "data").mkdir()
+    for part, chunk in enumerate((rows[:16], rows[16:])):
+        pq.write_table(pa.Table.from_pylist(chunk), tmp_path / "data" / f"train-{part}.parquet")
+    datasets.Dataset.from_list(rows).save_to_disk(tmp_path / "ds")
+    run = tmp_path / "run"
+    argv = ["finetune", "--model", str(start), "--train", str(tmp_path / "data")]
+    argv += ["--output", str(run), "--max_steps", "2", "--batch_size", "8", "--max_length", "16"]
+    assert cli.main([*argv, "--progress", "false", "--num_threads", "1"]) == 0
+    results = tmp_path / "results.json"
+    assert task_files.evaluate_cli(run, tmp_path / "ds", results, "--num_threads", "1") == 0
+    scored = json.loads(results.read_text())
+    assert scored["data"] == [str(tmp_path / "ds")] and 0.0 <= scored["accuracy"] <= 1.0
+    assert scored["examples"] == len(rows)
 
 
 def test_parquet_is_read_in_batches_of_bounded_bytes_within_row_groups(
