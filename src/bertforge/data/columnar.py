@@ -173,7 +173,7 @@ def read_rows(
     rows: list[dict[str, Any]] = []
     for batch in column_batches(path, columns, text=text, fix=fix):
         rows += [
-            dict(zip(columns, values, strict=True)) for values in zip(*batch.values(), strict=True)
+            dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)
         ]
     return column_names(path), rows
 
