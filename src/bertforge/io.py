@@ -16,6 +16,7 @@ import ctypes
 import errno
 import gzip
 import hashlib
+import io
 import json
 import lzma
 import os
@@ -365,14 +366,18 @@ ENCODING_ERRORS = ("strict", "replace")
 """What a reader does with bytes that are not UTF-8: stop (naming file and line) or read U+FFFD."""
 
 
-COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz")
-"""Compressed files every reader opens transparently (gzip, bzip2, xz), streamed."""
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
+"""Compressed files every reader opens transparently (gzip, bzip2, xz, zstd), streamed; zstd
+needs the ``zstandard`` package (``bertforge[zstd]``) or Python 3.14's ``compression.zstd``."""
 READ_ERRORS = (OSError, EOFError, lzma.LZMAError)
 """What reading a missing, truncated or corrupt (compressed) file raises."""
+ZSTD_EXTRA = "pip install 'bertforge[zstd]'"
+"""How to get what reads ``.zst`` files."""
 
 
 def compression_suffix(name: str | Path) -> str:
-    """The compression suffix ending a file name (``.gz``, ``.bz2``, ``.xz``), or ``""``."""
+    """The compression suffix ending a file name (``.gz``, ``.bz2``, ``.xz``, ``.zst``), or
+    ``""``."""
     lower = str(name).lower()
     return next((s for s in COMPRESSED_SUFFIXES if lower.endswith(s)), "")
 
@@ -384,10 +389,83 @@ def plain_name(name: str | Path) -> str:
     return lower.removesuffix(compression_suffix(lower))
 
 
+class _ZstdReader(io.RawIOBase):
+    """A zstd file decompressed as it is read, frame after frame (``zstd``, ``pzstd`` and
+    ``cat a.zst b.zst`` write several). A file that ends inside a frame raises ``EOFError``, as
+    gzip/bz2/xz readers do: the ``zstandard`` package's own readers return the bytes so far and
+    stop silently, which would train on a truncated corpus. Corrupt data raises ``OSError``."""
+
+    def __init__(self, path: str | Path, decompressor: Any, error: type[Exception]) -> None:
+        self._file = open(path, "rb")  # noqa: SIM115 (closed in close())
+        self._new = decompressor  # () -> an object with decompress(data), eof, unused_data
+        self._error = error
+        self._frame = decompressor()
+        self._open_frame = False  # bytes of a frame read, its end not yet
+        self._out = memoryview(b"")  # decompressed, not yet returned
+        self._done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._out and not self._done:
+            self._fill()
+        n = min(len(buffer), len(self._out))
+        buffer[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
+
+    def _fill(self) -> None:
+        data = self._file.read(1 << 17)
+        if not data:
+            if self._open_frame:
+                raise EOFError("zstd file ended inside a frame (truncated?)")
+            self._done = True
+            return
+        out = []
+        try:
+            while data:
+                out.append(self._frame.decompress(data))
+                self._open_frame = not self._frame.eof
+                if self._open_frame:
+                    break
+                data = self._frame.unused_data  # the next frame's first bytes
+                self._frame = self._new()
+        except self._error as err:
+            raise OSError(f"corrupt zstd data: {err}") from None
+        self._out = memoryview(b"".join(out))
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+def _open_zstd(path: str | Path) -> BinaryIO:
+    try:  # Python 3.14's standard library
+        from compression import zstd  # type: ignore[import-not-found]
+
+        return _reader(path, zstd.ZstdDecompressor, zstd.ZstdError)
+    except ImportError:
+        pass
+    try:
+        import zstandard
+    except ImportError:
+        raise BertforgeError(
+            f"{path}: reading .zst files needs the zstandard package; {ZSTD_EXTRA}"
+        ) from None
+    return _reader(path, lambda: zstandard.ZstdDecompressor().decompressobj(), zstandard.ZstdError)
+
+
+def _reader(path: str | Path, decompressor: Any, error: type[Exception]) -> BinaryIO:
+    return io.BufferedReader(_ZstdReader(path, decompressor, error), 1 << 20)  # type: ignore[return-value]
+
+
 def open_binary(path: str | Path) -> BinaryIO:
     """A file opened for reading bytes, decompressed as it streams when its name ends in ``.gz``,
-    ``.bz2`` or ``.xz`` (:data:`COMPRESSED_SUFFIXES`)."""
+    ``.bz2``, ``.xz`` or ``.zst`` (:data:`COMPRESSED_SUFFIXES`)."""
     suffix = compression_suffix(path)
+    if suffix == ".zst":
+        return _open_zstd(path)
     if suffix == ".gz":
         return gzip.open(path, "rb")  # type: ignore[return-value]
     if suffix == ".bz2":
@@ -404,10 +482,9 @@ def read_text(path: str | Path, encoding_errors: str = "strict") -> str:
 
 
 def text_lines(path: str | Path, encoding_errors: str = "strict") -> Iterator[str]:
-    """The lines of a UTF-8 text file (``.gz``/``.bz2``/``.xz`` read transparently), each with
-    its newline; a
-    byte-order mark opening the file (Excel's "CSV UTF-8" writes one) is dropped. Bytes that
-    are not UTF-8 are the one error of every reader: the file, the line, the bytes and the fix
+    """The lines of a UTF-8 text file (``.gz``/``.bz2``/``.xz``/``.zst`` read transparently), each
+    with its newline; a byte-order mark opening the file (Excel's "CSV UTF-8" writes one) is
+    dropped. Bytes that are not UTF-8 are the one error of every reader: the file, the line, the bytes and the fix
     (``encoding_errors="replace"`` reads them as U+FFFD instead)."""
     path = Path(path)
     if encoding_errors not in ENCODING_ERRORS:
@@ -525,7 +602,10 @@ def format_size(n_bytes: int) -> str:
 
 
 __all__ = [
+    "COMPRESSED_SUFFIXES",
     "ENCODING_ERRORS",
+    "ZSTD_EXTRA",
+    "open_binary",
     "not_utf8",
     "text_lines",
     "MANIFEST_NAME",

@@ -206,7 +206,8 @@ class PrepareConfig:
     """Options of ``bertforge prepare`` (:func:`~bertforge.data.shards.prepare` checks them)."""
 
     input: list[str]
-    """Text files, directories or globs (txt, WikiText, csv/tsv/jsonl, .gz)."""
+    """Text files, directories or globs (txt, WikiText, csv/tsv/jsonl, Parquet, each text file
+    optionally .gz/.bz2/.xz/.zst) or datasets save_to_disk folders."""
     tokenizer: str
     """Tokenizer directory or file (from bertforge tokenizer train), or a model directory or a
     published model's name (all-MiniLM-L6-v2) whose tokenizer to use."""
@@ -226,7 +227,7 @@ class PrepareConfig:
     exclude: list[str] | None = None
     """Drop documents whose text equals one in these files (e.g. an evaluation set)."""
     text_column: str | None = None
-    """Column or key of csv/tsv/jsonl inputs."""
+    """Column or key of csv/tsv/jsonl inputs, string column of Parquet/datasets inputs."""
     format: Format = "auto"
     """How to read the inputs; auto decides from each file's name."""
     encoding_errors: EncodingErrors = "strict"

@@ -626,8 +626,9 @@ class FinetuneConfig(LoopOptions):
     model.safetensors, vocab.txt or tokenizer.json); all-MiniLM-L6-v2 names the installed copy
     of that published model."""
     train: list[str]
-    """Training file(s), each optionally .gz, .bz2 or .xz; several files are concatenated.
-    classification, regression: .csv, .tsv or .jsonl tables; token_classification: CoNLL-style
+    """Training file(s), each optionally .gz, .bz2, .xz or .zst; several files are concatenated.
+    classification, regression, embedding pairs: .csv, .tsv or .jsonl tables, Parquet files
+    (or a folder of them) or a datasets save_to_disk folder; token_classification: CoNLL-style
     files (a token and its tag per line) or JSONL with ``tokens``/``tags`` lists;
     question_answering: SQuAD .json or .jsonl rows (docs/tasks.md); embedding: pairs, scored
     pairs or plain texts (docs/embeddings.md)."""
