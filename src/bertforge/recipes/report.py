@@ -22,7 +22,11 @@ def mlm_table(mlm: dict[str, Any]) -> str:
         "| evaluated on | model | MLM loss | perplexity | masked-token acc. | top-5 | NSP acc. |",
         "|---|---|---|---|---|---|---|",
     ]
+    guess = mlm.get("frequency_guesser") or {}
+    by_split = guess if "loss" not in guess else {}  # one per evaluation set, or one for all
     for split, columns in mlm["eval"].items():
+        if split in by_split:  # the line to beat first: a model of word frequencies alone
+            lines.append(guesser_row(split, by_split[split]))
         for key, label in LABELS.items():
             m = columns.get(key)
             if not m:
@@ -39,13 +43,18 @@ def mlm_table(mlm: dict[str, Any]) -> str:
                 f"| {split} | {label} | {_num(m['loss'])} | {_num(m['perplexity'], 1)} | "
                 f"{_pct(m['accuracy'])} | {_pct(m['top5_accuracy'])} | {_pct(m.get('nsp_accuracy'))} |"
             )
-    guess = mlm.get("frequency_guesser")
-    if guess:
-        lines.append(
-            f"| held-out text | token-frequency guesser | {_num(guess['loss'])} | - | "
-            f"{_pct(guess['accuracy'])} | - | - |"
-        )
+    if "loss" in guess:
+        lines.append(guesser_row("held-out text", guess))
     return "\n".join(lines)
+
+
+def guesser_row(split: str, guess: dict[str, Any]) -> str:
+    """The token-frequency guesser's row (:func:`~bertforge.recipes.runner.unigram_baseline`):
+    what a model scores that knows only how frequent each word is."""
+    return (
+        f"| {split} | token-frequency guesser | {_num(guess['loss'])} | - | "
+        f"{_pct(guess['accuracy'])} | - | - |"
+    )
 
 
 def downstream_table(downstream: dict[str, Any]) -> str:
@@ -106,4 +115,4 @@ def summary(results: dict[str, Any]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-__all__ = ["downstream_table", "heading", "mlm_table", "summary"]
+__all__ = ["downstream_table", "guesser_row", "heading", "mlm_table", "summary"]
