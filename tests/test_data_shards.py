@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import os
 import random
@@ -374,7 +375,7 @@ def test_prepare_in_a_log_file_says_how_far_it_has_read_every_few_percent(
     lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("prepare: ")]
     shares = [int(x.split("%")[0].removeprefix("prepare: ")) for x in lines]
     assert len(shares) >= 12 and shares == sorted(shares) and shares[-1] >= 95, lines
-    assert all(b - a >= 5 for a, b in zip(shares, shares[1:])), " ".join(map(str, shares))
+    assert all(b - a >= 5 for a, b in itertools.pairwise(shares)), " ".join(map(str, shares))
     assert "% of the input read, " in lines[0] and " tokens, " in lines[0] and " left" in lines[0]
     half = plain.stat().st_size / (plain.stat().st_size + packed.stat().st_size)
     assert any(abs(s / 100 - half) < 0.06 for s in shares)  # the first file ends there
