@@ -34,7 +34,7 @@ from typing import Any
 from bertforge.data.dataset import TOKENIZER_DIR, PretrainingDataset
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_write_text, text_lines
-from bertforge.progress import format_duration, parse_duration
+from bertforge.progress import format_duration, parse_budget, parse_duration
 from bertforge.recipes.runner import Recipe, pretrain_results, unigram_baseline
 from bertforge.runtime import pick_device
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -213,6 +213,7 @@ def general(r: Recipe) -> None:
     extra = list(r.pretrain_args)
     if "--train.max_time" in extra[:-1]:  # a budget given as a pretrain option is the budget
         r.budget = option_value(extra, "--train.max_time")
+        parse_budget(r.budget, "--train.max_time")  # a bare 3 is refused before the data steps
     gpu = on_gpu(extra)
     r.budget = r.budget or (GPU_BUDGET if gpu else BUDGET)
     # the start's cost is known before the data steps, which take ~25 minutes on one core
