@@ -234,17 +234,17 @@ def test_unigram_baseline_counts_what_the_instances_hold(shakespeare_file, tmp_p
     from bertforge.recipes.general import frequency_guessers
     from bertforge.recipes.report import mlm_table
 
-    guessers = frequency_guessers(tmp_path / "data", {"validation": tmp_path / "data"})
-    assert guessers == {"validation": result}
+    guessers = frequency_guessers(tmp_path / "data", {"val": tmp_path / "data"})
+    assert guessers == {"val": result}
     metrics = {"loss": 6.1, "perplexity": 446.0, "accuracy": 0.0415, "top5_accuracy": 0.1}
     metrics |= {"nsp_accuracy": None, "tokens": 900}
-    mlm = {"steps": 22, "seconds": 180.0, "eval": {"validation": {"final": metrics}}}
+    mlm = {"steps": 22, "seconds": 180.0, "eval": {"val": {"final": metrics}}}
     rows = mlm_table(mlm | {"frequency_guesser": guessers}).splitlines()[2:]
     assert rows[0] == (
-        f"| validation | token-frequency guesser | {result['loss']:.3f} | - | "
+        f"| val | token-frequency guesser | {result['loss']:.3f} | - | "
         f"{result['accuracy']:.2%} | - | - |"
     )
-    assert rows[1].startswith("| validation | after (22 steps, 3.0 min) | 6.100 |")
+    assert rows[1].startswith("| val | after (22 steps, 3.0 min) | 6.100 |")
 
 
 def test_a_recipe_report_marks_a_seed_that_did_not_beat_the_baseline():
@@ -282,6 +282,9 @@ def test_general_script_smoke_holds_out_documents_and_passes_options_to_pretrain
     assert counts["skipped_documents"] == {"text in --validation": 2}
     finite_mlm(results, "val", ("random_init", "start", "final"))
     assert (out / "run/model/model.safetensors").is_file()
+    table = (out / "results.md").read_text()
+    for split in ("val", "val:wikitext2-1000"):  # the line a frequent-words model scores
+        assert f"| {split} | token-frequency guesser | " in table, table
     # a rerun continues: every finished step is skipped; CURVE=1 then benchmarks the model and
     # each snapshot (one copied in here: the smoke run's 3 steps end before any snapshot time)
     # and draws them against their pretraining minutes, the twin at 0

@@ -257,15 +257,17 @@ def general(r: Recipe) -> None:
     r.run(argv + extra, done=run / "results.json")
     r.results["mlm"] = pretrain_results(run)
     r.results["mlm"]["frequency_guesser"] = frequency_guessers(
-        data, {"validation": data, wiki.name: wiki}
+        data,
+        {"val": data, f"val:{wiki.name}": wiki},  # the evaluation sets as pretrain names them
     )
     r.results["model"] = str(run / "model")
 
 
 def frequency_guessers(train: Path, held_out: dict[str, Path]) -> dict[str, dict[str, float]]:
     """:func:`unigram_baseline` of ``train``'s training split on each held-out set (its
-    validation split for ``train`` itself, else the set's training split), by evaluation-set
-    name: the line a model must beat that has learned only which words are frequent."""
+    validation split for ``train`` itself, else the set's training split), by the evaluation
+    set's name in the pretraining results (``val``, ``val:NAME``): the line a model must beat
+    that has learned only which words are frequent."""
     tokenizer = Tokenizer.from_file(train / TOKENIZER_DIR)
     counts = PretrainingDataset(train, "train", tokenizer)
     return {

@@ -728,7 +728,6 @@ class FinetuneConfig(LoopOptions):
         self.model = resolve_model(self.model)
         check_choice(self.task, Task, "--task")
         check_choice(self.truncation, Truncation, "--truncation")
-        check_task_options(self)
         if self.task == "embedding":
             self._check_embedding()
         elif self.label_column is None:
@@ -772,6 +771,7 @@ class FinetuneConfig(LoopOptions):
                 f"--metric {self.metric!r} does not fit --task {self.task}; "
                 f"choose one of {', '.join(allowed)}"
             )
+        check_task_options(self)  # after the values' own checks: a bad value is said first
 
     @property
     def micro_batch(self) -> int:
