@@ -771,6 +771,66 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
         ),
         ("u.csv:1: UTF-16 text", "iconv -f utf-16 -t utf-8"),
     ),
+    # an option another task reads is refused naming that task, not ignored
+    *[
+        (
+            f"finetune-{option.strip('-')}-of-another-task",
+            lambda fx, t, o=option, v=value: _ft(fx, t, "--task", "classification", o, *v),
+            (
+                f"{option} {' '.join(value)} is an option of --task {task}, not of --task "
+                "classification; drop it",
+            ),
+        )
+        for option, value, task in [
+            ("--loss", ["cosent"], "embedding"),
+            ("--matryoshka_dims", ["64", "32"], "embedding"),
+            ("--doc_stride", ["64"], "question_answering"),
+            ("--label_all_tokens", ["true"], "token_classification"),
+            ("--normalize_targets", ["false"], "regression"),
+        ]
+    ],  # fmt: skip
+    # a bare number of a budget: three seconds to the parser, three minutes to the user
+    (
+        "finetune-max_time-bare-number",
+        lambda fx, t: _ft(fx, t, "--max_time", "3"),
+        ("--max_time 3: a bare number; give its unit: 3s, 3m or 3h (0 or none: no limit)",),
+    ),
+    (
+        "pretrain-max_time-bare-number",
+        lambda fx, t: [
+            "pretrain",
+            "--data",
+            fx["data"],
+            "--output",
+            t / "run",
+            *TINY_PRETRAIN,
+            "--train.max_time",
+            "3",
+        ],  # fmt: skip
+        ("--train.max_time 3: a bare number; give its unit: 3s, 3m or 3h",),
+    ),
+    (
+        "recipe-budget-bare-number",
+        lambda fx, t: ["recipe", "general", "--budget", "30", "--output", t / "r"],
+        ("--budget 30: a bare number; give its unit: 30s, 30m or 30h",),
+    ),
+    # a test label the training file lacks: refused before any column is fine-tuned
+    (
+        "downstream-test-label-not-in-train",
+        lambda fx, t: [
+            "downstream",
+            "--model",
+            fx["mlm"],
+            "--train",
+            fx["train"],
+            "--test",
+            _write(t / "test.csv", "text,label\na good film .,pos\nso so .,neutral\n"),
+            "--output",
+            t / "out",
+            *FAST_FINETUNE,
+        ],  # fmt: skip
+        ("test.csv:3 has label 'neutral'", "(its labels: 'neg', 'pos')", "train with this label"),
+    ),
 ]
 
 

@@ -481,6 +481,51 @@ def read_text(path: str | Path, encoding_errors: str = "strict") -> str:
     return "".join(text_lines(path, encoding_errors))
 
 
+class ReadMeter:
+    """How far a command has read its input files, by their bytes on disk (a compressed file's
+    compressed bytes): the files finished plus the position in the one :func:`text_lines` is
+    streaming. Only the files it was made with count (a format sniff or an ``--exclude`` file
+    read on the side does not). Active inside :func:`metered_reads`."""
+
+    def __init__(self, paths: Iterable[str | Path]) -> None:
+        self.sizes = {Path(p): Path(p).stat().st_size for p in paths}
+        self.total = sum(self.sizes.values())
+        self.finished = 0
+        self._reading: BinaryIO | None = None
+
+    def fraction(self) -> float:
+        """The share of the input bytes read, 0 to 1 (1 for no input)."""
+        at = 0
+        if self._reading is not None:
+            with contextlib.suppress(OSError, ValueError):  # closed meanwhile
+                at = os.lseek(self._reading.fileno(), 0, os.SEEK_CUR)
+        return min(1.0, (self.finished + at) / self.total) if self.total else 1.0
+
+    def _opened(self, path: Path, fh: BinaryIO) -> None:
+        if path in self.sizes:
+            self._reading = fh
+
+    def _closed(self, path: Path) -> None:
+        if path in self.sizes:
+            self.finished += self.sizes[path]
+            self._reading = None
+
+
+_METER: ReadMeter | None = None
+
+
+@contextlib.contextmanager
+def metered_reads(paths: Iterable[str | Path]) -> Iterator[ReadMeter]:
+    """A :class:`ReadMeter` over ``paths`` that :func:`text_lines` moves while the block runs
+    (one at a time: a command reads its inputs in one pass)."""
+    global _METER
+    meter = _METER = ReadMeter(paths)
+    try:
+        yield meter
+    finally:
+        _METER = None
+
+
 def text_lines(path: str | Path, encoding_errors: str = "strict") -> Iterator[str]:
     """The lines of a UTF-8 text file (``.gz``/``.bz2``/``.xz``/``.zst`` read transparently), each
     with its newline; a byte-order mark opening the file (Excel's "CSV UTF-8" writes one) is
@@ -492,12 +537,17 @@ def text_lines(path: str | Path, encoding_errors: str = "strict") -> Iterator[st
     packed = bool(compression_suffix(path))
     try:
         with open_binary(path) as fh:
+            meter = _METER
+            if meter is not None:
+                meter._opened(path, fh)
             for number, raw in enumerate(fh, start=1):
                 try:
                     text = raw.decode("utf-8", errors=encoding_errors)
                 except UnicodeDecodeError as err:
                     raise BertforgeError(not_utf8(path, number, raw, err, packed)) from None
                 yield text.removeprefix("\ufeff") if number == 1 else text
+            if meter is not None:
+                meter._closed(path)
     except FileNotFoundError:
         raise BertforgeError(f"{path}: no such file") from None
     except READ_ERRORS as err:  # a truncated or corrupt archive
@@ -606,6 +656,8 @@ __all__ = [
     "ENCODING_ERRORS",
     "ZSTD_EXTRA",
     "open_binary",
+    "ReadMeter",
+    "metered_reads",
     "not_utf8",
     "text_lines",
     "MANIFEST_NAME",
