@@ -15,9 +15,13 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import datasets
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
+import zstandard
 from conftest import TaskFiles
 from support.cli import one_line_error, run_cli
 
@@ -134,6 +138,25 @@ def _write(path: Path, data: str | bytes) -> Path:
         path.write_bytes(data)
     else:
         path.write_text(data, encoding="utf-8")
+    return path
+
+
+def _parquet(path: Path, *, cut: bool = False) -> Path:
+    """A Parquet file of an int64 ``id`` and a string ``body`` column (``cut``: its first half)."""
+    pq.write_table(pa.table({"id": [1, 2], "body": ["One text.", "Two."]}), path)
+    if cut:
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return path
+
+
+def _truncated_zst(path: Path) -> Path:
+    packed = zstandard.ZstdCompressor().compress(b"One sentence here. And a second one.\n" * 50)
+    return _write(path, packed[:-6])
+
+
+def _dataset_dict(path: Path) -> Path:
+    split = datasets.Dataset.from_dict({"text": ["a good film ."], "label": ["pos"]})
+    datasets.DatasetDict({"train": split, "test": split}).save_to_disk(path)
     return path
 
 
@@ -262,6 +285,36 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
         "prepare-corrupt-gzip",
         lambda fx, t: _prep(fx, t, corpus=_write(t / "c.txt.gz", b"\x1f\x8b\x08junk")),
         ("c.txt.gz: cannot read the file", "check it"),
+    ),
+    (
+        "prepare-parquet-without-the-column",
+        lambda fx, t: _prep(fx, t, "--text_column", "text", corpus=_parquet(t / "t.parquet")),
+        ("t.parquet: no column 'text'; the columns are id (int64), body (string)", "--text_column"),
+    ),
+    (
+        "prepare-parquet-column-not-text",
+        lambda fx, t: _prep(fx, t, "--text_column", "id", corpus=_parquet(t / "t.parquet")),
+        ("t.parquet: column 'id' holds int64, not text", "naming a string column"),
+    ),
+    (
+        "prepare-truncated-parquet",
+        lambda fx, t: _prep(fx, t, "--text_column", "body", corpus=_parquet(t / "t.pq", cut=True)),
+        ("t.pq: cannot read it as Parquet", "check the file"),
+    ),
+    (
+        "prepare-truncated-zst",
+        lambda fx, t: _prep(fx, t, corpus=_truncated_zst(t / "c.txt.zst")),
+        ("c.txt.zst: cannot read the file (zstd file ended inside a frame", "check it"),
+    ),
+    (
+        "prepare-folder-no-dataset",
+        lambda fx, t: _prep(fx, t, corpus=_write(t / "folder" / "notes.md", "notes").parent),
+        ("folder: directory holds no corpus file", "is no datasets folder (no state.json)"),
+    ),
+    (
+        "prepare-dataset-dict",
+        lambda fx, t: _prep(fx, t, "--text_column", "text", corpus=_dataset_dict(t / "dd")),
+        ("dd: a DatasetDict of the splits ['test', 'train']", "pass one split's folder"),
     ),
     (
         "prepare-table-without-text-column",
@@ -623,6 +676,20 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
             ),
         ]
     ],  # fmt: skip
+    (
+        "finetune-train-folder-no-dataset",
+        lambda fx, t: [*_ft(fx, t), "--train", _write(t / "folder" / "notes.md", "x").parent],
+        ("folder: not a data set folder (no state.json", "pass such a folder or the files"),
+    ),
+    (
+        "finetune-train-dataset-state-lists-a-lost-file",
+        lambda fx, t: [
+            *_ft(fx, t),
+            "--train",
+            _write(t / "ds" / "state.json", '{"_data_files": [{"filename": "data.arrow"}]}').parent,
+        ],
+        ("ds: state.json lists data.arrow, which the folder lacks", "copy the whole folder"),
+    ),
     # finetune options
     (
         "finetune-lr-0",
@@ -703,6 +770,66 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
             corpus=_write(t / "u.csv", "text\nhi\n".encode("utf-16")),
         ),
         ("u.csv:1: UTF-16 text", "iconv -f utf-16 -t utf-8"),
+    ),
+    # an option another task reads is refused naming that task, not ignored
+    *[
+        (
+            f"finetune-{option.strip('-')}-of-another-task",
+            lambda fx, t, o=option, v=value: _ft(fx, t, "--task", "classification", o, *v),
+            (
+                f"{option} {' '.join(value)} is an option of --task {task}, not of --task "
+                "classification; drop it",
+            ),
+        )
+        for option, value, task in [
+            ("--loss", ["cosent"], "embedding"),
+            ("--matryoshka_dims", ["64", "32"], "embedding"),
+            ("--doc_stride", ["64"], "question_answering"),
+            ("--label_all_tokens", ["true"], "token_classification"),
+            ("--normalize_targets", ["false"], "regression"),
+        ]
+    ],  # fmt: skip
+    # a bare number of a budget: three seconds to the parser, three minutes to the user
+    (
+        "finetune-max_time-bare-number",
+        lambda fx, t: _ft(fx, t, "--max_time", "3"),
+        ("--max_time 3: a bare number; give its unit: 3s, 3m or 3h (0 or none: no limit)",),
+    ),
+    (
+        "pretrain-max_time-bare-number",
+        lambda fx, t: [
+            "pretrain",
+            "--data",
+            fx["data"],
+            "--output",
+            t / "run",
+            *TINY_PRETRAIN,
+            "--train.max_time",
+            "3",
+        ],  # fmt: skip
+        ("--train.max_time 3: a bare number; give its unit: 3s, 3m or 3h",),
+    ),
+    (
+        "recipe-budget-bare-number",
+        lambda fx, t: ["recipe", "general", "--budget", "30", "--output", t / "r"],
+        ("--budget 30: a bare number; give its unit: 30s, 30m or 30h",),
+    ),
+    # a test label the training file lacks: refused before any column is fine-tuned
+    (
+        "downstream-test-label-not-in-train",
+        lambda fx, t: [
+            "downstream",
+            "--model",
+            fx["mlm"],
+            "--train",
+            fx["train"],
+            "--test",
+            _write(t / "test.csv", "text,label\na good film .,pos\nso so .,neutral\n"),
+            "--output",
+            t / "out",
+            *FAST_FINETUNE,
+        ],  # fmt: skip
+        ("test.csv:3 has label 'neutral'", "(its labels: 'neg', 'pos')", "train with this label"),
     ),
 ]
 

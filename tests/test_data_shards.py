@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import os
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -363,6 +365,38 @@ def test_prepare_draws_its_bar_only_on_a_terminal(
     cfg = PrepareConfig([str(corpus)], "", str(tmp_path / "d"), max_seq_length=32, mode="packed")
     prepare(cfg, tokenizer)
     assert seen == [not terminal]
+
+
+def test_prepare_in_a_log_file_says_how_far_it_has_read_every_few_percent(
+    tokenizer: Tokenizer, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """Where no bar is drawn (a log file, a recipe's step) a long prepare prints a line every
+    5% of its input's bytes on disk, compressed files by their compressed bytes, none before
+    it has run PROGRESS_AFTER seconds (a short prepare says nothing); --progress false: none."""
+    import gzip
+
+    rng = random.Random(0)
+    docs = ["\n".join(_filler(rng, 20) for _ in range(8)) for _ in range(200)]
+    plain, packed = tmp_path / "a.txt", tmp_path / "b.txt.gz"
+    plain.write_text("\n\n".join(docs[:100]) + "\n")
+    packed.write_bytes(gzip.compress(("\n\n".join(docs[100:]) + "\n").encode()))
+    monkeypatch.setattr(shards, "PROGRESS_AFTER", 0.0)
+    inputs = [str(plain), str(packed)]
+    cfg = PrepareConfig(inputs, "", str(tmp_path / "d"), max_seq_length=32, mode="packed")
+    prepare(cfg, tokenizer)
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("prepare: ")]
+    shares = [int(x.split("%")[0].removeprefix("prepare: ")) for x in lines]
+    assert len(shares) >= 12 and shares == sorted(shares) and shares[-1] >= 95, lines
+    assert all(b - a >= 5 for a, b in itertools.pairwise(shares)), " ".join(map(str, shares))
+    assert "% of the input read, " in lines[0] and " tokens, " in lines[0] and " left" in lines[0]
+    half = plain.stat().st_size / (plain.stat().st_size + packed.stat().st_size)
+    assert any(abs(s / 100 - half) < 0.06 for s in shares)  # the first file ends there
+    quiet = PrepareConfig(inputs, "", str(tmp_path / "q"), max_seq_length=32, mode="packed")
+    prepare(replace(quiet, progress=False), tokenizer)
+    assert "% of the input read" not in capsys.readouterr().err
+    monkeypatch.setattr(shards, "PROGRESS_AFTER", 3600.0)
+    prepare(replace(quiet, output=str(tmp_path / "s")), tokenizer)
+    assert "% of the input read" not in capsys.readouterr().err
 
 
 # ---- bertforge prepare: one error, small validation splits ---------------------------------------

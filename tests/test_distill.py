@@ -24,6 +24,7 @@ from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassificat
 from bertforge.progress import read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import list_checkpoints
+from bertforge.training.model_card import read_card_metadata
 from bertforge.training.students import layer_subset
 
 QUICK = ["--batch_size", "16", "--num_threads", "1", "--precision", "fp32", "--progress", "false"]
@@ -131,6 +132,18 @@ def test_distilled_student_learns_and_reports_beside_the_teacher(distilled):
     settings = json.loads((distilled / "finetune_config.json").read_text())
     assert settings["task"] == "classification" and settings["max_length"] == 24
     assert not list_checkpoints(distilled) and not (distilled / "teacher_outputs.npy").exists()
+
+
+def test_distilled_student_has_a_model_card_beside_its_teacher(distilled):
+    results = json.loads((distilled / "eval_results.json").read_text())
+    meta = read_card_metadata(distilled / "README.md")
+    assert meta["pipeline_tag"] == "text-classification" and "distillation" in meta["tags"]
+    (index,) = meta["model-index"]
+    values = {m["type"]: m["value"] for m in index["results"][0]["metrics"]}
+    assert values["accuracy"] == pytest.approx(results["validation"]["accuracy"], abs=1e-4)
+    card = (distilled / "README.md").read_text()
+    assert "teacher" in card and "bertforge distill" in card
+    assert f"{results['teacher']['accuracy']:.4f}"[:4] in card
 
 
 def test_distilled_student_loads_in_transformers_with_the_same_logits(distilled, work):

@@ -540,3 +540,26 @@ def test_the_start_line_counts_in_words_one_step_not_1_steps(work, tmp_path, cap
     start = next(line for line in err.splitlines() if line.startswith("fine-tuning "))
     assert "1 step of batch" in start and "1 thread;" in start and "(2 outputs)" in start, start
     assert "(s)" not in start and " 1 steps" not in err, err
+
+
+def test_a_budget_that_cut_the_schedule_says_so_in_the_last_line(work, tmp_path, capsys):
+    """--max_time ended the run before its --epochs: the last line says how much of the
+    schedule ran (a 3-minute MiniLM run did 22 of 171 steps and said so only in passing)."""
+    out = tmp_path / "cut"
+    argv = finetune_argv(work, out, "--epochs", "2", "--max_time", "0.001s", "--num_threads", "1")
+    assert cli.main(argv) == 0
+    *_, last, memory = capsys.readouterr().err.strip().splitlines()
+    assert memory.startswith("peak memory: ")  # the CLI's own last word
+    planned = json.loads((out / "eval_results.json").read_text())["planned_steps"]
+    assert planned == 54  # 2 epochs of 27 batches of 16 (the 432 training rows)
+    assert last.startswith(f"budget cut the schedule: ran 1 of {planned} steps (2%) in --max_time ")
+    assert last.endswith(" at this pace"), last
+    assert cli.main(finetune_argv(work, tmp_path / "whole", "--max_steps", "2")) == 0
+    assert "budget cut" not in capsys.readouterr().err  # no budget, or the schedule finished
+    cut = training.schedule_cut
+    assert cut(22, 180.4, total_steps=171, budget=180.0, option="--max_time") == (
+        "budget cut the schedule: ran 22 of 171 steps (13%) in --max_time 3m00s; all of them "
+        "need about 23m22s at this pace"
+    )
+    assert cut(171, 170.0, total_steps=171, budget=180.0, option="--max_time") is None
+    assert cut(22, 180.4, total_steps=None, budget=180.0, option="--max_time") is None

@@ -169,7 +169,7 @@ def test_resume_from_a_checkpoint_is_bit_exact(pretraining_corpus, tmp_path):
     assert resumed["initial"] == full["initial"]  # the random-init baseline survives resume
 
 
-def test_a_time_budget_resumes_with_the_time_it_has_left(pretraining_corpus, tmp_path):
+def test_a_time_budget_resumes_with_the_time_it_has_left(pretraining_corpus, tmp_path, capsys):
     cfg = tiny_cfg(pretraining_corpus["nsp"], tmp_path / "a", max_steps=4, max_time="1h")
     pretrain(cfg)
     checkpoint = tmp_path / "a" / "checkpoint-00000004"
@@ -187,6 +187,11 @@ def test_a_time_budget_resumes_with_the_time_it_has_left(pretraining_corpus, tmp
         )
 
     assert resume("spent", max_steps=None, max_time=f"{used / 2:.6f}s")["step"] == 4
+    # with steps planned beyond it, the budget's end says so last: what share of them ran
+    capsys.readouterr()
+    assert resume("cut", max_steps=10, max_time=f"{used / 2:.6f}s")["step"] == 4
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("budget cut the schedule: ran 4 of 10 steps (40%) in --train.max_time")
     assert resume("longer", max_steps=6)["step"] == 6
     with pytest.raises(BertforgeError, match="batch_size was 16, now 8"):
         resume("changed", batch_size=8)

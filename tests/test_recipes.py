@@ -230,6 +230,22 @@ def test_unigram_baseline_counts_what_the_instances_hold(shakespeare_file, tmp_p
     assert result["tokens"] == int(seen.sum()) > 1000
     assert result["loss"] == pytest.approx(-(seen * np.log(probs)).sum() / seen.sum(), rel=1e-9)
     assert result["accuracy"] == pytest.approx(seen[np.argmax(probs)] / seen.sum())
+    # the general recipe's table: the guesser's row first in each evaluation set's rows, the
+    # line a model that predicts "the , ." everywhere is read against
+    from bertforge.recipes.general import frequency_guessers
+    from bertforge.recipes.report import mlm_table
+
+    guessers = frequency_guessers(tmp_path / "data", {"val": tmp_path / "data"})
+    assert guessers == {"val": result}
+    metrics = {"loss": 6.1, "perplexity": 446.0, "accuracy": 0.0415, "top5_accuracy": 0.1}
+    metrics |= {"nsp_accuracy": None, "tokens": 900}
+    mlm = {"steps": 22, "seconds": 180.0, "eval": {"val": {"final": metrics}}}
+    rows = mlm_table(mlm | {"frequency_guesser": guessers}).splitlines()[2:]
+    assert rows[0] == (
+        f"| val | token-frequency guesser | {result['loss']:.3f} | - | "
+        f"{result['accuracy']:.2%} | - | - |"
+    )
+    assert rows[1].startswith("| val | after (22 steps, 3.0 min) | 6.100 |")
 
 
 def test_a_recipe_report_marks_a_seed_that_did_not_beat_the_baseline():
@@ -280,6 +296,9 @@ def test_general_script_smoke_holds_out_documents_and_passes_options_to_pretrain
     assert counts["skipped_documents"] == {"text in --validation": 2}
     finite_mlm(results, "val", ("random_init", "start", "final"))
     assert (out / "run/model/model.safetensors").is_file()
+    table = (out / "results.md").read_text()
+    for split in ("val", "val:wikitext2-1000"):  # the line a frequent-words model scores
+        assert f"| {split} | token-frequency guesser | " in table, table
     # a rerun continues: every finished step is skipped; CURVE=1 then benchmarks the model and
     # each snapshot (one copied in here: the smoke run's 3 steps end before any snapshot time)
     # and draws them against their pretraining minutes, the twin at 0
@@ -341,6 +360,7 @@ def test_general_recipe_on_a_gpu_takes_its_gpu_settings_and_needs_no_corpus_once
         return 0
 
     monkeypatch.setattr(recipe, "pretrain_results", lambda run: {})
+    monkeypatch.setattr(recipe, "frequency_guessers", lambda train, held_out: {})
     for gpu, extra in ((True, ()), (True, ("--train.max_time", "2m")), (False, ())):
         ran.clear()
         (out / "run/results.json").unlink(missing_ok=True)
@@ -356,3 +376,55 @@ def test_general_recipe_on_a_gpu_takes_its_gpu_settings_and_needs_no_corpus_once
     assert recipe.option_value(["--a", "1", "--a", "2"], "--a") == "2"
     assert recipe.option_value(["--a"], "--a") is None
     assert recipe.on_gpu(["--train.device", "cpu"]) is False
+
+
+def test_general_recipe_knows_before_the_data_steps_whether_its_budget_holds_the_count(
+    tmp_path, monkeypatch, capsys
+):
+    """A budget too short for the co-occurrence count (about 4m15s for the general corpus on one
+    core) starts from normal word vectors, said in a line, before the data steps (which take
+    ~25 minutes); an explicit ``--train.word_init cooccurrence`` then is refused before any step
+    runs; counts kept in the data folder by an earlier run are no cost."""
+    from bertforge.errors import BertforgeError
+    from bertforge.recipes import general as recipe
+    from bertforge.recipes.runner import Recipe
+
+    out = tmp_path / "out"
+    ran: list[list[str]] = []
+
+    def command(argv: list[str]) -> int:
+        ran.append(argv)
+        (out / "run").mkdir(parents=True, exist_ok=True)
+        (out / "run/results.json").write_text("{}")
+        return 0
+
+    monkeypatch.setattr(recipe, "pretrain_results", lambda run: {})
+    monkeypatch.setattr(recipe, "frequency_guessers", lambda train, held_out: {})
+    monkeypatch.setattr(recipe, "on_gpu", lambda args: False)
+
+    def pretrain_argv(*extra: str, budget: str | None = None) -> list[str]:
+        ran.clear()
+        (out / "run/results.json").unlink(missing_ok=True)
+        recipe.general(Recipe("general", out, tmp_path / "no-data", command, budget=budget,
+                              pretrain_args=extra))  # fmt: skip
+        return ran[-1]
+
+    explicit = ("--train.word_init", "cooccurrence", "--train.max_time", "3m")
+    with pytest.raises(BertforgeError, match=r"recipe general: --train.word_init cooccurrence "
+                       r"counts about 4m15s .* budget of 17m00s or more"):  # fmt: skip
+        pretrain_argv(*explicit)
+    assert ran == [] and not out.exists()  # before the data steps: nothing ran, nothing written
+    for done in ("heldout.txt", "tokenizer-8192/vocab.txt", "data-8192-128-nsp/meta.json",
+                 "wikitext2-8192/meta.json"):  # fmt: skip
+        (out / done).parent.mkdir(parents=True, exist_ok=True)
+        (out / done).write_text("x")
+    capsys.readouterr()
+    argv = pretrain_argv("--train.max_time", "3m")
+    words = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--train.word_init"]
+    assert words == ["cooccurrence", "normal"]  # the recipe's, then the budget's (later wins)
+    said = capsys.readouterr().err
+    assert "the budget 3m is under 17m00s, too short to count co-occurrence word vectors " in said
+    assert "pretraining starts from --train.word_init normal" in said
+    assert "--train.word_init normal" not in " ".join(pretrain_argv(budget="17m"))
+    (out / "data-8192-128-nsp/cooccurrence-window10.safetensors").write_text("x")
+    assert "--train.word_init normal" not in " ".join(pretrain_argv("--train.max_time", "3m"))

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from test_fast_paths import padded_batch
 from test_pretrain import TINY_TRAIN, tiny_cfg
 
+from bertforge.data.dataset import PretrainingDataset
 from bertforge.errors import BertforgeError
 from bertforge.modeling.model import BertForPreTraining, cooccurrence_vectors, sinusoidal_positions
 from bertforge.training.config import TrainConfig
@@ -25,9 +28,12 @@ from bertforge.training.setup import build_model, open_data
 from bertforge.training.start import (
     FRESH_STARTS,
     WORD_INIT_CONTEXTS,
+    cooccurrence_cache,
+    count_seconds,
     freeze_parameters,
     init_word_vectors,
     own_start,
+    read_cached_counts,
 )
 from bertforge.training.steps import set_dropout
 
@@ -220,6 +226,60 @@ def test_word_init_cooccurrence_starts_a_fresh_model_there(pretraining_corpus, t
     ):
         with pytest.raises(BertforgeError, match=match):
             TrainConfig(**(TINY_TRAIN | {"max_steps": 2} | bad))
+
+
+def test_cooccurrence_counts_are_kept_with_the_data_and_read_by_a_later_run(
+    pretraining_corpus, tmp_path, capsys
+):
+    """The counts outlive the run: a second run in a fresh output folder reads them from the
+    prepared data folder instead of counting again, and starts from the same word vectors."""
+    data_dir = tmp_path / "data"
+    shutil.copytree(pretraining_corpus["nsp"], data_dir, ignore=shutil.ignore_patterns("cooc*"))
+    models = []
+    for run in ("first", "second"):
+        cfg = tiny_cfg(data_dir, tmp_path / run, max_steps=1, word_init="cooccurrence")
+        torch.manual_seed(cfg.train.seed)
+        data = open_data(cfg)
+        model = build_model(cfg, data, None)
+        said = init_word_vectors(model, cfg, data)
+        models.append(model.bert.embeddings.word_embeddings.weight.detach().clone())
+        cache = cooccurrence_cache(data_dir, cfg.train.word_init_window)
+        assert cache.is_file()
+        assert said.endswith(f"kept in {cache}" if run == "first" else f"read from {cache}"), said
+    torch.testing.assert_close(models[0], models[1], rtol=0, atol=0)
+    # other counts are not these: another window's file, or other contexts, are counted again
+    assert not cooccurrence_cache(data_dir, 3).exists()
+    window = cfg.train.word_init_window
+    assert read_cached_counts(cache, data.train, np.arange(1, 50), window) is None
+    assert read_cached_counts(cache, data.train, np.arange(1, 50), window + 1) is None
+
+
+def test_a_count_the_budget_cannot_hold_is_refused_after_a_timed_sample(
+    pretraining_corpus, tmp_path, monkeypatch
+):
+    """A budget shorter than the foreseen count refuses after counting a sample, not after the
+    whole count (which took 271 s of a 3-minute budget on the general corpus)."""
+    import bertforge.training.start as start
+
+    data_dir = tmp_path / "data"
+    shutil.copytree(pretraining_corpus["nsp"], data_dir, ignore=shutil.ignore_patterns("cooc*"))
+    monkeypatch.setattr(start, "COUNT_PROBE_TOKENS", 500)  # the corpus is ~60k tokens
+    counted: list[int | None] = []
+    count = PretrainingDataset.cooccurrence_counts
+
+    def counting(self, *args, **kwargs):
+        counted.append(args[4] if len(args) > 4 else kwargs.get("max_tokens"))
+        return count(self, *args, **kwargs)
+
+    monkeypatch.setattr(PretrainingDataset, "cooccurrence_counts", counting)
+    cfg = tiny_cfg(data_dir, tmp_path / "run", max_time="0.01s", word_init="cooccurrence")
+    data = open_data(cfg)
+    with pytest.raises(BertforgeError, match=r"would take about .* to count [0-9,]+ tokens, more "
+                       r"than the whole --train.max_time 0.01s; .* --train.word_init normal"):  # fmt: skip
+        init_word_vectors(build_model(cfg, data, None), cfg, data)
+    assert counted == [500]  # the sample only
+    assert not cooccurrence_cache(data_dir, cfg.train.word_init_window).exists()
+    assert count_seconds(50_000_000, 10) == pytest.approx(255.0)  # the general corpus: 4m15s
 
 
 def test_identity_attention_starts_every_token_at_the_mean_of_its_sequence(

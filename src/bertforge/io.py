@@ -16,6 +16,7 @@ import ctypes
 import errno
 import gzip
 import hashlib
+import io
 import json
 import lzma
 import os
@@ -365,14 +366,18 @@ ENCODING_ERRORS = ("strict", "replace")
 """What a reader does with bytes that are not UTF-8: stop (naming file and line) or read U+FFFD."""
 
 
-COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz")
-"""Compressed files every reader opens transparently (gzip, bzip2, xz), streamed."""
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
+"""Compressed files every reader opens transparently (gzip, bzip2, xz, zstd), streamed; zstd
+needs the ``zstandard`` package (``bertforge[zstd]``) or Python 3.14's ``compression.zstd``."""
 READ_ERRORS = (OSError, EOFError, lzma.LZMAError)
 """What reading a missing, truncated or corrupt (compressed) file raises."""
+ZSTD_EXTRA = "pip install 'bertforge[zstd]'"
+"""How to get what reads ``.zst`` files."""
 
 
 def compression_suffix(name: str | Path) -> str:
-    """The compression suffix ending a file name (``.gz``, ``.bz2``, ``.xz``), or ``""``."""
+    """The compression suffix ending a file name (``.gz``, ``.bz2``, ``.xz``, ``.zst``), or
+    ``""``."""
     lower = str(name).lower()
     return next((s for s in COMPRESSED_SUFFIXES if lower.endswith(s)), "")
 
@@ -384,10 +389,83 @@ def plain_name(name: str | Path) -> str:
     return lower.removesuffix(compression_suffix(lower))
 
 
+class _ZstdReader(io.RawIOBase):
+    """A zstd file decompressed as it is read, frame after frame (``zstd``, ``pzstd`` and
+    ``cat a.zst b.zst`` write several). A file that ends inside a frame raises ``EOFError``, as
+    gzip/bz2/xz readers do: the ``zstandard`` package's own readers return the bytes so far and
+    stop silently, which would train on a truncated corpus. Corrupt data raises ``OSError``."""
+
+    def __init__(self, path: str | Path, decompressor: Any, error: type[Exception]) -> None:
+        self._file = open(path, "rb")  # noqa: SIM115 (closed in close())
+        self._new = decompressor  # () -> an object with decompress(data), eof, unused_data
+        self._error = error
+        self._frame = decompressor()
+        self._open_frame = False  # bytes of a frame read, its end not yet
+        self._out = memoryview(b"")  # decompressed, not yet returned
+        self._done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._out and not self._done:
+            self._fill()
+        n = min(len(buffer), len(self._out))
+        buffer[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
+
+    def _fill(self) -> None:
+        data = self._file.read(1 << 17)
+        if not data:
+            if self._open_frame:
+                raise EOFError("zstd file ended inside a frame (truncated?)")
+            self._done = True
+            return
+        out = []
+        try:
+            while data:
+                out.append(self._frame.decompress(data))
+                self._open_frame = not self._frame.eof
+                if self._open_frame:
+                    break
+                data = self._frame.unused_data  # the next frame's first bytes
+                self._frame = self._new()
+        except self._error as err:
+            raise OSError(f"corrupt zstd data: {err}") from None
+        self._out = memoryview(b"".join(out))
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+def _open_zstd(path: str | Path) -> BinaryIO:
+    try:  # Python 3.14's standard library
+        from compression import zstd  # type: ignore[import-not-found]
+
+        return _reader(path, zstd.ZstdDecompressor, zstd.ZstdError)
+    except ImportError:
+        pass
+    try:
+        import zstandard
+    except ImportError:
+        raise BertforgeError(
+            f"{path}: reading .zst files needs the zstandard package; {ZSTD_EXTRA}"
+        ) from None
+    return _reader(path, lambda: zstandard.ZstdDecompressor().decompressobj(), zstandard.ZstdError)
+
+
+def _reader(path: str | Path, decompressor: Any, error: type[Exception]) -> BinaryIO:
+    return io.BufferedReader(_ZstdReader(path, decompressor, error), 1 << 20)  # type: ignore[return-value]
+
+
 def open_binary(path: str | Path) -> BinaryIO:
     """A file opened for reading bytes, decompressed as it streams when its name ends in ``.gz``,
-    ``.bz2`` or ``.xz`` (:data:`COMPRESSED_SUFFIXES`)."""
+    ``.bz2``, ``.xz`` or ``.zst`` (:data:`COMPRESSED_SUFFIXES`)."""
     suffix = compression_suffix(path)
+    if suffix == ".zst":
+        return _open_zstd(path)
     if suffix == ".gz":
         return gzip.open(path, "rb")  # type: ignore[return-value]
     if suffix == ".bz2":
@@ -403,11 +481,55 @@ def read_text(path: str | Path, encoding_errors: str = "strict") -> str:
     return "".join(text_lines(path, encoding_errors))
 
 
+class ReadMeter:
+    """How far a command has read its input files, by their bytes on disk (a compressed file's
+    compressed bytes): the files finished plus the position in the one :func:`text_lines` is
+    streaming. Only the files it was made with count (a format sniff or an ``--exclude`` file
+    read on the side does not). Active inside :func:`metered_reads`."""
+
+    def __init__(self, paths: Iterable[str | Path]) -> None:
+        self.sizes = {Path(p): Path(p).stat().st_size for p in paths}
+        self.total = sum(self.sizes.values())
+        self.finished = 0
+        self._reading: BinaryIO | None = None
+
+    def fraction(self) -> float:
+        """The share of the input bytes read, 0 to 1 (1 for no input)."""
+        at = 0
+        if self._reading is not None:
+            with contextlib.suppress(OSError, ValueError):  # closed meanwhile
+                at = os.lseek(self._reading.fileno(), 0, os.SEEK_CUR)
+        return min(1.0, (self.finished + at) / self.total) if self.total else 1.0
+
+    def _opened(self, path: Path, fh: BinaryIO) -> None:
+        if path in self.sizes:
+            self._reading = fh
+
+    def _closed(self, path: Path) -> None:
+        if path in self.sizes:
+            self.finished += self.sizes[path]
+            self._reading = None
+
+
+_METER: ReadMeter | None = None
+
+
+@contextlib.contextmanager
+def metered_reads(paths: Iterable[str | Path]) -> Iterator[ReadMeter]:
+    """A :class:`ReadMeter` over ``paths`` that :func:`text_lines` moves while the block runs
+    (one at a time: a command reads its inputs in one pass)."""
+    global _METER
+    meter = _METER = ReadMeter(paths)
+    try:
+        yield meter
+    finally:
+        _METER = None
+
+
 def text_lines(path: str | Path, encoding_errors: str = "strict") -> Iterator[str]:
-    """The lines of a UTF-8 text file (``.gz``/``.bz2``/``.xz`` read transparently), each with
-    its newline; a
-    byte-order mark opening the file (Excel's "CSV UTF-8" writes one) is dropped. Bytes that
-    are not UTF-8 are the one error of every reader: the file, the line, the bytes and the fix
+    """The lines of a UTF-8 text file (``.gz``/``.bz2``/``.xz``/``.zst`` read transparently), each
+    with its newline; a byte-order mark opening the file (Excel's "CSV UTF-8" writes one) is
+    dropped. Bytes that are not UTF-8 are the one error of every reader: the file, the line, the bytes and the fix
     (``encoding_errors="replace"`` reads them as U+FFFD instead)."""
     path = Path(path)
     if encoding_errors not in ENCODING_ERRORS:
@@ -415,12 +537,17 @@ def text_lines(path: str | Path, encoding_errors: str = "strict") -> Iterator[st
     packed = bool(compression_suffix(path))
     try:
         with open_binary(path) as fh:
+            meter = _METER
+            if meter is not None:
+                meter._opened(path, fh)
             for number, raw in enumerate(fh, start=1):
                 try:
                     text = raw.decode("utf-8", errors=encoding_errors)
                 except UnicodeDecodeError as err:
                     raise BertforgeError(not_utf8(path, number, raw, err, packed)) from None
                 yield text.removeprefix("\ufeff") if number == 1 else text
+            if meter is not None:
+                meter._closed(path)
     except FileNotFoundError:
         raise BertforgeError(f"{path}: no such file") from None
     except READ_ERRORS as err:  # a truncated or corrupt archive
@@ -525,7 +652,12 @@ def format_size(n_bytes: int) -> str:
 
 
 __all__ = [
+    "COMPRESSED_SUFFIXES",
     "ENCODING_ERRORS",
+    "ZSTD_EXTRA",
+    "open_binary",
+    "ReadMeter",
+    "metered_reads",
     "not_utf8",
     "text_lines",
     "MANIFEST_NAME",

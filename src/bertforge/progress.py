@@ -46,6 +46,27 @@ def parse_duration(text: str | float | int | None) -> float | None:
     return seconds
 
 
+def parse_budget(text: str | float | int | None, option: str) -> float | None:
+    """:func:`parse_duration` of a time budget the user gives (``--max_time``,
+    ``--train.max_time``, ``--budget``, ``--task_budget``), where a bare number other than 0 is
+    refused: ``3`` reads as three seconds to the parser and as three minutes or hours to a
+    person, so it must carry its unit. Raises naming ``option``."""
+    bare = isinstance(text, int | float) or bool(
+        re.fullmatch(r"\s*\d+(\.\d+)?\s*", str(text or ""))
+    )
+    try:
+        seconds = parse_duration(text)
+    except BertforgeError as err:
+        raise BertforgeError(f"{option}: {err}") from None
+    if bare and seconds is not None:
+        value = str(text).strip()
+        raise BertforgeError(
+            f"{option} {value}: a bare number; give its unit: {value}s, {value}m or {value}h "
+            "(0 or none: no limit)"
+        )
+    return seconds
+
+
 def plural(count: int, noun: str, many: str | None = None) -> str:
     """``1 step``, ``2 steps``, ``1,000 windows``: a count and its noun, plural unless one
     (``many`` where the plural is not noun + s)."""
@@ -236,6 +257,7 @@ __all__ = [
     "ProgressBar",
     "format_duration",
     "plural",
+    "parse_budget",
     "parse_duration",
     "read_metrics",
 ]

@@ -100,7 +100,8 @@ class EmbedConfig(ModelOptions, BackendOption):
     """Options of ``bertforge embed``."""
 
     input: str
-    """File of texts: one per line, or a CSV/TSV/JSONL table (with --text_column)."""
+    """File of texts: one per line, or a CSV/TSV/JSONL table, a Parquet file or a datasets
+    folder (with --text_column)."""
     output: str
     """The .npy file to write: an (N, hidden) float32 matrix."""
     text_column: str | None = None

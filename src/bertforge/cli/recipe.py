@@ -13,6 +13,7 @@ from bertforge.cli import main as cli_main
 from bertforge.cli.options import parse_config
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_write_text
+from bertforge.progress import parse_budget
 from bertforge.recipes import (
     RECIPES,
     TAKES_PRETRAIN_OPTIONS,
@@ -62,6 +63,7 @@ class RecipeOptions:
                 else f"name one recipe of {', '.join(RECIPES)}"
             )
         check_at_least(self, lambda name: f"--{name}", num_threads=1)
+        parse_budget(self.budget, "--budget")
 
 
 def main(argv: list[str]) -> int:

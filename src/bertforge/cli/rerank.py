@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
         positional=("texts", "candidate texts (or --input FILE)"),
     )
     if cfg.input:
-        texts, _ = read_texts(cfg.input, cfg.text_column, encoding_errors=cfg.encoding_errors)
+        texts = read_texts(cfg.input, cfg.text_column, encoding_errors=cfg.encoding_errors).texts
     else:
         texts = list(cfg.texts)
     reranker = load_reranker(cfg)

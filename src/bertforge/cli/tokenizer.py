@@ -8,9 +8,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertforge.cli.options import parse_config
+from bertforge.data.columnar import PARQUET_SUFFIXES, is_dataset_folder
 from bertforge.data.corpus import EncodingErrors, detect_format, read_documents
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_directory, describe_directory, directory_entries, make_directory
+from bertforge.io import (
+    atomic_directory,
+    describe_directory,
+    directory_entries,
+    disk_size,
+    make_directory,
+)
 from bertforge.tokenizer.files import (
     CONFIG_FILE,
     TOKENIZER_FILE,
@@ -30,15 +37,15 @@ class TokenizerTrainConfig:
     """Options of ``bertforge tokenizer train`` (:meth:`Tokenizer.train` checks the values)."""
 
     input: list[str]
-    """UTF-8 text files, or csv/tsv/jsonl tables with --text_column (.gz, .bz2 and .xz are read
-    as they stream)."""
+    """UTF-8 text files, or csv/tsv/jsonl tables, Parquet files or datasets folders with
+    --text_column (.gz, .bz2, .xz and .zst are read as they stream)."""
     vocab_size: int
     """Vocabulary size including the 5 special tokens (BERT: 30522)."""
     output: str
     """Directory for vocab.txt, tokenizer.json, tokenizer_config.json."""
     text_column: str | None = None
-    """Column or key of csv/tsv/jsonl inputs (as bertforge prepare reads them): only its text
-    is trained on, never the header, the other columns or the quotes."""
+    """Column or key of csv/tsv/jsonl/Parquet inputs (as bertforge prepare reads them): only its
+    text is trained on, never the header, the other columns or the quotes."""
     encoding_errors: EncodingErrors = "strict"
     """strict: stop at bytes that are not UTF-8 (naming file and line); replace: read them as
     U+FFFD."""
@@ -108,7 +115,7 @@ def main(argv: list[str]) -> int:
     else:  # new or replaced whole: never a mix of the old vocabulary's files and the new one's
         with atomic_directory(output, replace=cfg.overwrite) as tmp:
             tok.save(tmp)
-    size_mb = sum(Path(f).stat().st_size for f in cfg.input) / 1e6
+    size_mb = sum(disk_size(f) for f in cfg.input) / 1e6
     case = "lowercased" if cfg.lowercase else "cased"
     print(
         f"trained a {case} WordPiece vocabulary of {tok.vocab_size} tokens on {len(cfg.input)} "
@@ -123,9 +130,10 @@ def training_text(cfg: TokenizerTrainConfig) -> Iterator[str]:
     the sentences of a table's ``--text_column`` (what ``bertforge prepare`` reads from it); a
     table without ``--text_column`` is refused with its columns."""
     paths = [Path(f) for f in cfg.input]
-    check_text_files(paths, "; check --input")
+    # a datasets folder or a folder of Parquet files is one table; any other folder is refused
+    check_text_files([p for p in paths if not _table_folder(p)], "; check --input")
     for path in paths:
-        if detect_format(path) in ("csv", "tsv", "jsonl"):
+        if path.is_dir() or detect_format(path) in ("csv", "tsv", "jsonl", "parquet", "arrow"):
             for document in read_documents(
                 path, text_column=cfg.text_column, encoding_errors=cfg.encoding_errors
             ):
@@ -151,3 +159,13 @@ def check_output(output: Path, overwrite: bool) -> None:
         raise BertforgeError(
             f"{output}: already exists and is {held}; choose another --output or pass --overwrite"
         )
+
+
+def _table_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder the table readers take: one ``datasets``' ``save_to_disk``
+    wrote (or a DatasetDict, which they refuse naming its splits), or one holding Parquet files."""
+    if not path.is_dir():
+        return False
+    if is_dataset_folder(path) or (path / "dataset_dict.json").is_file():
+        return True
+    return any(q.name.lower().endswith(PARQUET_SUFFIXES) for q in path.rglob("*"))

@@ -1,4 +1,5 @@
-"""Pretraining and fine-tuning data: corpora (``corpus``, ``tables``) -> NSP pairs or packed
+"""Pretraining and fine-tuning data: corpora (``corpus``, ``tables``; Parquet, Arrow and
+``datasets`` folders: ``columnar``) -> NSP pairs or packed
 sequences (``instances``) -> token shards on disk (``shards``, ``dataset``); the masking
 (``masking``) and batching (``loader``) of pretraining; labelled tasks for fine-tuning:
 labels (``labels``), labelled files and the fine-tuning data set (``labelled``), tokenized
@@ -15,6 +16,7 @@ from bertforge.data.loader import (
 )
 from bertforge.data.masking import mask_tokens
 from bertforge.data.shards import PrepareConfig, format_summary, prepare
+from bertforge.data.tables import iter_texts
 
 __all__ = [
     "LabelledData",
@@ -26,6 +28,7 @@ __all__ = [
     "TaskData",
     "format_summary",
     "iter_documents",
+    "iter_texts",
     "load_labelled",
     "load_task_data",
     "mask_tokens",

@@ -12,11 +12,17 @@ Formats (``format="auto"`` picks one per file, see :func:`detect_format`):
 - ``wikitext``: ``wiki.*.tokens`` files; a `` = Title = `` heading starts a document, section
   headings (`` = = Sub = = ``) are dropped, WikiText's ``@-@``, ``@,@``, ``@.@`` are undone
   and its ``<unk>`` becomes ``[UNK]`` (one unknown token).
-- ``csv``, ``tsv``, ``jsonl``: one row is one document, taken from ``text_column`` (multi-line
-  cells are read as paragraphs).
+- ``csv``, ``tsv``, ``jsonl``: one row is one document, taken from ``text_column`` (the lines
+  of a multi-line cell are read as the lines of a ``text`` document are: paragraphs).
+- ``parquet``, ``arrow``: the same, from a Parquet file (``.parquet``), an Arrow file
+  (``.arrow``) or a folder ``datasets.Dataset.save_to_disk`` wrote, read in record batches
+  (:mod:`bertforge.data.columnar`; pyarrow, ``bertforge[parquet]``). A string column must be
+  named: ``text_column``.
 
-Files may be compressed (``.gz``, ``.bz2``, ``.xz``: read as they stream). Directories expand to the corpus files under them
-(:data:`CORPUS_SUFFIXES`, optionally compressed) and globs to their matches, each in sorted order. HTML line breaks (``<br />``, as in IMDB) become spaces.
+Files may be compressed (``.gz``, ``.bz2``, ``.xz``, ``.zst``: read as they stream). Directories
+expand to the corpus files under them (:data:`CORPUS_SUFFIXES`, optionally compressed; Parquet
+files too) and globs to their matches, each in sorted order; a ``save_to_disk`` folder is one
+input. HTML line breaks (``<br />``, as in IMDB) become spaces.
 Undecodable bytes raise :class:`~bertforge.errors.BertforgeError` naming the file and byte
 offset, unless ``encoding_errors="replace"``. Everything streams: memory does not grow with the
 file size.
@@ -31,17 +37,26 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal, get_args
 
+from bertforge.data.columnar import (
+    ARROW_SUFFIXES,
+    PARQUET_SUFFIXES,
+    column_batches,
+    column_names,
+    columnar_parts,
+    is_dataset_folder,
+)
 from bertforge.data.tables import BR_TAG, jsonl_rows
 from bertforge.errors import BertforgeError
-from bertforge.io import READ_ERRORS, open_binary, plain_name, text_lines
+from bertforge.io import COMPRESSED_SUFFIXES, READ_ERRORS, open_binary, plain_name, text_lines
 
-Format = Literal["auto", "text", "lines", "wikitext", "csv", "tsv", "jsonl"]
+Format = Literal["auto", "text", "lines", "wikitext", "csv", "tsv", "jsonl", "parquet", "arrow"]
 """How an input file is read (``auto``: from its name; see the module docstring)."""
 FORMATS: tuple[str, ...] = get_args(Format)
 EncodingErrors = Literal["strict", "replace"]
 """What a byte that is not UTF-8 does: stop with an error, or become U+FFFD."""
 Document = list[str]
 CORPUS_SUFFIXES = (".txt", ".text", ".tokens", ".raw", ".csv", ".tsv", ".jsonl", ".ndjson")
+CORPUS_SUFFIXES += PARQUET_SUFFIXES
 """Files a directory input expands to (a README.md beside the data is not text to train on)."""
 
 # Lower-cased words that end with a period without ending a sentence.
@@ -112,16 +127,22 @@ def _is_corpus_file(path: Path) -> bool:
 
 
 def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
-    """Expand files, directories (recursively) and globs into a stable, sorted list of files."""
+    """Expand files, directories (recursively) and globs into a stable, sorted list of files; a
+    folder ``datasets``' ``save_to_disk`` wrote stays one input (its ``state.json`` orders its
+    files), and a ``DatasetDict`` folder is refused naming its splits."""
     files: list[Path] = []
     for item in inputs:
         path = Path(item)
-        if path.is_dir():
+        if path.is_dir() and (is_dataset_folder(path) or (path / "dataset_dict.json").is_file()):
+            columnar_parts(path)  # the folder's own errors: a DatasetDict, a missing file
+            files.append(path)
+        elif path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and _is_corpus_file(p))
             if not found:
                 raise BertforgeError(
                     f"{path}: directory holds no corpus file ({', '.join(CORPUS_SUFFIXES)}, "
-                    "optionally .gz); pass files to --input"
+                    f"optionally {', '.join(COMPRESSED_SUFFIXES)}) and is no datasets folder "
+                    "(no state.json); pass files to --input"
                 )
             files += found
         elif path.is_file():
@@ -154,8 +175,11 @@ def detect_format(path: Path) -> str:
     """Guess a file's format from its name and, for text, its first lines: ``wikitext`` for a
     `` = Title = `` first line, ``lines`` for several lines and no blank one in the first
     :data:`BLANK_LINE_SCAN` bytes, else ``text``."""
+    if path.is_dir() or path.name.lower().endswith(ARROW_SUFFIXES):
+        return "arrow"  # a save_to_disk folder (checked by the reader) or an Arrow file
     name = plain_name(path)
-    for fmt, suffixes in (("csv", (".csv",)), ("tsv", (".tsv",)), ("jsonl", (".jsonl", ".ndjson"))):
+    formats = (("csv", (".csv",)), ("tsv", (".tsv",)), ("jsonl", (".jsonl", ".ndjson")))
+    for fmt, suffixes in (*formats, ("parquet", PARQUET_SUFFIXES)):
         if name.endswith(suffixes):
             return fmt
     if name.endswith(".tokens"):
@@ -217,8 +241,21 @@ def _wikitext_documents(lines: Iterator[str]) -> Iterator[Document]:
 
 
 def _cell_document(cell: object) -> Document:
+    """A cell's document: its lines (split at ``\n`` only, as a file's are) are paragraphs."""
     text = "" if cell is None else str(cell)
-    return [s for paragraph in text.splitlines() for s in split_sentences(paragraph)]
+    return [s for paragraph in text.split("\n") for s in split_sentences(paragraph)]
+
+
+def _columnar_documents(path: Path, text_column: str | None) -> Iterator[Document]:
+    if text_column is None:
+        raise BertforgeError(
+            f"{path}: a table needs --text_column; the columns are {column_names(path)}; pass "
+            "--text_column with one of them"
+        )
+    fix = "pass --text_column with one of them"
+    for batch in column_batches(path, [text_column], text=[text_column], fix=fix):
+        for cell in batch[text_column]:
+            yield _cell_document(cell)
 
 
 def _table_documents(
@@ -273,9 +310,12 @@ def read_documents(
         raise BertforgeError(f"format {format!r} is unknown; choose one of {', '.join(FORMATS)}")
     if encoding_errors not in ("strict", "replace"):
         raise BertforgeError(f"--encoding_errors {encoding_errors!r}: choose strict or replace")
-    if not path.is_file():
+    if not path.is_file() and not (path.is_dir() and format in ("auto", "arrow", "parquet")):
         raise BertforgeError(f"{path}: no such file; check --input")
     fmt = detect_format(path) if format == "auto" else format
+    if fmt in ("parquet", "arrow"):
+        yield from _columnar_documents(path, text_column)
+        return
     lines = iter_lines(path, encoding_errors)
     if fmt in ("csv", "tsv", "jsonl"):
         yield from _table_documents(path, lines, fmt, text_column)

@@ -1,4 +1,5 @@
-"""Labelled data for fine-tuning: read CSV/TSV/JSONL (optionally gzip) files (through
+"""Labelled data for fine-tuning: read CSV/TSV/JSONL (optionally compressed) files, Parquet
+tables or ``datasets`` folders (through
 ``bertforge.data.tables``) into :class:`LabelledData` with labels mapped to ids
 (``bertforge.data.labels``), hold out a stratified validation split, and make the
 :class:`TaskData` of a fine-tuning run, encoded for the model (``bertforge.data.encoding``).
@@ -76,7 +77,10 @@ def load_labelled(
         raise BertforgeError(f"--task {task!r} is unknown; choose classification or regression")
     source = ", ".join(map(str, [paths] if isinstance(paths, str | Path) else paths))
     (texts, pairs, raw), where = read_columns_lines(
-        paths, [text_column, text_pair_column, label_column], encoding_errors
+        paths,
+        [text_column, text_pair_column, label_column],
+        encoding_errors,
+        text=[text_column, text_pair_column],
     )
     texts = [clean_text(t) for t in texts]
     pair_list = [clean_text(t) for t in pairs] if text_pair_column else None

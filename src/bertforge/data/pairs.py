@@ -84,7 +84,7 @@ def load_pairs(
     source = ", ".join(map(str, [paths] if isinstance(paths, str | Path) else paths))
     names = [text_column, text_pair_column, negative_column]
     (anchors, positives, negatives, raw), where = read_columns_lines(
-        paths, [*names, label_column], encoding_errors
+        paths, [*names, label_column], encoding_errors, text=names
     )
     texts = [anchors, positives, negatives]
     for column, cells in zip(names, texts, strict=True):

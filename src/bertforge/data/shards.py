@@ -34,7 +34,13 @@ from typing import Any, Literal, get_args
 import numpy as np
 from tqdm import tqdm
 
-from bertforge.data.corpus import Document, EncodingErrors, Format, iter_documents
+from bertforge.data.corpus import (
+    Document,
+    EncodingErrors,
+    Format,
+    expand_inputs,
+    iter_documents,
+)
 from bertforge.data.dataset import (
     FORMAT_VERSION,
     META_FILE,
@@ -47,8 +53,9 @@ from bertforge.data.dataset import (
 from bertforge.data.instances import InstanceBuilder
 from bertforge.data.workers import ChunkPool
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_directory, write_manifest
+from bertforge.io import ReadMeter, atomic_directory, metered_reads, write_manifest
 from bertforge.modeling.checkpoint import resolve_model
+from bertforge.progress import format_duration
 from bertforge.tokenizer.wordpiece import Tokenizer
 
 __all__ = [
@@ -206,7 +213,8 @@ class PrepareConfig:
     """Options of ``bertforge prepare`` (:func:`~bertforge.data.shards.prepare` checks them)."""
 
     input: list[str]
-    """Text files, directories or globs (txt, WikiText, csv/tsv/jsonl, .gz)."""
+    """Text files, directories or globs (txt, WikiText, csv/tsv/jsonl, Parquet, each text file
+    optionally .gz/.bz2/.xz/.zst) or datasets save_to_disk folders."""
     tokenizer: str
     """Tokenizer directory or file (from bertforge tokenizer train), or a model directory or a
     published model's name (all-MiniLM-L6-v2) whose tokenizer to use."""
@@ -226,7 +234,7 @@ class PrepareConfig:
     exclude: list[str] | None = None
     """Drop documents whose text equals one in these files (e.g. an evaluation set)."""
     text_column: str | None = None
-    """Column or key of csv/tsv/jsonl inputs."""
+    """Column or key of csv/tsv/jsonl inputs, string column of Parquet/datasets inputs."""
     format: Format = "auto"
     """How to read the inputs; auto decides from each file's name."""
     encoding_errors: EncodingErrors = "strict"
@@ -298,7 +306,9 @@ def prepare(
         tagged = _tagged_documents(
             cfg.input, cfg.validation, fraction, read, excluded, stats, held_out
         )
-        n_docs, n_sentences = _feed(tagged, builders, stats, start, cfg.progress)
+        inputs = expand_inputs([*cfg.input, *(cfg.validation or [])])
+        with metered_reads(inputs) as meter:
+            n_docs, n_sentences = _feed(tagged, builders, stats, start, cfg.progress, meter)
         for split in SPLITS:
             builders[split].finish()
             writers[split].close()
@@ -372,10 +382,14 @@ def _feed(
     stats: dict[str, Any],
     start: float,
     progress: bool,
+    meter: ReadMeter,
 ) -> tuple[int, int]:
-    """Give each (split, document) to its split's builder, with a progress bar; the numbers of
-    documents and sentences read."""
+    """Give each (split, document) to its split's builder, with a progress bar (on a terminal)
+    or a line every :data:`PROGRESS_STEP` of the input bytes read (a log file, a recipe); the
+    numbers of documents and sentences read."""
     n_docs = n_sentences = 0
+    lines = progress and not sys.stderr.isatty()
+    said = 0.0  # the share of the input last said in a line
     # delay: no bar for a run that fails or ends at once (no "prepare: 0 docs" before an error);
     # none when stderr is a log file (its carriage returns would fill it), as item_bar
     bar = tqdm(
@@ -394,9 +408,33 @@ def _feed(
             if n_docs % 200 == 0:
                 rate = stats["text_tokens"] / max(time.perf_counter() - start, 1e-9)
                 bar.set_postfix_str(f"{stats['text_tokens']:,} tokens, {rate:,.0f} tokens/s")
+            if lines and (done := meter.fraction()) >= said + PROGRESS_STEP:  # one lseek
+                seconds = time.perf_counter() - start
+                if seconds >= PROGRESS_AFTER:  # a step of seconds says nothing
+                    said = math.floor(done / PROGRESS_STEP + 1e-9) * PROGRESS_STEP  # 5%, 10%...
+                    line = progress_line(said, done, seconds, stats["text_tokens"])
+                    print(line, file=sys.stderr, flush=True)
     finally:
         bar.close()  # ends the bar's line, so an error message starts on its own
     return n_docs, n_sentences
+
+
+PROGRESS_STEP = 0.05
+"""How much more of the input (by bytes on disk) each progress line of a log file reports."""
+PROGRESS_AFTER = 10.0
+"""Seconds before the first progress line (a short prepare prints none)."""
+
+
+def progress_line(step: float, done: float, seconds: float, tokens: int) -> str:
+    """``prepare: 35% of the input read, 12,345,678 tokens, 6m40s, about 12m23s left`` when the
+    share ``done`` has crossed ``step`` (a multiple of :data:`PROGRESS_STEP`): the time left
+    extrapolated from the share read so far."""
+    left = seconds * (1 - done) / done if done > 0 else float("nan")
+    rest = f", about {format_duration(left)} left" if math.isfinite(left) and done < 1 else ""
+    return (
+        f"prepare: {step:.0%} of the input read, {tokens:,} tokens, "
+        f"{format_duration(seconds)}{rest}"
+    )
 
 
 def _check_output(

@@ -1,6 +1,8 @@
-"""Tables on disk: CSV/TSV (with a header row) and JSON-lines files, optionally gzip, read into
-rows and columns, and the plain-text inputs of the inference commands. ``labelled`` builds labelled
-data sets from these; ``corpus`` streams JSON lines through :func:`jsonl_rows` too.
+"""Tables on disk: CSV/TSV (with a header row) and JSON-lines files, optionally compressed
+(``.gz``, ``.bz2``, ``.xz``, ``.zst``), Parquet and Arrow files and ``datasets`` folders
+(:mod:`bertforge.data.columnar`), read into rows and columns, and the plain-text inputs of the
+inference commands. ``labelled`` builds labelled data sets from these; ``corpus`` streams JSON
+lines through :func:`jsonl_rows` too. :func:`iter_texts` streams the texts of any of them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from bertforge.data.columnar import column_batches, column_names, is_columnar, read_rows
 from bertforge.errors import BertforgeError
 from bertforge.io import plain_name, text_lines
 
@@ -21,13 +24,17 @@ BR_TAG = re.compile(r"<br\s*/?>", re.IGNORECASE)
 
 
 def table_format(path: str | Path) -> str:
-    """``csv``, ``tsv`` or ``jsonl`` from a file name (a compression suffix is ignored)."""
+    """``csv``, ``tsv``, ``jsonl`` or ``columnar`` (Parquet, Arrow, a ``datasets`` folder) from a
+    file name (a compression suffix is ignored)."""
+    if is_columnar(path) or Path(path).is_dir():  # a folder: of Parquet files, or an error
+        return "columnar"
     name = plain_name(path)
     for suffix in TABLE_SUFFIXES:
         if name.endswith(suffix):
             return {"json": "jsonl", "ndjson": "jsonl"}.get(suffix[1:], suffix[1:])
     raise BertforgeError(
-        f"{path}: unknown file type; use .csv, .tsv or .jsonl (each optionally .gz, .bz2 or .xz)"
+        f"{path}: unknown file type; use .csv, .tsv or .jsonl (each optionally .gz, .bz2, .xz or "
+        ".zst), .parquet, or a datasets save_to_disk folder"
     )
 
 
@@ -90,6 +97,8 @@ def read_table_lines(
     are not UTF-8 named by line unless ``encoding_errors="replace"``)."""
     path = Path(path)
     fmt = table_format(path)
+    if fmt == "columnar":
+        return _columnar_table(path, None)
     if not path.is_file():
         raise BertforgeError(f"{path}: no such file")
     with contextlib.closing(text_lines(path, encoding_errors)) as f:
@@ -109,6 +118,19 @@ def read_table_lines(
     return column_names, rows, lines
 
 
+def _columnar_table(
+    path: Path, columns: Sequence[str | None] | None, text: Sequence[str | None] = ()
+) -> tuple[list[str], list[dict[str, Any]], list[int]]:
+    """:func:`read_table_lines` of a Parquet/Arrow table: ``columns`` only (None: all), each row
+    numbered from 1; a missing column, or a ``text`` one that holds no strings, is an error."""
+    from_columns = [c for c in columns if c is not None] if columns is not None else None
+    wanted = from_columns if from_columns is not None else column_names(path)
+    names, rows = read_rows(path, wanted, text=[c for c in text if c is not None])
+    if not rows:
+        raise BertforgeError(f"{path}: the table is empty (no rows); give a file with examples")
+    return names, rows, list(range(1, len(rows) + 1))
+
+
 def read_table(path: str | Path) -> tuple[list[str], list[dict[str, Any]]]:
     """Column names and rows (dicts) of one CSV/TSV (with a header row) or JSON-lines file."""
     names, rows, _ = read_table_lines(path)
@@ -126,21 +148,28 @@ def read_columns(
     paths: str | Path | Sequence[str | Path],
     columns: Sequence[str | None],
     encoding_errors: str = "strict",
+    *,
+    text: Sequence[str | None] = (),
 ) -> list[list[Any]]:
     """Read the named columns of one or more files (rows concatenated in order).
 
     ``None`` entries in ``columns`` are skipped (returned as an empty list). A missing column is
     an error that lists the columns the file has; so is a JSON-lines row without one of them.
+    Of a Parquet/Arrow table only ``columns`` are read, and a column named in ``text`` must
+    hold strings.
     """
-    return read_columns_lines(paths, columns, encoding_errors)[0]
+    return read_columns_lines(paths, columns, encoding_errors, text=text)[0]
 
 
 def read_columns_lines(
     paths: str | Path | Sequence[str | Path],
     columns: Sequence[str | None],
     encoding_errors: str = "strict",
+    *,
+    text: Sequence[str | None] = (),
 ) -> tuple[list[list[Any]], list[str]]:
-    """:func:`read_columns` and, per row, where it is (``file:line``) for messages."""
+    """:func:`read_columns` and, per row, where it is (``file:line``, ``file:row N`` in a
+    Parquet/Arrow table) for messages."""
     if isinstance(paths, str | Path):
         paths = [paths]
     if not paths:
@@ -148,7 +177,11 @@ def read_columns_lines(
     out: list[list[Any]] = [[] for _ in columns]
     where: list[str] = []
     for path in paths:
-        names, rows, lines = read_table_lines(path, encoding_errors)
+        columnar = table_format(path) == "columnar"
+        if columnar:
+            names, rows, lines = _columnar_table(Path(path), columns, text)
+        else:
+            names, rows, lines = read_table_lines(path, encoding_errors)
         for col in columns:
             if col is not None and col not in names:
                 raise BertforgeError(
@@ -163,7 +196,7 @@ def read_columns_lines(
         for i, col in enumerate(columns):
             if col is not None:
                 out[i].extend(row[col] for row in rows)
-        where += [f"{path}:{line}" for line in lines]
+        where += [f"{path}:{'row ' * columnar}{line}" for line in lines]
     return out, where
 
 
@@ -209,7 +242,8 @@ def read_texts(
         if not texts:
             raise BertforgeError(f"{path}: the file is empty (no non-blank line)")
         return Texts(texts, None, blank)
-    texts, pairs = read_columns(path, [text_column or "text", text_pair_column], encoding_errors)
+    columns = [text_column or "text", text_pair_column]
+    texts, pairs = read_columns(path, columns, encoding_errors, text=columns)
     return Texts(
         [clean_text(t) for t in texts],
         [clean_text(t) for t in pairs] if text_pair_column else None,
@@ -217,10 +251,75 @@ def read_texts(
     )
 
 
+def iter_texts(
+    paths: str | Path | Sequence[str | Path],
+    text_column: str | None = None,
+    encoding_errors: str = "strict",
+) -> Iterator[str]:
+    """The texts of input files, streamed (memory does not grow with the files; what a command
+    reading a large unlabelled corpus, such as ``distill``, calls): ``text_column`` (default
+    ``text``) of CSV/TSV/JSONL files and of Parquet/Arrow tables and ``datasets`` folders (read
+    in record batches), or each line of any other (plain-text) file; compressed files as they
+    stream. HTML line breaks become spaces; blank texts are skipped. A missing column is an error
+    naming the columns the file has."""
+    column = text_column or "text"
+    fix = "pass --text_column with one of them"
+    for path in [paths] if isinstance(paths, str | Path) else paths:
+        path = Path(path)
+        try:
+            fmt = table_format(path)
+        except BertforgeError:
+            fmt = "lines"
+        if fmt == "columnar":
+            values: Iterable[Any] = (
+                v for b in column_batches(path, [column], text=[column], fix=fix) for v in b[column]
+            )
+        elif not path.is_file():
+            raise BertforgeError(f"{path}: no such file")
+        elif fmt == "lines":
+            values = (line.rstrip("\r\n") for line in text_lines(path, encoding_errors))
+        elif fmt == "jsonl":
+            values = _jsonl_cells(path, column, encoding_errors)
+        else:
+            values = _csv_cells(path, column, "\t" if fmt == "tsv" else ",", encoding_errors)
+        for value in values:
+            if value is not None and str(value).strip():
+                yield clean_text(value)
+
+
+def _jsonl_cells(path: Path, column: str, encoding_errors: str) -> Iterator[Any]:
+    for number, row in jsonl_rows(text_lines(path, encoding_errors), path):
+        if not isinstance(row, dict) or column not in row:
+            keys = sorted(row) if isinstance(row, dict) else []
+            raise BertforgeError(
+                f"{path}:{number}: no {column!r} in this row (its keys: {keys}); pass "
+                "--text_column with one of them"
+            )
+        yield row[column]
+
+
+def _csv_cells(path: Path, column: str, delimiter: str, encoding_errors: str) -> Iterator[str]:
+    reader = csv.reader(text_lines(path, encoding_errors), delimiter=delimiter)
+    try:
+        header = next(reader, None) or []
+        if column not in header:
+            raise BertforgeError(
+                f"{path}: no column {column!r}; the file has columns "
+                f"{', '.join(map(repr, header))}; pass --text_column with one of them"
+            )
+        index = header.index(column)
+        for fields in reader:
+            if len(fields) > index:
+                yield fields[index]
+    except csv.Error as err:
+        raise BertforgeError(f"{path}:{reader.line_num}: broken quoting ({err})") from None
+
+
 __all__ = [
     "TABLE_SUFFIXES",
     "Texts",
     "clean_text",
+    "iter_texts",
     "jsonl_rows",
     "read_columns",
     "read_columns_lines",

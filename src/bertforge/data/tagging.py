@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bertforge.data.columnar import is_columnar
 from bertforge.data.encoding import check_max_length
 from bertforge.data.labels import quoted
 from bertforge.data.tables import read_columns, table_format
@@ -245,8 +246,8 @@ def texts_to_tag(
     ``form``: ``lines`` (each non-blank line a text), ``table`` (``text_column`` of a CSV/TSV/
     JSONL file), ``conll`` (each sentence of a CoNLL-style or ``tokens`` JSONL file, its tokens
     joined by spaces), or ``auto``: ``conll`` for a CoNLL suffix (``.conll``...) or a JSONL
-    file with ``tokens`` and no ``--text_column``, ``table`` for another .csv/.tsv/.jsonl,
-    else ``lines``. Bytes that are not UTF-8 are an error naming file and line unless
+    file with ``tokens`` and no ``--text_column``, ``table`` for another .csv/.tsv/.jsonl or a
+    Parquet/Arrow table, else ``lines``. Bytes that are not UTF-8 are an error naming file and line unless
     ``encoding_errors="replace"`` (read as U+FFFD).
     """
     path = Path(path)
@@ -255,6 +256,8 @@ def texts_to_tag(
         form = "lines"
         if name.endswith(CONLL_SUFFIXES):
             form = "conll"
+        elif is_columnar(path):
+            form = "table"
         elif name.endswith((".csv", ".tsv", ".jsonl", ".json", ".ndjson")):
             form = "table"
             if table_format(path) == "jsonl" and text_column is None:

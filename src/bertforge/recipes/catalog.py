@@ -93,10 +93,11 @@ def prepare_data(
     extra: list[Any] | None = None,
 ) -> None:
     """``bertforge prepare`` of ``inputs`` into ``output`` with ``tokenizer``: 128-token
-    sequences, ``mode`` packed or nsp, no progress bar; skipped when already done."""
+    sequences, ``mode`` packed or nsp, a progress line every 5% of the input once it has run
+    10 s (a bar on a terminal); skipped when already done."""
     argv: list[Any] = ["prepare", "--tokenizer", tokenizer, "--input", *inputs, *(extra or [])]
     argv += ["--output", output, "--max_seq_length", "128", "--mode", mode]
-    argv += ["--validation_fraction", validation_fraction, "--progress", "false"]
+    argv += ["--validation_fraction", validation_fraction]
     r.run(argv, done=output / "meta.json")
 
 

@@ -24,14 +24,22 @@ steps.
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 from collections import deque
 from pathlib import Path
 from typing import Any
 
+from bertforge.data.dataset import TOKENIZER_DIR, PretrainingDataset
+from bertforge.errors import BertforgeError
 from bertforge.io import atomic_write_text, text_lines
-from bertforge.recipes.runner import Recipe, pretrain_results
+from bertforge.progress import format_duration, parse_budget, parse_duration
+from bertforge.recipes.runner import Recipe, pretrain_results, unigram_baseline
 from bertforge.runtime import pick_device
+from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.config import TrainConfig
+from bertforge.training.start import WORD_INIT_TOKENS, cooccurrence_cache, count_seconds
 
 CORPUS = (
     "wikipedia-00.txt.bz2",
@@ -155,6 +163,45 @@ def on_gpu(pretrain_args: list[str]) -> bool:
     return pick_device(name, "--train.device").type == "cuda"
 
 
+START_SHARE = 0.25
+"""The most of the pretraining budget the co-occurrence count may take: below four times its
+foreseen time, the recipe starts from ``--train.word_init normal`` (and says so)."""
+
+
+def word_init_for_budget(r: Recipe, extra: list[str], data: Path) -> list[str]:
+    """What the pretraining step's word vectors need, decided before the data steps: ``[]``
+    when the budget holds the co-occurrence count (or it is cached in ``data``, or the run is a
+    smoke or GPU one, which do not count), else ``--train.word_init normal`` with a line saying
+    why; a ``--train.word_init cooccurrence`` given after ``--`` that the budget cannot hold is
+    refused before any step runs."""
+    asked = option_value(extra, "--train.word_init")
+    if r.smoke or asked == "normal" or r.budget is None:
+        return []
+    window = int(option_value(extra, "--train.word_init_window") or TrainConfig.word_init_window)
+    if cooccurrence_cache(data, window).is_file():
+        return []
+    budget = parse_duration(r.budget) or float("inf")
+    foreseen = count_seconds(WORD_INIT_TOKENS, window)
+    least = format_duration(math.ceil(foreseen / START_SHARE / 60) * 60)
+    if foreseen <= START_SHARE * budget:
+        return []
+    if asked == "cooccurrence":
+        raise BertforgeError(
+            f"recipe {r.name}: --train.word_init cooccurrence counts about "
+            f"{format_duration(foreseen)} ({WORD_INIT_TOKENS:,} tokens on one CPU core), more "
+            f"than a quarter of the budget {r.budget}; give a budget of {least} or more, or "
+            "drop --train.word_init cooccurrence"
+        )
+    print(
+        f"recipe {r.name}: the budget {r.budget} is under {least}, too short to count "
+        f"co-occurrence word vectors (about {format_duration(foreseen)} on one CPU core): "
+        "pretraining starts from --train.word_init normal",
+        file=sys.stderr,
+        flush=True,
+    )
+    return ["--train.word_init", "normal"]
+
+
 def general(r: Recipe) -> None:
     """Held-out text, tokenizer, prepared pairs, pretraining (see the module docstring)."""
     smoke = r.smoke
@@ -163,6 +210,14 @@ def general(r: Recipe) -> None:
     tok = r.path(f"tokenizer-{vocab}")
     data = r.path(f"data-{vocab}-128-nsp")
     wiki = r.path(f"wikitext2-{vocab}")
+    extra = list(r.pretrain_args)
+    if "--train.max_time" in extra[:-1]:  # a budget given as a pretrain option is the budget
+        r.budget = option_value(extra, "--train.max_time")
+        parse_budget(r.budget, "--train.max_time")  # a bare 3 is refused before the data steps
+    gpu = on_gpu(extra)
+    r.budget = r.budget or (GPU_BUDGET if gpu else BUDGET)
+    # the start's cost is known before the data steps, which take ~25 minutes on one core
+    words = [] if gpu else word_init_for_budget(r, extra, data)
     # the corpus is read only by the data steps: a folder that has their outputs (copied to a
     # GPU machine, say) pretrains without it
     corpus = [r.data / "general" / name for name in CORPUS]  # named in the steps' lines
@@ -182,23 +237,18 @@ def general(r: Recipe) -> None:
     argv: list[Any] = ["prepare", "--tokenizer", tok, "--input", *corpus, "--format", "text"]
     argv += ["--validation", heldout, "--output", data]
     argv += ["--max_seq_length", "128", "--mode", "nsp", "--workers", workers]
-    r.run(argv + ["--progress", "false"], done=data / "meta.json")
+    r.run(argv, done=data / "meta.json")  # a line every 5% of the input (~20 minutes)
     wikitext = wiki / "meta.json"
     source = r.data / "wikitext2" / "wiki.valid.tokens"
     if not wikitext.exists():
         source = r.need("wikitext2", "wiki.valid.tokens")
     argv = ["prepare", "--tokenizer", tok, "--input", source]
     argv += ["--output", wiki, "--max_seq_length", "128", "--mode", "nsp"]
-    r.run(argv + ["--validation_fraction", "0", "--progress", "false"], done=wikitext)
+    r.run(argv + ["--validation_fraction", "0"], done=wikitext)
 
-    extra = list(r.pretrain_args)
-    if "--train.max_time" in extra[:-1]:  # a budget given as a pretrain option is the budget
-        r.budget = option_value(extra, "--train.max_time")
-    gpu = on_gpu(extra)
-    r.budget = r.budget or (GPU_BUDGET if gpu else BUDGET)
     run = r.path("run")
     argv = ["pretrain", "--data", data, "--extra_eval", f"[{wiki}]", "--output", run]
-    argv += list(PRETRAIN) + (list(PRETRAIN_GPU) if gpu and not smoke else [])
+    argv += list(PRETRAIN) + (list(PRETRAIN_GPU) if gpu and not smoke else []) + words
     if smoke:
         argv += ["--train.max_steps", "3", "--train.batch_size", "8"]
         argv += ["--train.eval_examples", "32", "--train.eval_every", "0"]
@@ -206,4 +256,25 @@ def general(r: Recipe) -> None:
         argv += ["--train.max_time", r.budget]
     r.run(argv + extra, done=run / "results.json")
     r.results["mlm"] = pretrain_results(run)
+    r.results["mlm"]["frequency_guesser"] = frequency_guessers(
+        data,
+        {"val": data, f"val:{wiki.name}": wiki},  # the evaluation sets as pretrain names them
+    )
     r.results["model"] = str(run / "model")
+
+
+def frequency_guessers(train: Path, held_out: dict[str, Path]) -> dict[str, dict[str, float]]:
+    """:func:`unigram_baseline` of ``train``'s training split on each held-out set (its
+    validation split for ``train`` itself, else the set's training split), by the evaluation
+    set's name in the pretraining results (``val``, ``val:NAME``): the line a model must beat
+    that has learned only which words are frequent."""
+    tokenizer = Tokenizer.from_file(train / TOKENIZER_DIR)
+    counts = PretrainingDataset(train, "train", tokenizer)
+    return {
+        name: unigram_baseline(
+            counts,
+            PretrainingDataset(path, "validation" if path == train else "train", tokenizer),
+            tokenizer.vocab_size,
+        )
+        for name, path in held_out.items()
+    }

@@ -25,7 +25,11 @@ def mlm_table(mlm: dict[str, Any]) -> str:
         "| evaluated on | model | MLM loss | perplexity | masked-token acc. | top-5 | NSP acc. |",
         "|---|---|---|---|---|---|---|",
     ]
+    guess = mlm.get("frequency_guesser") or {}
+    by_split = guess if "loss" not in guess else {}  # one per evaluation set, or one for all
     for split, columns in mlm["eval"].items():
+        if split in by_split:  # the line to beat first: a model of word frequencies alone
+            lines.append(guesser_row(split, by_split[split]))
         for key, label in LABELS.items():
             m = columns.get(key)
             if not m:
@@ -47,13 +51,18 @@ def mlm_table(mlm: dict[str, Any]) -> str:
         )
         if majority is not None:  # the NSP score to beat: always the more frequent label
             lines.append(f"| {split} | majority class (NSP) | - | - | - | - | {_pct(majority)} |")
-    guess = mlm.get("frequency_guesser")
-    if guess:
-        lines.append(
-            f"| held-out text | token-frequency guesser | {_num(guess['loss'])} | - | "
-            f"{_pct(guess['accuracy'])} | - | - |"
-        )
+    if "loss" in guess:
+        lines.append(guesser_row("held-out text", guess))
     return "\n".join(lines)
+
+
+def guesser_row(split: str, guess: dict[str, Any]) -> str:
+    """The token-frequency guesser's row (:func:`~bertforge.recipes.runner.unigram_baseline`):
+    what a model scores that knows only how frequent each word is."""
+    return (
+        f"| {split} | token-frequency guesser | {_num(guess['loss'])} | - | "
+        f"{_pct(guess['accuracy'])} | - | - |"
+    )
 
 
 def downstream_table(downstream: dict[str, Any]) -> str:
@@ -115,4 +124,4 @@ def summary(results: dict[str, Any]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-__all__ = ["downstream_table", "heading", "mlm_table", "summary"]
+__all__ = ["downstream_table", "guesser_row", "heading", "mlm_table", "summary"]

@@ -48,7 +48,7 @@ from bertforge.io import atomic_write_text, make_directory, read_json_object
 from bertforge.modeling.auto import model_class
 from bertforge.modeling.checkpoint import RUN_MODEL_DIR, resolve_model
 from bertforge.modeling.pooling import declared_max_length
-from bertforge.progress import format_duration, parse_duration, plural
+from bertforge.progress import format_duration, parse_budget, parse_duration, plural
 from bertforge.runtime import Precision, pick_device, pick_precision
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.benchmark_curve import write_curve
@@ -177,7 +177,7 @@ class BenchmarkConfig:
                 raise BertforgeError(f"--lr {lr:g}: a learning rate must be > 0, e.g. 5e-5")
         if self.lr is not None and len(set(self.lr)) != len(self.lr):
             raise BertforgeError(f"--lr {self.lr}: a value repeats; give each once")
-        parse_duration(self.task_budget)
+        parse_budget(self.task_budget, "--task_budget")
         if self.suite == "embedding":
             known = [t.name for t in EMBEDDING_TASKS]
             unknown = sorted(set(self.tasks or []) - set(known))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
 
 from bertforge.data.corpus import EncodingErrors
@@ -25,7 +25,7 @@ from bertforge.modeling.config import (
     ModernBertConfig,
 )
 from bertforge.modeling.pooling import PoolingMode
-from bertforge.progress import parse_duration
+from bertforge.progress import parse_budget, parse_duration
 from bertforge.runtime import Precision, parse_bytes
 from bertforge.training.optim import Schedule
 
@@ -94,10 +94,8 @@ def check_training_options(cfg: Any, option: Callable[[str], str]) -> None:
     check_at_least(cfg, option, log_every=1, max_nonfinite=1, num_threads=1, max_grad_norm=0)
     if parse_bytes(cfg.max_memory, option("max_memory")) is None:  # 0, none, off: no budget
         cfg.max_memory = None
-    try:  # 0, none, off or null: no time budget (unsets one a --config file gave)
-        budget = parse_duration(cfg.max_time)
-    except BertforgeError as err:
-        raise BertforgeError(f"{option('max_time')}: {err}") from None
+    # 0, none, off or null: no time budget (unsets one a --config file gave); 3: refused
+    budget = parse_budget(cfg.max_time, option("max_time"))
     if budget is None:
         cfg.max_time = None
 
@@ -617,6 +615,39 @@ def option(name: str) -> str:
     return "--" + name
 
 
+TASK_OPTIONS: dict[str, tuple[str, ...]] = {
+    "negative_column": ("embedding",),
+    "loss": ("embedding",),
+    "scale": ("embedding",),
+    "pooling": ("embedding",),
+    "normalize": ("embedding",),
+    "matryoshka_dims": ("embedding",),
+    "label_all_tokens": ("token_classification",),
+    "normalize_targets": ("regression",),
+    "doc_stride": ("question_answering",),
+    "max_answer_length": ("question_answering",),
+    "truncation": ("classification", "regression", "embedding"),
+}
+"""The ``bertforge finetune`` options that only some tasks read: given with another task (set
+away from its default), the run is refused naming the task, instead of ignoring it."""
+
+
+def check_task_options(cfg: Any) -> None:
+    """Raise when an option of :data:`TASK_OPTIONS` is set for a task that does not read it."""
+    defaults = {f.name: f.default for f in fields(cfg)}
+    for name, tasks in TASK_OPTIONS.items():
+        value = getattr(cfg, name)
+        if cfg.task in tasks or value == defaults[name]:
+            continue
+        shown = " ".join(map(str, value)) if isinstance(value, list) else str(value)
+        shown = shown.lower() if isinstance(value, bool) else shown
+        which = " or ".join(f"--task {t}" for t in tasks)
+        raise BertforgeError(
+            f"--{name} {shown} is an option of {which}, not of --task {cfg.task}; drop it"
+            + (f" (or use {which})" if len(tasks) == 1 else "")
+        )
+
+
 @dataclass
 class FinetuneConfig(LoopOptions):
     """Everything ``bertforge finetune`` needs; written resolved to OUTPUT/finetune_config.json."""
@@ -626,8 +657,9 @@ class FinetuneConfig(LoopOptions):
     model.safetensors, vocab.txt or tokenizer.json); all-MiniLM-L6-v2 names the installed copy
     of that published model."""
     train: list[str]
-    """Training file(s), each optionally .gz, .bz2 or .xz; several files are concatenated.
-    classification, regression: .csv, .tsv or .jsonl tables; token_classification: CoNLL-style
+    """Training file(s), each optionally .gz, .bz2, .xz or .zst; several files are concatenated.
+    classification, regression, embedding pairs: .csv, .tsv or .jsonl tables, Parquet files
+    (or a folder of them) or a datasets save_to_disk folder; token_classification: CoNLL-style
     files (a token and its tag per line) or JSONL with ``tokens``/``tags`` lists;
     question_answering: SQuAD .json or .jsonl rows (docs/tasks.md); embedding: pairs, scored
     pairs or plain texts (docs/embeddings.md)."""
@@ -794,6 +826,7 @@ class FinetuneConfig(LoopOptions):
                 f"--metric {self.metric!r} does not fit --task {self.task}; "
                 f"choose one of {', '.join(allowed)}"
             )
+        check_task_options(self)  # after the values' own checks: a bad value is said first
 
     @property
     def micro_batch(self) -> int:

@@ -71,6 +71,7 @@ from bertforge.training.distill_layers import (
 from bertforge.training.distill_losses import EmbeddingLoss, LogitsLoss, pca_projection
 from bertforge.training.embedding import sentence_vectors
 from bertforge.training.finetune import FinetuneState, save_model
+from bertforge.training.model_card import distill_card, write_model_card
 from bertforge.training.optim import build_optimizer, set_lr
 from bertforge.training.students import build_student
 from bertforge.training.teacher import Teacher, load_teacher, teacher_outputs
@@ -692,6 +693,7 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
         "train_seconds": round(state.elapsed, 1),
         "tokens": state.tokens,
         "skipped": state.skipped,
+        "task": run.task,
         "metric": metric,
         "validation": metrics,
         "teacher": run.teacher_scores,
@@ -700,6 +702,7 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
         "model_dir": str(out),
     }
     atomic_write_text(out / RESULTS_FILE, json.dumps(result, indent=2) + "\n")
+    write_model_card(out, distill_card(cfg, result, out, run.device))
     if not cfg.keep_final_checkpoint:
         for path in list_checkpoints(out):
             remove_checkpoint(path)

@@ -134,12 +134,34 @@ def majority_on_file(
     }
 
 
+def train_labels(cfg: FinetuneConfig) -> dict[str, int] | None:
+    """The label map fine-tuning will build from ``cfg.train`` (None for regression): read
+    before any training, so a test label it lacks fails at once, not after every column."""
+    if cfg.task != "classification":
+        return None
+    _, id2label = load_labelled(
+        list(cfg.train),
+        text_column=cfg.text_column,
+        label_column=cfg.label_column,
+        text_pair_column=cfg.text_pair_column,
+        task=cfg.task,
+        allow_rare_labels=cfg.allow_rare_labels,
+        encoding_errors=cfg.encoding_errors,
+    )
+    return {name: i for i, name in (id2label or {}).items()}
+
+
 def read_test(
-    cfg: FinetuneConfig, test: Sequence[str], config: AnyConfig | None = None
+    cfg: FinetuneConfig,
+    test: Sequence[str],
+    config: AnyConfig | None = None,
+    label2id: dict[str, int] | None = None,
 ) -> LabelledData:
     """The test file(s), read with the fine-tuning columns; fails before any training if a column
-    is missing or a label is empty. With a trained model's ``config``, labels become its ids."""
-    label2id = None if config is None or config.is_regression else config.label2id
+    is missing or a label is empty, or (with ``label2id``, :func:`train_labels`) a label the
+    training file lacks. With a trained model's ``config``, labels become its ids."""
+    if config is not None:
+        label2id = None if config.is_regression else config.label2id
     data, _ = load_labelled(
         list(test),
         text_column=cfg.text_column,
@@ -169,7 +191,7 @@ def downstream(
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    read_test(cfg, test)  # bad input fails here, before minutes of training
+    read_test(cfg, test, label2id=train_labels(cfg))  # bad input fails here, before training
     load_encoder_dir(cfg.model)
     if baseline is not None:
         load_encoder_dir(baseline, option="--baseline")

@@ -68,7 +68,8 @@ class EvaluateConfig(ModelOptions, TaskOptions):
     """Options of ``bertforge evaluate``."""
 
     data: list[str] = field(default_factory=list)
-    """A text file (pretrained MLM), labelled CSV/TSV/JSONL file(s) (fine-tuned classifier),
+    """A text file (pretrained MLM), labelled CSV/TSV/JSONL or Parquet file(s) or a datasets
+    folder (fine-tuned classifier),
     CoNLL-style / tokens+tags JSONL file(s) (token classifier), a SQuAD file (question
     answering) or pairs (sentence embedding)."""
     queries: str | None = None

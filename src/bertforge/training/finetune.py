@@ -655,6 +655,7 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
         "steps": state.step,
         "epochs": round(state.step / run.steps_per_epoch, 3),
         "train_seconds": round(state.elapsed, 1),
+        "planned_steps": run.total,
         "tokens": state.tokens,
         "skipped": state.skipped,
         "metric": cfg.metric,
@@ -697,6 +698,11 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
         run.say(f"kept from {cfg.model}: {', '.join(kept)} (how bertforge embed pools it)")
     run.say(_drop_finished_checkpoints(out, keep=cfg.keep_final_checkpoint))
     write_model_card(out, finetune_card(cfg, result, out, run.device))
+    cut = steps.schedule_cut(
+        state.step, state.elapsed, total_steps=run.total, budget=run.budget, option="--max_time"
+    )
+    if cut:  # last, where it is seen: the model is not the schedule's
+        run.say(cut)
     return result
 
 

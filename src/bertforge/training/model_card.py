@@ -591,6 +591,7 @@ __all__ = [
     "CARD_NAME",
     "CardKind",
     "DataFile",
+    "distill_card",
     "ModelCard",
     "PIPELINE_TAGS",
     "Score",
@@ -609,3 +610,76 @@ __all__ = [
     "scores_of",
     "write_model_card",
 ]
+
+
+def distill_card(cfg: Any, result: dict[str, Any], out: Path, device: Any) -> ModelCard:
+    """The card of a ``bertforge distill`` run's student (``cfg``: its DistillConfig;
+    ``result``: what :func:`~bertforge.training.distill.finish` returns). Its scores are the
+    saved student's validation scores beside its teacher's (measured on the same rows)."""
+    out = Path(out)
+    teacher_scores = result.get("teacher") or {}
+    scores = [
+        Score(k, float(v), {"teacher": float(teacher_scores[k])} if k in teacher_scores else {})
+        for k, v in (result.get("validation") or {}).items()
+        if _is_number(v) and k != "examples"
+    ]
+    metric = result.get("metric")
+    scores.sort(key=lambda s: s.metric != metric)
+    if cfg.validation:
+        where = "the validation file(s) " + ", ".join(f"`{Path(v).name}`" for v in cfg.validation)
+    else:
+        where = f"the validation split ({cfg.validation_fraction:.0%} of the labelled rows)"
+    where += f", step {result.get('best_step')} (the saved student: the best by {metric})"
+    files = [data_file(t, "train") for t in cfg.train or []]
+    files += [data_file(u, "unlabelled (the teacher labels it)") for u in cfg.unlabelled or []]
+    files += [data_file(v, "validation") for v in cfg.validation or []]
+    if cfg.student_layers:
+        layers = ", ".join(map(str, cfg.student_layers))
+        student = f"the teacher's layer{'s' if len(cfg.student_layers) > 1 else ''} {layers}"
+    elif cfg.student:
+        student = f"`{cfg.student}`"
+    else:
+        student = f"a fresh `{cfg.student_preset}` network"
+    task = str(result.get("task") or "")
+    kind = task if task in PIPELINE_TAGS else "classification"
+    params, teacher_params = result.get("parameters"), result.get("teacher_parameters")
+    size = (
+        f" ({params:,} parameters against the teacher's {teacher_params:,})"
+        if params and teacher_params
+        else ""
+    )
+    summary = (
+        f"A student distilled by bertforge from the fine-tuned teacher `{cfg.teacher}` "
+        f"({task or 'its task'}), starting from {student}{size}: it does the teacher's task "
+        "and reads its inputs the way the teacher's saved settings say."
+    )
+    d = str(out)
+    if kind == "embedding":
+        usage = f"```bash\nbertforge embed --model {d} --input texts.txt --output vectors.npy\n```"
+    else:
+        usage = f'```bash\nbertforge classify --model {d} "a text"\n```'
+    facts = {
+        "steps": result.get("steps"),
+        "tokens trained": f"{result.get('tokens', 0):,}",
+        "temperature": cfg.temperature,
+        "alpha (gold-label share)": cfg.alpha,
+    }
+    return ModelCard(
+        name=out.name,
+        kind=kind,  # type: ignore[arg-type]
+        summary=summary,
+        command=command_line("distill", cfg, skip=("progress",)),
+        scores=scores,
+        evaluated_on=where,
+        base_model=cfg.student or str(cfg.teacher),
+        datasets=[str(t) for t in [*(cfg.train or []), *(cfg.unlabelled or [])]],
+        data_files=files,
+        baseline_notes={"teacher": f"the teacher `{cfg.teacher}` on the same rows"},
+        usage=usage,
+        hardware=hardware(device),
+        seconds=result.get("train_seconds"),
+        facts=facts,
+        license=license_of(cfg.student or str(cfg.teacher)),
+        library_name="sentence-transformers" if kind == "embedding" else "transformers",
+        tags=["distillation"],
+    )

@@ -80,7 +80,8 @@ class TextInputs:
     texts: list[str] = field(default_factory=list)
     """Texts given as arguments."""
     input: str | None = None
-    """File of texts: one per line, or a CSV/TSV/JSONL table (with --text_column)."""
+    """File of texts: one per line, or a CSV/TSV/JSONL table, a Parquet file or a datasets
+    folder (with --text_column)."""
     encoding_errors: EncodingErrors = "strict"
     """strict: stop at bytes of --input that are not UTF-8 (naming the line); replace: read them
     as U+FFFD."""

@@ -840,6 +840,15 @@ def finish(run: Run, state: PretrainState) -> dict[str, Any]:
         )
         if over:
             run.say(over)
+        cut = steps.schedule_cut(
+            state.step,
+            state.elapsed,
+            total_steps=tc.max_steps,
+            budget=run.budget,
+            option="--train.max_time",
+        )
+        if cut:  # last, where it is seen
+            run.say(cut)
     D.barrier()
     return result
 

@@ -10,17 +10,24 @@ test in ``tests/test_start.py`` (plus its option in ``TrainConfig``).
 
 from __future__ import annotations
 
+import hashlib
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
-from bertforge.data.dataset import PretrainingDataset
+from bertforge.data.dataset import META_FILE, PretrainingDataset
 from bertforge.errors import BertforgeError
+from bertforge.io import atomic_file
 from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining, cooccurrence_vectors
+from bertforge.progress import format_duration, parse_duration
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.config import ALL_LAYERS, PretrainConfig, TrainConfig, parse_freeze
 
@@ -230,9 +237,104 @@ WORD_INIT_CONTEXTS = 8192
 small), which keeps the matrix at vocabulary x 8,192 for a vocabulary of any size."""
 
 
+COOCCURRENCE_CACHE = "cooccurrence-window{window}.safetensors"
+"""Where ``--train.word_init cooccurrence`` keeps its counts, in the prepared data folder (not
+the run's: a rerun in a new or emptied output folder reads them instead of counting again)."""
+COUNT_PROBE_TOKENS = 1_000_000
+"""Tokens counted first, timed, to foresee the whole count's time before spending it."""
+COUNT_SECONDS_PER_TOKEN = 0.5e-6
+"""Seconds to count one token at one distance of the window (5 s for 1M tokens at window 10,
+on one AMD EPYC core, 2026-12; two threads are no faster: the counting is a scatter-add)."""
+FACTORISE_SECONDS = 5.0
+"""The PPMI and truncated SVD of an 8,192 x 8,192 count matrix (one AMD EPYC core)."""
+
+
+def count_seconds(tokens: int, window: int) -> float:
+    """The foreseen seconds of ``--train.word_init cooccurrence`` on ``tokens`` tokens: counting
+    at every distance of ``window`` (:data:`COUNT_SECONDS_PER_TOKEN`), then factorising."""
+    return tokens * window * COUNT_SECONDS_PER_TOKEN + FACTORISE_SECONDS
+
+
+def cooccurrence_cache(data_dir: str | Path, window: int) -> Path:
+    """The file :func:`init_word_vectors` keeps its counts in for a data folder and window."""
+    return Path(data_dir) / COOCCURRENCE_CACHE.format(window=window)
+
+
+def _cache_key(train: PretrainingDataset, window: int) -> dict[str, str]:
+    """What the cached counts depend on besides the contexts: the data (its meta.json, which
+    names every shard's size and the tokenizer), the window and the tokens counted."""
+    meta = hashlib.sha256((train.data_dir / META_FILE).read_bytes()).hexdigest()
+    return {"meta_sha256": meta, "window": str(window), "max_tokens": str(WORD_INIT_TOKENS)}
+
+
+def read_cached_counts(
+    path: Path, train: PretrainingDataset, contexts: np.ndarray, window: int
+) -> torch.Tensor | None:
+    """The counts cached at ``path`` when they were counted from this data with these contexts
+    and window, else None (a missing, stale or unreadable file is counted again)."""
+    if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            if f.metadata() != _cache_key(train, window):
+                return None
+            if not torch.equal(f.get_tensor("contexts"), torch.from_numpy(contexts)):
+                return None
+            return f.get_tensor("counts")
+    except (OSError, SafetensorError, KeyError):
+        return None
+
+
+def write_cached_counts(
+    path: Path, train: PretrainingDataset, contexts: np.ndarray, window: int, counts: torch.Tensor
+) -> str:
+    """Keep ``counts`` at ``path`` (atomic); what happened, for the log (a read-only data folder
+    is said, not an error)."""
+    tensors = {"counts": counts.contiguous(), "contexts": torch.from_numpy(contexts)}
+    try:
+        with atomic_file(path) as tmp:
+            save_file(tensors, str(tmp), metadata=_cache_key(train, window))
+    except (BertforgeError, OSError) as err:
+        return f"not kept ({err})"
+    return f"kept in {path}"
+
+
+def counted_cooccurrences(
+    cfg: PretrainConfig, data: StartData, vocab: int, contexts: np.ndarray, tokens: int
+) -> tuple[torch.Tensor, str]:
+    """The co-occurrence counts of ``init_word_vectors``: read from the data folder's cache, or
+    counted (after a timed sample that refuses a count the time budget cannot hold) and kept
+    there. Returns them and where they came from, for the log."""
+    train, window = data.train, cfg.train.word_init_window
+    special = data.tokenizer.special_ids
+    cache = cooccurrence_cache(train.data_dir, window)
+    counts = read_cached_counts(cache, train, contexts, window)
+    if counts is not None:
+        return counts, f"read from {cache}"
+    budget = parse_duration(cfg.train.max_time)
+    if budget is not None and tokens > 2 * COUNT_PROBE_TOKENS:
+        started = time.perf_counter()
+        train.cooccurrence_counts(vocab, contexts, window, special, COUNT_PROBE_TOKENS)
+        foreseen = (time.perf_counter() - started) * tokens / COUNT_PROBE_TOKENS
+        if foreseen >= budget:
+            raise BertforgeError(
+                f"--train.word_init cooccurrence would take about {format_duration(foreseen)} "
+                f"to count {tokens:,} tokens, more than the whole --train.max_time "
+                f"{cfg.train.max_time}; give a larger budget or use --train.word_init normal"
+            )
+        print(
+            f"counting co-occurrences of {tokens:,} tokens: about {format_duration(foreseen)}",
+            file=sys.stderr,
+            flush=True,
+        )
+    counts = train.cooccurrence_counts(vocab, contexts, window, special, WORD_INIT_TOKENS)
+    return counts, write_cached_counts(cache, train, contexts, window, counts)
+
+
 def init_word_vectors(model: torch.nn.Module, cfg: PretrainConfig, data: StartData) -> str:
-    """``--train.word_init cooccurrence``: count the training split's co-occurrences, factorise
-    them (:func:`~bertforge.modeling.model.cooccurrence_vectors`) and start the model's word
+    """``--train.word_init cooccurrence``: count the training split's co-occurrences (or read
+    them from the data folder's cache, :func:`counted_cooccurrences`), factorise them
+    (:func:`~bertforge.modeling.model.cooccurrence_vectors`) and start the model's word
     embeddings there; returns what it did, for the log."""
     tc, vocab = cfg.train, model.config.vocab_size
     special = data.tokenizer.special_ids
@@ -244,9 +346,7 @@ def init_word_vectors(model: torch.nn.Module, cfg: PretrainConfig, data: StartDa
             f"{cfg.data}: too few distinct tokens for --train.word_init cooccurrence; "
             "use --train.word_init normal"
         )
-    counts = data.train.cooccurrence_counts(
-        vocab, contexts, tc.word_init_window, special, WORD_INIT_TOKENS
-    )
+    counts, source = counted_cooccurrences(cfg, data, vocab, contexts, int(frequency.sum()))
     vectors, rows = cooccurrence_vectors(
         counts, model.config.hidden_size, tc.word_init_std, seed=tc.seed
     )
@@ -255,14 +355,19 @@ def init_word_vectors(model: torch.nn.Module, cfg: PretrainConfig, data: StartDa
         f"word embeddings start from co-occurrence vectors: {int(rows.sum()):,} of {vocab:,} "
         f"words, {vectors.shape[1]} dimensions, window {tc.word_init_window}, "
         f"{int(frequency.sum()):,} tokens counted"  # token_counts stops at WORD_INIT_TOKENS
+        f"; the counts {source}"
     )
 
 
 __all__ = [
+    "COOCCURRENCE_CACHE",
     "FRESH_STARTS",
     "WARM_HEAD_PARAMETERS",
     "Variant",
+    "cooccurrence_cache",
     "cooccurrence_words",
+    "count_seconds",
+    "counted_cooccurrences",
     "freeze_parameters",
     "head_warm_counts",
     "identity_attention",

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from bertforge.errors import BertforgeError
-from bertforge.progress import MetricsLogger, ProgressBar
+from bertforge.progress import MetricsLogger, ProgressBar, format_duration
 from bertforge.training.checkpoints import checkpoint_name, load_train_state
 from bertforge.training.optim import lr_at, lr_at_progress
 
@@ -125,6 +125,24 @@ def budget_spent(
     """True once the step budget or the wall-clock budget (whichever is set) is used up."""
     return (total_steps is not None and step >= total_steps) or (
         budget is not None and elapsed >= budget
+    )
+
+
+def schedule_cut(
+    step: int, elapsed: float, *, total_steps: int | None, budget: float | None, option: str
+) -> str | None:
+    """The line a run ends with when its wall-clock budget (``option``, e.g. ``--max_time``)
+    ended it before its step schedule (``--epochs``/``--max_steps``): how many of the planned
+    steps ran, and the budget that would run them all at this pace; None when the schedule
+    finished (or there was no budget)."""
+    if budget is None or total_steps is None or step >= total_steps or elapsed < budget:
+        return None
+    share = step / total_steps
+    whole = elapsed / max(step, 1) * total_steps
+    return (
+        f"budget cut the schedule: ran {step:,} of {total_steps:,} steps ({share:.0%}) in "
+        f"{option} {format_duration(budget)}; all of them need about {format_duration(whole)} "
+        "at this pace"
     )
 
 
@@ -328,6 +346,7 @@ def stopped_message(out: Path, step: int, signal: str, resume: str) -> str:
 
 
 __all__ = [
+    "schedule_cut",
     "NonFiniteGuard",
     "RunningMeans",
     "ScheduleOptions",
