@@ -304,7 +304,7 @@ def test_embedding_student_narrower_than_its_teacher_learns_a_pca_projection(wor
         ("not_finetuned", "is not fine-tuned"),
         ("other_head", "head for regression"),
         ("layers_out_of_range", "out of range"),
-        ("unreadable_unlabelled", "no corpus reader reads .parquet"),
+        ("unreadable_unlabelled", "no corpus reader reads .docx"),
         ("two_students", "exactly one student"),
         ("unlabelled_for_pairs", "the teacher reads pairs"),
         ("attention_heads_differ", "use --relation_weight for differing head counts"),
@@ -322,7 +322,7 @@ def test_bad_input_is_one_line(work, classifier, tmp_path, capsys, case, expecte
         "layers_out_of_range": distill_argv(work, out, "--student_layers", "0", "2", *train),
         "unreadable_unlabelled": distill_argv(
             work, out, "--student_layers", "0", *train,
-            "--unlabelled", str(write_lines(tmp_path / "texts.parquet", ["PAR1"])),
+            "--unlabelled", str(write_lines(tmp_path / "texts.docx", ["PK"])),
         ),
         "two_students": distill_argv(work, out, "--student_layers", "0", "--student_preset", "tiny", *train),
         "unlabelled_for_pairs": ["distill", "--teacher", str(classifier), "--output", str(out),

@@ -41,7 +41,13 @@ from bertforge.evaluation import metrics as M
 from bertforge.evaluation.embedding import cosine_rows, model_vectors
 from bertforge.evaluation.plots import plot_training_curves
 from bertforge.evaluation.task_scores import evaluate_sequence_model
-from bertforge.io import atomic_write_text, check_run_directory, plain_name, read_json_object
+from bertforge.io import (
+    COMPRESSED_SUFFIXES,
+    atomic_write_text,
+    check_run_directory,
+    plain_name,
+    read_json_object,
+)
 from bertforge.modeling.checkpoint import FINETUNE_CONFIG
 from bertforge.modeling.model import BertForSequenceClassification, BertModel
 from bertforge.modeling.pooling import pool, write_pooling_declaration
@@ -367,7 +373,8 @@ def transfer_texts(cfg: DistillConfig, teacher: Teacher) -> list[str]:
         if suffix and suffix not in CORPUS_SUFFIXES:
             raise BertforgeError(
                 f"{path}: no corpus reader reads {suffix} files; give --unlabelled text "
-                f"({', '.join(CORPUS_SUFFIXES)}, optionally .gz, .bz2 or .xz)"
+                f"({', '.join(CORPUS_SUFFIXES)}, optionally {', '.join(COMPRESSED_SUFFIXES)}; "
+                "or a datasets folder)"
             )
     unit = cfg.transfer_unit
     if unit == "auto":
