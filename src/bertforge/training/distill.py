@@ -39,7 +39,7 @@ from bertforge.data.labelled import LabelledData, load_labelled, stratified_spli
 from bertforge.errors import BertforgeError
 from bertforge.evaluation import metrics as M
 from bertforge.evaluation.embedding import cosine_rows, model_vectors
-from bertforge.evaluation.plots import plot_training_curves
+from bertforge.evaluation.plots import plot_training_curves, run_title
 from bertforge.evaluation.task_scores import evaluate_sequence_model
 from bertforge.io import (
     COMPRESSED_SUFFIXES,
@@ -691,7 +691,7 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     cls = BertModel if run.task == "embedding" else BertForSequenceClassification
     best = cls.from_pretrained(out).to(run.device)
     metrics = validate(run, best)
-    plot_training_curves(out, out / PLOT_FILE, title=f"bertforge distill: {out.name}")
+    plot_training_curves(out, out / PLOT_FILE, title=f"bertforge distill: {run_title(out)}")
     atomic_write_text(out / FINETUNE_CONFIG, json.dumps(task_settings(run), indent=2) + "\n")
     metric = METRIC[run.task]
     result = {
