@@ -6,6 +6,7 @@ import bz2
 import gzip
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -439,3 +440,45 @@ def test_a_tokenizer_json_without_its_special_tokens_named_is_refused(shakespear
     with pytest.raises(BertforgeError, match=r"lacks the special token\(s\) \[PAD\]") as err:
         Tokenizer.from_file(directory)
     assert "tokenizer_config.json" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_cli_in_a_log_file_says_how_far_it_has_read_and_when_it_trains(
+    tmp_path, monkeypatch, capsys
+):
+    """Where no bar is drawn (a log file, a recipe's step) tokenizer train prints prepare's
+    lines: one every 5% of its input's bytes on disk once it has run PROGRESS_AFTER seconds
+    (a gzip file by its compressed bytes), then one as the vocabulary training starts and one
+    as it ends (those once it has run PROGRESS_AFTER seconds too); --progress false: none."""
+    from bertforge.data import shards
+
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(300)]
+    plain, packed = tmp_path / "a.txt", tmp_path / "b.txt.gz"
+    plain.write_text("".join(" ".join(rng.choices(words, k=10)) + "\n" for _ in range(8_000)))
+    packed.write_bytes(gzip.compress(plain.read_bytes()[::-1]))
+    monkeypatch.setattr(shards, "PROGRESS_AFTER", 0.0)
+    argv = ["tokenizer", "train", "--input", str(plain), str(packed), "--vocab_size", "400"]
+
+    def run(*extra: str) -> list[str]:
+        capsys.readouterr()
+        out = tmp_path / f"tok{len(list(tmp_path.iterdir()))}"
+        assert cli_main([*argv, "--output", str(out), *extra]) == 0
+        return [
+            x for x in capsys.readouterr().err.splitlines() if x.startswith("tokenizer train: ")
+        ]
+
+    for extra, what in ((), "input"), (("--max_chars", "100000"), "sample"):
+        lines = run(*extra)
+        read = [x for x in lines if "% of the input read" in x]
+        shares = [int(x.split("%")[0].removeprefix("tokenizer train: ")) for x in read]
+        assert len(shares) >= 12 and shares == sorted(shares) and shares[-1] >= 90, lines
+        assert all(b - a >= 5 for a, b in zip(shares, shares[1:], strict=False)), shares
+        assert any(" left" in x for x in read)
+        half = plain.stat().st_size / (plain.stat().st_size + packed.stat().st_size)
+        assert any(abs(s / 100 - half) < 0.06 for s in shares)  # the first file ends there
+        start, end = lines.index(read[-1]) + 1, len(lines) - 1
+        assert lines[start].startswith(f"tokenizer train: training the vocabulary on the {what}")
+        assert re.fullmatch(r"tokenizer train: vocabulary trained in \d+m\d\ds", lines[end])
+    assert run("--progress", "false") == []
+    monkeypatch.setattr(shards, "PROGRESS_AFTER", 3600.0)  # a short run: nothing
+    assert run() == []

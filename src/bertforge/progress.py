@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_write_text, make_directory
+from bertforge.io import ReadMeter, atomic_write_text, make_directory
 
 # ---- durations ------------------------------------------------------------------------------
 
@@ -71,6 +71,34 @@ def plural(count: int, noun: str, many: str | None = None) -> str:
     """``1 step``, ``2 steps``, ``1,000 windows``: a count and its noun, plural unless one
     (``many`` where the plural is not noun + s)."""
     return f"{count:,} {noun if count == 1 else many or noun + 's'}"
+
+
+class ReadProgress:
+    """When a command reading its input through a :class:`bertforge.io.ReadMeter` owes a log
+    file a progress line: once the share read has crossed the next multiple of ``step`` and the
+    command has run ``after`` seconds (a short run says nothing)."""
+
+    def __init__(self, meter: ReadMeter, start: float, step: float, after: float) -> None:
+        self.meter, self.start, self.step, self.after = meter, start, step, after
+        self.said = 0.0  # the share last said in a line
+
+    def due(self) -> tuple[float, float, float] | None:
+        """``(step crossed, share read, seconds run)`` when a line is due, else None (one lseek)."""
+        done = self.meter.fraction()
+        if done < self.said + self.step:
+            return None
+        seconds = time.perf_counter() - self.start
+        if seconds < self.after:  # a step of seconds says nothing
+            return None
+        self.said = math.floor(done / self.step + 1e-9) * self.step  # 5%, 10%...
+        return self.said, done, seconds
+
+
+def time_left(done: float, seconds: float) -> str:
+    """``, about 12m23s left``: the time left extrapolated from the share ``done`` read in
+    ``seconds``; empty when nothing or everything is read."""
+    left = seconds * (1 - done) / done if done > 0 else float("nan")
+    return f", about {format_duration(left)} left" if math.isfinite(left) and done < 1 else ""
 
 
 def format_duration(seconds: float) -> str:

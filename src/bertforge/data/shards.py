@@ -55,7 +55,7 @@ from bertforge.data.workers import ChunkPool
 from bertforge.errors import BertforgeError
 from bertforge.io import ReadMeter, atomic_directory, metered_reads, write_manifest
 from bertforge.modeling.checkpoint import resolve_model
-from bertforge.progress import format_duration
+from bertforge.progress import ReadProgress, format_duration, time_left
 from bertforge.tokenizer.wordpiece import Tokenizer
 
 __all__ = [
@@ -389,7 +389,7 @@ def _feed(
     numbers of documents and sentences read."""
     n_docs = n_sentences = 0
     lines = progress and not sys.stderr.isatty()
-    said = 0.0  # the share of the input last said in a line
+    report = ReadProgress(meter, start, PROGRESS_STEP, PROGRESS_AFTER)
     # delay: no bar for a run that fails or ends at once (no "prepare: 0 docs" before an error);
     # none when stderr is a log file (its carriage returns would fill it), as item_bar
     bar = tqdm(
@@ -408,12 +408,8 @@ def _feed(
             if n_docs % 200 == 0:
                 rate = stats["text_tokens"] / max(time.perf_counter() - start, 1e-9)
                 bar.set_postfix_str(f"{stats['text_tokens']:,} tokens, {rate:,.0f} tokens/s")
-            if lines and (done := meter.fraction()) >= said + PROGRESS_STEP:  # one lseek
-                seconds = time.perf_counter() - start
-                if seconds >= PROGRESS_AFTER:  # a step of seconds says nothing
-                    said = math.floor(done / PROGRESS_STEP + 1e-9) * PROGRESS_STEP  # 5%, 10%...
-                    line = progress_line(said, done, seconds, stats["text_tokens"])
-                    print(line, file=sys.stderr, flush=True)
+            if lines and (due := report.due()):
+                print(progress_line(*due, stats["text_tokens"]), file=sys.stderr, flush=True)
     finally:
         bar.close()  # ends the bar's line, so an error message starts on its own
     return n_docs, n_sentences
@@ -429,11 +425,9 @@ def progress_line(step: float, done: float, seconds: float, tokens: int) -> str:
     """``prepare: 35% of the input read, 12,345,678 tokens, 6m40s, about 12m23s left`` when the
     share ``done`` has crossed ``step`` (a multiple of :data:`PROGRESS_STEP`): the time left
     extrapolated from the share read so far."""
-    left = seconds * (1 - done) / done if done > 0 else float("nan")
-    rest = f", about {format_duration(left)} left" if math.isfinite(left) and done < 1 else ""
     return (
         f"prepare: {step:.0%} of the input read, {tokens:,} tokens, "
-        f"{format_duration(seconds)}{rest}"
+        f"{format_duration(seconds)}{time_left(done, seconds)}"
     )
 
 
