@@ -43,7 +43,6 @@ from bertforge.evaluation.plots import plot_training_curves
 from bertforge.evaluation.task_scores import evaluate_sequence_model
 from bertforge.io import atomic_write_text, check_run_directory, plain_name, read_json_object
 from bertforge.modeling.checkpoint import FINETUNE_CONFIG
-from bertforge.modeling.model import BertForSequenceClassification, BertModel
 from bertforge.modeling.pooling import pool, write_pooling_declaration
 from bertforge.progress import MetricsLogger, format_duration, parse_duration, plural
 from bertforge.runtime import autocast, explain_precision, pick_device, seed_everything, set_threads
@@ -69,11 +68,17 @@ from bertforge.training.distill_layers import (
     traced_layers,
 )
 from bertforge.training.distill_losses import EmbeddingLoss, LogitsLoss, pca_projection
+from bertforge.training.distill_tokens import (
+    TokenDistillData,
+    load_token_data,
+    teacher_token_scores,
+    validate_tokens,
+)
 from bertforge.training.embedding import sentence_vectors
 from bertforge.training.finetune import FinetuneState, save_model
 from bertforge.training.model_card import distill_card, write_model_card
 from bertforge.training.optim import build_optimizer, set_lr
-from bertforge.training.students import build_student
+from bertforge.training.students import build_student, student_class
 from bertforge.training.teacher import Teacher, load_teacher, teacher_outputs
 
 RESULTS_FILE = "eval_results.json"
@@ -102,7 +107,12 @@ RUN_IDENTITY = (
     "layer_map",
 )
 """Settings a resumed run must share with the interrupted one (the texts and their order)."""
-METRIC = {"classification": "accuracy", "regression": "spearman", "embedding": "cosine"}
+METRIC = {
+    "classification": "accuracy",
+    "regression": "spearman",
+    "token_classification": "entity_f1",
+    "embedding": "cosine",
+}
 """The validation metric that picks the best student (higher is better for each)."""
 
 
@@ -150,7 +160,7 @@ class Run:
     steps_per_epoch: int
     teacher: Teacher
     tokenizer: Tokenizer
-    data: DistillData
+    data: DistillData | TokenDistillData
     model: torch.nn.Module
     loss: LogitsLoss | EmbeddingLoss
     optimizer: torch.optim.Optimizer
@@ -246,6 +256,11 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
     seed_everything(cfg.seed)
     resume_dir = intact_checkpoint(latest_checkpoint(out))
     model, tokenizer, start = student_for(cfg, teacher, resume_dir)
+    if teacher.task == "token_classification" and cfg.intermediate:
+        raise BertforgeError(
+            "--hidden_weight, --attention_weight and --relation_weight are not supported for a "
+            "token_classification teacher yet; set them to 0"
+        )
     layers = layer_losses(cfg, teacher, model, tokenizer)
     resolved = steps.config_dict(cfg)
 
@@ -274,7 +289,7 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
     t0 = time.perf_counter()
     data = load_data(cfg, teacher, tokenizer, out / CACHE_FILE, device, before_teacher)
     teacher_seconds = time.perf_counter() - t0
-    steps_per_epoch = math.ceil(len(data.texts) / cfg.batch_size)
+    steps_per_epoch = math.ceil(len(data.encoded) / cfg.batch_size)
     total = cfg.max_steps or max(1, round(cfg.epochs * steps_per_epoch))
     precision, why = explain_precision(cfg.precision, device, model.config.hidden_size)
     if cfg.dropout is not None:
@@ -328,7 +343,7 @@ def student_for(
             seed=cfg.seed,
         )
     else:
-        cls = BertModel if teacher.task == "embedding" else BertForSequenceClassification
+        cls = student_class(teacher.task)
         model, tokenizer = cls.from_pretrained(resume_dir), Tokenizer.from_file(resume_dir)
         start = str(resume_dir)
     if model.config.max_position_embeddings < teacher.max_length:
@@ -420,11 +435,13 @@ def load_data(
     cache: Path,
     device: torch.device,
     before_teacher: Callable[[int], None],
-) -> DistillData:
+) -> DistillData | TokenDistillData:
     """Read the gold and transfer texts, encode them for the student (its own tokenizer) and
     get the teacher's outputs of them (its tokenizer; cached in ``cache``), calling
     ``before_teacher(training texts)`` first."""
     transfer = transfer_texts(cfg, teacher)
+    if teacher.task == "token_classification":
+        return load_token_data(cfg, teacher, tokenizer, transfer, cache, device, before_teacher)
     if teacher.task == "embedding":
         gold: list[str] = []
         if cfg.train:
@@ -501,6 +518,8 @@ def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
         run.teacher.max_length,
     )  # fmt: skip
     batch = {k: v.to(device) for k, v in padded.items()}
+    if isinstance(data, TokenDistillData):
+        return token_step(run, rows, batch)
     teacher = data.teacher(rows).to(device)
     extra: dict[str, torch.Tensor] = {}
     if len(run.layers):
@@ -524,6 +543,25 @@ def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
     if extra:
         loss = loss + layer_loss(run.layers, extra)
         terms |= extra
+    loss.backward()
+    grad_norm = steps.clip_gradients(run.model.parameters(), run.cfg.max_grad_norm)
+    losses = {"loss": float(loss.detach())}
+    losses |= {f"{name}_loss": float(value.detach()) for name, value in terms.items()}
+    tokens = int(batch["attention_mask"].sum())
+    return steps.StepReport(0.0, grad_norm, tokens, 0.0, losses)
+
+
+def token_step(run: Run, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> steps.StepReport:
+    """A token-classification batch: the soft and gold terms at each word's first piece."""
+    data, device = run.data, run.device
+    assert isinstance(data, TokenDistillData)
+    length = batch["input_ids"].shape[1]
+    where, teacher, labels, labelled = (t.to(device) for t in data.batch(rows, length))
+    with autocast(device, run.precision):
+        logits = run.model(**batch).logits  # (B, T, C)
+    student = logits.reshape(-1, logits.shape[-1])[where]
+    terms = run.loss(student, teacher, labels, labelled)
+    loss = run.loss.loss(terms)
     loss.backward()
     grad_norm = steps.clip_gradients(run.model.parameters(), run.cfg.max_grad_norm)
     losses = {"loss": float(loss.detach())}
@@ -563,6 +601,14 @@ def validate(run: Run, model: torch.nn.Module, scale: Any = None) -> dict[str, f
     with the teacher's predictions beside them), or an embedding's ``cosine`` and ``mse`` to
     the teacher's vectors as it learns them."""
     data, cfg = run.data, run.cfg
+    if isinstance(data, TokenDistillData):
+        return validate_tokens(
+            model,
+            data,
+            run.tokenizer.pad_id,
+            batch_size=cfg.eval_batch_size,
+            precision=run.precision,
+        )
     if run.task == "embedding":
         vectors = model_vectors(
             model,
@@ -599,8 +645,10 @@ def validate(run: Run, model: torch.nn.Module, scale: Any = None) -> dict[str, f
     return metrics
 
 
-def teacher_scores(teacher: Teacher, data: DistillData) -> dict[str, float]:
+def teacher_scores(teacher: Teacher, data: DistillData | TokenDistillData) -> dict[str, float]:
     """The teacher's validation scores from its cached outputs (what the student aims at)."""
+    if isinstance(data, TokenDistillData):
+        return teacher_token_scores(teacher, data)
     if teacher.task == "embedding":
         return {"cosine": 1.0, "mse": 0.0}
     outputs = data.val_outputs
@@ -671,7 +719,7 @@ def task_settings(run: Run) -> dict[str, Any]:
         "truncation": teacher.truncation,
         "pooling": teacher.pooling,
         "distilled_from": str(teacher.directory),
-    }
+    } | ({"label_all_tokens": False} if teacher.task == "token_classification" else {})
 
 
 def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
@@ -681,8 +729,7 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     cfg, out = run.cfg, run.out
     run.model.zero_grad(set_to_none=True)
     run.optimizer.state.clear()
-    cls = BertModel if run.task == "embedding" else BertForSequenceClassification
-    best = cls.from_pretrained(out).to(run.device)
+    best = student_class(run.task).from_pretrained(out).to(run.device)
     metrics = validate(run, best)
     plot_training_curves(out, out / PLOT_FILE, title=f"bertforge distill: {out.name}")
     atomic_write_text(out / FINETUNE_CONFIG, json.dumps(task_settings(run), indent=2) + "\n")

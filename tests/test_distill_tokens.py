@@ -1,0 +1,164 @@
+"""``bertforge distill`` of a token-classification teacher on tiny models: the teacher's cached
+outputs are its logits at each word's first piece (float16, a row per word), a layer subset
+learns the entities, the student loads in transformers with the same logits and tags through
+the CLI, and a student with another vocabulary learns word by word."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_MODEL
+from support.cli import one_line_error
+from test_tagging import FAST, NAMES, tagged_sentences, write_conll
+
+from bertforge import cli
+from bertforge.data.tagging import IGNORE, encode_tagged
+from bertforge.inference.tagging import token_logits
+from bertforge.modeling.config import BertConfig
+from bertforge.modeling.model import BertForMaskedLM, BertForTokenClassification
+from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.distill_tokens import _targets
+from bertforge.training.teacher import load_teacher, token_teacher_outputs, word_offsets
+
+QUICK = ["--batch_size", "16", "--num_threads", "1", "--precision", "fp32", "--progress", "false"]
+QUICK += ["--dropout", "0", "--eval_batch_size", "32"]
+
+
+@pytest.fixture(scope="module")
+def work(task_files, tmp_path_factory) -> dict[str, Path]:
+    """A tiny NER teacher fine-tuned on the names rule, its data, untagged sentences, and a
+    tiny start model whose tokenizer was trained on other text."""
+    root = tmp_path_factory.mktemp("distill-tokens")
+    train, dev = tagged_sentences(256, seed=1), tagged_sentences(64, seed=2)
+    paths = {
+        "root": root,
+        "start": task_files.tiny_start_model(root),
+        "train": write_conll(root / "train.conll", train),
+        "dev": root / "dev.jsonl",
+    }
+    rows = "".join(json.dumps({"tokens": w, "tags": t}) + "\n" for w, t in dev)
+    paths["dev"].write_text(rows)
+    untagged = [" ".join(w) for w, _ in tagged_sentences(200, seed=5)]
+    paths["unlabelled"] = root / "unlabelled.txt"
+    paths["unlabelled"].write_text("\n".join(untagged) + "\n")
+    teacher = root / "teacher"
+    argv = ["finetune", "--task", "token_classification", "--model", str(paths["start"])]
+    argv += ["--train", str(paths["train"]), "--validation", str(paths["dev"])]
+    assert cli.main([*argv, "--output", str(teacher), "--epochs", "3", *FAST]) == 0
+    paths["teacher"] = teacher
+    # another vocabulary: names and filler words spelt backwards beside them, so the same
+    # words become other pieces
+    rng = random.Random(7)
+    lines = []
+    for words, _ in tagged_sentences(300, seed=9):
+        lines.append(" ".join(words) + " " + " ".join(w[::-1] for w in rng.sample(words, 2)))
+    corpus = root / "other.txt"
+    corpus.write_text("\n".join(lines) + "\n")
+    tokenizer = Tokenizer.train(corpus, vocab_size=90, min_frequency=1)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, **{**TINY_MODEL, "num_hidden_layers": 1})
+    torch.manual_seed(1)
+    BertForMaskedLM(config).save_pretrained(root / "other", tokenizer=tokenizer)
+    paths["other"] = root / "other"
+    return paths
+
+
+def distill_argv(work: dict[str, Path], out: Path, *options: str) -> list[str]:
+    argv = ["distill", "--teacher", str(work["teacher"]), "--output", str(out)]
+    return [*argv, "--validation", str(work["dev"]), *options, *QUICK]
+
+
+def test_teacher_outputs_are_its_first_piece_logits_a_row_per_word(work, tmp_path):
+    teacher = load_teacher(str(work["teacher"]))
+    words = [w for w, _ in tagged_sentences(5, seed=3)] + [["\x07"]]  # a word without pieces
+    cached = token_teacher_outputs(teacher, words, tmp_path / "t.npy", batch_size=4)
+    assert cached.dtype == np.float16 and cached.shape == (sum(map(len, words)), 4)
+    windows = encode_tagged(teacher.tokenizer, words, None, max_length=teacher.max_length)
+    logits = token_logits(teacher.model.eval(), windows.encoded, teacher.tokenizer.pad_id)
+    offsets = word_offsets(words)
+    for w, values in enumerate(logits):
+        first = np.flatnonzero(windows.word[w] >= 0)
+        rows = offsets[windows.sentence[w]] + windows.word[w][first]
+        np.testing.assert_allclose(cached[rows], values[first], atol=2e-3, rtol=1e-3)
+    assert np.isnan(cached[-1]).all()  # no target for it
+    again = token_teacher_outputs(teacher, words, tmp_path / "t.npy", batch_size=4)
+    assert isinstance(again, np.memmap)
+
+
+def test_with_the_teachers_tokenizer_the_targets_are_the_labelled_positions(work):
+    """Word alignment on first pieces: with one tokenizer it is finetune's labelling exactly."""
+    tokenizer = Tokenizer.from_file(work["teacher"])
+    sentences = tagged_sentences(8, seed=4)
+    words = [w for w, _ in sentences]
+    ids = [np.arange(len(w)) % 4 for w in words]
+    windows = encode_tagged(tokenizer, words, ids, max_length=12)  # some split into windows
+    assert len(windows) > len(words)
+    for target, labels in zip(_targets(windows, word_offsets(words)), windows.labels, strict=True):
+        assert np.array_equal(target >= 0, labels != IGNORE)
+
+
+@pytest.fixture(scope="module")
+def distilled(work) -> Path:
+    out = work["root"] / "student"
+    argv = distill_argv(work, out, "--student_layers", "1", "--train", str(work["train"]))
+    argv += ["--unlabelled", str(work["unlabelled"]), "--max_steps", "40", "--lr", "3e-3"]
+    assert cli.main([*argv, "--eval_every", "20"]) == 0
+    return out
+
+
+def test_a_layer_subset_learns_the_entities_and_tags(distilled, tmp_path, capsys):
+    results = json.loads((distilled / "eval_results.json").read_text())
+    assert results["task"] == "token_classification" and results["metric"] == "entity_f1"
+    assert results["teacher"]["entity_f1"] >= 0.9
+    assert results["validation"]["entity_f1"] >= 0.75  # all-O scores 0
+    assert results["validation"]["agreement"] >= 0.9
+    assert results["parameters"] < results["teacher_parameters"]
+    config = json.loads((distilled / "config.json").read_text())
+    assert config["architectures"] == ["BertForTokenClassification"]
+    assert config["num_hidden_layers"] == 1
+    settings = json.loads((distilled / "finetune_config.json").read_text())
+    assert settings["task"] == "token_classification"
+    texts = tmp_path / "texts.txt"
+    texts.write_text("we met anna in paris today\n")
+    capsys.readouterr()
+    assert cli.main(["tag", "--model", str(distilled), "--input", str(texts)]) == 0
+    found = capsys.readouterr().out
+    assert "anna" in found and "paris" in found
+
+
+def test_the_student_loads_in_transformers_with_the_same_logits(distilled):
+    transformers = pytest.importorskip("transformers")
+    ours = BertForTokenClassification.from_pretrained(distilled).eval()
+    theirs = transformers.BertForTokenClassification.from_pretrained(distilled).eval()
+    assert theirs.config.id2label[3] == "B-PER"
+    tok = transformers.BertTokenizerFast.from_pretrained(distilled)
+    batch = tok(["anna went to new york", "tom"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = theirs(**batch).logits
+        got = ours(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits
+    real = batch["attention_mask"].bool()  # padding positions are nobody's output
+    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-5)
+
+
+def test_a_student_with_another_vocabulary_learns_word_by_word(work):
+    out = work["root"] / "other-vocab"
+    argv = distill_argv(work, out, "--student", str(work["other"]), "--train", str(work["train"]))
+    assert cli.main([*argv, "--max_steps", "60", "--lr", "1e-2", "--alpha", "0.8"]) == 0
+    student, teacher = Tokenizer.from_file(out), Tokenizer.from_file(work["teacher"])
+    name = " ".join(NAMES[3][0])
+    assert student.encode(name)["input_ids"] != teacher.encode(name)["input_ids"]
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["validation"]["token_accuracy"] >= 0.9
+    assert results["validation"]["entity_f1"] >= 0.5
+
+
+def test_intermediate_losses_are_refused_for_a_token_teacher(work, tmp_path, capsys):
+    argv = distill_argv(
+        work, tmp_path / "x", "--student_layers", "1", "--train", str(work["train"])
+    )
+    message = one_line_error([*argv, "--hidden_weight", "1"], capsys)
+    assert "token_classification" in message and "--hidden_weight" in message
