@@ -20,7 +20,11 @@ from bertforge import cli
 from bertforge.data.tagging import IGNORE, encode_tagged
 from bertforge.inference.tagging import token_logits
 from bertforge.modeling.config import BertConfig
-from bertforge.modeling.model import BertForMaskedLM, BertForTokenClassification
+from bertforge.modeling.model import (
+    BertForMaskedLM,
+    BertForQuestionAnswering,
+    BertForTokenClassification,
+)
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.distill_tokens import _targets
 from bertforge.training.teacher import load_teacher, token_teacher_outputs, word_offsets
@@ -162,3 +166,67 @@ def test_intermediate_losses_are_refused_for_a_token_teacher(work, tmp_path, cap
     )
     message = one_line_error([*argv, "--hidden_weight", "1"], capsys)
     assert "token_classification" in message and "--hidden_weight" in message
+
+
+# ---- question answering: the start/end distributions, the same vocabulary -----------------------
+
+
+@pytest.fixture(scope="module")
+def qa(task_files, tmp_path_factory) -> dict[str, Path]:
+    """A tiny QA teacher fine-tuned on test_qa's "where is good ?" rule, and its data."""
+    from test_qa import _rows, _write_jsonl
+
+    root = tmp_path_factory.mktemp("distill-qa")
+    paths = {
+        "start": task_files.tiny_start_model(root, kind="mlm"),
+        "train": _write_jsonl(root / "train.jsonl", _rows(128, seed=1)),
+        "val": _write_jsonl(root / "val.jsonl", _rows(32, seed=2)),
+        "root": root,
+    }
+    argv = ["finetune", "--model", str(paths["start"]), "--task", "question_answering"]
+    argv += ["--train", str(paths["train"]), "--validation", str(paths["val"])]
+    argv += ["--output", str(root / "teacher"), "--max_length", "48", "--doc_stride", "16"]
+    argv += ["--epochs", "2", *FAST[2:]]
+    assert cli.main(argv) == 0
+    paths["teacher"] = root / "teacher"
+    return paths
+
+
+def test_a_qa_teacher_distils_into_a_fresh_student_that_answers(qa, capsys):
+    out = qa["root"] / "student"
+    argv = ["distill", "--teacher", str(qa["teacher"]), "--output", str(out), *QUICK]
+    argv += [
+        "--student_preset",
+        "tiny",
+        "--train",
+        str(qa["train"]),
+        "--validation",
+        str(qa["val"]),
+    ]
+    assert cli.main([*argv, "--max_steps", "32", "--lr", "3e-3"]) == 0  # fresh weights
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["task"] == "question_answering" and results["metric"] == "f1"
+    assert results["teacher"]["f1"] >= 0.9 and results["validation"]["f1"] >= 0.8
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["BertForQuestionAnswering"]
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.BertForQuestionAnswering.from_pretrained(out).eval()
+    ours = BertForQuestionAnswering.from_pretrained(out).eval()
+    batch = transformers.BertTokenizerFast.from_pretrained(out)(
+        ["where is good ?"], ["the movie was good"], return_tensors="pt"
+    )
+    with torch.no_grad():
+        expected, got = theirs(**batch), ours(**batch)
+    torch.testing.assert_close(got.start_logits, expected.start_logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.end_logits, expected.end_logits, atol=1e-5, rtol=1e-5)
+    capsys.readouterr()
+    argv = ["answer", "--model", str(out), "--question", "where is good ?"]
+    assert cli.main([*argv, "--context", "the movie was good and some plot"]) == 0
+    assert "good" in capsys.readouterr().out
+
+
+def test_a_qa_student_of_another_vocabulary_is_refused(qa, work, tmp_path, capsys):
+    argv = ["distill", "--teacher", str(qa["teacher"]), "--output", str(tmp_path / "x"), *QUICK]
+    argv += ["--student", str(work["other"]), "--train", str(qa["train"])]
+    message = one_line_error(argv, capsys)
+    assert "question_answering" in message and "character offsets" in message

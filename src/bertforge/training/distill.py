@@ -68,7 +68,19 @@ from bertforge.training.distill_layers import (
     traced,
     traced_layers,
 )
-from bertforge.training.distill_losses import EmbeddingLoss, LogitsLoss, pca_projection
+from bertforge.training.distill_losses import (
+    EmbeddingLoss,
+    LogitsLoss,
+    SpanLoss,
+    pca_projection,
+)
+from bertforge.training.distill_qa import (
+    QADistillData,
+    load_qa_data,
+    qa_settings,
+    teacher_qa_scores,
+    validate_qa_student,
+)
 from bertforge.training.distill_tokens import (
     TokenDistillData,
     load_token_data,
@@ -112,6 +124,7 @@ METRIC = {
     "classification": "accuracy",
     "regression": "spearman",
     "token_classification": "entity_f1",
+    "question_answering": "f1",
     "embedding": "cosine",
 }
 """The validation metric that picks the best student (higher is better for each)."""
@@ -161,9 +174,9 @@ class Run:
     steps_per_epoch: int
     teacher: Teacher
     tokenizer: Tokenizer
-    data: DistillData | TokenDistillData
+    data: DistillData | TokenDistillData | QADistillData
     model: torch.nn.Module
-    loss: LogitsLoss | EmbeddingLoss
+    loss: LogitsLoss | SpanLoss | EmbeddingLoss
     optimizer: torch.optim.Optimizer
     logger: MetricsLogger
     teacher_scores: dict[str, float]
@@ -257,10 +270,10 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
     seed_everything(cfg.seed)
     resume_dir = intact_checkpoint(latest_checkpoint(out))
     model, tokenizer, start = student_for(cfg, teacher, resume_dir)
-    if teacher.task == "token_classification" and cfg.intermediate:
+    if teacher.task in ("token_classification", "question_answering") and cfg.intermediate:
         raise BertforgeError(
             "--hidden_weight, --attention_weight and --relation_weight are not supported for a "
-            "token_classification teacher yet; set them to 0"
+            f"{teacher.task} teacher yet; set them to 0"
         )
     layers = layer_losses(cfg, teacher, model, tokenizer)
     resolved = steps.config_dict(cfg)
@@ -356,10 +369,12 @@ def student_for(
 
 
 def loss_module(
-    cfg: DistillConfig, teacher: Teacher, data: DistillData, width: int
-) -> LogitsLoss | EmbeddingLoss:
+    cfg: DistillConfig, teacher: Teacher, data: Any, width: int
+) -> LogitsLoss | SpanLoss | EmbeddingLoss:
     """The loss of the teacher's task; an embedding student narrower than its teacher learns the
     PCA projection of the teacher's vectors (fitted on the first training texts' vectors)."""
+    if teacher.task == "question_answering":
+        return SpanLoss(cfg.alpha, cfg.temperature)
     if teacher.task != "embedding":
         return LogitsLoss(teacher.task == "regression", cfg.alpha, cfg.temperature)
     projection = None
@@ -436,11 +451,13 @@ def load_data(
     cache: Path,
     device: torch.device,
     before_teacher: Callable[[int], None],
-) -> DistillData | TokenDistillData:
+) -> DistillData | TokenDistillData | QADistillData:
     """Read the gold and transfer texts, encode them for the student (its own tokenizer) and
     get the teacher's outputs of them (its tokenizer; cached in ``cache``), calling
     ``before_teacher(training texts)`` first."""
     transfer = transfer_texts(cfg, teacher)
+    if teacher.task == "question_answering":
+        return load_qa_data(cfg, teacher, tokenizer, cache, device, before_teacher)
     if teacher.task == "token_classification":
         return load_token_data(cfg, teacher, tokenizer, transfer, cache, device, before_teacher)
     if teacher.task == "embedding":
@@ -521,6 +538,8 @@ def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
     batch = {k: v.to(device) for k, v in padded.items()}
     if isinstance(data, TokenDistillData):
         return token_step(run, rows, batch)
+    if isinstance(data, QADistillData):
+        return span_step(run, rows, batch)
     teacher = data.teacher(rows).to(device)
     extra: dict[str, torch.Tensor] = {}
     if len(run.layers):
@@ -571,6 +590,26 @@ def token_step(run: Run, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> st
     return steps.StepReport(0.0, grad_norm, tokens, 0.0, losses)
 
 
+def span_step(run: Run, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> steps.StepReport:
+    """A question-answering batch: the start/end KL to the teacher and the gold spans."""
+    data, device = run.data, run.device
+    assert isinstance(data, QADistillData)
+    length = batch["input_ids"].shape[1]
+    teacher = tuple(t.to(device) for t in data.teacher(rows, length))
+    gold = tuple(t.to(device) for t in data.targets(rows))
+    with autocast(device, run.precision):
+        out = run.model(**batch)
+    student = (out.start_logits, out.end_logits)
+    terms = run.loss(student, teacher, batch["attention_mask"], gold)
+    loss = run.loss.loss(terms)
+    loss.backward()
+    grad_norm = steps.clip_gradients(run.model.parameters(), run.cfg.max_grad_norm)
+    losses = {"loss": float(loss.detach())}
+    losses |= {f"{name}_loss": float(value.detach()) for name, value in terms.items()}
+    tokens = int(batch["attention_mask"].sum())
+    return steps.StepReport(0.0, grad_norm, tokens, 0.0, losses)
+
+
 def layer_step(run: Run, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
     """The student's outputs (logits or pooled vectors) and the intermediate losses' terms,
     the teacher run beside it on the same batch (the same tokens)."""
@@ -602,6 +641,14 @@ def validate(run: Run, model: torch.nn.Module, scale: Any = None) -> dict[str, f
     with the teacher's predictions beside them), or an embedding's ``cosine`` and ``mse`` to
     the teacher's vectors as it learns them."""
     data, cfg = run.data, run.cfg
+    if isinstance(data, QADistillData):
+        return validate_qa_student(
+            model,
+            data,
+            run.tokenizer.pad_id,
+            batch_size=cfg.eval_batch_size,
+            precision=run.precision,
+        )
     if isinstance(data, TokenDistillData):
         return validate_tokens(
             model,
@@ -646,10 +693,14 @@ def validate(run: Run, model: torch.nn.Module, scale: Any = None) -> dict[str, f
     return metrics
 
 
-def teacher_scores(teacher: Teacher, data: DistillData | TokenDistillData) -> dict[str, float]:
+def teacher_scores(
+    teacher: Teacher, data: DistillData | TokenDistillData | QADistillData
+) -> dict[str, float]:
     """The teacher's validation scores from its cached outputs (what the student aims at)."""
     if isinstance(data, TokenDistillData):
         return teacher_token_scores(teacher, data)
+    if isinstance(data, QADistillData):
+        return teacher_qa_scores(data)
     if teacher.task == "embedding":
         return {"cosine": 1.0, "mse": 0.0}
     outputs = data.val_outputs
@@ -720,7 +771,17 @@ def task_settings(run: Run) -> dict[str, Any]:
         "truncation": teacher.truncation,
         "pooling": teacher.pooling,
         "distilled_from": str(teacher.directory),
-    } | ({"label_all_tokens": False} if teacher.task == "token_classification" else {})
+    } | extra_settings(run)
+
+
+def extra_settings(run: Run) -> dict[str, Any]:
+    """The task settings of a token classifier or a QA model beyond the columns."""
+    if run.task == "token_classification":
+        return {"label_all_tokens": False}
+    if run.task == "question_answering":
+        stride, max_answer = qa_settings(run.teacher)
+        return {"doc_stride": stride, "max_answer_length": max_answer}
+    return {}
 
 
 def finish(run: Run, state: FinetuneState) -> dict[str, Any]:

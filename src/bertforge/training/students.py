@@ -16,6 +16,7 @@ from bertforge.errors import BertforgeError
 from bertforge.modeling.checkpoint import check_model_directory, check_tokenizer_fits
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import (
+    BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
     BertModel,
@@ -57,6 +58,8 @@ def student_class(task: str) -> type[nn.Module]:
         return BertModel
     if task == "token_classification":
         return BertForTokenClassification
+    if task == "question_answering":
+        return BertForQuestionAnswering
     return BertForSequenceClassification
 
 
@@ -66,6 +69,8 @@ def _task_model(teacher: Teacher, directory: Path | None, config: BertConfig | N
     labels = {}
     if teacher.task == "token_classification":
         labels = dict(num_labels=teacher.config.num_labels, id2label=teacher.config.id2label)
+    elif teacher.task == "question_answering":
+        labels = dict(num_labels=2, id2label=None, problem_type=None)
     elif teacher.task == "classification":
         labels = dict(
             num_labels=teacher.config.num_labels,

@@ -38,6 +38,7 @@ from bertforge.io import atomic_write_text
 from bertforge.modeling.checkpoint import check_model_directory, finetune_defaults
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import (
+    BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
     BertModel,
@@ -70,7 +71,7 @@ class Teacher:
 
     directory: Path
     task: str
-    """classification, regression, token_classification or embedding."""
+    """classification, regression, token_classification, question_answering or embedding."""
     model: nn.Module
     tokenizer: Tokenizer
     text_column: str
@@ -104,7 +105,7 @@ def teacher_task(directory: Path) -> str:
     kind = TASK_ARCHITECTURES.get(arch)
     if kind == "sequence":
         return "regression" if config.is_regression else "classification"
-    if kind == "token_classification":
+    if kind in ("token_classification", "question_answering"):
         return kind
     if kind is not None:
         raise BertforgeError(
@@ -133,8 +134,11 @@ def load_teacher(text: str, max_length: int | None = None) -> Teacher:
         pooling = pooling or saved.get("pooling") or "mean"
         length = max_length or _sentence_max_length(directory) or saved.get("max_length")
     else:
-        cls = BertForTokenClassification if task == "token_classification" else None
-        model = (cls or BertForSequenceClassification).from_pretrained(directory)
+        classes = {
+            "token_classification": BertForTokenClassification,
+            "question_answering": BertForQuestionAnswering,
+        }
+        model = classes.get(task, BertForSequenceClassification).from_pretrained(directory)
         pooling, normalize = None, False
         length = max_length or saved.get("max_length")
     length = min(length or DEFAULT_MAX_LENGTH, model.config.max_position_embeddings)
