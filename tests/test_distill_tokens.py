@@ -1,12 +1,15 @@
-"""``bertforge distill`` of a token-classification teacher on tiny models: the teacher's cached
-outputs are its logits at each word's first piece (float16, a row per word), a layer subset
-learns the entities, the student loads in transformers with the same logits and tags through
-the CLI, and a student with another vocabulary learns word by word."""
+"""``bertforge distill`` of token-classification and question-answering teachers on tiny
+models: the teacher's cached outputs are its logits at each word's first piece (float16, a row
+per word), a layer subset learns the entities, the student loads in transformers with the same
+logits and tags through the CLI, a student with another vocabulary learns word by word, a run
+resumes exactly; a QA teacher's start/end distributions reach a fresh student that answers and
+loads in transformers, and a QA student of another vocabulary is refused."""
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +28,9 @@ from bertforge.modeling.model import (
     BertForQuestionAnswering,
     BertForTokenClassification,
 )
+from bertforge.progress import read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
+from bertforge.training.checkpoints import list_checkpoints
 from bertforge.training.distill_tokens import _targets
 from bertforge.training.teacher import load_teacher, token_teacher_outputs, word_offsets
 
@@ -230,3 +235,27 @@ def test_a_qa_student_of_another_vocabulary_is_refused(qa, work, tmp_path, capsy
     argv += ["--student", str(work["other"]), "--train", str(qa["train"])]
     message = one_line_error(argv, capsys)
     assert "question_answering" in message and "character offsets" in message
+
+
+def test_a_token_run_resumes_exactly(work):
+    """Killed after step 6 of 12 (its checkpoint and the cached per-word outputs copied), the
+    run continues to the same weights and losses."""
+    options = ["--student_layers", "1", "--train", str(work["train"]), "--max_steps", "12"]
+    options += ["--eval_every", "6", "--log_every", "3", "--keep_checkpoints", "0"]
+    options += ["--keep_final_checkpoint", "--dropout", "0.1"]
+    full, resumed = work["root"] / "full", work["root"] / "resumed"
+    assert cli.main(distill_argv(work, full, *options)) == 0
+    first, last = list_checkpoints(full)
+    shutil.copytree(first, resumed / first.name)
+    for f in full.iterdir():
+        if f.is_file() and f.name not in ("eval_results.json", "finetune_config.json"):
+            shutil.copy(f, resumed / f.name)
+    assert cli.main(distill_argv(work, resumed, *options)) == 0
+    a = BertForTokenClassification.from_pretrained(last).state_dict()
+    b = BertForTokenClassification.from_pretrained(list_checkpoints(resumed)[-1]).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    losses = [
+        [r["loss"] for r in read_metrics(d) if r["split"] == "train" and r["step"] > 6]
+        for d in (full, resumed)
+    ]
+    assert losses[0] == losses[1] and losses[0]
