@@ -456,9 +456,9 @@ def load_data(
     """Read the gold and transfer texts, encode them for the student (its own tokenizer) and
     get the teacher's outputs of them (its tokenizer; cached in ``cache``), calling
     ``before_teacher(training texts)`` first."""
-    transfer = transfer_texts(cfg, teacher)
-    if teacher.task == "question_answering":
+    if teacher.task == "question_answering":  # refuses --unlabelled before reading it
         return load_qa_data(cfg, teacher, tokenizer, cache, device, before_teacher)
+    transfer = transfer_texts(cfg, teacher)
     if teacher.task == "token_classification":
         return load_token_data(cfg, teacher, tokenizer, transfer, cache, device, before_teacher)
     if teacher.task == "embedding":
