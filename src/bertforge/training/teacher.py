@@ -9,7 +9,8 @@ place only when complete. Memory stays bounded whatever the number of texts (one
 encoded texts and the pages the loop touches); an epoch then costs the student's pass alone,
 where recomputing would add a teacher forward per text and epoch (a 6-layer teacher beside a
 2-layer student: about 3x the student's cost). A resumed run reads the same file. A token classifier's outputs are a row per word (its logits
-at the word's first piece, float16: :func:`token_teacher_outputs`). What cannot be
+at the word's first piece, float16: :func:`token_teacher_outputs`); a QA teacher's, its
+start/end logits a window (:mod:`bertforge.training.distill_qa`). What cannot be
 cached so cheaply, the teacher's hidden states or attention (T x H numbers a text and layer),
 is for the intermediate losses, computed live (not wired into the loop yet).
 """
