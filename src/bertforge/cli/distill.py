@@ -16,8 +16,8 @@ def main(argv: list[str]) -> int:
         argv,
         prog="bertforge distill",
         description=(
-            "Distill a fine-tuned teacher (classification, regression or a sentence-embedding "
-            "model) into a smaller student: its soft targets and the gold labels, on labelled "
+            "Distill a fine-tuned teacher (classification, regression, token classification, "
+            "question answering or a sentence-embedding model) into a smaller student: its soft targets and the gold labels, on labelled "
             "and unlabelled text (docs/distillation.md)."
         ),
     )

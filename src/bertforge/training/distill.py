@@ -11,7 +11,9 @@ checkpoints, resume, progress bar, metrics log and signal handling are ``finetun
 
 OUTPUT holds the best student by the validation metric, a normal model directory: a
 ``BertForSequenceClassification`` with the teacher's labels (regression: predicting in the
-labels' units) or a ``BertModel`` in the sentence-transformers layout, with its tokenizer and a
+labels' units), a ``BertForTokenClassification`` with its tags (:mod:`bertforge.training.
+distill_tokens`: per-word soft targets), a ``BertForQuestionAnswering`` (:mod:`bertforge.
+training.distill_qa`: start/end distributions) or a ``BertModel`` in the sentence-transformers layout, with its tokenizer and a
 ``finetune_config.json`` carrying the teacher's task settings (columns, maximum length), so that
 ``classify``, ``embed``, ``evaluate``, ``serve``, ``export`` and transformers read it as they
 read a fine-tuned model; beside it ``distill_config.json``, ``metrics.jsonl``, ``curves.png``
@@ -49,7 +51,6 @@ from bertforge.io import (
     read_json_object,
 )
 from bertforge.modeling.checkpoint import FINETUNE_CONFIG
-from bertforge.modeling.model import BertForSequenceClassification, BertModel
 from bertforge.modeling.pooling import pool, write_pooling_declaration
 from bertforge.progress import MetricsLogger, format_duration, parse_duration, plural
 from bertforge.runtime import autocast, explain_precision, pick_device, seed_everything, set_threads
@@ -74,12 +75,30 @@ from bertforge.training.distill_layers import (
     traced,
     traced_layers,
 )
-from bertforge.training.distill_losses import EmbeddingLoss, LogitsLoss, pca_projection
+from bertforge.training.distill_losses import (
+    EmbeddingLoss,
+    LogitsLoss,
+    SpanLoss,
+    pca_projection,
+)
+from bertforge.training.distill_qa import (
+    QADistillData,
+    load_qa_data,
+    qa_settings,
+    teacher_qa_scores,
+    validate_qa_student,
+)
+from bertforge.training.distill_tokens import (
+    TokenDistillData,
+    load_token_data,
+    teacher_token_scores,
+    validate_tokens,
+)
 from bertforge.training.embedding import sentence_vectors
 from bertforge.training.finetune import FinetuneState, save_model
 from bertforge.training.model_card import distill_card, write_model_card
 from bertforge.training.optim import build_optimizer, set_lr
-from bertforge.training.students import build_student
+from bertforge.training.students import build_student, student_class
 from bertforge.training.teacher import Teacher, load_teacher, teacher_outputs
 
 RESULTS_FILE = "eval_results.json"
@@ -108,7 +127,13 @@ RUN_IDENTITY = (
     "layer_map",
 )
 """Settings a resumed run must share with the interrupted one (the texts and their order)."""
-METRIC = {"classification": "accuracy", "regression": "spearman", "embedding": "cosine"}
+METRIC = {
+    "classification": "accuracy",
+    "regression": "spearman",
+    "token_classification": "entity_f1",
+    "question_answering": "f1",
+    "embedding": "cosine",
+}
 """The validation metric that picks the best student (higher is better for each)."""
 
 
@@ -156,9 +181,9 @@ class Run:
     steps_per_epoch: int
     teacher: Teacher
     tokenizer: Tokenizer
-    data: DistillData
+    data: DistillData | TokenDistillData | QADistillData
     model: torch.nn.Module
-    loss: LogitsLoss | EmbeddingLoss
+    loss: LogitsLoss | SpanLoss | EmbeddingLoss
     optimizer: torch.optim.Optimizer
     logger: MetricsLogger
     teacher_scores: dict[str, float]
@@ -252,6 +277,11 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
     seed_everything(cfg.seed)
     resume_dir = intact_checkpoint(latest_checkpoint(out))
     model, tokenizer, start = student_for(cfg, teacher, resume_dir)
+    if teacher.task in ("token_classification", "question_answering") and cfg.intermediate:
+        raise BertforgeError(
+            "--hidden_weight, --attention_weight and --relation_weight are not supported for a "
+            f"{teacher.task} teacher yet; set them to 0"
+        )
     layers = layer_losses(cfg, teacher, model, tokenizer)
     resolved = steps.config_dict(cfg)
 
@@ -280,7 +310,7 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
     t0 = time.perf_counter()
     data = load_data(cfg, teacher, tokenizer, out / CACHE_FILE, device, before_teacher)
     teacher_seconds = time.perf_counter() - t0
-    steps_per_epoch = math.ceil(len(data.texts) / cfg.batch_size)
+    steps_per_epoch = math.ceil(len(data.encoded) / cfg.batch_size)
     total = cfg.max_steps or max(1, round(cfg.epochs * steps_per_epoch))
     precision, why = explain_precision(cfg.precision, device, model.config.hidden_size)
     if cfg.dropout is not None:
@@ -334,7 +364,7 @@ def student_for(
             seed=cfg.seed,
         )
     else:
-        cls = BertModel if teacher.task == "embedding" else BertForSequenceClassification
+        cls = student_class(teacher.task)
         model, tokenizer = cls.from_pretrained(resume_dir), Tokenizer.from_file(resume_dir)
         start = str(resume_dir)
     if model.config.max_position_embeddings < teacher.max_length:
@@ -346,10 +376,12 @@ def student_for(
 
 
 def loss_module(
-    cfg: DistillConfig, teacher: Teacher, data: DistillData, width: int
-) -> LogitsLoss | EmbeddingLoss:
+    cfg: DistillConfig, teacher: Teacher, data: Any, width: int
+) -> LogitsLoss | SpanLoss | EmbeddingLoss:
     """The loss of the teacher's task; an embedding student narrower than its teacher learns the
     PCA projection of the teacher's vectors (fitted on the first training texts' vectors)."""
+    if teacher.task == "question_answering":
+        return SpanLoss(cfg.alpha, cfg.temperature)
     if teacher.task != "embedding":
         return LogitsLoss(teacher.task == "regression", cfg.alpha, cfg.temperature)
     projection = None
@@ -427,11 +459,15 @@ def load_data(
     cache: Path,
     device: torch.device,
     before_teacher: Callable[[int], None],
-) -> DistillData:
+) -> DistillData | TokenDistillData | QADistillData:
     """Read the gold and transfer texts, encode them for the student (its own tokenizer) and
     get the teacher's outputs of them (its tokenizer; cached in ``cache``), calling
     ``before_teacher(training texts)`` first."""
+    if teacher.task == "question_answering":  # refuses --unlabelled before reading it
+        return load_qa_data(cfg, teacher, tokenizer, cache, device, before_teacher)
     transfer = transfer_texts(cfg, teacher)
+    if teacher.task == "token_classification":
+        return load_token_data(cfg, teacher, tokenizer, transfer, cache, device, before_teacher)
     if teacher.task == "embedding":
         gold: list[str] = []
         if cfg.train:
@@ -508,6 +544,10 @@ def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
         run.teacher.max_length,
     )  # fmt: skip
     batch = {k: v.to(device) for k, v in padded.items()}
+    if isinstance(data, TokenDistillData):
+        return token_step(run, rows, batch)
+    if isinstance(data, QADistillData):
+        return span_step(run, rows, batch)
     teacher = data.teacher(rows).to(device)
     extra: dict[str, torch.Tensor] = {}
     if len(run.layers):
@@ -531,6 +571,45 @@ def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
     if extra:
         loss = loss + layer_loss(run.layers, extra)
         terms |= extra
+    loss.backward()
+    grad_norm = steps.clip_gradients(run.model.parameters(), run.cfg.max_grad_norm)
+    losses = {"loss": float(loss.detach())}
+    losses |= {f"{name}_loss": float(value.detach()) for name, value in terms.items()}
+    tokens = int(batch["attention_mask"].sum())
+    return steps.StepReport(0.0, grad_norm, tokens, 0.0, losses)
+
+
+def token_step(run: Run, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> steps.StepReport:
+    """A token-classification batch: the soft and gold terms at each word's first piece."""
+    data, device = run.data, run.device
+    assert isinstance(data, TokenDistillData)
+    length = batch["input_ids"].shape[1]
+    where, teacher, labels, labelled = (t.to(device) for t in data.batch(rows, length))
+    with autocast(device, run.precision):
+        logits = run.model(**batch).logits  # (B, T, C)
+    student = logits.reshape(-1, logits.shape[-1])[where]
+    terms = run.loss(student, teacher, labels, labelled)
+    loss = run.loss.loss(terms)
+    loss.backward()
+    grad_norm = steps.clip_gradients(run.model.parameters(), run.cfg.max_grad_norm)
+    losses = {"loss": float(loss.detach())}
+    losses |= {f"{name}_loss": float(value.detach()) for name, value in terms.items()}
+    tokens = int(batch["attention_mask"].sum())
+    return steps.StepReport(0.0, grad_norm, tokens, 0.0, losses)
+
+
+def span_step(run: Run, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> steps.StepReport:
+    """A question-answering batch: the start/end KL to the teacher and the gold spans."""
+    data, device = run.data, run.device
+    assert isinstance(data, QADistillData)
+    length = batch["input_ids"].shape[1]
+    teacher = tuple(t.to(device) for t in data.teacher(rows, length))
+    gold = tuple(t.to(device) for t in data.targets(rows))
+    with autocast(device, run.precision):
+        out = run.model(**batch)
+    student = (out.start_logits, out.end_logits)
+    terms = run.loss(student, teacher, batch["attention_mask"], gold)
+    loss = run.loss.loss(terms)
     loss.backward()
     grad_norm = steps.clip_gradients(run.model.parameters(), run.cfg.max_grad_norm)
     losses = {"loss": float(loss.detach())}
@@ -570,6 +649,22 @@ def validate(run: Run, model: torch.nn.Module, scale: Any = None) -> dict[str, f
     with the teacher's predictions beside them), or an embedding's ``cosine`` and ``mse`` to
     the teacher's vectors as it learns them."""
     data, cfg = run.data, run.cfg
+    if isinstance(data, QADistillData):
+        return validate_qa_student(
+            model,
+            data,
+            run.tokenizer.pad_id,
+            batch_size=cfg.eval_batch_size,
+            precision=run.precision,
+        )
+    if isinstance(data, TokenDistillData):
+        return validate_tokens(
+            model,
+            data,
+            run.tokenizer.pad_id,
+            batch_size=cfg.eval_batch_size,
+            precision=run.precision,
+        )
     if run.task == "embedding":
         vectors = model_vectors(
             model,
@@ -606,8 +701,14 @@ def validate(run: Run, model: torch.nn.Module, scale: Any = None) -> dict[str, f
     return metrics
 
 
-def teacher_scores(teacher: Teacher, data: DistillData) -> dict[str, float]:
+def teacher_scores(
+    teacher: Teacher, data: DistillData | TokenDistillData | QADistillData
+) -> dict[str, float]:
     """The teacher's validation scores from its cached outputs (what the student aims at)."""
+    if isinstance(data, TokenDistillData):
+        return teacher_token_scores(teacher, data)
+    if isinstance(data, QADistillData):
+        return teacher_qa_scores(data)
     if teacher.task == "embedding":
         return {"cosine": 1.0, "mse": 0.0}
     outputs = data.val_outputs
@@ -678,7 +779,17 @@ def task_settings(run: Run) -> dict[str, Any]:
         "truncation": teacher.truncation,
         "pooling": teacher.pooling,
         "distilled_from": str(teacher.directory),
-    }
+    } | extra_settings(run)
+
+
+def extra_settings(run: Run) -> dict[str, Any]:
+    """The task settings of a token classifier or a QA model beyond the columns."""
+    if run.task == "token_classification":
+        return {"label_all_tokens": False}
+    if run.task == "question_answering":
+        stride, max_answer = qa_settings(run.teacher)
+        return {"doc_stride": stride, "max_answer_length": max_answer}
+    return {}
 
 
 def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
@@ -688,8 +799,7 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     cfg, out = run.cfg, run.out
     run.model.zero_grad(set_to_none=True)
     run.optimizer.state.clear()
-    cls = BertModel if run.task == "embedding" else BertForSequenceClassification
-    best = cls.from_pretrained(out).to(run.device)
+    best = student_class(run.task).from_pretrained(out).to(run.device)
     metrics = validate(run, best)
     plot_training_curves(out, out / PLOT_FILE, title=f"bertforge distill: {run_title(out)}")
     atomic_write_text(out / FINETUNE_CONFIG, json.dumps(task_settings(run), indent=2) + "\n")

@@ -41,7 +41,8 @@ class DistillConfig(LoopOptions):
 
     teacher: str
     """The fine-tuned teacher: a directory ``bertforge finetune`` wrote (classification or
-    regression, single texts or pairs), any BERT sequence classifier, or a sentence-transformers
+    regression, single texts or pairs; token classification; question answering), any BERT
+    sequence or token classifier or span scorer, or a sentence-transformers
     embedding model (all-MiniLM-L6-v2 names the installed copy of that published model)."""
     output: str
     """Output directory for the distilled student, metrics, plots and checkpoints."""
@@ -57,8 +58,9 @@ class DistillConfig(LoopOptions):
     """Start the student with fresh weights in one of Google's BERT sizes (tiny: 2 x 128 ...
     large), with the teacher's tokenizer."""
     train: list[str] | None = None
-    """Labelled training file(s) in the teacher's columns (as for ``finetune``): gold labels
-    beside the teacher's; an embedding teacher reads the texts of its text columns."""
+    """Labelled training file(s) in the teacher's columns (as for ``finetune``; a token
+    classifier's: CoNLL-style or tokens/tags JSONL; a QA teacher's: SQuAD JSON or JSONL): gold labels beside the teacher's; an
+    embedding teacher reads the texts of its text columns."""
     unlabelled: list[str] | None = None
     """Transfer text the teacher labels, no gold labels needed: files, directories or globs in
     any corpus format ``prepare`` reads (text, lines, wikitext, csv/tsv/jsonl with the teacher's

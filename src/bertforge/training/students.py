@@ -15,7 +15,12 @@ from torch import nn
 from bertforge.errors import BertforgeError
 from bertforge.modeling.checkpoint import check_model_directory, check_tokenizer_fits
 from bertforge.modeling.config import BertConfig
-from bertforge.modeling.model import BertForSequenceClassification, BertModel
+from bertforge.modeling.model import (
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.teacher import TASK_ARCHITECTURES, Teacher
 
@@ -47,11 +52,26 @@ def layer_subset(model: nn.Module, layers: list[int]) -> nn.Module:
     return student
 
 
+def student_class(task: str) -> type[nn.Module]:
+    """The model class of a student of a ``task`` teacher."""
+    if task == "embedding":
+        return BertModel
+    if task == "token_classification":
+        return BertForTokenClassification
+    if task == "question_answering":
+        return BertForQuestionAnswering
+    return BertForSequenceClassification
+
+
 def _task_model(teacher: Teacher, directory: Path | None, config: BertConfig | None) -> nn.Module:
     """The teacher's model class with its labels: loaded from ``directory`` or fresh of
     ``config``."""
     labels = {}
-    if teacher.task == "classification":
+    if teacher.task == "token_classification":
+        labels = dict(num_labels=teacher.config.num_labels, id2label=teacher.config.id2label)
+    elif teacher.task == "question_answering":
+        labels = dict(num_labels=2, id2label=None, problem_type=None)
+    elif teacher.task == "classification":
         labels = dict(
             num_labels=teacher.config.num_labels,
             id2label=teacher.config.id2label,
@@ -59,7 +79,7 @@ def _task_model(teacher: Teacher, directory: Path | None, config: BertConfig | N
         )
     elif teacher.task == "regression":
         labels = dict(num_labels=1, id2label=None, problem_type="regression")
-    cls = BertModel if teacher.task == "embedding" else BertForSequenceClassification
+    cls = student_class(teacher.task)
     if directory is not None:
         return cls.from_pretrained(directory, **labels)
     assert config is not None
@@ -78,12 +98,13 @@ def _check_student_head(directory: Path, teacher: Teacher) -> None:
         kind if kind != "sequence" else "regression" if config.is_regression else "classification"
     )
     same = task == teacher.task and (
-        task != "classification" or config.id2label == teacher.config.id2label
+        task not in ("classification", "token_classification")
+        or config.id2label == teacher.config.id2label
     )
     if not same:
         what = (
             f"{task} with labels {sorted((config.id2label or {}).values())}"
-            if task == "classification"
+            if task in ("classification", "token_classification")
             else task
         )
         raise BertforgeError(
@@ -127,4 +148,4 @@ def build_student(
     return model, teacher.tokenizer, f"a fresh {preset} BERT"
 
 
-__all__ = ["build_student", "layer_subset"]
+__all__ = ["build_student", "layer_subset", "student_class"]

@@ -8,7 +8,9 @@ in OUTPUT (float32: 4 bytes x the number of classes, or x the vector width, a te
 place only when complete. Memory stays bounded whatever the number of texts (one chunk of
 encoded texts and the pages the loop touches); an epoch then costs the student's pass alone,
 where recomputing would add a teacher forward per text and epoch (a 6-layer teacher beside a
-2-layer student: about 3x the student's cost). A resumed run reads the same file. What cannot be
+2-layer student: about 3x the student's cost). A resumed run reads the same file. A token classifier's outputs are a row per word (its logits
+at the word's first piece, float16: :func:`token_teacher_outputs`); a QA teacher's, its
+start/end logits a window (:mod:`bertforge.training.distill_qa`). What cannot be
 cached so cheaply, the teacher's hidden states or attention (T x H numbers a text and layer),
 is for the intermediate losses, computed live (not wired into the loop yet).
 """
@@ -28,13 +30,20 @@ import torch
 from torch import nn
 
 from bertforge.data.encoding import encode_examples
+from bertforge.data.tagging import encode_tagged
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.embedding import model_vectors
 from bertforge.inference.predict import sequence_logits
+from bertforge.inference.tagging import token_logits
 from bertforge.io import atomic_write_text
 from bertforge.modeling.checkpoint import check_model_directory, finetune_defaults
 from bertforge.modeling.config import BertConfig
-from bertforge.modeling.model import BertForSequenceClassification, BertModel
+from bertforge.modeling.model import (
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
 from bertforge.modeling.pooling import declared_pooling
 from bertforge.tokenizer.wordpiece import Tokenizer
 
@@ -63,7 +72,7 @@ class Teacher:
 
     directory: Path
     task: str
-    """classification, regression or embedding."""
+    """classification, regression, token_classification, question_answering or embedding."""
     model: nn.Module
     tokenizer: Tokenizer
     text_column: str
@@ -97,10 +106,12 @@ def teacher_task(directory: Path) -> str:
     kind = TASK_ARCHITECTURES.get(arch)
     if kind == "sequence":
         return "regression" if config.is_regression else "classification"
+    if kind in ("token_classification", "question_answering"):
+        return kind
     if kind is not None:
         raise BertforgeError(
             f"{directory}: a {arch} teacher ({kind}) is not supported by distill yet; "
-            "classification, regression and embedding teachers are"
+            "classification, regression, token classification and embedding teachers are"
         )
     pooling, _, _ = declared_pooling(directory)
     if arch == "BertModel" and (pooling is not None or (directory / "modules.json").is_file()):
@@ -124,7 +135,11 @@ def load_teacher(text: str, max_length: int | None = None) -> Teacher:
         pooling = pooling or saved.get("pooling") or "mean"
         length = max_length or _sentence_max_length(directory) or saved.get("max_length")
     else:
-        model = BertForSequenceClassification.from_pretrained(directory)
+        classes = {
+            "token_classification": BertForTokenClassification,
+            "question_answering": BertForQuestionAnswering,
+        }
+        model = classes.get(task, BertForSequenceClassification).from_pretrained(directory)
         pooling, normalize = None, False
         length = max_length or saved.get("max_length")
     length = min(length or DEFAULT_MAX_LENGTH, model.config.max_position_embeddings)
@@ -236,4 +251,73 @@ def teacher_outputs(
     return np.load(cache, mmap_mode="r")
 
 
-__all__ = ["Teacher", "load_teacher", "teacher_outputs", "teacher_task"]
+def word_offsets(words: Sequence[Sequence[str]]) -> np.ndarray:
+    """(N + 1,) int64: the first row of each sentence's words in the flat word-aligned outputs
+    of :func:`token_teacher_outputs` (sentence ``s``, word ``w`` is row ``offsets[s] + w``)."""
+    return np.concatenate([[0], np.cumsum([len(w) for w in words])]).astype(np.int64)
+
+
+def _word_logits(
+    teacher: Teacher, words: Sequence[Sequence[str]], out: np.ndarray, **options: Any
+) -> None:
+    """Fill ``out`` (rows of ``words``' words, C) with the teacher's logits at each word's first
+    piece (its own tokenizer); a word without pieces keeps NaN (no target)."""
+    windows = encode_tagged(teacher.tokenizer, words, None, max_length=teacher.max_length)
+    logits = token_logits(teacher.model, windows.encoded, teacher.tokenizer.pad_id, **options)
+    offsets = word_offsets(words)
+    for w, values in enumerate(logits):
+        at = windows.word[w]
+        keep = at >= 0
+        out[offsets[int(windows.sentence[w])] + at[keep]] = values[keep]
+
+
+@torch.inference_mode()
+def token_teacher_outputs(
+    teacher: Teacher,
+    words: Sequence[Sequence[str]],
+    cache: Path | None,
+    *,
+    batch_size: int = 64,
+    precision: str = "fp32",
+) -> np.ndarray:
+    """A token-classification teacher's (words, C) logits, one row per word of every sentence
+    (rows :func:`word_offsets`), taken at the word's first piece under the teacher's tokenizer;
+    NaN for a word without pieces. With ``cache`` they are a float16 memory-mapped ``.npy``
+    (C x 2 bytes a word, not T x C x 4 a window), computed a chunk of sentences at a time."""
+    options = dict(batch_size=batch_size, precision=precision)
+    rows = int(sum(len(w) for w in words))
+    if cache is None:
+        out = np.full((rows, teacher.width), np.nan, dtype=np.float32)
+        _word_logits(teacher, words, out, **options)
+        return out
+    key = _cache_key(teacher, ["\x1f".join(w) for w in words], None, precision)
+    stamp = cache.with_suffix(".json")
+    if cache.is_file() and stamp.is_file():
+        try:
+            if json.loads(stamp.read_text(encoding="utf-8")).get("key") == key:
+                return np.load(cache, mmap_mode="r")
+        except ValueError:
+            pass  # a damaged stamp: compute again
+    tmp = cache.with_name(cache.name + ".tmp")
+    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=(rows, teacher.width))
+    offsets = word_offsets(words)
+    for start in range(0, len(words), CACHE_CHUNK):
+        end = min(start + CACHE_CHUNK, len(words))
+        part = np.full((offsets[end] - offsets[start], teacher.width), np.nan, dtype=np.float32)
+        _word_logits(teacher, words[start:end], part, **options)
+        out[offsets[start] : offsets[end]] = part
+    out.flush()
+    del out
+    os.replace(tmp, cache)
+    atomic_write_text(stamp, json.dumps({"key": key, "texts": len(words)}) + "\n")
+    return np.load(cache, mmap_mode="r")
+
+
+__all__ = [
+    "Teacher",
+    "load_teacher",
+    "teacher_outputs",
+    "teacher_task",
+    "token_teacher_outputs",
+    "word_offsets",
+]
