@@ -548,10 +548,10 @@ def test_the_end_of_a_run_frees_the_optimizer_before_reloading_the_best_model(
     def spy(run, state):
         original = F.model_class
 
-        def reload(task):
+        def reload(task, model_dir):
             seen["grads"] = sum(p.grad is not None for p in run.model.parameters())
             seen["moments"] = len(run.optimizer.state)
-            return original(task)
+            return original(task, model_dir)
 
         monkeypatch.setattr(F, "model_class", reload)
         seen["before"] = len(run.optimizer.state)
