@@ -9,9 +9,11 @@ Steps, each a ``bertforge`` command or library call:
    ``--questions`` questions; each question's ``--negatives`` best-ranked paragraphs that are
    not its own are its hard negatives. ``train.jsonl``: one ``{"query", "passage", "label"}``
    per pair, 1 for the question's paragraph, 0 for a negative.
-2. ``bertforge finetune --task regression`` from ``--start`` (default all-MiniLM-L6-v2 with a
-   fresh one-output head) on those pairs: a pointwise reranker (squared error on 0/1 relevance),
-   saved as a cross-encoder.
+2. ``bertforge finetune --task classification`` (``--task``; the default) from ``--start``
+   (default all-MiniLM-L6-v2 with a fresh head) on those pairs: a pointwise reranker, two
+   classes 0/1 trained with cross-entropy and scored ``logit[1] - logit[0]``, or with
+   ``--task regression`` one output trained with squared error on the 0/1 labels; saved as a
+   cross-encoder.
 3. XQuAD-en as BEIR files (1,190 questions, or a fixed sample of ``--queries`` of them when
    the CPU is short; the 240 paragraphs; each question's own paragraph relevant) and ``bertforge evaluate --model RERANKER --retriever all-MiniLM-L6-v2 --top_k K``.
 4. ``CrossEncoder(RERANKER).predict`` on ``--check_pairs`` XQuAD (question, paragraph) pairs
@@ -115,7 +117,8 @@ def bertforge(*argv: str) -> float:
 
 def cross_encoder_check(model: Path, files: dict[str, str], count: int) -> dict[str, float]:
     """The largest |CrossEncoder(model).predict - bertforge's score| over ``count`` XQuAD
-    (question, paragraph) pairs, half of them a question's own paragraph (step 4)."""
+    (question, paragraph) pairs drawn at random (step 4); for a two-class model ``predict``'s
+    ``logit[1] - logit[0]``."""
     from sentence_transformers import CrossEncoder
 
     queries = [
@@ -126,7 +129,11 @@ def cross_encoder_check(model: Path, files: dict[str, str], count: int) -> dict[
     ]
     rng = random.Random(1)
     pairs = [(rng.choice(queries), rng.choice(corpus)) for _ in range(count)]
-    theirs = CrossEncoder(str(model), device="cpu").predict(pairs, batch_size=16)
+    theirs = np.asarray(CrossEncoder(str(model), device="cpu").predict(pairs, batch_size=16))
+    if (
+        theirs.ndim == 2
+    ):  # a two-class model: predict returns both logits; the score is their log-odds
+        theirs = theirs[:, 1] - theirs[:, 0]
     reranker = load_reranker(LoadOptions(model=str(model), precision="fp32", batch_size=16))
     ours = np.array([score(reranker, q, [p])[0] for q, p in pairs])
     return {"pairs": count, "max_abs_difference": float(np.abs(ours - theirs).max())}
@@ -140,7 +147,12 @@ def main() -> None:
     parser.add_argument("--negatives", type=int, default=3)
     parser.add_argument("--max_length", type=int, default=256)
     parser.add_argument("--epochs", type=float, default=1.0)
+    parser.add_argument("--max_steps", type=int, default=None, help="overrides --epochs")
     parser.add_argument("--batch_size", type=int, default=16)
+    parser.add_argument(
+        "--task", choices=("classification", "regression"), default="classification"
+    )
+    parser.add_argument("--dropout", type=float, default=None, help="default: the model's")
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--top_k", type=int, default=10)
     parser.add_argument("--queries", type=int, default=None, help="XQuAD questions (all 1,190)")
@@ -159,11 +171,13 @@ def main() -> None:
     threads = ["--num_threads", str(args.num_threads), "--precision", "fp32", "--progress", "false"]
     train_s = bertforge(
         *("finetune", "--model", start, "--train", str(work / "train.jsonl")),
-        *("--output", str(model), "--task", "regression", "--text_column", "query"),
+        *("--output", str(model), "--task", args.task, "--text_column", "query"),
         *("--text_pair_column", "passage", "--label_column", "label"),
         *("--max_length", str(args.max_length), "--epochs", str(args.epochs)),
         *("--batch_size", str(args.batch_size), "--lr", str(args.lr)),
         *("--validation_fraction", "0.05", "--seed", str(args.seed), *threads),
+        *(("--max_steps", str(args.max_steps)) if args.max_steps else ()),
+        *(("--dropout", str(args.dropout)) if args.dropout is not None else ()),
     )
     files = xquad_beir(work, args.queries, args.seed)
     beir = ["--queries", files["queries.jsonl"], "--corpus", files["corpus.jsonl"]]
