@@ -571,12 +571,7 @@ def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
     if extra:
         loss = loss + layer_loss(run.layers, extra)
         terms |= extra
-    loss.backward()
-    grad_norm = steps.clip_gradients(run.model.parameters(), run.cfg.max_grad_norm)
-    losses = {"loss": float(loss.detach())}
-    losses |= {f"{name}_loss": float(value.detach()) for name, value in terms.items()}
-    tokens = int(batch["attention_mask"].sum())
-    return steps.StepReport(0.0, grad_norm, tokens, 0.0, losses)
+    return backward_step(run, loss, terms, batch)
 
 
 def token_step(run: Run, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> steps.StepReport:
@@ -590,12 +585,7 @@ def token_step(run: Run, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> st
     student = logits.reshape(-1, logits.shape[-1])[where]
     terms = run.loss(student, teacher, labels, labelled)
     loss = run.loss.loss(terms)
-    loss.backward()
-    grad_norm = steps.clip_gradients(run.model.parameters(), run.cfg.max_grad_norm)
-    losses = {"loss": float(loss.detach())}
-    losses |= {f"{name}_loss": float(value.detach()) for name, value in terms.items()}
-    tokens = int(batch["attention_mask"].sum())
-    return steps.StepReport(0.0, grad_norm, tokens, 0.0, losses)
+    return backward_step(run, loss, terms, batch)
 
 
 def span_step(run: Run, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> steps.StepReport:
@@ -610,6 +600,13 @@ def span_step(run: Run, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> ste
     student = (out.start_logits, out.end_logits)
     terms = run.loss(student, teacher, batch["attention_mask"], gold)
     loss = run.loss.loss(terms)
+    return backward_step(run, loss, terms, batch)
+
+
+def backward_step(
+    run: Run, loss: torch.Tensor, terms: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]
+) -> steps.StepReport:
+    """The end of every kind of step: backward, clip, and the report with each named term."""
     loss.backward()
     grad_norm = steps.clip_gradients(run.model.parameters(), run.cfg.max_grad_norm)
     losses = {"loss": float(loss.detach())}
