@@ -173,9 +173,10 @@ def test_a_student_with_another_vocabulary_tokenises_on_its_own(work):
     assert results["validation"]["accuracy"] >= 0.8
 
 
-def test_unlabelled_text_alone_with_a_validation_file(work):
+def test_unlabelled_text_alone_with_a_validation_file(work, capsys):
     """No gold label to train on: the teacher labels the transfer text, the student learns its
-    rule (alpha plays no part: every batch trains on the soft term alone)."""
+    rule (alpha plays no part: every batch trains on the soft term alone). The teacher's pass
+    says how far it is, a line per chunk, ending at every text."""
     out = work["root"] / "unlabelled-only"
     argv = distill_argv(work, out, "--student_layers", "1", "--unlabelled", str(work["unlabelled"]))
     assert (
@@ -186,6 +187,9 @@ def test_unlabelled_text_alone_with_a_validation_file(work):
     assert results["validation"]["examples"] == 240 and results["validation"]["accuracy"] >= 0.85
     train = [r for r in read_metrics(out) if r["split"] == "train"]
     assert "hard_loss" not in train[0]
+    texts = sum(1 for line in work["unlabelled"].read_text().splitlines() if line.strip()) + 240
+    passes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("teacher:")]
+    assert passes and passes[-1].startswith(f"teacher: {texts:,} of {texts:,} texts, ")
 
 
 def test_a_pair_teacher_gives_its_columns_to_the_student(classifier, tmp_path):

@@ -11,6 +11,7 @@ import math
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,21 @@ def time_left(done: float, seconds: float) -> str:
     ``seconds``; empty when nothing or everything is read."""
     left = seconds * (1 - done) / done if done > 0 else float("nan")
     return f", about {format_duration(left)} left" if math.isfinite(left) and done < 1 else ""
+
+
+def count_progress(label: str, unit: str) -> Callable[[int, int], None]:
+    """A ``report(done, total)`` that prints ``label: 8,192 of 132,611 texts, 1m05s, about
+    16m58s left`` (the clock starts when this is called): for a long pass with no bar."""
+    start = time.perf_counter()
+
+    def report(done: int, total: int) -> None:
+        seconds = time.perf_counter() - start
+        left = time_left(done / total, seconds) if total else ""
+        print(
+            f"{label}: {done:,} of {total:,} {unit}, {format_duration(seconds)}{left}", flush=True
+        )
+
+    return report
 
 
 def format_duration(seconds: float) -> str:

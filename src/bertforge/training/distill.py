@@ -52,7 +52,13 @@ from bertforge.io import (
 )
 from bertforge.modeling.checkpoint import FINETUNE_CONFIG
 from bertforge.modeling.pooling import pool, write_pooling_declaration
-from bertforge.progress import MetricsLogger, format_duration, parse_duration, plural
+from bertforge.progress import (
+    MetricsLogger,
+    count_progress,
+    format_duration,
+    parse_duration,
+    plural,
+)
 from bertforge.runtime import autocast, explain_precision, pick_device, seed_everything, set_threads
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training import steps
@@ -510,6 +516,7 @@ def load_data(
         cache,
         batch_size=cfg.eval_batch_size,
         precision=precision,
+        progress=count_progress("teacher", "texts"),
     )
     teacher.model.to("cpu")  # its outputs are cached: the device is the student's
     scale = None

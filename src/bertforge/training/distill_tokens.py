@@ -26,6 +26,7 @@ import torch
 from bertforge.data.tagging import IGNORE, TaggedData, Windows, encode_tagged, read_tagged, tag_ids
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.tagging import evaluate_tagging_model, tag_metrics
+from bertforge.progress import count_progress
 from bertforge.runtime import explain_precision
 from bertforge.training.distill_config import DistillConfig
 from bertforge.training.teacher import Teacher, token_teacher_outputs, word_offsets
@@ -151,7 +152,12 @@ def load_token_data(
     precision, _ = explain_precision(cfg.precision, device, teacher.config.hidden_size)
     teacher.model.to(device)
     outputs = token_teacher_outputs(
-        teacher, words + val.words, cache, batch_size=cfg.eval_batch_size, precision=precision
+        teacher,
+        words + val.words,
+        cache,
+        batch_size=cfg.eval_batch_size,
+        precision=precision,
+        progress=count_progress("teacher", "sentences"),
     )
     teacher.model.to("cpu")
     encode = dict(max_length=teacher.max_length)

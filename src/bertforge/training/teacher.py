@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,11 +219,12 @@ def teacher_outputs(
     *,
     batch_size: int = 64,
     precision: str = "fp32",
+    progress: Callable[[int, int], None] | None = None,
 ) -> np.ndarray:
     """The teacher's (N, width) outputs of every text: logits (classification), predictions in
     the labels' units (regression) or vectors (embedding). With ``cache`` (a ``.npy`` path) they
     are read from it when it holds these texts' outputs, else computed a chunk at a time into
-    it (memory-mapped) and returned from it."""
+    it (memory-mapped) and returned from it; ``progress(done, total)`` after each chunk."""
     options = dict(batch_size=batch_size, precision=precision)
     if cache is None:
         return _compute(teacher, texts, pairs, **options)
@@ -244,6 +245,8 @@ def teacher_outputs(
         out[part] = _compute(
             teacher, texts[part], None if pairs is None else pairs[part], **options
         )
+        if progress is not None:
+            progress(min(start + CACHE_CHUNK, len(texts)), len(texts))
     out.flush()
     del out
     os.replace(tmp, cache)
@@ -279,11 +282,13 @@ def token_teacher_outputs(
     *,
     batch_size: int = 64,
     precision: str = "fp32",
+    progress: Callable[[int, int], None] | None = None,
 ) -> np.ndarray:
     """A token-classification teacher's (words, C) logits, one row per word of every sentence
     (rows :func:`word_offsets`), taken at the word's first piece under the teacher's tokenizer;
     NaN for a word without pieces. With ``cache`` they are a float16 memory-mapped ``.npy``
-    (C x 2 bytes a word, not T x C x 4 a window), computed a chunk of sentences at a time."""
+    (C x 2 bytes a word, not T x C x 4 a window), computed a chunk of sentences at a time;
+    ``progress(done, total)`` after each chunk."""
     options = dict(batch_size=batch_size, precision=precision)
     rows = int(sum(len(w) for w in words))
     if cache is None:
@@ -306,6 +311,8 @@ def token_teacher_outputs(
         part = np.full((offsets[end] - offsets[start], teacher.width), np.nan, dtype=np.float32)
         _word_logits(teacher, words[start:end], part, **options)
         out[offsets[start] : offsets[end]] = part
+        if progress is not None:
+            progress(end, len(words))
     out.flush()
     del out
     os.replace(tmp, cache)
