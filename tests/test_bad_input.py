@@ -451,6 +451,19 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
                 ),
             ),
             ("bert-size", ["--model.preset", "small"], ("has no ModernBERT size",)),
+            (
+                "sine-positions",
+                ["--train.position_init", "sinusoidal"],
+                (
+                    "--train.position_init sinusoidal: ModernBERT has rotary positions",
+                    "drop it for --model.architecture modernbert",
+                ),
+            ),
+            (
+                "segment-table",
+                ["--train.segment_init_std", "0.2"],
+                ("--train.segment_init_std: ModernBERT has no token types",),
+            ),
         ]
     ],
     (

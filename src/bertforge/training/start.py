@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 from bertforge.data.dataset import META_FILE, PretrainingDataset
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_file
+from bertforge.modeling.config import ModernBertConfig
 from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining, cooccurrence_vectors
 from bertforge.progress import format_duration, parse_duration
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -58,6 +59,8 @@ class Variant:
     charged: bool = False
     """Start-up work that grows with the corpus: its seconds count against the time budget, and
     it runs after the model is built (its line is printed with its time)."""
+    bert_only: str = ""
+    """Why a ModernBERT cannot start this way (it has no such table or head); empty: it can."""
 
 
 # ---- the variants of a fresh model --------------------------------------------------------------
@@ -111,15 +114,32 @@ FRESH_STARTS: tuple[Variant, ...] = (
         "--train.position_init sinusoidal",
         lambda t: t.position_init == "sinusoidal",
         sine_positions,
+        bert_only="ModernBERT has rotary positions, no position table to start",
     ),
-    Variant("--train.segment_init_std", lambda t: t.segment_init_std is not None, segment_table),
-    Variant("--train.special_init_std", lambda t: t.special_init_std is not None, special_tokens),
+    Variant(
+        "--train.segment_init_std",
+        lambda t: t.segment_init_std is not None,
+        segment_table,
+        bert_only="ModernBERT has no token types, so no segment table",
+    ),
+    Variant(
+        "--train.special_init_std",
+        lambda t: t.special_init_std is not None,
+        special_tokens,
+        bert_only="the special tokens' redraw is built for BERT's embeddings only",
+    ),
     Variant(
         "--train.attention_init identity",
         lambda t: t.attention_init == "identity",
         identity_attention,
+        bert_only="the identity start is built for BERT's separate value and output weights",
     ),
-    Variant("--train.fresh_head warm", lambda t: t.fresh_head == "warm", warm_head),
+    Variant(
+        "--train.fresh_head warm",
+        lambda t: t.fresh_head == "warm",
+        warm_head,
+        bert_only="the warm head is built for BERT's MLM head (cls.predictions)",
+    ),
     Variant(
         "--train.word_init cooccurrence",
         lambda t: t.word_init == "cooccurrence",
@@ -140,7 +160,15 @@ def start_fresh(
     model: Any, cfg: PretrainConfig, data: StartData, *, charged: bool
 ) -> list[tuple[Variant, str, float]]:
     """Apply the asked variants of :data:`FRESH_STARTS` whose ``charged`` is ``charged``, in
-    order; returns each with what it did and its seconds."""
+    order; returns each with what it did and its seconds. A start a ModernBERT has no table
+    for is a one-line error before any is applied."""
+    if isinstance(model.config, ModernBertConfig):
+        for variant in FRESH_STARTS:
+            if variant.bert_only and variant.asked(cfg.train):
+                raise BertforgeError(
+                    f"{variant.option}: {variant.bert_only}; drop it for --model.architecture "
+                    "modernbert"
+                )
     done = []
     for variant in FRESH_STARTS:
         if variant.charged == charged and variant.asked(cfg.train):
