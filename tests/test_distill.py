@@ -188,7 +188,7 @@ def test_unlabelled_text_alone_with_a_validation_file(work, capsys):
     train = [r for r in read_metrics(out) if r["split"] == "train"]
     assert "hard_loss" not in train[0]
     texts = sum(1 for line in work["unlabelled"].read_text().splitlines() if line.strip()) + 240
-    passes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("teacher:")]
+    passes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("teacher:")]
     assert passes and passes[-1].startswith(f"teacher: {texts:,} of {texts:,} texts, ")
 
 

@@ -520,9 +520,10 @@ def test_the_padded_grid_path_equals_the_unpadded_one(monkeypatch):
 
 
 @pytest.mark.slow  # two short pretraining runs
-def test_a_modernbert_pretraining_run_resumes_bit_exactly(shakespeare_file, tmp_path):
-    """Dropout on (--train.dropout reaches ModernBERT's dropout places), an evaluation mid-way:
-    the run resumed from step 6 logs the same losses and ends with the same weights."""
+def test_a_modernbert_pretraining_run_resumes_bit_exactly(shakespeare_file, tmp_path, capsys):
+    """Dropout on (--train.dropout reaches ModernBERT's dropout places), an evaluation mid-way,
+    word vectors started from co-occurrence counts: the run resumed from step 6 logs the same
+    losses and ends with the same weights."""
     from safetensors.torch import load_file
 
     from bertforge import cli
@@ -585,8 +586,11 @@ def test_a_modernbert_pretraining_run_resumes_bit_exactly(shakespeare_file, tmp_
         "3",
         "--train.dropout",
         "0.1",
+        "--train.word_init",
+        "cooccurrence",
     ]
     assert cli.main([*argv, "--output", str(tmp_path / "full")]) == 0
+    assert "word embeddings start from co-occurrence vectors" in capsys.readouterr().err
     checkpoint = tmp_path / "full" / "checkpoint-00000006"
     assert (
         cli.main([*argv, "--output", str(tmp_path / "resumed"), "--resume", str(checkpoint)]) == 0

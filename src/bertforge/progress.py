@@ -103,16 +103,15 @@ def time_left(done: float, seconds: float) -> str:
 
 
 def count_progress(label: str, unit: str) -> Callable[[int, int], None]:
-    """A ``report(done, total)`` that prints ``label: 8,192 of 132,611 texts, 1m05s, about
+    """A ``report(done, total)`` that prints (to stderr, as the logs do) ``label: 8,192 of 132,611 texts, 1m05s, about
     16m58s left`` (the clock starts when this is called): for a long pass with no bar."""
     start = time.perf_counter()
 
     def report(done: int, total: int) -> None:
         seconds = time.perf_counter() - start
         left = time_left(done / total, seconds) if total else ""
-        print(
-            f"{label}: {done:,} of {total:,} {unit}, {format_duration(seconds)}{left}", flush=True
-        )
+        line = f"{label}: {done:,} of {total:,} {unit}, {format_duration(seconds)}{left}"
+        print(line, file=sys.stderr, flush=True)
 
     return report
 

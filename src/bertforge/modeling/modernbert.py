@@ -335,6 +335,14 @@ class ModernBertPreTrainedModel(nn.Module):
             elif name == "decoder" and isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)  # its weight is the token table
 
+    def init_word_vectors(self, vectors: Tensor, rows: Tensor) -> None:
+        """Start the token table's ``rows`` (a bool mask over the vocabulary) from ``vectors``
+        (vocabulary, k <= hidden size; ``--train.word_init cooccurrence``), as BERT's
+        ``init_word_vectors`` does; the tied decoder shares the table."""
+        table = self.get_submodule(self.base_prefix + "embeddings.tok_embeddings").weight
+        with torch.no_grad():
+            table[rows, : vectors.shape[1]] = vectors[rows].to(table.dtype)
+
     @classmethod
     def from_pretrained(cls, directory: str | Path, **config_overrides: Any) -> Any:
         """Load our or transformers' ModernBERT directory (config.json + model.safetensors) into
