@@ -59,6 +59,7 @@ from bertforge.modeling.ops import (
     decoder_cross_entropy,
     decoder_logits,
     dropout,
+    linear,
     repad,
     residual_norm,
     round_up,
@@ -164,11 +165,17 @@ def rotary_tables(positions: Tensor, head_dim: int, theta: float) -> tuple[Tenso
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """``x * cos + rotate_half(x) * sin`` over (n, nh, hs) ``x`` and (n, 1, hs) tables, where
-    rotate_half(x) = (-x2, x1) for the halves x1, x2 of the head; computed in fp32."""
+    """``x * cos + rotate_half(x) * sin`` over (..., hs) ``x`` and tables that broadcast to it
+    (e.g. (n, nh, hs) and (n, 1, hs)), where rotate_half(x) = (-x2, x1) for the halves x1, x2
+    of the head; computed in fp32. The tables' two halves are equal (:func:`rotary_tables`),
+    so the rotated half is added into the product in place (no concatenated copy)."""
     xf = x.float()
-    x1, x2 = xf.chunk(2, dim=-1)
-    return (xf * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
+    h = xf.shape[-1] // 2
+    x1, x2, s = xf[..., :h], xf[..., h:], sin[..., :h]
+    out = xf * cos
+    out[..., :h].addcmul_(x2, s, value=-1.0)
+    out[..., h:].addcmul_(x1, s)
+    return out.to(x.dtype)
 
 
 # ---- attention ---------------------------------------------------------------------------------
@@ -197,10 +204,10 @@ class ModernBertAttention(nn.Module):
         n, H = x.shape
         nh, hs = self.num_heads, self.head_dim
         B, T = rows.B, rows.T
-        qkv = self.Wqkv(x).view(n, 3, nh, hs)  # (n, 3, nh, hs)
-        cos, sin = rope
-        q, k = rotate(qkv[:, 0], cos, sin), rotate(qkv[:, 1], cos, sin)  # (n, nh, hs)
-        qkv = torch.stack([q, k, qkv[:, 2]], dim=1).view(n, 3 * H)  # (n, 3H)
+        qkv = linear(x, self.Wqkv.weight, self.Wqkv.bias, None).view(n, 3, nh, hs)
+        cos, sin = rope  # (n, 1, hs): q and k together, (n, 2, nh, hs), see (n, 1, 1, hs)
+        qk = rotate(qkv[:, :2], cos[:, None], sin[:, None])
+        qkv = torch.cat([qk, qkv[:, 2:]], dim=1).view(n, 3 * H)  # (n, 3H)
         qkv = rows.to_grid(qkv) if rows.index is not None else qkv.view(B, T, 3 * H)
         p = self.dropout_p if self.training else 0.0
         if rows.output_attentions:
@@ -250,7 +257,7 @@ class ModernBertMLP(nn.Module):
 
     def gate(self, x: Tensor) -> Tensor:
         """(n, H) -> (n, inner): everything before ``Wo``."""
-        a, g = self.Wi(x).chunk(2, dim=-1)  # (n, inner) each
+        a, g = linear(x, self.Wi.weight, self.Wi.bias, None).chunk(2, dim=-1)  # (n, inner)
         return dropout(activation(self.act, a) * g, self.dropout_p, self.training)
 
 

@@ -59,14 +59,16 @@ def onednn_linear(
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor, name: str) -> Tensor:
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None, name: str | None) -> Tensor:
     """``F.linear(x, weight, bias)``; when training in fp32 on the CPU, through
-    :class:`ScratchLinear`, its output in the :func:`scratch` buffer ``name``; in inference, in
-    oneDNN where :func:`onednn_inference` says so."""
-    if onednn_inference(x, weight, bias):
+    :class:`ScratchLinear` (the products in :func:`gemm`), its output in the :func:`scratch`
+    buffer ``name`` (None: a new tensor); in inference, in oneDNN where
+    :func:`onednn_inference` says so (with a bias)."""
+    if bias is not None and onednn_inference(x, weight, bias):
         return onednn_linear(x, weight, bias)
-    fp32 = all(t.dtype == torch.float32 for t in (x, weight, bias))
-    tuned = fp32 and cpu_tuned(x, weight, bias) and not torch.is_autocast_enabled("cpu")
+    given = [t for t in (x, weight, bias) if t is not None]
+    fp32 = all(t.dtype == torch.float32 for t in given)
+    tuned = fp32 and cpu_tuned(*given) and not torch.is_autocast_enabled("cpu")
     if not (torch.is_grad_enabled() and tuned) or x.numel() == 0:
         return F.linear(x, weight, bias)
     if torch.compiler.is_compiling():
