@@ -20,6 +20,9 @@ computation):
 * each block ends with :func:`~bertforge.modeling.ops.residual_norm`: the output product, the
   residual sum and the *next* LayerNorm (the next layer's ``attn_norm``, the MLP's
   ``mlp_norm``, or ``final_norm``) in one C pass forward and one back in fp32 CPU training;
+* the GeGLU, gelu(first half of ``Wi``'s output) x second half, is one C pass forward and one
+  back on fp32 CPU rows (:func:`~bertforge.modeling.ops.gated_activation`), keeping only
+  ``Wi``'s output for the backward;
 * with MLM labels the head and the 50k-wide decoder run at the labelled positions only (sparse
   prediction, transformers' ``sparse_prediction``), the decoder and its cross-entropy fused
   (:func:`~bertforge.modeling.ops.decoder_cross_entropy`); the token classifier, training,
@@ -59,6 +62,7 @@ from bertforge.modeling.ops import (
     decoder_cross_entropy,
     decoder_logits,
     dropout,
+    gated_activation,
     repad,
     residual_norm,
     round_up,
@@ -249,9 +253,10 @@ class ModernBertMLP(nn.Module):
         self.dropout_p = config.mlp_dropout
 
     def gate(self, x: Tensor) -> Tensor:
-        """(n, H) -> (n, inner): everything before ``Wo``."""
-        a, g = self.Wi(x).chunk(2, dim=-1)  # (n, inner) each
-        return dropout(activation(self.act, a) * g, self.dropout_p, self.training)
+        """(n, H) -> (n, inner): everything before ``Wo`` (the GeGLU one C pass each way in
+        fp32 CPU rows: :func:`~bertforge.modeling.ops.gated_activation`)."""
+        h = self.Wi(x)  # (n, 2 inner): the gated half, then the gate
+        return dropout(gated_activation(h, self.act), self.dropout_p, self.training)
 
 
 # ---- layer and encoder -------------------------------------------------------------------------
