@@ -10,12 +10,20 @@ Batches are padded (lengths drawn from 50-100% of T), at T 128 and 512 tokens. E
 median with its spread and the minimum: on a shared machine the minimum is the sample other
 jobs disturbed least.
 
+``--against torch-geglu`` measures the fused GeGLU kernel instead (``ops.gated_activation``):
+bertforge against itself with the GeGLU in torch ops (the kernel turned off for that side's
+calls), same weights, alternating; plus the bytes autograd keeps for one forward on each side.
+
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_modernbert.py --preset mini --reps 5
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_modernbert.py --against torch-geglu
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
+from collections.abc import Callable, Iterator
 
 import torch
 import transformers
@@ -23,6 +31,7 @@ from _common import alternate, fmt, log, machine_markdown, markdown_table
 
 from bertforge.modeling.config import ModernBertConfig
 from bertforge.modeling.modernbert import ModernBertForMaskedLM
+from bertforge.modeling.ops import gelu as gelu_ops
 
 VOCAB = 30522
 
@@ -38,6 +47,43 @@ def padded_batch(B: int, T: int, seed: int = 0) -> dict[str, torch.Tensor]:
     chosen[:, 0] = False
     labels = torch.where(chosen, ids, torch.full_like(ids, -100))
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+@contextlib.contextmanager
+def torch_geglu() -> Iterator[None]:
+    """The GeGLU in torch ops within: ``gated_activation`` finds no kernel."""
+    kernels = gelu_ops.geglu_kernels
+    gelu_ops.geglu_kernels = lambda: None
+    try:
+        yield
+    finally:
+        gelu_ops.geglu_kernels = kernels
+
+
+def in_torch_geglu(fn: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        with torch_geglu():
+            fn()
+
+    return run
+
+
+def saved_bytes(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:
+    """Bytes of the distinct storages autograd keeps for the backward of one training forward,
+    the parameters left out (both sides keep the same ones)."""
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(**batch).loss.backward()
+    model.zero_grad(set_to_none=True)
+    return sum(kept.values())
 
 
 def twins(preset: str) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -85,7 +131,15 @@ def main() -> None:
     parser.add_argument("--preset", default="mini")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--shapes", default="16x128,4x512", help="BxT,BxT")
+    parser.add_argument(
+        "--against",
+        choices=["transformers", "torch-geglu"],
+        default="transformers",
+        help="transformers' ModernBERT, or bertforge with the GeGLU in torch ops",
+    )
     args = parser.parse_args()
+    if args.against == "torch-geglu":
+        return geglu_main(args)
     rows = []
     for shape in args.shapes.split(","):
         B, T = map(int, shape.split("x"))
@@ -123,6 +177,75 @@ def main() -> None:
         f"{torch.get_num_threads()} thread(s), medians of {args.reps}\n"
     )
     header = ["", "batch", "bertforge", "transformers", "speed-up median (min)"]
+    print(markdown_table(header, rows))
+
+
+def paired_ratios(slow: list[float], fast: list[float]) -> str:
+    """The speed-up of each repetition (its two samples ran back to back, so load that comes
+    and goes touches both): median, quartiles, and how many repetitions the second side won."""
+    ratios = sorted(s / f for s, f in zip(slow, fast, strict=True))
+    k = len(ratios)
+    q1, q2, q3 = (ratios[min(k - 1, round(q * (k - 1)))] for q in (0.25, 0.5, 0.75))
+    wins = sum(r > 1 for r in ratios)
+    return f"{q2:.3f}x [{q1:.3f}, {q3:.3f}], {wins}/{k}"
+
+
+def geglu_main(args: argparse.Namespace) -> None:
+    """``--against torch-geglu``: the fused GeGLU against the torch form, training and inference."""
+    rows = []
+    for shape in args.shapes.split(","):
+        B, T = map(int, shape.split("x"))
+        batch = padded_batch(B, T)
+        base, _ = twins(args.preset)
+        # two copies made alike (neither side holds the first-built model)
+        fused, plain = copy.deepcopy(base), copy.deepcopy(base)
+        del base
+        fused.train(), plain.train()
+        with torch_geglu():
+            plain_bytes = saved_bytes(plain, batch)
+        fused_bytes = saved_bytes(fused, batch)
+        log(f"training {B}x{T}")
+        t = alternate(
+            {"fused": train_step(fused, batch), "torch": in_torch_geglu(train_step(plain, batch))},
+            warmup=2,
+            reps=args.reps,
+        )
+        fused.eval(), plain.eval()
+        log(f"inference {B}x{T}")
+        i = alternate(
+            {
+                "fused": infer(fused.model, batch),
+                "torch": in_torch_geglu(infer(plain.model, batch)),
+            },
+            warmup=2,
+            reps=args.reps,
+        )
+        tokens = int(batch["attention_mask"].sum())
+        for what, timing in (("training step", t), ("inference", i)):
+            a, b = timing["fused"], timing["torch"]
+            kept = (
+                f"{fused_bytes / 2**20:,.1f} / {plain_bytes / 2**20:,.1f} MiB"
+                if what == "training step"
+                else ""
+            )
+            rows.append(
+                [
+                    what,
+                    f"{B} x {T} ({tokens} real)",
+                    f"{fmt(a.median * 1000)} ms ±{a.spread:.0%} (min {fmt(min(a.samples) * 1000)})",
+                    f"{fmt(b.median * 1000)} ms ±{b.spread:.0%} (min {fmt(min(b.samples) * 1000)})",
+                    f"{b.median / a.median:.3f}x ({min(b.samples) / min(a.samples):.3f}x)",
+                    paired_ratios(b.samples, a.samples),
+                    kept,
+                ]
+            )
+    print(machine_markdown())
+    print(
+        f"\nModernBERT preset {args.preset}, vocabulary {VOCAB}, fp32, "
+        f"{torch.get_num_threads()} thread(s), medians of {args.reps}\n"
+    )
+    header = ["", "batch", "fused GeGLU", "torch GeGLU", "speed-up median (min)"]
+    header += ["paired speed-ups: median [quartiles], wins", "autograd keeps (fused / torch)"]
     print(markdown_table(header, rows))
 
 

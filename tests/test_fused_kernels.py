@@ -323,6 +323,76 @@ def test_other_activations_take_the_torch_form(act):
     torch.testing.assert_close(out, ops.activation(act, dense(x)))
 
 
+def plain_geglu(h: torch.Tensor) -> torch.Tensor:
+    a, g = h.chunk(2, dim=-1)
+    return F.gelu(a) * g
+
+
+def saved_bytes(fn, h: torch.Tensor) -> int:
+    """Bytes of the distinct storages autograd keeps for the backward of ``fn(h)``."""
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(h)
+    return sum(kept.values())
+
+
+@needs_kernels
+@pytest.mark.parametrize(("n", "inner"), [(1, 1), (7, 37), (64, 128)])
+def test_geglu_equals_the_torch_form(n, inner):
+    """ModernBERT's GeGLU (gelu(first half) x second half) through :class:`ops.GeGLU`: values
+    and the input gradient within 1e-6 of torch's fp32 form, on LayerNorm-scale rows (a row of
+    3 x 2I, not contiguous: a transposed (2, n, 2I) batch), row tails shorter than a vector."""
+    g = torch.Generator().manual_seed(inner)
+    h = torch.randn(2, 2 * inner, n, generator=g).transpose(1, 2).requires_grad_()  # (2, n, 2I)
+    out = ops.gated_activation(h, "gelu")
+    assert out.shape == (2, n, inner)
+    assert type(out.grad_fn.next_functions[0][0]).__name__ == "GeGLUBackward"
+    grad = torch.randn(2, n, inner, generator=g)
+    out.backward(grad)
+    plain_h = h.detach().clone().requires_grad_()
+    plain = plain_geglu(plain_h)
+    plain.backward(grad)
+    torch.testing.assert_close(out, plain, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(h.grad, plain_h.grad, atol=1e-6, rtol=1e-6)
+
+
+@needs_kernels
+def test_geglu_over_its_whole_range_keeping_only_its_input():
+    """The gated half on a fine grid over [-12, 12] against float64, within torch's own fp32
+    GELU accuracy, forward and both halves of the gradient; and autograd keeps the (n, 2I)
+    input only (torch's form keeps gelu(a) as well: half as much again)."""
+    a = torch.linspace(-12, 12, 48_003).view(3, -1)  # rows of 16,001: vector tails
+    gate = torch.randn(a.shape, generator=torch.Generator().manual_seed(0))
+    h = torch.cat([a, gate], dim=1).requires_grad_()  # (3, 2I)
+    out = ops.gated_activation(h, "gelu")
+    out.backward(torch.ones_like(out))
+    h64 = h.detach().double().requires_grad_()
+    exact = plain_geglu(h64)
+    exact.backward(torch.ones_like(exact))
+    torch.testing.assert_close(out.double(), exact, atol=6e-7 * 4, rtol=1e-6)  # |g| up to ~4
+    torch.testing.assert_close(h.grad.double(), h64.grad, atol=6e-7 * 4, rtol=1e-6)
+    assert saved_bytes(lambda x: ops.gated_activation(x, "gelu"), h) == h.numel() * 4
+    assert saved_bytes(plain_geglu, h) == h.numel() * 4 * 3 // 2
+
+
+@pytest.mark.parametrize("case", ["gelu_new", "relu", "bf16 autocast"])
+def test_other_gated_activations_take_the_torch_form(case):
+    h = torch.randn(4, 10, requires_grad=True)
+    act = "gelu" if case == "bf16 autocast" else case
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case == "bf16 autocast"):
+        x = h.to(torch.bfloat16) if case == "bf16 autocast" else h
+        out = ops.gated_activation(x, act)
+    assert "GeGLU" not in type(out.grad_fn).__name__
+    assert "GeGLU" not in type(out.grad_fn.next_functions[0][0] or out.grad_fn).__name__
+    a, g = x.chunk(2, dim=-1)
+    torch.testing.assert_close(out, ops.activation(act, a) * g)
+
+
 @needs_kernels
 def test_pretraining_gradients_match_finite_differences_with_dropout(tiny_config):
     """The whole model in training mode (every fused kernel on the path, dropout 0.1 in all of

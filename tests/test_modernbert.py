@@ -709,57 +709,160 @@ def test_benchmark_smoke_with_a_modernbert_twin(modern_dirs, shared_data, capsys
     assert set(result["tasks"]["RTE"]) >= {"model", "random_init"}
 
 
-def test_serve_a_modernbert(modern_dirs):
+@pytest.fixture(scope="module")
+def modern_tasks(modern_dirs) -> dict[str, Path]:
+    """A ModernBERT token classifier, question-answering model and mean-pooling embedding model,
+    each fine-tuned from the tiny masked LM by ``bertforge finetune`` (40, 40 and 3 steps), as
+    tests/test_serve_tasks.py makes its BERT ones (tests/support/serve.py)."""
+    import random
+
+    from conftest import FILLER, TaskFiles
+    from support.serve import finetune, qa_model, tagger_model
+
+    root = modern_dirs["root"] / "tasks"
+    root.mkdir()
+    start = modern_dirs["mlm"]
+    rng = random.Random(6)
+    rows = [
+        {"q": " ".join(rng.choices(FILLER, k=4)), "d": " ".join(rng.choices(FILLER, k=14))}
+        for _ in range(48)
+    ]
+    TaskFiles.write_rows(root / "pairs.csv", rows, "csv")
+    options = ["--task", "embedding", "--text_column", "q", "--text_pair_column", "d"]
+    options += ["--pooling", "mean", "--normalize", "true", "--num_threads", "1"]
+    embedder = finetune(start, root / "pairs.csv", root / "embedder", *options)
+    one = ("--num_threads", "1")  # tiny matrices: a second thread only waits on a shared core
+    ner, qa = tagger_model(root, start, 40, *one), qa_model(root, start, 40, *one)
+    return {"ner": ner, "qa": qa, "embedder": embedder}
+
+
+QUESTIONS = [
+    ("where is good ?", "the film was good and the plot about people who went to town at night"),
+    ("where is good ?", "some actors went to see it"),
+    ("where is good ?", "a night in town with the music and the actors , and it was good ."),
+]
+"""Pairs of 7-21 tokens: the longer ones past the local window of 4 either side."""
+TAG_TEXTS = [
+    "the movie with anna and tom was about new york and the music of the night .",
+    "people went to paris",
+    "a plot about some actors",
+]
+
+
+@pytest.fixture(scope="module")
+def modern_server(modern_dirs, modern_tasks):
+    """One real ``bertforge serve`` process with the ModernBERT classifier, masked LM, token
+    classifier and QA model; yields its port."""
+    from support.serve import serve
+
+    models = {"clf": modern_dirs["clf"], "mlm": modern_dirs["mlm"]}
+    models |= {"ner": modern_tasks["ner"], "qa": modern_tasks["qa"]}
+    options = ["--max_input_length", "48", "--max_client_batch_size", "3", "--max_top_k", "5"]
+    log = modern_dirs["root"] / "serve.log"
+    with serve(models, *options, "--max_concurrent_requests", "2", log=log) as (port, _):
+        yield port
+
+
+def test_serve_a_modernbert(modern_dirs, modern_server):
     """A real ``bertforge serve`` process with a ModernBERT classifier and masked LM: /predict,
     /embed, /fill-mask and /attribute answer what the library computes in process, and the
     explorer's /attention maps show the local layers' windows."""
     import numpy as np
-    from support.serve import request, serve
+    from support.serve import request
 
     import bertforge
     from bertforge.inference.explain import attention_maps
 
     tok = modern_dirs["tokenizer"]
     texts = ["a good film about town and the music was good .", "bad"]
-    models = {"clf": modern_dirs["clf"], "mlm": modern_dirs["mlm"]}
-    options = ["--max_input_length", "24", "--max_client_batch_size", "2"]
-    log = modern_dirs["root"] / "serve.log"
-    with serve(models, *options, "--max_concurrent_requests", "2", log=log) as (port, _):
-        status, info = request(port, "GET", "/info")
-        assert status == 200, info
-        kinds = {m["name"]: m["kind"] for m in info["models"]}
-        assert kinds == {"clf": "classifier", "mlm": "masked-lm"}
-        clf = ModernBertForSequenceClassification.from_pretrained(modern_dirs["clf"])
-        status, served = request(port, "POST", "/predict", {"inputs": texts, "model": "clf"})
-        direct = bertforge.classify(clf, tok, texts)
-        assert status == 200 and [r["label"] for r in served] == [r["label"] for r in direct]
-        for a, b in zip(served, direct, strict=True):
-            assert a["scores"]["pos"] == pytest.approx(b["scores"]["pos"], abs=1e-6)
-        encoder = ModernBertModel.from_pretrained(modern_dirs["mlm"])
-        body = {"inputs": texts, "model": "mlm", "pooling": "mean", "normalize": True}
-        status, vectors = request(port, "POST", "/embed", body)
-        direct = bertforge.embed(encoder, tok, texts, "mean", normalize=True)
-        assert status == 200 and np.allclose(vectors, direct, atol=1e-5)
-        status, filled = request(
-            port, "POST", "/fill-mask", {"inputs": "a [MASK] film", "model": "mlm"}
-        )
-        assert status == 200 and len(filled[0]["masks"]) == 1, filled
-        status, answer = request(port, "POST", "/attention", {"inputs": texts[0], "model": "clf"})
-        assert status == 200 and (answer["layers"], answer["heads"]) == (3, 2)
-        ids = torch.tensor(tok.encode(texts[0])["input_ids"])
-        maps = np.array(answer["attentions"])  # (L, nh, T, T)
-        assert np.allclose(maps, attention_maps(clf.model, ids).numpy(), atol=1e-4)
-        T = len(ids)
-        assert T > 9  # longer than a local window (4 either side)
-        outside = ~band_mask(T, 4).numpy()
-        assert not maps[1][:, outside].any() and not maps[2][:, outside].any()
-        assert maps[0][:, outside].any()  # the global layer sees every token
-        status, attributed = request(port, "POST", "/attribute", {"inputs": texts[0]})
-        assert status == 200, attributed
-        change = attributed["output"] - attributed["baseline_output"]
-        assert abs(sum(attributed["attributions"]) - change) == pytest.approx(
-            abs(attributed["delta"]), abs=1e-6
-        )
+    port = modern_server
+    status, info = request(port, "GET", "/info")
+    assert status == 200, info
+    kinds = {m["name"]: m["kind"] for m in info["models"]}
+    assert kinds == {
+        "clf": "classifier",
+        "mlm": "masked-lm",
+        "ner": "token-classifier",
+        "qa": "question-answering",
+    }
+    clf = ModernBertForSequenceClassification.from_pretrained(modern_dirs["clf"])
+    status, served = request(port, "POST", "/predict", {"inputs": texts, "model": "clf"})
+    direct = bertforge.classify(clf, tok, texts)
+    assert status == 200 and [r["label"] for r in served] == [r["label"] for r in direct]
+    for a, b in zip(served, direct, strict=True):
+        assert a["scores"]["pos"] == pytest.approx(b["scores"]["pos"], abs=1e-6)
+    encoder = ModernBertModel.from_pretrained(modern_dirs["mlm"])
+    body = {"inputs": texts, "model": "mlm", "pooling": "mean", "normalize": True}
+    status, vectors = request(port, "POST", "/embed", body)
+    direct = bertforge.embed(encoder, tok, texts, "mean", normalize=True)
+    assert status == 200 and np.allclose(vectors, direct, atol=1e-5)
+    status, filled = request(
+        port, "POST", "/fill-mask", {"inputs": "a [MASK] film", "model": "mlm"}
+    )
+    assert status == 200 and len(filled[0]["masks"]) == 1, filled
+    status, answer = request(port, "POST", "/attention", {"inputs": texts[0], "model": "clf"})
+    assert status == 200 and (answer["layers"], answer["heads"]) == (3, 2)
+    ids = torch.tensor(tok.encode(texts[0])["input_ids"])
+    maps = np.array(answer["attentions"])  # (L, nh, T, T)
+    assert np.allclose(maps, attention_maps(clf.model, ids).numpy(), atol=1e-4)
+    T = len(ids)
+    assert T > 9  # longer than a local window (4 either side)
+    outside = ~band_mask(T, 4).numpy()
+    assert not maps[1][:, outside].any() and not maps[2][:, outside].any()
+    assert maps[0][:, outside].any()  # the global layer sees every token
+    status, attributed = request(port, "POST", "/attribute", {"inputs": texts[0], "model": "clf"})
+    assert status == 200, attributed
+    change = attributed["output"] - attributed["baseline_output"]
+    assert abs(sum(attributed["attributions"]) - change) == pytest.approx(
+        abs(attributed["delta"]), abs=1e-6
+    )
+
+
+def test_serve_tag_and_answer_of_modernbert_models(modern_tasks, modern_server, capsys):
+    """The server above with the ModernBERT token classifier and QA model: /tag and /answer
+    (next-best spans included) answer what ``bertforge tag`` and ``bertforge answer`` print
+    for the same model, texts longer than the local window among them."""
+    from support.serve import request
+
+    from bertforge import cli
+
+    ner, qa, port = modern_tasks["ner"], modern_tasks["qa"], modern_server
+    for model, kind in ((ner, "TokenClassification"), (qa, "QuestionAnswering")):
+        saved = json.loads((model / "config.json").read_text())
+        assert saved["architectures"] == [f"ModernBertFor{kind}"]
+    fp32 = ["--precision", "fp32", "--num_threads", "1"]
+    status, info = request(port, "GET", "/info")
+    tasks = {m["name"]: m["task"] for m in info["models"]}
+    assert (tasks["ner"], tasks["qa"]) == ("token-classification", "question-answering")
+    for aggregation in ("first", "simple"):
+        capsys.readouterr()
+        argv = ["tag", "--model", str(ner), "--aggregation", aggregation, *fp32, *TAG_TEXTS]
+        assert cli.main(argv) == 0
+        said = [json.loads(line)["entities"] for line in capsys.readouterr().out.splitlines()]
+        body = {"inputs": TAG_TEXTS, "model": "ner", "aggregation": aggregation}
+        status, got = request(port, "POST", "/tag", body)
+        assert status == 200, got
+        assert [[(e["entity"], e["start"], e["end"], e["word"]) for e in t] for t in got] == [
+            [(e["entity"], e["start"], e["end"], e["word"]) for e in t] for t in said
+        ]
+        scores = [e["score"] for t in got for e in t]
+        assert scores == pytest.approx([e["score"] for t in said for e in t], abs=1e-5)
+        assert any(got)  # entities found: the comparison is not of empty lists
+    body = {"inputs": [{"question": q, "context": c} for q, c in QUESTIONS], "model": "qa"}
+    status, got = request(port, "POST", "/answer", {**body, "top_k": 3})
+    assert status == 200 and len(got) == len(QUESTIONS), got
+    for served, (question, context) in zip(got, QUESTIONS, strict=True):
+        argv = ["answer", "--model", str(qa), "--question", question, "--context", context]
+        assert cli.main([*argv, "--top_k", "3", *fp32]) == 0
+        said = json.loads(capsys.readouterr().out)
+        spans, lines = [served, *served["alternatives"]], [said, *said["alternatives"]]
+        assert len(spans) == 3
+        assert [(s["answer"], s["start"], s["end"]) for s in spans] == [
+            (s["answer"], s["start"], s["end"]) for s in lines
+        ]
+        assert [s["score"] for s in spans] == pytest.approx([s["score"] for s in lines], abs=1e-4)
+        assert all(context[s["start"] : s["end"]] == s["answer"] for s in spans)
+    assert got[0]["answer"] == "good"  # it learned the task
 
 
 def padded(tokenizer, texts: list[str]) -> dict:
@@ -826,3 +929,87 @@ def test_onnx_export_equals_the_eager_modernbert(modern_dirs, tmp_path, capsys):
     assert (logits[real] - expected[real]).abs().max() < TOL
     with pytest.raises(BertforgeError, match="--fuse true rewrites BERT graphs"):
         export_onnx(modern_dirs["clf"], tmp_path / "fused", fuse=True)
+
+
+def test_onnx_export_of_a_modernbert_qa_model_and_embedding_model(
+    modern_dirs, modern_tasks, tmp_path, capsys
+):
+    """The fine-tuned ModernBERT QA model and mean-pooling embedding model exported (fp32 and
+    int8) and run by ONNX Runtime on a padded batch past the local window: start/end logits at
+    the real tokens and the declared mean-pooled, normalized vectors within 1e-5 of the eager
+    model's (int8 within 0.05); ``answer`` and ``embed --backend onnx`` print what the eager
+    model gives."""
+    pytest.importorskip("onnxruntime")
+    import numpy as np
+
+    from bertforge import cli
+    from bertforge.inference.onnx import load_onnx
+
+    tok = modern_dirs["tokenizer"]
+    questions, contexts = (list(x) for x in zip(*QUESTIONS, strict=True))
+    encoded = tok.encode_batch(questions, contexts, padding=True)
+    batch_ = {k: np.array(v, dtype=np.int64) for k, v in encoded.items()}
+    assert batch_["input_ids"].shape[1] > 9 and not batch_["attention_mask"].all()
+    ids, mask = (torch.from_numpy(batch_[k]) for k in ("input_ids", "attention_mask"))
+    real = mask.bool()
+    qa = ModernBertForQuestionAnswering.from_pretrained(modern_tasks["qa"]).eval()
+    with torch.no_grad():
+        eager = qa(ids, mask)
+    assert eager.start_logits[real].abs().max() > 0.05  # not a near-constant head
+    for quantize, tol in ((None, TOL), ("int8", 0.05)):
+        out = tmp_path / f"qa-{quantize}"
+        argv = ["export", "--model", str(modern_tasks["qa"]), "--output", str(out)]
+        assert (
+            cli.main([*argv, "--format", "onnx", *(["--quantize", quantize] * bool(quantize))]) == 0
+        )
+        start, end = (torch.from_numpy(x) for x in load_onnx(out).span_logits(batch_))
+        assert (start[real] - eager.start_logits[real]).abs().max() < tol, quantize
+        assert (end[real] - eager.end_logits[real]).abs().max() < tol, quantize
+    said = {}
+    for backend, model_dir in (("torch", modern_tasks["qa"]), ("onnx", tmp_path / "qa-None")):
+        capsys.readouterr()
+        argv = ["answer", "--model", str(model_dir), "--backend", backend, "--precision", "fp32"]
+        argv += ["--question", questions[0], "--context", contexts[0], "--top_k", "3"]
+        assert cli.main(argv) == 0
+        said[backend] = json.loads(capsys.readouterr().out)
+    spans = {b: [(s["start"], s["end"]) for s in [a, *a["alternatives"]]] for b, a in said.items()}
+    assert spans["onnx"] == spans["torch"] and said["onnx"]["answer"] == said["torch"]["answer"]
+    assert said["onnx"]["score"] == pytest.approx(said["torch"]["score"], abs=1e-4)
+
+    embedder = modern_tasks["embedder"]
+    texts = [*contexts, "good", "the music of the night in town was about the actors and a film"]
+    inputs = tmp_path / "texts.txt"
+    inputs.write_text("\n".join(texts) + "\n")
+    vectors, how = {}, {}
+    for name, quantize in (("fp32", None), ("int8", "int8")):
+        argv = ["export", "--model", str(embedder), "--output", str(tmp_path / f"emb-{name}")]
+        assert (
+            cli.main([*argv, "--format", "onnx", *(["--quantize", quantize] * bool(quantize))]) == 0
+        )
+    for name, model_dir, backend in (
+        ("torch", embedder, "torch"),
+        ("fp32", tmp_path / "emb-fp32", "onnx"),
+        ("int8", tmp_path / "emb-int8", "onnx"),
+    ):
+        capsys.readouterr()
+        argv = ["embed", "--model", str(model_dir), "--backend", backend, "--input", str(inputs)]
+        argv += ["--output", str(tmp_path / f"{name}.npy"), "--precision", "fp32"]
+        assert cli.main(argv) == 0
+        how[name] = capsys.readouterr().err.split("; ", 1)[1]  # after "wrote FILE: N x H"
+        vectors[name] = np.load(tmp_path / f"{name}.npy")
+    assert how["fp32"] == how["int8"] == how["torch"]
+    assert how["torch"].startswith(
+        "mean pooling (declared in 1_Pooling/config.json), normalized (2_Normalize in modules.json)"
+    )
+    assert np.abs(vectors["fp32"] - vectors["torch"]).max() < TOL
+    assert np.abs(vectors["int8"] - vectors["torch"]).max() < 0.05
+    assert not np.array_equal(vectors["int8"], vectors["fp32"])  # int8 weights did run
+    np.testing.assert_allclose(np.linalg.norm(vectors["fp32"], axis=1), 1.0, atol=1e-5)
+    # the vectors are the mean of the real rows, not of the padded grid, nor the first row
+    session = load_onnx(tmp_path / "emb-fp32")
+    padded_ = padded(tok, texts)
+    hidden = torch.from_numpy(session.hidden_states(padded_))
+    keep = torch.from_numpy(padded_["attention_mask"])[..., None].float()
+    mean = F.normalize((hidden * keep).sum(1) / keep.sum(1), dim=-1)
+    assert (mean - torch.from_numpy(vectors["fp32"])).abs().max() < TOL
+    assert (F.normalize(hidden[:, 0], dim=-1) - mean).abs().max() > 0.01

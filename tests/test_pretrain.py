@@ -78,10 +78,10 @@ def tiny_cfg(data: Path, output: Path, **train) -> PretrainConfig:
     )
 
 
-def tiny_argv(data: Path, **train) -> list[str]:
+def tiny_argv(data: Path, model: ModelSection = TINY_MODEL, **train) -> list[str]:
     """``tiny_cfg`` as ``bertforge pretrain`` options (without --output)."""
     argv = ["--data", str(data)]
-    sections = [("model", asdict(TINY_MODEL)), ("train", TINY_TRAIN | train)]
+    sections = [("model", asdict(model)), ("train", TINY_TRAIN | train)]
     for section, values in sections:
         for key, value in values.items():
             argv += [
@@ -269,12 +269,20 @@ def test_sigterm_saves_exits_zero_and_resumes_exactly(pretraining_corpus, tmp_pa
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+TINY_MODERN = replace(TINY_MODEL, architecture="modernbert", local_attention=16)
+"""The same size as a ModernBERT (layer 0 global, layer 1 local): its 32-token packed rows are
+longer than the window of 8 either side, so the sliding-window path runs, unpadded."""
+
+
 @pytest.mark.slow
-def test_two_torchrun_ranks_equal_one_process(pretraining_corpus, tmp_path):
+@pytest.mark.parametrize("model", [TINY_MODEL, TINY_MODERN], ids=["bert", "modernbert"])
+def test_two_torchrun_ranks_equal_one_process(pretraining_corpus, tmp_path, model):
     torchrun = Path(sys.executable).with_name("torchrun")
     if not torchrun.exists():
         pytest.skip("torchrun not installed next to this python")
-    common = tiny_argv(pretraining_corpus["packed"], objective="mlm", max_steps=8, dropout=0.0)
+    common = tiny_argv(
+        pretraining_corpus["packed"], model, objective="mlm", max_steps=8, dropout=0.0
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(
         [
@@ -304,10 +312,17 @@ def test_two_torchrun_ranks_equal_one_process(pretraining_corpus, tmp_path):
     for step in a:
         assert a[step] == pytest.approx(b[step], rel=1e-5, abs=1e-5)
     wa, wb = weights(tmp_path / "ddp" / "model"), weights(tmp_path / "single" / "model")
+    assert wa.keys() == wb.keys()
     for key in wa:
         torch.testing.assert_close(wa[key], wb[key], atol=2e-5, rtol=1e-4)
     results = json.loads((tmp_path / "ddp" / "results.json").read_text())
     assert results["final"]["val"]["nsp_accuracy"] is None  # MLM only: no NSP head
+    saved = json.loads((tmp_path / "ddp" / "model" / "config.json").read_text())
+    if model.architecture == "modernbert":
+        assert saved["architectures"] == ["ModernBertForMaskedLM"]
+        assert saved["layer_types"] == ["full_attention", "sliding_attention"]
+    else:
+        assert saved["model_type"] == "bert"
 
 
 def test_non_finite_losses_are_skipped_then_stop_with_a_message(pretraining_corpus, tmp_path):

@@ -81,10 +81,10 @@ def pair_model(root: Path, start: Path) -> Path:
 TAG_NAMES = [(["anna"], "PER"), (["tom"], "PER"), (["paris"], "LOC"), (["new", "york"], "LOC")]
 
 
-def tagger_model(root: Path, start: Path, steps: int = 40) -> Path:
+def tagger_model(root: Path, start: Path, steps: int = 40, *extra: str) -> Path:
     """``root/ner``: a token classifier fine-tuned (``steps`` steps) from ``start`` on filler
     sentences where "anna"/"tom" are PER and "paris"/"new york" LOC, as ``bertforge finetune
-    --task token_classification`` writes one."""
+    --task token_classification`` writes one (``extra``: more finetune options)."""
     rng = random.Random(3)
     blocks = []
     for _ in range(256):
@@ -98,13 +98,13 @@ def tagger_model(root: Path, start: Path, steps: int = 40) -> Path:
     (root / "ner.conll").write_text("\n\n".join(blocks) + "\n")
     options = ["--task", "token_classification", "--lr", "3e-3", "--dropout", "0"]
     options += ["--batch_size", "16", "--max_length", "32", "--max_steps", str(steps)]
-    return finetune(start, root / "ner.conll", root / "ner", *options)
+    return finetune(start, root / "ner.conll", root / "ner", *options, *extra)
 
 
-def qa_model(root: Path, start: Path, steps: int = 40) -> Path:
+def qa_model(root: Path, start: Path, steps: int = 40, *extra: str) -> Path:
     """``root/qa``: a question-answering model fine-tuned (``steps`` steps) from ``start`` on
     "where is good ?" about filler text holding "good" once, as ``bertforge finetune --task
-    question_answering`` writes one."""
+    question_answering`` writes one (``extra``: more finetune options)."""
     rng = random.Random(4)
     rows = []
     for i in range(256):
@@ -120,7 +120,7 @@ def qa_model(root: Path, start: Path, steps: int = 40) -> Path:
     options = ["--task", "question_answering", "--lr", "3e-3", "--dropout", "0"]
     options += ["--batch_size", "16", "--max_length", "48", "--doc_stride", "16"]
     options += ["--max_steps", str(steps)]
-    return finetune(start, train, root / "qa", *options)
+    return finetune(start, train, root / "qa", *options, *extra)
 
 
 def free_port() -> int:

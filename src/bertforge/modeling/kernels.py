@@ -12,7 +12,8 @@ Much of a CPU training step outside the GEMMs is passes over memory that torch c
 * the end of each post-LN block, LayerNorm(dropout(y + bias) + residual), and its backward with
   every gradient (``csrc/layer_norm.c``); attention's scaling, key mask, softmax and dropout and
   their backward (``csrc/softmax.c``); the feed-forward's bias + exact GELU and its backward with
-  the bias gradient (``csrc/gelu.c``): one pass each way instead of four to six. fp32 only (bf16
+  the bias gradient, and ModernBERT's GeGLU, gelu(a) x g, with both halves' gradients
+  (``csrc/gelu.c``): one pass each way instead of two to six. fp32 only (bf16
   autocast keeps torch's ops there).
 
 The sources in ``csrc/`` are compiled once per source, compiler and CPU into ``$BERTFORGE_CACHE``
@@ -88,6 +89,10 @@ _SIGNATURES = {
     "bertforge_bias_gelu_forward_f32": [_P] * 3 + [_I64, _I64, _INT],
     # grad, x, bias, grad_x, grad_bias, work, n, I, threads
     "bertforge_bias_gelu_backward_f32": [_P] * 6 + [_I64, _I64, _INT],
+    # h, out, n, I, threads
+    "bertforge_geglu_forward_f32": [_P] * 2 + [_I64, _I64, _INT],
+    # grad, h, grad_h, n, I, threads
+    "bertforge_geglu_backward_f32": [_P] * 3 + [_I64, _I64, _INT],
     # grad (overwritten), probs, dropped, rows, T, scale, threads
     "bertforge_softmax_dropout_backward_f32": [_P] * 3 + [_I64, _I64, _F, _INT],
     "bertforge_vector_width": [],
@@ -454,6 +459,36 @@ def bias_gelu_kernels() -> tuple[Callable[[Tensor, Tensor], Tensor], Callable[..
     return forward, backward
 
 
+@functools.cache
+def geglu_kernels() -> tuple[Callable[..., Tensor], Callable[..., Tensor]] | None:
+    """``(forward, backward)`` of the exact-GELU GeGLU of contiguous fp32 (n, 2I) CPU rows
+    ``h = [a | g]``, or None when not built here. ``forward(h)`` -> ``gelu(a) * g``, (n, I);
+    ``backward(grad, h)`` -> the (n, 2I) gradient of ``h`` (gelu(a) recomputed from ``h``)."""
+    fwd, bwd = (_function(f"geglu_{part}", torch.float32) for part in ("forward", "backward"))
+    if fwd is None or bwd is None:
+        return None
+
+    def forward(h: Tensor) -> Tensor:
+        n, inner = h.shape[0], h.shape[1] // 2
+        out = torch.empty(n, inner, dtype=h.dtype, device=h.device)
+        fwd(h.data_ptr(), out.data_ptr(), n, inner, _threads())
+        return out
+
+    def backward(grad: Tensor, h: Tensor) -> Tensor:
+        grad_h = torch.empty_like(h)
+        bwd(
+            grad.data_ptr(),
+            h.data_ptr(),
+            grad_h.data_ptr(),
+            h.shape[0],
+            h.shape[1] // 2,
+            _threads(),
+        )
+        return grad_h
+
+    return forward, backward
+
+
 GEMM_LIBRARIES = ("auto", "blas", "onednn")
 
 
@@ -512,6 +547,7 @@ def _threads() -> int:
 __all__ = [
     "add_norm_kernels",
     "bias_gelu_kernels",
+    "geglu_kernels",
     "cache_dir",
     "cross_entropy_kernels",
     "cross_entropy_with_gradient_kernel",

@@ -20,6 +20,9 @@ computation):
 * each block ends with :func:`~bertforge.modeling.ops.residual_norm`: the output product, the
   residual sum and the *next* LayerNorm (the next layer's ``attn_norm``, the MLP's
   ``mlp_norm``, or ``final_norm``) in one C pass forward and one back in fp32 CPU training;
+* the GeGLU, gelu(first half of ``Wi``'s output) x second half, is one C pass forward and one
+  back on fp32 CPU rows (:func:`~bertforge.modeling.ops.gated_activation`), keeping only
+  ``Wi``'s output for the backward;
 * with MLM labels the head and the 50k-wide decoder run at the labelled positions only (sparse
   prediction, transformers' ``sparse_prediction``), the decoder and its cross-entropy fused
   (:func:`~bertforge.modeling.ops.decoder_cross_entropy`); the token classifier, training,
@@ -59,6 +62,7 @@ from bertforge.modeling.ops import (
     decoder_cross_entropy,
     decoder_logits,
     dropout,
+    gated_activation,
     linear,
     repad,
     residual_norm,
@@ -256,9 +260,12 @@ class ModernBertMLP(nn.Module):
         self.dropout_p = config.mlp_dropout
 
     def gate(self, x: Tensor) -> Tensor:
-        """(n, H) -> (n, inner): everything before ``Wo``."""
-        a, g = linear(x, self.Wi.weight, self.Wi.bias, None).chunk(2, dim=-1)  # (n, inner)
-        return dropout(activation(self.act, a) * g, self.dropout_p, self.training)
+        """(n, H) -> (n, inner): everything before ``Wo``. ``Wi``'s product goes through
+        :func:`~bertforge.modeling.ops.linear` (oneDNN's fp32 training products on AMD, as
+        BERT's), then the GeGLU is one C pass each way on fp32 CPU rows
+        (:func:`~bertforge.modeling.ops.gated_activation`)."""
+        h = linear(x, self.Wi.weight, self.Wi.bias, None)  # (n, 2 inner): gated half, gate
+        return dropout(gated_activation(h, self.act), self.dropout_p, self.training)
 
 
 # ---- layer and encoder -------------------------------------------------------------------------

@@ -104,3 +104,55 @@ void bertforge_bias_gelu_backward_f32(const float *grad, const float *x, const f
         grad_bias[j] = s;
     }
 }
+
+/* GeGLU over the rows of an (n, 2I) fp32 matrix h = [a | g] (ModernBERT's mlp.Wi output, the
+ * gated half a first), forward and backward each in one pass:
+ *
+ *   forward:  out = gelu(a) * g, an (n, I) matrix;
+ *   backward: grad_a = grad * g * gelu'(a) and grad_g = grad * gelu(a), written side by side as
+ *             the (n, 2I) gradient of h, gelu(a) recomputed from h (nothing else is saved).
+ *
+ * torch applies GELU (a pass that writes gelu(a), which autograd keeps) and the product (a
+ * second); its backward runs the product's two gradients, GELU's derivative and the
+ * concatenation of the halves: four passes and two (n, I) temporaries. */
+void bertforge_geglu_forward_f32(const float *h, float *out, int64_t n, int64_t I, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const float *ai = h + i * 2 * I, *gi = ai + I;
+        float *oi = out + i * I;
+        int64_t j;
+        VEC_LOOP(j, I) {
+            f32v u = get_v(ai, 0, j), cdf, pdf;
+            normal_v(u, &cdf, &pdf);
+            put_v(oi, 0, j, u * cdf * get_v(gi, 0, j));
+        }
+        for (; j < I; j++) {
+            float u = ai[j], cdf, pdf;
+            normal_s(u, &cdf, &pdf);
+            oi[j] = u * cdf * gi[j];
+        }
+    }
+}
+
+void bertforge_geglu_backward_f32(const float *grad, const float *h, float *grad_h, int64_t n,
+                                  int64_t I, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const float *ai = h + i * 2 * I, *gi = ai + I, *di = grad + i * I;
+        float *da = grad_h + i * 2 * I, *dg = da + I;
+        int64_t j;
+        VEC_LOOP(j, I) {
+            f32v u = get_v(ai, 0, j), cdf, pdf;
+            normal_v(u, &cdf, &pdf);
+            f32v d = get_v(di, 0, j);
+            put_v(da, 0, j, d * get_v(gi, 0, j) * (cdf + u * pdf));
+            put_v(dg, 0, j, d * u * cdf);
+        }
+        for (; j < I; j++) {
+            float u = ai[j], cdf, pdf;
+            normal_s(u, &cdf, &pdf);
+            da[j] = di[j] * gi[j] * (cdf + u * pdf);
+            dg[j] = di[j] * u * cdf;
+        }
+    }
+}

@@ -14,7 +14,8 @@ module per concern, the fused ones beside their C file in ``modeling/csrc/``:
   (:class:`KernelAttention`), and :func:`query_attention`, attention from queries at some rows
   only (the sparse last layer);
 * ``gelu`` (``gelu.c``): :func:`dense_activation`, the feed-forward's bias + GELU
-  (:class:`BiasGelu`), and :func:`activation`;
+  (:class:`BiasGelu`); :func:`gated_activation`, ModernBERT's GeGLU (:class:`GeGLU`); and
+  :func:`activation`;
 * ``loss`` (``cross_entropy.c``): :func:`cross_entropy`, mean cross-entropy with fewer passes
   over 30k-wide logits (else :class:`CrossEntropy`); :class:`DecoderLinear`, the tied decoder,
   its weight gradient contiguous, its logits in rows padded to 64 bytes (:func:`padded_rows`);
@@ -44,7 +45,13 @@ kernels).
 from bertforge.modeling.ops.buffers import clear_scratch, padded_rows, scratch
 from bertforge.modeling.ops.common import autograd_free, cpu_tuned
 from bertforge.modeling.ops.embedding import WordEmbedding, word_embedding
-from bertforge.modeling.ops.gelu import BiasGelu, activation, dense_activation
+from bertforge.modeling.ops.gelu import (
+    BiasGelu,
+    GeGLU,
+    activation,
+    dense_activation,
+    gated_activation,
+)
 from bertforge.modeling.ops.layer_norm import AddNorm, dense_dropout_norm, residual_norm
 from bertforge.modeling.ops.local_attention import band_mask, window_attention
 from bertforge.modeling.ops.loss import (
@@ -82,6 +89,7 @@ from bertforge.modeling.ops.unpadding import (
 __all__ = [
     "AddNorm",
     "BiasGelu",
+    "GeGLU",
     "CrossEntropy",
     "KernelAttention",
     "KernelCrossEntropy",
@@ -103,6 +111,7 @@ __all__ = [
     "cpu_tuned",
     "cross_entropy",
     "dense_activation",
+    "gated_activation",
     "dropout",
     "explicit_attention",
     "gemm",

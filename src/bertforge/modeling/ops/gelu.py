@@ -1,6 +1,8 @@
 """:func:`dense_activation`: the feed-forward's product, bias and GELU, the bias and GELU one C
 pass forward and one backward in fp32 training (``csrc/gelu.c``, :class:`BiasGelu`);
-:func:`activation`: BERT's ``hidden_act``, in place in inference.
+:func:`gated_activation`: ModernBERT's GeGLU, act(first half) x second half, with exact GELU one
+C pass each way on fp32 CPU rows (:class:`GeGLU`); :func:`activation`: BERT's ``hidden_act``, in
+place in inference.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from torch import Tensor, nn
 
 from bertforge.modeling.kernels import (
     bias_gelu_kernels,
+    geglu_kernels,
 )
 from bertforge.modeling.ops.buffers import scratch
 from bertforge.modeling.ops.common import _fp32_cpu, autograd_free
@@ -78,4 +81,37 @@ class BiasGelu(torch.autograd.Function):
         return gemm(grad_h, weight.t()), grad_h.t().mm(x), grad_bias, None
 
 
-__all__ = ["activation", "dense_activation", "BiasGelu"]
+def gated_activation(h: Tensor, name: str) -> Tensor:
+    """``activation(name, a) * g`` of the halves ``a``, ``g`` of ``h`` (..., 2I) -> (..., I):
+    ModernBERT's GeGLU. With exact GELU on fp32 CPU rows (no autocast), :class:`GeGLU`: one C
+    pass forward, one backward, and only ``h`` kept for the backward (torch keeps ``gelu(a)``
+    too, an extra (n, I) per layer); else the torch form."""
+    kernels = None
+    if name == "gelu" and _fp32_cpu(h) and not torch.is_autocast_enabled("cpu"):
+        kernels = geglu_kernels()
+    if kernels is None or h.numel() == 0:
+        a, g = h.chunk(2, dim=-1)  # (..., I) each
+        return activation(name, a) * g
+    rows = h.reshape(-1, h.shape[-1]).contiguous()  # (n, 2I)
+    return GeGLU.apply(rows, kernels).view(*h.shape[:-1], -1)
+
+
+class GeGLU(torch.autograd.Function):
+    """``gelu(a) * g`` (exact GELU) of the halves of contiguous fp32 (n, 2I) rows ``h = [a | g]``
+    through the C kernels of :func:`bertforge.modeling.kernels.geglu_kernels`; saves ``h`` only
+    and recomputes ``gelu(a)`` in the backward's single pass, which writes ``h``'s gradient
+    whole (no concatenation of the halves' gradients)."""
+
+    @staticmethod
+    def forward(ctx: Any, h: Tensor, kernels: Any) -> Tensor:
+        ctx.save_for_backward(h)
+        ctx.backward_kernel = kernels[1]
+        return kernels[0](h)  # (n, I)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        (h,) = ctx.saved_tensors
+        return ctx.backward_kernel(grad.contiguous(), h), None
+
+
+__all__ = ["activation", "dense_activation", "gated_activation", "BiasGelu", "GeGLU"]
