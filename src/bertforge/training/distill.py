@@ -22,9 +22,11 @@ and ``eval_results.json`` (the student's and the teacher's validation scores).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,7 +52,12 @@ from bertforge.io import (
     plain_name,
     read_json_object,
 )
-from bertforge.modeling.checkpoint import FINETUNE_CONFIG
+from bertforge.modeling.checkpoint import (
+    FINETUNE_CONFIG,
+    WEIGHTS_NAME,
+    check_model_directory,
+    stored_float_dtype,
+)
 from bertforge.modeling.pooling import pool, write_pooling_declaration
 from bertforge.progress import MetricsLogger, format_duration, parse_duration, plural
 from bertforge.runtime import autocast, explain_precision, pick_device, seed_everything, set_threads
@@ -88,6 +95,15 @@ from bertforge.training.distill_qa import (
     teacher_qa_scores,
     validate_qa_student,
 )
+from bertforge.training.distill_report import (
+    Measured,
+    ReportRow,
+    build_report,
+    constant_classification,
+    constant_embedding,
+    constant_regression,
+    write_report,
+)
 from bertforge.training.distill_tokens import (
     TokenDistillData,
     load_token_data,
@@ -99,7 +115,7 @@ from bertforge.training.finetune import FinetuneState, save_model
 from bertforge.training.model_card import distill_card, write_model_card
 from bertforge.training.optim import build_optimizer, set_lr
 from bertforge.training.students import build_student, student_class
-from bertforge.training.teacher import Teacher, load_teacher, teacher_outputs
+from bertforge.training.teacher import Teacher, load_teacher, teacher_outputs, teacher_task
 
 RESULTS_FILE = "eval_results.json"
 PLOT_FILE = "curves.png"
@@ -274,6 +290,7 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
     device = pick_device(cfg.device)
     out = Path(cfg.output)
     teacher = load_teacher(cfg.teacher, cfg.max_length)
+    check_report_task(cfg, teacher.task)
     seed_everything(cfg.seed)
     resume_dir = intact_checkpoint(latest_checkpoint(out))
     model, tokenizer, start = student_for(cfg, teacher, resume_dir)
@@ -737,8 +754,9 @@ def evaluate(run: Run, state: FinetuneState, bar: Any) -> None:
 def save_best(run: Run, state: FinetuneState) -> None:
     """The student as the best so far (an embedding model in the sentence-transformers
     layout; a regressor's head rescaled to predict in the labels' units)."""
+    dtype = saved_dtype(run.cfg, run.teacher)
     if run.task == "embedding":
-        run.model.save_pretrained(run.out, tokenizer=run.tokenizer)
+        run.model.save_pretrained(run.out, tokenizer=run.tokenizer, dtype=dtype)
         write_pooling_declaration(
             run.out,
             run.teacher.pooling or "mean",
@@ -747,7 +765,22 @@ def save_best(run: Run, state: FinetuneState) -> None:
             run.teacher.max_length,
         )
     else:
-        save_model(run.model, run.out, run.tokenizer, state.scale)
+        save_model(run.model, run.out, run.tokenizer, state.scale, dtype=dtype)
+
+
+SAVE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def saved_dtype(cfg: DistillConfig, teacher: Teacher) -> torch.dtype | None:
+    """The floating-point type the student is saved in (None: fp32, as trained): --save_dtype,
+    or (auto) the teacher's stored type where that is narrower than fp32, so that a student is
+    never wider on disk than its teacher."""
+    if cfg.save_dtype != "auto":
+        wanted = SAVE_DTYPES[cfg.save_dtype]
+        return None if wanted == torch.float32 else wanted
+    stored = stored_float_dtype(teacher.directory)
+    narrower = stored is not None and torch.finfo(stored).bits < 32
+    return stored if narrower else None
 
 
 def save_checkpoint(run: Run, state: FinetuneState) -> None:
@@ -816,6 +849,8 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
         "model_dir": str(out),
     }
     atomic_write_text(out / RESULTS_FILE, json.dumps(result, indent=2) + "\n")
+    if cfg.report:
+        distill_report(run, metrics)
     write_model_card(out, distill_card(cfg, result, out, run.device))
     if not cfg.keep_final_checkpoint:
         for path in list_checkpoints(out):
@@ -839,7 +874,8 @@ def _finished_run(cfg: DistillConfig) -> dict[str, Any] | None:
         return None
     saved = read_json_object(out / DISTILL_CONFIG, "restore it or delete the directory")
     resolved = steps.config_dict(cfg)
-    ignored = ("output", "progress", "num_threads", "log_every", "eval_batch_size")
+    ignored = ("output", "progress", "num_threads", "log_every", "eval_batch_size", "report")
+    ignored += ("report_compare", "report_texts", "report_rounds")
     changed = [
         f"{option(k)} was {saved[k]!r}, now {v!r}"
         for k, v in resolved.items()
@@ -850,8 +886,183 @@ def _finished_run(cfg: DistillConfig) -> dict[str, Any] | None:
             f"{out} holds a finished run of other settings ({'; '.join(changed)}); choose another "
             f"--output, or delete {out} to distill there again"
         )
-    print(f"{out} holds a finished run of these settings; nothing to do", file=sys.stderr)
-    return read_json_object(out / RESULTS_FILE, "restore it or delete the directory")
+    result = read_json_object(out / RESULTS_FILE, "restore it or delete the directory")
+    if cfg.report:
+        print(f"{out} holds a finished run of these settings; writing its report", file=sys.stderr)
+        run = scoring_run(cfg)
+        distill_report(run, result["validation"])
+        write_model_card(out, distill_card(cfg, result, out, run.device))
+        if not cfg.keep_final_checkpoint:
+            cache = out / CACHE_FILE
+            for path in (cache, cache.with_suffix(".json")):
+                path.unlink(missing_ok=True)
+    else:
+        print(f"{out} holds a finished run of these settings; nothing to do", file=sys.stderr)
+    return result
 
 
-__all__ = ["DistillConfig", "distill", "validate"]
+# ---- the report ------------------------------------------------------------------------------
+
+
+REPORT_TASKS = ("classification", "regression", "embedding")
+"""The teachers' tasks ``--report`` covers so far."""
+
+
+def check_report_task(cfg: DistillConfig, task: str) -> None:
+    """Refuse a report of a task it does not cover, or a --report_compare model of another
+    task, before anything trains."""
+    if cfg.report and task not in REPORT_TASKS:
+        raise BertforgeError(
+            f"--report true is for {', '.join(REPORT_TASKS)} teachers so far, not {task}; "
+            "leave --report out"
+        )
+    for directory in cfg.report_compare or []:
+        theirs = teacher_task(check_model_directory(directory))
+        if theirs != task:
+            raise BertforgeError(
+                f"--report_compare {directory}: a {theirs} model, the teacher is for {task}; "
+                "give a model of the same task (e.g. the student fine-tuned alone with "
+                "bertforge finetune)"
+            )
+
+
+def scoring_run(cfg: DistillConfig) -> Run:
+    """What validating models needs of a finished run (its report): the teacher, the saved
+    student's tokenizer, the texts with the teacher's outputs (read from OUTPUT's cache if the
+    run kept it, else computed again: the teacher's pass over the texts) and the loss's target.
+    No optimizer and no metrics log: nothing trains."""
+    set_threads(cfg.num_threads)
+    device = pick_device(cfg.device)
+    out = Path(cfg.output)
+    teacher = load_teacher(cfg.teacher, cfg.max_length)
+    check_report_task(cfg, teacher.task)
+    tokenizer = Tokenizer.from_file(out)
+    data = load_data(cfg, teacher, tokenizer, out / CACHE_FILE, device, lambda texts: None)
+    student = student_class(teacher.task).from_pretrained(out)
+    precision, _ = explain_precision(cfg.precision, device, student.config.hidden_size)
+    loss = loss_module(cfg, teacher, data, student.config.hidden_size).to(device)
+    return Run(cfg, out, device, precision, None, 0, 0, teacher, tokenizer, data, student, loss,
+               None, None, teacher_scores(teacher, data), torch.nn.ModuleList())  # type: ignore[arg-type]  # fmt: skip
+
+
+def report_scores(run: Run, model: torch.nn.Module, tokenizer: Tokenizer) -> dict[str, float]:
+    """A model's validation scores on the run's rows, as the student's are measured (a model
+    of another vocabulary reads the rows through its own tokenizer)."""
+    data = run.data
+    assert isinstance(data, DistillData)
+    if tokenizer.fingerprint != run.tokenizer.fingerprint:
+        val_pairs = None if data.val.pairs is None else list(data.val.pairs)
+        encoded = encode_examples(
+            tokenizer,
+            data.val.texts,
+            val_pairs,
+            max_length=run.teacher.max_length,
+            truncation=run.teacher.truncation,
+        )
+        run = dataclasses.replace(
+            run, tokenizer=tokenizer, data=dataclasses.replace(data, encoded_val=encoded)
+        )
+    if run.task == "embedding" and model.config.hidden_size != run.model.config.hidden_size:
+        raise BertforgeError(
+            f"{getattr(model, 'name_or_path', 'a model')}: {model.config.hidden_size}-wide "
+            f"vectors, the student's are {run.model.config.hidden_size}; the report compares "
+            "embedding models as wide as the student"
+        )
+    model.to(run.device)
+    try:
+        scores = validate(run, model)
+    finally:
+        model.to("cpu")
+    return {k: v for k, v in scores.items() if k != "examples"}
+
+
+def constant_row(run: Run) -> ReportRow:
+    """The constant baseline on the validation rows: the majority class of the training
+    labels, their mean target, or one vector (the training targets' mean) for an embedding;
+    with no gold training labels, the teacher's training predictions stand in for them."""
+    data = run.data
+    assert isinstance(data, DistillData)
+    n = len(data.texts)
+    gold = data.labelled[:n] if data.labels is not None else np.zeros(n, dtype=bool)
+    if run.task == "classification":
+        predicted = np.asarray(data.outputs[:n]).argmax(-1)
+        train = data.labels[gold] if gold.any() else predicted
+        majority, scores = constant_classification(
+            train, data.val.labels, run.teacher.config.num_labels, data.val_outputs.argmax(-1)
+        )
+        label = (run.teacher.config.id2label or {}).get(majority, majority)
+        name, what = f"constant: always {label}", "the most frequent class of the training labels"
+    elif run.task == "regression":
+        assert data.scale is not None and data.labels is not None
+        targets = data.labels[gold] * data.scale[1] + data.scale[0]
+        if not gold.any():
+            targets = np.asarray(data.outputs[:n])[:, 0]
+        mean, scores = constant_regression(targets, data.val.labels)
+        name, what = f"constant: always {mean:.4g}", "the mean of the training targets"
+    else:
+        with torch.no_grad():
+            train = run.loss.target(
+                torch.from_numpy(np.array(data.outputs[: min(n, PCA_TEXTS)], dtype=np.float32))
+            ).numpy()
+            val = run.loss.target(torch.from_numpy(np.array(data.val_outputs, np.float32)))
+        scores = constant_embedding(train, val.numpy(), run.teacher.normalize)
+        name = "constant: one vector"
+        what = "the mean of the teacher's training vectors (as the student learns them)"
+    if not gold.any() and run.task != "embedding":
+        what = what.replace("training labels", "teacher's training predictions")
+        what = what.replace("training targets", "teacher's training predictions")
+    return ReportRow(name, what + ", for every validation row", scores, 0, 0, 0.0)
+
+
+def distill_report(run: Run, student_scores: dict[str, Any]) -> dict[str, Any]:
+    """Score, size and time the teacher, the saved student and its baselines; write
+    OUTPUT/report.json and report.md (:mod:`bertforge.training.distill_report`)."""
+    cfg, out, teacher = run.cfg, run.out, run.teacher
+    check_report_task(cfg, run.task)
+    data = run.data
+    assert isinstance(data, DistillData)
+    run.say("report: scoring, sizing and timing the teacher, the student and the baselines")
+    teacher.model.to("cpu")
+    size = (teacher.directory / WEIGHTS_NAME).stat().st_size
+    scores = dict(run.teacher_scores)
+    if run.task == "classification":
+        scores["agreement"] = 1.0  # with itself
+    teacher_row = ReportRow(
+        "teacher", f"`{cfg.teacher}`", scores,
+        sum(p.numel() for p in teacher.model.parameters()), size, size / 1e6,
+        directory=str(teacher.directory),
+    )  # fmt: skip
+    best = student_class(run.task).from_pretrained(out)
+    size = (out / WEIGHTS_NAME).stat().st_size
+    scores = {k: v for k, v in student_scores.items() if k != "examples"}
+    student_row = ReportRow(
+        "distilled student", f"`{out}`: the best student by {METRIC[run.task]}", scores,
+        sum(p.numel() for p in best.parameters()), size, size / 1e6, directory=str(out),
+    )  # fmt: skip
+    count = min(cfg.report_texts, len(data.val))
+    pairs = None if data.val.pairs is None else list(data.val.pairs)[:count]
+    with tempfile.TemporaryDirectory(dir=out, prefix=".report-") as work:
+        report = build_report(
+            task=run.task,
+            metric=METRIC[run.task],
+            teacher=Measured(teacher_row, teacher.model, teacher.tokenizer, teacher.directory),
+            student=Measured(student_row, best, run.tokenizer, out),
+            compare=cfg.report_compare or [],
+            constant=constant_row(run),
+            score=lambda model, tokenizer: report_scores(run, model, tokenizer),
+            texts=list(data.val.texts[:count]),
+            pairs=pairs,
+            max_length=teacher.max_length,
+            truncation=teacher.truncation,
+            validation_rows=len(data.val),
+            threads=torch.get_num_threads(),
+            rounds=cfg.report_rounds,
+            seed=cfg.seed,
+            work=Path(work),
+        )
+    write_report(out, report)
+    run.say(f"report: {out / 'report.md'}")
+    return report
+
+
+__all__ = ["DistillConfig", "distill", "distill_report", "validate"]
