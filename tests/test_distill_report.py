@@ -70,6 +70,7 @@ def distill_argv(work: dict[str, Path], out: Path, *options: str) -> list[str]:
 def reported(work) -> Path:
     out = work["root"] / "student"
     argv = distill_argv(work, out, "--report", "true", "--report_compare", str(work["alone"]))
+    argv += ["--report_alone", "true"]
     assert cli.main([*argv, "--report_texts", "40", "--report_rounds", "1"]) == 0
     return out
 
@@ -88,6 +89,8 @@ def test_report_has_every_row_with_the_models_real_numbers(work, reported):
     assert list(rows) == [
         "teacher",
         "distilled student",
+        "student alone",
+        "random twin alone",
         "compare: alone",
         "random twin (untrained)",
         constant,
@@ -113,10 +116,26 @@ def test_report_has_every_row_with_the_models_real_numbers(work, reported):
         assert {"accuracy", "macro_f1", "mcc", "agreement"} <= set(
             row["scores"]
         ) or name == "teacher"
-    twin = rows["random twin (untrained)"]
-    assert twin["parameters"] == rows["distilled student"]["parameters"]
-    assert twin["bytes"] == rows["distilled student"]["bytes"]
-    assert all(v is None for v in twin["texts_per_second"].values())
+    for name in ("random twin (untrained)", "student alone", "random twin alone"):
+        twin = rows[name]  # the student's network: its parameters, bytes and speed
+        assert twin["parameters"] == rows["distilled student"]["parameters"]
+        assert twin["bytes"] == rows["distilled student"]["bytes"]
+        assert twin["speed_of"] == "distilled student"
+        assert all(v is None for v in twin["texts_per_second"].values())
+    # trained alone: the gold labels only, for the distillation's 12 steps, from the student's
+    # start (the teacher's layers 0 and 3) and from the twin's fresh weights
+    for name, folder in (("student alone", "alone"), ("random twin alone", "twin")):
+        saved = json.loads((reported / "report" / folder / "distill_config.json").read_text())
+        assert saved["alpha"] == 0.0 and saved["max_steps"] == 12 and not saved["unlabelled"]
+        alone = json.loads((reported / "report" / folder / "eval_results.json").read_text())
+        assert rows[name]["scores"]["accuracy"] == alone["validation"]["accuracy"]
+    twin_start = BertForSequenceClassification.from_pretrained(reported / "report" / "twin-start")
+    student = BertForSequenceClassification.from_pretrained(reported)
+    assert twin_start.config.num_hidden_layers == student.config.num_hidden_layers == 2
+    assert not torch.equal(
+        twin_start.bert.embeddings.word_embeddings.weight,
+        student.bert.embeddings.word_embeddings.weight,
+    )
     # the student's scores are its eval_results.json's (the same rows, the same model)
     results = json.loads((reported / "eval_results.json").read_text())
     assert rows["distilled student"]["scores"]["accuracy"] == results["validation"]["accuracy"]
@@ -158,9 +177,8 @@ def test_report_alone_on_a_finished_run(work, reported, tmp_path, capsys):
     assert (out / "model.safetensors").read_bytes() == before
     old = json.loads((reported / "report.json").read_text())["rows"]
     new = json.loads((out / "report.json").read_text())["rows"]
-    assert [r["name"] for r in new] == [
-        r["name"] for r in old if not r["name"].startswith("compare")
-    ]
+    kept = [r["name"] for r in old if not r["name"].startswith("compare")]
+    assert [r["name"] for r in new] == [r for r in kept if "alone" not in r]
     for a in new:
         b = next(r for r in old if r["name"] == a["name"])
         assert a["scores"] == pytest.approx(b["scores"]) and a["bytes"] == b["bytes"]

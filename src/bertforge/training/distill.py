@@ -102,6 +102,8 @@ from bertforge.training.distill_report import (
     constant_classification,
     constant_embedding,
     constant_regression,
+    fresh_twin,
+    trained_row,
     write_report,
 )
 from bertforge.training.distill_tokens import (
@@ -850,7 +852,7 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     }
     atomic_write_text(out / RESULTS_FILE, json.dumps(result, indent=2) + "\n")
     if cfg.report:
-        distill_report(run, metrics)
+        distill_report(run, metrics, state.step)
     write_model_card(out, distill_card(cfg, result, out, run.device))
     if not cfg.keep_final_checkpoint:
         for path in list_checkpoints(out):
@@ -875,7 +877,7 @@ def _finished_run(cfg: DistillConfig) -> dict[str, Any] | None:
     saved = read_json_object(out / DISTILL_CONFIG, "restore it or delete the directory")
     resolved = steps.config_dict(cfg)
     ignored = ("output", "progress", "num_threads", "log_every", "eval_batch_size", "report")
-    ignored += ("report_compare", "report_texts", "report_rounds")
+    ignored += ("report_compare", "report_alone", "report_texts", "report_rounds")
     changed = [
         f"{option(k)} was {saved[k]!r}, now {v!r}"
         for k, v in resolved.items()
@@ -890,7 +892,7 @@ def _finished_run(cfg: DistillConfig) -> dict[str, Any] | None:
     if cfg.report:
         print(f"{out} holds a finished run of these settings; writing its report", file=sys.stderr)
         run = scoring_run(cfg)
-        distill_report(run, result["validation"])
+        distill_report(run, result["validation"], result["steps"])
         write_model_card(out, distill_card(cfg, result, out, run.device))
         if not cfg.keep_final_checkpoint:
             cache = out / CACHE_FILE
@@ -1014,9 +1016,52 @@ def constant_row(run: Run) -> ReportRow:
     return ReportRow(name, what + ", for every validation row", scores, 0, 0, 0.0)
 
 
-def distill_report(run: Run, student_scores: dict[str, Any]) -> dict[str, Any]:
-    """Score, size and time the teacher, the saved student and its baselines; write
-    OUTPUT/report.json and report.md (:mod:`bertforge.training.distill_report`)."""
+REPORT_DIR = "report"
+"""OUTPUT's folder of the models a report trains (--report_alone)."""
+
+
+def alone_config(cfg: DistillConfig, steps_done: int, output: Path, **start: Any) -> DistillConfig:
+    """The settings of training a start on the gold labels alone for ``steps_done`` steps: the
+    run's own (data order, batch, LR, validation) less the teacher's terms and transfer text."""
+    return dataclasses.replace(
+        cfg, output=str(output), alpha=0.0, unlabelled=None, max_unlabelled=None,
+        max_steps=steps_done, max_time=None, hidden_weight=0.0, attention_weight=0.0,
+        relation_weight=0.0, relation_heads=None, layer_map=None, report=False,
+        report_compare=None, report_alone=False, keep_final_checkpoint=False, **start,
+    )  # fmt: skip
+
+
+def alone_rows(run: Run, steps_done: int, score: Any) -> list[Measured]:
+    """--report_alone: the student's start and its random twin trained on the gold labels
+    alone for the distillation's steps (each a ``distill`` run of its own in OUTPUT/report/,
+    which a repeated report finds finished)."""
+    cfg, out = run.cfg, run.out
+    if not cfg.report_alone:
+        return []
+    if run.task == "embedding" or not cfg.train:
+        run.say("report: no gold training labels, so nothing to train alone (--report_alone)")
+        return []
+    folder = out / REPORT_DIR
+    run.say(f"report: training the student's start and its twin alone, {steps_done} steps each")
+    distill(alone_config(cfg, steps_done, folder / "alone"))
+    twin_start = folder / "twin-start"
+    if not (twin_start / WEIGHTS_NAME).is_file():
+        fresh_twin(run.model, out, run.tokenizer, run.task, cfg.seed, twin_start)
+    start = dict(student=str(twin_start), student_layers=None, student_preset=None)
+    distill(alone_config(cfg, steps_done, folder / "twin", **start))
+    trained = f"trained on the gold labels of --train alone (no teacher) for {steps_done} steps"
+    return [
+        trained_row("student alone", f"the student's start, {trained}", folder / "alone",
+                    run.task, score, "distilled student"),
+        trained_row("random twin alone", f"the student's config with fresh weights, {trained}",
+                    folder / "twin", run.task, score, "distilled student"),
+    ]  # fmt: skip
+
+
+def distill_report(run: Run, student_scores: dict[str, Any], steps_done: int) -> dict[str, Any]:
+    """Score, size and time the teacher, the saved student and its baselines (``steps_done``:
+    the distillation's steps, those a model trained alone gets); write OUTPUT/report.json and
+    report.md (:mod:`bertforge.training.distill_report`)."""
     cfg, out, teacher = run.cfg, run.out, run.teacher
     check_report_task(cfg, run.task)
     data = run.data
@@ -1039,6 +1084,8 @@ def distill_report(run: Run, student_scores: dict[str, Any]) -> dict[str, Any]:
         "distilled student", f"`{out}`: the best student by {METRIC[run.task]}", scores,
         sum(p.numel() for p in best.parameters()), size, size / 1e6, directory=str(out),
     )  # fmt: skip
+    score = lambda model, tokenizer: report_scores(run, model, tokenizer)  # noqa: E731
+    trained = alone_rows(run, steps_done, score)
     count = min(cfg.report_texts, len(data.val))
     pairs = None if data.val.pairs is None else list(data.val.pairs)[:count]
     with tempfile.TemporaryDirectory(dir=out, prefix=".report-") as work:
@@ -1047,9 +1094,10 @@ def distill_report(run: Run, student_scores: dict[str, Any]) -> dict[str, Any]:
             metric=METRIC[run.task],
             teacher=Measured(teacher_row, teacher.model, teacher.tokenizer, teacher.directory),
             student=Measured(student_row, best, run.tokenizer, out),
+            trained=trained,
             compare=cfg.report_compare or [],
             constant=constant_row(run),
-            score=lambda model, tokenizer: report_scores(run, model, tokenizer),
+            score=score,
             texts=list(data.val.texts[:count]),
             pairs=pairs,
             max_length=teacher.max_length,

@@ -151,6 +151,11 @@ class DistillConfig(LoopOptions):
     """More model directories of the teacher's task for the report, scored on the same rows
     and timed alike: e.g. the student's start fine-tuned alone (bertforge finetune) on the
     same --train for the same steps."""
+    report_alone: bool = False
+    """Also train, for the report, the student's start and its random twin (its config, fresh
+    weights) on the gold labels of --train alone (no teacher: --alpha 0, no --unlabelled, no
+    intermediate losses) for the distillation's steps, into OUTPUT/report/alone and
+    OUTPUT/report/twin: what distillation bought, measured."""
     report_texts: int = 256
     """Validation texts the report's throughput is measured on (the first ones)."""
     report_rounds: int = 3
@@ -201,8 +206,9 @@ class DistillConfig(LoopOptions):
         check_at_least(self, option, max_unlabelled=1, max_length=3)
         check_choice(self.save_dtype, SaveDtype, "--save_dtype")
         check_at_least(self, option, report_texts=1, report_rounds=1)
-        if self.report_compare and not self.report:
-            raise BertforgeError("--report_compare is for the report: add --report true")
+        for name in ("report_compare", "report_alone"):
+            if getattr(self, name) and not self.report:
+                raise BertforgeError(f"{option(name)} is for the report: add --report true")
 
     @property
     def intermediate(self) -> bool:

@@ -35,6 +35,7 @@ from bertforge.data.encoding import collate, encode_examples
 from bertforge.errors import BertforgeError
 from bertforge.evaluation import metrics as M
 from bertforge.evaluation.embedding import cosine_rows
+from bertforge.inference.onnx import ONNX_FILE, export_onnx, load_onnx
 from bertforge.io import atomic_write_text
 from bertforge.modeling.checkpoint import (
     WEIGHTS_NAME,
@@ -79,6 +80,9 @@ class ReportRow:
     texts_per_second: dict[str, float | None] = field(default_factory=dict)
     """``eager_b1``, ``eager_b32``, ``onnx_int8_b1``, ``onnx_int8_b32`` (None: not measured)."""
     directory: str | None = None
+    speed_of: str | None = None
+    """The row whose network this one is (same config, other weights), so whose speed it has:
+    not timed again."""
 
 
 # ---- the constant baselines (pure) ------------------------------------------------------------
@@ -231,8 +235,6 @@ def onnx_runtime() -> str | None:
 
 def onnx_forward(onnx_dir: Path, threads: int) -> tuple[Callable[[dict[str, Any]], Any], float]:
     """The forward of an exported directory in ONNX Runtime, and its model.onnx's megabytes."""
-    from bertforge.inference.onnx import ONNX_FILE, load_onnx
-
     model = load_onnx(onnx_dir, threads=threads)
     names = model.output_names
     if "logits" in names:
@@ -256,8 +258,11 @@ class Measured:
     tokenizer: Tokenizer
     directory: Path
     """Its model directory (exported to ONNX from here)."""
-    timed: bool = True
-    """Whether its throughput is measured (the random twin's is its student's)."""
+
+    @property
+    def timed(self) -> bool:
+        """Whether its throughput is measured (not a network another row already times)."""
+        return self.row.speed_of is None
 
 
 def compare_row(directory: str, task: str, score: Scorer) -> Measured:
@@ -284,14 +289,22 @@ def compare_row(directory: str, task: str, score: Scorer) -> Measured:
     return Measured(row, model, tokenizer, path)
 
 
-def twin_row(student: Measured, task: str, seed: int, score: Scorer, work: Path) -> Measured:
-    """The student's random twin: its config with fresh weights, untrained, scored as it is."""
+def fresh_twin(
+    student: nn.Module, student_dir: Path, tokenizer: Tokenizer, task: str, seed: int, out: Path
+) -> nn.Module:
+    """The student's random twin, saved to ``out``: its config with fresh weights (from
+    ``seed``), stored in the student's floating-point type."""
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        twin = student_class(task)(student.model.config).eval()
-    dtype = stored_float_dtype(student.directory)  # the twin stored as its student is
+        twin = student_class(task)(student.config).eval()
+    save_pretrained(twin, out, tokenizer=tokenizer, dtype=stored_float_dtype(student_dir))
+    return twin
+
+
+def twin_row(student: Measured, task: str, seed: int, score: Scorer, work: Path) -> Measured:
+    """The student's random twin: its config with fresh weights, untrained, scored as it is."""
     directory = work / "twin"
-    save_pretrained(twin, directory, tokenizer=student.tokenizer, dtype=dtype)
+    twin = fresh_twin(student.model, student.directory, student.tokenizer, task, seed, directory)
     size = weights_bytes(directory)
     row = ReportRow(
         "random twin (untrained)",
@@ -301,8 +314,21 @@ def twin_row(student: Measured, task: str, seed: int, score: Scorer, work: Path)
         parameter_count(twin),
         size,
         size / 1e6,
+        speed_of=student.row.name,
     )
-    return Measured(row, twin, student.tokenizer, directory, timed=False)
+    return Measured(row, twin, student.tokenizer, directory)
+
+
+def trained_row(name: str, what: str, directory: Path, task: str, score: Scorer,
+                speed_of: str) -> Measured:  # fmt: skip
+    """A model a report trained (the student alone, the twin alone), scored like the student."""
+    model = student_class(task).from_pretrained(directory)
+    tokenizer = Tokenizer.from_file(directory)
+    size = weights_bytes(directory)
+    scores = _defined(score(model, tokenizer))
+    row = ReportRow(name, what, scores, parameter_count(model), size, size / 1e6,
+                    directory=str(directory), speed_of=speed_of)  # fmt: skip
+    return Measured(row, model, tokenizer, directory)
 
 
 def build_report(
@@ -311,6 +337,7 @@ def build_report(
     metric: str,
     teacher: Measured,
     student: Measured,
+    trained: Sequence[Measured],
     compare: Sequence[str],
     constant: ReportRow,
     score: Scorer,
@@ -325,7 +352,7 @@ def build_report(
     work: Path,
 ) -> dict[str, Any]:
     """Score, size and time every model; the report as a JSON-ready dict."""
-    models = [teacher, student, *(compare_row(d, task, score) for d in compare)]
+    models = [teacher, student, *trained, *(compare_row(d, task, score) for d in compare)]
     models.append(twin_row(student, task, seed, score, work))
     timed: list[Timed] = []
     onnx_version = onnx_runtime()
@@ -338,8 +365,6 @@ def build_report(
         timed.append(Timed(m.row.name, "eager", eager_forward(m.model), eager))
         if onnx_version is None:
             continue
-        from bertforge.inference.onnx import export_onnx
-
         onnx_dir = work / f"onnx-{len(timed)}"
         export_onnx(m.directory, onnx_dir, quantize="int8")
         forward, megabytes = onnx_forward(onnx_dir, threads)
@@ -377,7 +402,8 @@ def build_report(
                 if onnx_version
                 else None
             ),
-            "twin": "the random twin is the student's network: its speed is the student's",
+            "not timed": "a row with speed_of is the network of that row (its config, other "
+            "weights): its speed is that row's",
         },
     }
 
@@ -437,9 +463,9 @@ def report_table(report: dict[str, Any]) -> str:
     header = ["model", *names, "parameters", "MB on disk", "ONNX int8 MB", *speed]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in report["rows"]:
-        twin = r["name"].startswith("random twin")
+        same = r.get("speed_of")
         rates = [
-            "as the student" if twin else _cell(r["texts_per_second"].get(k), 1)
+            f"as the {same}" if same else _cell(r["texts_per_second"].get(k), 1)
             for k in THROUGHPUT_COLUMNS
         ]
         if r["parameters"] == 0:
@@ -472,7 +498,9 @@ def report_notes(report: dict[str, Any]) -> list[str]:
         f"int8: {onnx}; {t['threads']} thread(s) on {t['cpu']}; best of {t['rounds']} "
         "interleaved rounds (every model takes its turn in every round, so that other work on "
         "the machine slows each alike and the ratios hold).",
-        "The random twin is the student's network with fresh weights, scored untrained; the "
+        "The random twin is the student's network with fresh weights; a model trained alone "
+        "learns from the gold labels only (no teacher), for the distillation's steps; a row "
+        "timed \"as the student\" is the student's network, so its speed is the student's. The "
         "constant baseline is no network. The ratio row divides the student's value by the "
         "teacher's.",
     ]
@@ -495,9 +523,11 @@ __all__ = [
     "Measured",
     "ReportRow",
     "build_report",
+    "trained_row",
     "constant_classification",
     "constant_embedding",
     "constant_regression",
+    "fresh_twin",
     "interleaved_rates",
     "read_report",
     "render_report",
