@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import random
 import shutil
 from pathlib import Path
 
@@ -23,7 +24,8 @@ from support.cli import one_line_error
 from bertforge import cli
 from bertforge.modeling.checkpoint import stored_float_dtype
 from bertforge.modeling.config import BertConfig
-from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification
+from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
+from bertforge.modeling.pooling import write_pooling_declaration
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.distill_report import (
     Timed,
@@ -233,6 +235,39 @@ def test_report_compare_of_another_task_is_refused(work, tmp_path, capsys):
     argv += ["--max_steps", "1"]
     err = one_line_error(argv, capsys)
     assert "a regression model, the teacher is for classification" in err
+
+
+def test_report_of_an_embedding_student(work, tmp_path):
+    """An embedding teacher (the 4-layer start with a mean-pooling declaration) on unlabelled
+    text alone: the constant row is one vector, nothing is trained alone (no gold labels)."""
+    teacher = tmp_path / "embedder"
+    model = BertModel.from_pretrained(work["root"] / "start4")
+    model.save_pretrained(teacher, tokenizer=Tokenizer.from_file(work["root"] / "start4"))
+    write_pooling_declaration(teacher, "mean", True, model.config.hidden_size, 24)
+    rng = random.Random(5)
+    lines = [TaskFiles.sentence(rng, rng.choice(["good", "bad"])) for _ in range(120)]
+    (tmp_path / "sentences.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    argv = ["distill", "--teacher", str(teacher), "--student_layers", "0", "3", "--unlabelled"]
+    argv += [str(tmp_path / "sentences.txt"), "--output", str(out), "--max_steps", "6", *QUICK]
+    argv += ["--report", "true", "--report_alone", "true", "--report_texts", "8"]
+    assert cli.main([*argv, "--report_rounds", "1"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    rows = {r["name"]: r for r in report["rows"]}
+    assert list(rows) == [
+        "teacher",
+        "distilled student",
+        "random twin (untrained)",
+        "constant: one vector",
+    ]
+    assert rows["teacher"]["scores"] == {"cosine": 1.0, "mse": 0.0}
+    assert 0 < rows["constant: one vector"]["scores"]["cosine"] < 1
+    student, twin = rows["distilled student"], rows["random twin (untrained)"]
+    assert student["scores"]["cosine"] > twin["scores"]["cosine"]
+    assert student["parameters"] == sum(
+        p.numel() for p in BertModel.from_pretrained(out).parameters()
+    )
+    assert all(v > 0 for v in student["texts_per_second"].values())
 
 
 # ---- the pure parts ----------------------------------------------------------------------------

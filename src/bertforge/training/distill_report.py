@@ -465,7 +465,9 @@ def report_table(report: dict[str, Any]) -> str:
     for r in report["rows"]:
         same = r.get("speed_of")
         rates = [
-            f"as the {same}" if same else _cell(r["texts_per_second"].get(k), 1)
+            f"as {same.replace('distilled ', '')}"
+            if same
+            else _cell(r["texts_per_second"].get(k), 1)
             for k in THROUGHPUT_COLUMNS
         ]
         if r["parameters"] == 0:
@@ -500,7 +502,7 @@ def report_notes(report: dict[str, Any]) -> list[str]:
         "the machine slows each alike and the ratios hold).",
         "The random twin is the student's network with fresh weights; a model trained alone "
         "learns from the gold labels only (no teacher), for the distillation's steps; a row "
-        "timed \"as the student\" is the student's network, so its speed is the student's. The "
+        "timed \"as student\" is the student's network, so its speed is the student's. The "
         "constant baseline is no network. The ratio row divides the student's value by the "
         "teacher's.",
     ]
