@@ -669,7 +669,7 @@ def distill_card(cfg: Any, result: dict[str, Any], out: Path, device: Any) -> Mo
     notes = []
     report = read_report(out)
     if report is not None:  # report.md's table and what its columns are
-        notes = ["## Beside its teacher and baselines\n", report_table(report)]
+        notes = ["## Beside its teacher and baselines", report_table(report)]
         notes += report_notes(report)
     return ModelCard(
         name=out.name,
