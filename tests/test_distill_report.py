@@ -151,6 +151,8 @@ def test_report_has_every_row_with_the_models_real_numbers(work, reported):
     assert 0 < ratio["parameters"] < 1 and 0 < ratio["megabytes"] < 1
     assert all(v > 0 for v in ratio["texts_per_second"].values())
     assert report["throughput"]["threads"] == 1 and report["throughput"]["texts"] == 40
+    assert not (reported / "teacher_outputs.npy").exists()  # read by the report, then dropped
+    assert not list(reported.glob(".report-*"))  # its exports and the untrained twin
 
 
 def test_report_markdown_and_the_model_card_show_the_table(reported):
@@ -175,7 +177,7 @@ def test_report_alone_on_a_finished_run(work, reported, tmp_path, capsys):
     before = (out / "model.safetensors").read_bytes()
     argv = distill_argv(work, out, "--report", "true", "--report_texts", "8")
     assert cli.main([*argv, "--report_rounds", "1"]) == 0
-    assert "writing its report" in capsys.readouterr().err
+    assert "finished run of these settings; its report follows" in capsys.readouterr().err
     assert (out / "model.safetensors").read_bytes() == before
     old = json.loads((reported / "report.json").read_text())["rows"]
     new = json.loads((out / "report.json").read_text())["rows"]

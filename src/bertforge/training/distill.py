@@ -17,16 +17,15 @@ training.distill_qa`: start/end distributions) or a ``BertModel`` in the sentenc
 ``finetune_config.json`` carrying the teacher's task settings (columns, maximum length), so that
 ``classify``, ``embed``, ``evaluate``, ``serve``, ``export`` and transformers read it as they
 read a fine-tuned model; beside it ``distill_config.json``, ``metrics.jsonl``, ``curves.png``
-and ``eval_results.json`` (the student's and the teacher's validation scores).
+and ``eval_results.json`` (the student's and the teacher's validation scores). The report
+(``--report true``) follows the run: :mod:`bertforge.training.distill_baselines`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,8 +53,6 @@ from bertforge.io import (
 )
 from bertforge.modeling.checkpoint import (
     FINETUNE_CONFIG,
-    WEIGHTS_NAME,
-    check_model_directory,
     stored_float_dtype,
 )
 from bertforge.modeling.pooling import pool, write_pooling_declaration
@@ -95,17 +92,7 @@ from bertforge.training.distill_qa import (
     teacher_qa_scores,
     validate_qa_student,
 )
-from bertforge.training.distill_report import (
-    Measured,
-    ReportRow,
-    build_report,
-    constant_classification,
-    constant_embedding,
-    constant_regression,
-    fresh_twin,
-    trained_row,
-    write_report,
-)
+from bertforge.training.distill_report import check_report_task
 from bertforge.training.distill_tokens import (
     TokenDistillData,
     load_token_data,
@@ -117,7 +104,7 @@ from bertforge.training.finetune import FinetuneState, save_model
 from bertforge.training.model_card import distill_card, write_model_card
 from bertforge.training.optim import build_optimizer, set_lr
 from bertforge.training.students import build_student, student_class
-from bertforge.training.teacher import Teacher, load_teacher, teacher_outputs, teacher_task
+from bertforge.training.teacher import Teacher, load_teacher, teacher_outputs
 
 RESULTS_FILE = "eval_results.json"
 PLOT_FILE = "curves.png"
@@ -851,14 +838,12 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
         "model_dir": str(out),
     }
     atomic_write_text(out / RESULTS_FILE, json.dumps(result, indent=2) + "\n")
-    if cfg.report:
-        distill_report(run, metrics, state.step)
     write_model_card(out, distill_card(cfg, result, out, run.device))
     if not cfg.keep_final_checkpoint:
         for path in list_checkpoints(out):
             remove_checkpoint(path)
-        for name in (CACHE_FILE, Path(CACHE_FILE).with_suffix(".json").name):
-            (out / name).unlink(missing_ok=True)
+        if not cfg.report:  # the report reads the teacher's outputs, then drops them
+            drop_teacher_cache(out)
     run.say(
         f"best {metric} {metrics[metric]:.4f} at step {state.best_step} of {state.step} "
         f"({format_duration(state.elapsed)} of training); teacher {run.teacher_scores[metric]:.4f}; "
@@ -866,6 +851,12 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     )
     run.say("student on validation: " + _scores_line(metrics))
     return result
+
+
+def drop_teacher_cache(out: Path) -> None:
+    """Delete the teacher's cached outputs (and their key) from a run directory."""
+    for name in (CACHE_FILE, Path(CACHE_FILE).with_suffix(".json").name):
+        (out / name).unlink(missing_ok=True)
 
 
 def _finished_run(cfg: DistillConfig) -> dict[str, Any] | None:
@@ -888,229 +879,18 @@ def _finished_run(cfg: DistillConfig) -> dict[str, Any] | None:
             f"{out} holds a finished run of other settings ({'; '.join(changed)}); choose another "
             f"--output, or delete {out} to distill there again"
         )
-    result = read_json_object(out / RESULTS_FILE, "restore it or delete the directory")
-    if cfg.report:
-        print(f"{out} holds a finished run of these settings; writing its report", file=sys.stderr)
-        run = scoring_run(cfg)
-        distill_report(run, result["validation"], result["steps"])
-        write_model_card(out, distill_card(cfg, result, out, run.device))
-        if not cfg.keep_final_checkpoint:
-            cache = out / CACHE_FILE
-            for path in (cache, cache.with_suffix(".json")):
-                path.unlink(missing_ok=True)
-    else:
-        print(f"{out} holds a finished run of these settings; nothing to do", file=sys.stderr)
-    return result
+    what = "its report follows" if cfg.report else "nothing to do"
+    print(f"{out} holds a finished run of these settings; {what}", file=sys.stderr)
+    return read_json_object(out / RESULTS_FILE, "restore it or delete the directory")
 
 
-# ---- the report ------------------------------------------------------------------------------
-
-
-REPORT_TASKS = ("classification", "regression", "embedding")
-"""The teachers' tasks ``--report`` covers so far."""
-
-
-def check_report_task(cfg: DistillConfig, task: str) -> None:
-    """Refuse a report of a task it does not cover, or a --report_compare model of another
-    task, before anything trains."""
-    if cfg.report and task not in REPORT_TASKS:
-        raise BertforgeError(
-            f"--report true is for {', '.join(REPORT_TASKS)} teachers so far, not {task}; "
-            "leave --report out"
-        )
-    for directory in cfg.report_compare or []:
-        theirs = teacher_task(check_model_directory(directory))
-        if theirs != task:
-            raise BertforgeError(
-                f"--report_compare {directory}: a {theirs} model, the teacher is for {task}; "
-                "give a model of the same task (e.g. the student fine-tuned alone with "
-                "bertforge finetune)"
-            )
-
-
-def scoring_run(cfg: DistillConfig) -> Run:
-    """What validating models needs of a finished run (its report): the teacher, the saved
-    student's tokenizer, the texts with the teacher's outputs (read from OUTPUT's cache if the
-    run kept it, else computed again: the teacher's pass over the texts) and the loss's target.
-    No optimizer and no metrics log: nothing trains."""
-    set_threads(cfg.num_threads)
-    device = pick_device(cfg.device)
-    out = Path(cfg.output)
-    teacher = load_teacher(cfg.teacher, cfg.max_length)
-    check_report_task(cfg, teacher.task)
-    tokenizer = Tokenizer.from_file(out)
-    data = load_data(cfg, teacher, tokenizer, out / CACHE_FILE, device, lambda texts: None)
-    student = student_class(teacher.task).from_pretrained(out)
-    precision, _ = explain_precision(cfg.precision, device, student.config.hidden_size)
-    loss = loss_module(cfg, teacher, data, student.config.hidden_size).to(device)
-    return Run(cfg, out, device, precision, None, 0, 0, teacher, tokenizer, data, student, loss,
-               None, None, teacher_scores(teacher, data), torch.nn.ModuleList())  # type: ignore[arg-type]  # fmt: skip
-
-
-def report_scores(run: Run, model: torch.nn.Module, tokenizer: Tokenizer) -> dict[str, float]:
-    """A model's validation scores on the run's rows, as the student's are measured (a model
-    of another vocabulary reads the rows through its own tokenizer)."""
-    data = run.data
-    assert isinstance(data, DistillData)
-    if tokenizer.fingerprint != run.tokenizer.fingerprint:
-        val_pairs = None if data.val.pairs is None else list(data.val.pairs)
-        encoded = encode_examples(
-            tokenizer,
-            data.val.texts,
-            val_pairs,
-            max_length=run.teacher.max_length,
-            truncation=run.teacher.truncation,
-        )
-        run = dataclasses.replace(
-            run, tokenizer=tokenizer, data=dataclasses.replace(data, encoded_val=encoded)
-        )
-    if run.task == "embedding" and model.config.hidden_size != run.model.config.hidden_size:
-        raise BertforgeError(
-            f"{getattr(model, 'name_or_path', 'a model')}: {model.config.hidden_size}-wide "
-            f"vectors, the student's are {run.model.config.hidden_size}; the report compares "
-            "embedding models as wide as the student"
-        )
-    model.to(run.device)
-    try:
-        scores = validate(run, model)
-    finally:
-        model.to("cpu")
-    return {k: v for k, v in scores.items() if k != "examples"}
-
-
-def constant_row(run: Run) -> ReportRow:
-    """The constant baseline on the validation rows: the majority class of the training
-    labels, their mean target, or one vector (the training targets' mean) for an embedding;
-    with no gold training labels, the teacher's training predictions stand in for them."""
-    data = run.data
-    assert isinstance(data, DistillData)
-    n = len(data.texts)
-    gold = data.labelled[:n] if data.labels is not None else np.zeros(n, dtype=bool)
-    if run.task == "classification":
-        predicted = np.asarray(data.outputs[:n]).argmax(-1)
-        train = data.labels[gold] if gold.any() else predicted
-        majority, scores = constant_classification(
-            train, data.val.labels, run.teacher.config.num_labels, data.val_outputs.argmax(-1)
-        )
-        label = (run.teacher.config.id2label or {}).get(majority, majority)
-        name, what = f"constant: always {label}", "the most frequent class of the training labels"
-    elif run.task == "regression":
-        assert data.scale is not None and data.labels is not None
-        targets = data.labels[gold] * data.scale[1] + data.scale[0]
-        if not gold.any():
-            targets = np.asarray(data.outputs[:n])[:, 0]
-        mean, scores = constant_regression(targets, data.val.labels)
-        name, what = f"constant: always {mean:.4g}", "the mean of the training targets"
-    else:
-        with torch.no_grad():
-            train = run.loss.target(
-                torch.from_numpy(np.array(data.outputs[: min(n, PCA_TEXTS)], dtype=np.float32))
-            ).numpy()
-            val = run.loss.target(torch.from_numpy(np.array(data.val_outputs, np.float32)))
-        scores = constant_embedding(train, val.numpy(), run.teacher.normalize)
-        name = "constant: one vector"
-        what = "the mean of the teacher's training vectors (as the student learns them)"
-    if not gold.any() and run.task != "embedding":
-        what = what.replace("training labels", "teacher's training predictions")
-        what = what.replace("training targets", "teacher's training predictions")
-    return ReportRow(name, what + ", for every validation row", scores, 0, 0, 0.0)
-
-
-REPORT_DIR = "report"
-"""OUTPUT's folder of the models a report trains (--report_alone)."""
-
-
-def alone_config(cfg: DistillConfig, steps_done: int, output: Path, **start: Any) -> DistillConfig:
-    """The settings of training a start on the gold labels alone for ``steps_done`` steps: the
-    run's own (data order, batch, LR, validation) less the teacher's terms and transfer text."""
-    return dataclasses.replace(
-        cfg, output=str(output), alpha=0.0, unlabelled=None, max_unlabelled=None,
-        max_steps=steps_done, max_time=None, hidden_weight=0.0, attention_weight=0.0,
-        relation_weight=0.0, relation_heads=None, layer_map=None, report=False,
-        report_compare=None, report_alone=False, keep_final_checkpoint=False, **start,
-    )  # fmt: skip
-
-
-def alone_rows(run: Run, steps_done: int, score: Any) -> list[Measured]:
-    """--report_alone: the student's start and its random twin trained on the gold labels
-    alone for the distillation's steps (each a ``distill`` run of its own in OUTPUT/report/,
-    which a repeated report finds finished)."""
-    cfg, out = run.cfg, run.out
-    if not cfg.report_alone:
-        return []
-    if run.task == "embedding" or not cfg.train:
-        run.say("report: no gold training labels, so nothing to train alone (--report_alone)")
-        return []
-    folder = out / REPORT_DIR
-    run.say(f"report: training the student's start and its twin alone, {steps_done} steps each")
-    distill(alone_config(cfg, steps_done, folder / "alone"))
-    twin_start = folder / "twin-start"
-    if not (twin_start / WEIGHTS_NAME).is_file():
-        fresh_twin(run.model, out, run.tokenizer, run.task, cfg.seed, twin_start)
-    start = dict(student=str(twin_start), student_layers=None, student_preset=None)
-    distill(alone_config(cfg, steps_done, folder / "twin", **start))
-    trained = f"trained on the gold labels of --train alone (no teacher) for {steps_done} steps"
-    return [
-        trained_row("student alone", f"the student's start, {trained}", folder / "alone",
-                    run.task, score, "distilled student"),
-        trained_row("random twin alone", f"the student's config with fresh weights, {trained}",
-                    folder / "twin", run.task, score, "distilled student"),
-    ]  # fmt: skip
-
-
-def distill_report(run: Run, student_scores: dict[str, Any], steps_done: int) -> dict[str, Any]:
-    """Score, size and time the teacher, the saved student and its baselines (``steps_done``:
-    the distillation's steps, those a model trained alone gets); write OUTPUT/report.json and
-    report.md (:mod:`bertforge.training.distill_report`)."""
-    cfg, out, teacher = run.cfg, run.out, run.teacher
-    check_report_task(cfg, run.task)
-    data = run.data
-    assert isinstance(data, DistillData)
-    run.say("report: scoring, sizing and timing the teacher, the student and the baselines")
-    teacher.model.to("cpu")
-    size = (teacher.directory / WEIGHTS_NAME).stat().st_size
-    scores = dict(run.teacher_scores)
-    if run.task == "classification":
-        scores["agreement"] = 1.0  # with itself
-    teacher_row = ReportRow(
-        "teacher", f"`{cfg.teacher}`", scores,
-        sum(p.numel() for p in teacher.model.parameters()), size, size / 1e6,
-        directory=str(teacher.directory),
-    )  # fmt: skip
-    best = student_class(run.task).from_pretrained(out)
-    size = (out / WEIGHTS_NAME).stat().st_size
-    scores = {k: v for k, v in student_scores.items() if k != "examples"}
-    student_row = ReportRow(
-        "distilled student", f"`{out}`: the best student by {METRIC[run.task]}", scores,
-        sum(p.numel() for p in best.parameters()), size, size / 1e6, directory=str(out),
-    )  # fmt: skip
-    score = lambda model, tokenizer: report_scores(run, model, tokenizer)  # noqa: E731
-    trained = alone_rows(run, steps_done, score)
-    count = min(cfg.report_texts, len(data.val))
-    pairs = None if data.val.pairs is None else list(data.val.pairs)[:count]
-    with tempfile.TemporaryDirectory(dir=out, prefix=".report-") as work:
-        report = build_report(
-            task=run.task,
-            metric=METRIC[run.task],
-            teacher=Measured(teacher_row, teacher.model, teacher.tokenizer, teacher.directory),
-            student=Measured(student_row, best, run.tokenizer, out),
-            trained=trained,
-            compare=cfg.report_compare or [],
-            constant=constant_row(run),
-            score=score,
-            texts=list(data.val.texts[:count]),
-            pairs=pairs,
-            max_length=teacher.max_length,
-            truncation=teacher.truncation,
-            validation_rows=len(data.val),
-            threads=torch.get_num_threads(),
-            rounds=cfg.report_rounds,
-            seed=cfg.seed,
-            work=Path(work),
-        )
-    write_report(out, report)
-    run.say(f"report: {out / 'report.md'}")
-    return report
-
-
-__all__ = ["DistillConfig", "distill", "distill_report", "validate"]
+__all__ = [
+    "CACHE_FILE",
+    "METRIC",
+    "DistillConfig",
+    "DistillData",
+    "Run",
+    "distill",
+    "drop_teacher_cache",
+    "validate",
+]

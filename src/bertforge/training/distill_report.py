@@ -12,8 +12,8 @@ PyTorch in fp32 and ONNX Runtime on bertforge's own int8 export (what ``bertforg
 turns within each round and the best of the rounds is kept, so that a machine loaded by other
 work slows every model alike and the ratios hold.
 
-The scores come from the caller (:func:`bertforge.training.distill.report_scores`: the
-validation ``distill`` runs); this module holds the constant baselines (pure functions), the
+The scores come from the caller (:func:`bertforge.training.distill_baselines.report_scores`:
+the validation ``distill`` runs); this module holds the constant baselines (pure functions), the
 measurement and the rendering.
 """
 
@@ -265,15 +265,32 @@ class Measured:
         return self.row.speed_of is None
 
 
-def compare_row(directory: str, task: str, score: Scorer) -> Measured:
-    """A ``--report_compare`` directory: a model of the teacher's task, scored like the student."""
-    path = check_model_directory(directory)
-    theirs = teacher_task(path)
-    if theirs != task:
+REPORT_TASKS = ("classification", "regression", "embedding")
+"""The teachers' tasks ``--report`` covers so far."""
+
+
+def check_report_task(cfg: Any, task: str) -> None:
+    """Refuse a report of a task it does not cover, or a --report_compare model of another
+    task, before anything trains."""
+    if cfg.report and task not in REPORT_TASKS:
         raise BertforgeError(
-            f"--report_compare {directory}: a {theirs} model, the teacher is for {task}; give a "
-            "model of the same task (e.g. the student fine-tuned alone with bertforge finetune)"
+            f"--report true is for {', '.join(REPORT_TASKS)} teachers so far, not {task}; "
+            "leave --report out"
         )
+    for directory in cfg.report_compare or []:
+        theirs = teacher_task(check_model_directory(directory))
+        if theirs != task:
+            raise BertforgeError(
+                f"--report_compare {directory}: a {theirs} model, the teacher is for {task}; "
+                "give a model of the same task (e.g. the student fine-tuned alone with "
+                "bertforge finetune)"
+            )
+
+
+def compare_row(directory: str, task: str, score: Scorer) -> Measured:
+    """A ``--report_compare`` directory (of the teacher's task: :func:`check_report_task`),
+    scored like the student."""
+    path = check_model_directory(directory)
     model = student_class(task).from_pretrained(path)
     tokenizer = Tokenizer.from_file(path)
     size = weights_bytes(path)
@@ -521,6 +538,8 @@ def render_report(report: dict[str, Any]) -> str:
 
 __all__ = [
     "REPORT_JSON",
+    "REPORT_TASKS",
+    "check_report_task",
     "REPORT_MD",
     "Measured",
     "ReportRow",
