@@ -20,11 +20,17 @@ import pytest
 import torch
 from conftest import QUICK_FINETUNE, TINY_MODEL, TaskFiles
 from support.cli import one_line_error
+from test_tagging import FAST, tagged_sentences, write_conll
 
 from bertforge import cli
 from bertforge.modeling.checkpoint import stored_float_dtype
 from bertforge.modeling.config import BertConfig
-from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassification, BertModel
+from bertforge.modeling.model import (
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
 from bertforge.modeling.pooling import write_pooling_declaration
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.distill_report import (
@@ -269,6 +275,42 @@ def test_report_of_an_embedding_student(work, tmp_path):
     assert student["parameters"] == sum(
         p.numel() for p in BertModel.from_pretrained(out).parameters()
     )
+    assert all(v > 0 for v in student["texts_per_second"].values())
+
+
+def test_report_of_a_token_classifier(work, tmp_path):
+    """A named-entity teacher: the constant tags every word O (entity F1 0, its token
+    accuracy the share of O words, counted here)."""
+    train, dev = tagged_sentences(96, seed=1), tagged_sentences(24, seed=2)
+    write_conll(tmp_path / "train.conll", train)
+    write_conll(tmp_path / "dev.conll", dev)
+    teacher = tmp_path / "tagger"
+    argv = ["finetune", "--task", "token_classification", "--model", str(work["root"] / "start4")]
+    argv += ["--train", str(tmp_path / "train.conll"), "--output", str(teacher)]
+    assert cli.main([*argv, "--max_steps", "20", *FAST]) == 0
+    out = tmp_path / "out"
+    argv = ["distill", "--teacher", str(teacher), "--student_layers", "0", "3", "--train"]
+    argv += [str(tmp_path / "train.conll"), "--validation", str(tmp_path / "dev.conll")]
+    argv += ["--output", str(out), "--max_steps", "4", *QUICK, "--report", "true"]
+    argv += ["--report_texts", "8", "--report_rounds", "1"]
+    assert cli.main(argv) == 0
+    report = json.loads((out / "report.json").read_text())
+    rows = {r["name"]: r for r in report["rows"]}
+    assert list(rows) == [
+        "teacher",
+        "distilled student",
+        "random twin (untrained)",
+        "constant: always O",
+    ]
+    assert report["metric"] == "entity_f1" and report["validation_rows"] == len(dev)
+    tags = [t for _, sentence in dev for t in sentence]
+    constant = rows["constant: always O"]["scores"]
+    assert constant["entity_f1"] == 0.0
+    assert constant["token_accuracy"] == pytest.approx(tags.count("O") / len(tags))
+    assert "entities" not in constant  # a count, not a score
+    student = rows["distilled student"]
+    model = BertForTokenClassification.from_pretrained(out)
+    assert student["parameters"] == sum(p.numel() for p in model.parameters())
     assert all(v > 0 for v in student["texts_per_second"].values())
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from bertforge.data.encoding import encode_examples
+from bertforge.data.tagging import IGNORE
 from bertforge.errors import BertforgeError
 from bertforge.io import read_json_object
 from bertforge.modeling.checkpoint import WEIGHTS_NAME
@@ -47,10 +48,12 @@ from bertforge.training.distill_report import (
     constant_classification,
     constant_embedding,
     constant_regression,
+    constant_tagging,
     fresh_twin,
     trained_row,
     write_report,
 )
+from bertforge.training.distill_tokens import TokenDistillData, teacher_predictions
 from bertforge.training.model_card import distill_card, write_model_card
 from bertforge.training.students import student_class
 from bertforge.training.teacher import load_teacher
@@ -99,12 +102,26 @@ def scoring_run(cfg: DistillConfig) -> Run:
                None, None, teacher_scores(teacher, data), torch.nn.ModuleList())  # type: ignore[arg-type]  # fmt: skip
 
 
+COUNTS = ("examples", "entities", "sentences")
+"""Keys of the validation results that count rows, not scores: left out of the report."""
+
+
+def scores_only(scores: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in scores.items() if k not in COUNTS}
+
+
 def report_scores(run: Run, model: torch.nn.Module, tokenizer: Tokenizer) -> dict[str, float]:
     """A model's validation scores on the run's rows, as the student's are measured (a model
-    of another vocabulary reads the rows through its own tokenizer)."""
+    of another vocabulary reads the rows through its own tokenizer; a tagger's must share the
+    student's, whose windows the rows are)."""
     data = run.data
-    assert isinstance(data, DistillData)
-    if tokenizer.fingerprint != run.tokenizer.fingerprint:
+    same = tokenizer.fingerprint == run.tokenizer.fingerprint
+    if isinstance(data, TokenDistillData) and not same:
+        raise BertforgeError(
+            f"{getattr(model, 'name_or_path', 'a model')}: another vocabulary than the "
+            "student's; the report scores token classifiers of the student's vocabulary"
+        )
+    if isinstance(data, DistillData) and not same:
         val_pairs = None if data.val.pairs is None else list(data.val.pairs)
         encoded = encode_examples(
             tokenizer,
@@ -127,7 +144,7 @@ def report_scores(run: Run, model: torch.nn.Module, tokenizer: Tokenizer) -> dic
         scores = validate(run, model)
     finally:
         model.to("cpu")
-    return {k: v for k, v in scores.items() if k != "examples"}
+    return scores_only(scores)
 
 
 def constant_row(run: Run) -> ReportRow:
@@ -135,6 +152,8 @@ def constant_row(run: Run) -> ReportRow:
     labels, their mean target, or one vector (the training targets' mean) for an embedding;
     with no gold training labels, the teacher's training predictions stand in for them."""
     data = run.data
+    if isinstance(data, TokenDistillData):
+        return constant_tags_row(run, data)
     assert isinstance(data, DistillData)
     n = len(data.texts)
     gold = data.labelled[:n] if data.labels is not None else np.zeros(n, dtype=bool)
@@ -166,6 +185,38 @@ def constant_row(run: Run) -> ReportRow:
         what = what.replace("training labels", "teacher's training predictions")
         what = what.replace("training targets", "teacher's training predictions")
     return ReportRow(name, what + ", for every validation row", scores, 0, 0, 0.0)
+
+
+def constant_tags_row(run: Run, data: TokenDistillData) -> ReportRow:
+    """A token classifier's constant baseline: every validation word tagged with the most
+    frequent gold training tag (the teacher's training tags where there are none)."""
+    windows = data.windows
+    assert windows.labels is not None
+    tags: dict[tuple[int, int], int] = {}  # (sentence, word) -> tag: a word once, however windowed
+    for i in np.flatnonzero(data.labelled):
+        for word, tag in zip(windows.word[i], windows.labels[i], strict=True):
+            if word >= 0 and tag != IGNORE:
+                tags[(int(windows.sentence[i]), int(word))] = int(tag)
+    what = "the most frequent tag of the gold training words"
+    train = np.fromiter(tags.values(), dtype=np.int64, count=len(tags))
+    if not len(train):
+        words = sum(len(w) for w in data.train.words)
+        train = np.nan_to_num(np.asarray(data.outputs[:words], np.float32)).argmax(-1)
+        what = "the most frequent tag of the teacher's training words"
+    config = run.teacher.config
+    majority, scores = constant_tagging(train, data.val_tags, config, teacher_predictions(data))
+    label = (config.id2label or {}).get(majority, majority)
+    return ReportRow(f"constant: always {label}", what + ", for every validation word",
+                     scores_only(scores), 0, 0, 0.0)  # fmt: skip
+
+
+def report_texts(data: Any, count: int) -> tuple[list[str], list[str] | None]:
+    """The first ``count`` validation texts (and pairs) the throughput is measured on; a
+    tagger's sentences as their words joined by spaces."""
+    if isinstance(data, TokenDistillData):
+        return [" ".join(words) for words in data.val.words[:count]], None
+    pairs = None if data.val.pairs is None else list(data.val.pairs)[:count]
+    return list(data.val.texts[:count]), pairs
 
 
 REPORT_DIR = "report"
@@ -217,12 +268,11 @@ def distill_report(run: Run, student_scores: dict[str, Any], steps_done: int) ->
     cfg, out, teacher = run.cfg, run.out, run.teacher
     check_report_task(cfg, run.task)
     data = run.data
-    assert isinstance(data, DistillData)
     run.say("report: scoring, sizing and timing the teacher, the student and the baselines")
     teacher.model.to("cpu")
     size = (teacher.directory / WEIGHTS_NAME).stat().st_size
-    scores = dict(run.teacher_scores)
-    if run.task == "classification":
+    scores = scores_only(run.teacher_scores)
+    if run.task in ("classification", "token_classification"):
         scores["agreement"] = 1.0  # with itself
     teacher_row = ReportRow(
         "teacher", f"`{cfg.teacher}`", scores,
@@ -231,15 +281,14 @@ def distill_report(run: Run, student_scores: dict[str, Any], steps_done: int) ->
     )  # fmt: skip
     best = student_class(run.task).from_pretrained(out)
     size = (out / WEIGHTS_NAME).stat().st_size
-    scores = {k: v for k, v in student_scores.items() if k != "examples"}
+    scores = scores_only(student_scores)
     student_row = ReportRow(
         "distilled student", f"`{out}`: the best student by {METRIC[run.task]}", scores,
         sum(p.numel() for p in best.parameters()), size, size / 1e6, directory=str(out),
     )  # fmt: skip
     score = lambda model, tokenizer: report_scores(run, model, tokenizer)  # noqa: E731
     trained = alone_rows(run, steps_done, score)
-    count = min(cfg.report_texts, len(data.val))
-    pairs = None if data.val.pairs is None else list(data.val.pairs)[:count]
+    texts, pairs = report_texts(data, cfg.report_texts)
     with tempfile.TemporaryDirectory(dir=out, prefix=".report-") as work:
         report = build_report(
             task=run.task,
@@ -250,7 +299,7 @@ def distill_report(run: Run, student_scores: dict[str, Any], steps_done: int) ->
             compare=cfg.report_compare or [],
             constant=constant_row(run),
             score=score,
-            texts=list(data.val.texts[:count]),
+            texts=texts,
             pairs=pairs,
             max_length=teacher.max_length,
             truncation=teacher.truncation,

@@ -35,6 +35,7 @@ from bertforge.data.encoding import collate, encode_examples
 from bertforge.errors import BertforgeError
 from bertforge.evaluation import metrics as M
 from bertforge.evaluation.embedding import cosine_rows
+from bertforge.evaluation.tagging import tag_metrics
 from bertforge.inference.onnx import ONNX_FILE, export_onnx, load_onnx
 from bertforge.io import atomic_write_text
 from bertforge.modeling.checkpoint import (
@@ -123,6 +124,26 @@ def constant_regression(
     with np.errstate(invalid="ignore", divide="ignore"):
         scores = M.regression_metrics(val_targets, np.full(len(val_targets), mean))
     return mean, _defined(scores)
+
+
+def constant_tagging(
+    train_tags: np.ndarray,
+    val_tags: Sequence[np.ndarray],
+    config: Any,
+    teacher_predictions: Sequence[np.ndarray] | None = None,
+) -> tuple[int, dict[str, float | None]]:
+    """``(tag, scores)`` of tagging every word with the most frequent training tag (the
+    lowest id of a tie; usually ``O``, whose entity F1 is 0); ``agreement``: the share of
+    validation words the teacher tags so."""
+    counts = np.bincount(np.asarray(train_tags, dtype=np.int64), minlength=config.num_labels)
+    majority = int(counts.argmax())
+    scores: dict[str, float | None] = dict(
+        tag_metrics(config, val_tags, [np.full(len(t), majority) for t in val_tags])
+    )
+    if teacher_predictions is not None:
+        words = np.concatenate([np.asarray(t) for t in teacher_predictions] or [np.zeros(0)])
+        scores["agreement"] = float(np.mean(words == majority)) if len(words) else None
+    return majority, scores
 
 
 def constant_embedding(
@@ -265,7 +286,7 @@ class Measured:
         return self.row.speed_of is None
 
 
-REPORT_TASKS = ("classification", "regression", "embedding")
+REPORT_TASKS = ("classification", "regression", "token_classification", "embedding")
 """The teachers' tasks ``--report`` covers so far."""
 
 
@@ -548,6 +569,7 @@ __all__ = [
     "constant_classification",
     "constant_embedding",
     "constant_regression",
+    "constant_tagging",
     "fresh_twin",
     "interleaved_rates",
     "read_report",
