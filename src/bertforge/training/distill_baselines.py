@@ -247,15 +247,19 @@ def alone_rows(run: Run, steps_done: int, score: Any) -> list[Measured]:
     folder = out / REPORT_DIR
     run.say(f"report: training the student's start and its twin alone, {steps_done} steps each")
     distill(alone_config(cfg, steps_done, folder / "alone"))
+    trained = f"trained on the gold labels of --train alone (no teacher) for {steps_done} steps"
+    alone = trained_row("student alone", f"the student's start, {trained}", folder / "alone",
+                        run.task, score, "distilled student")  # fmt: skip
+    if cfg.student_preset:  # the start is fresh weights already: it is its own random twin
+        alone.row.what += " (fresh weights of the preset: the random twin trained alone)"
+        return [alone]
     twin_start = folder / "twin-start"
     if not (twin_start / WEIGHTS_NAME).is_file():
         fresh_twin(run.model, out, run.tokenizer, run.task, cfg.seed, twin_start)
     start = dict(student=str(twin_start), student_layers=None, student_preset=None)
     distill(alone_config(cfg, steps_done, folder / "twin", **start))
-    trained = f"trained on the gold labels of --train alone (no teacher) for {steps_done} steps"
     return [
-        trained_row("student alone", f"the student's start, {trained}", folder / "alone",
-                    run.task, score, "distilled student"),
+        alone,
         trained_row("random twin alone", f"the student's config with fresh weights, {trained}",
                     folder / "twin", run.task, score, "distilled student"),
     ]  # fmt: skip
