@@ -1,7 +1,8 @@
 """The report of a ``bertforge distill`` run (docs/distillation.md, "The report"):
 OUTPUT/report.json and report.md, one row per model scored on the same validation rows --
-the teacher, the distilled student, any ``--report_compare`` directory (the student fine-tuned
-alone, say), the student's random twin (its config, fresh weights, untrained) and the constant
+the teacher, the distilled student, with ``--report_alone`` the student's start and its random
+twin trained on the gold labels alone, any ``--report_compare`` directory (a fine-tune of your
+own), the student's random twin (its config, fresh weights) untrained and the constant
 baseline -- with each model's parameters, megabytes on disk and CPU throughput, then the
 student / teacher ratios.
 
@@ -65,11 +66,12 @@ class ReportRow:
     """One model of the report."""
 
     name: str
-    """teacher, distilled student, compare: DIR, random twin (untrained), constant."""
+    """teacher, distilled student, student alone, random twin alone, compare: NAME, random twin
+    (untrained), constant: ...."""
     what: str
     """What the model is, in words."""
     scores: dict[str, float | None]
-    """Validation scores on the report's rows (None: undefined, e.g. a constant's correlation)."""
+    """Validation scores on the report's rows (None: undefined, NaN)."""
     parameters: int
     """Weights of the network (0: no network)."""
     bytes: int
