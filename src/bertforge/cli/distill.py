@@ -1,11 +1,12 @@
 """``bertforge distill``: :class:`~bertforge.training.distill_config.DistillConfig` from the
 command line (one ``--field_name`` per field) and ``--config`` files, then
-:func:`bertforge.training.distill.distill`."""
+:func:`bertforge.training.distill_baselines.distill_and_report` (the distillation, then its
+report where ``--report true`` asks for one)."""
 
 from __future__ import annotations
 
 from bertforge.cli.options import parse_config
-from bertforge.training.distill import distill
+from bertforge.training.distill_baselines import distill_and_report
 from bertforge.training.distill_config import DistillConfig
 
 
@@ -21,5 +22,5 @@ def main(argv: list[str]) -> int:
             "and unlabelled text (docs/distillation.md)."
         ),
     )
-    distill(cfg)
+    distill_and_report(cfg)
     return 0

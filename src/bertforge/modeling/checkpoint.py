@@ -116,6 +116,34 @@ def normalize_key(key: str) -> str:
     return key
 
 
+_SAFETENSORS_FLOATS = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16,
+                       "F16": torch.float16}  # fmt: skip
+
+
+def stored_float_dtype(directory: str | Path) -> torch.dtype | None:
+    """The widest floating-point type of the weights stored in a model directory (read from the
+    safetensors headers alone), or None where no weights file can be read."""
+    directory = Path(directory)
+    files = [directory / WEIGHTS_NAME]
+    if not files[0].is_file() and (directory / WEIGHTS_INDEX_NAME).is_file():
+        index = json.loads((directory / WEIGHTS_INDEX_NAME).read_text())
+        files = [directory / f for f in sorted(set(index["weight_map"].values()))]
+    found: list[torch.dtype] = []
+    try:
+        for path in files:
+            with path.open("rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(size))
+            found += [
+                _SAFETENSORS_FLOATS[v["dtype"]]
+                for k, v in header.items()
+                if k != "__metadata__" and v.get("dtype") in _SAFETENSORS_FLOATS
+            ]
+    except (OSError, ValueError, KeyError):
+        return None
+    return max(found, key=lambda d: torch.finfo(d).bits, default=None)
+
+
 def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     """Read the weights of a model directory (single file or sharded with an index), after
     checking them against the directory's manifest if it has one."""
@@ -392,10 +420,12 @@ def save_pretrained(
     directory: str | Path,
     tokenizer: Any = None,
     extra_tensors: dict[str, torch.Tensor] | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (+ tokenizer files) into ``directory``,
     then ``manifest.json`` recording their sizes and SHA-256. ``extra_tensors`` are stored beside
     the model's own (keys it does not have: e.g. the pooler an MLM-only run kept from its start).
+    ``dtype``: the floating-point weights stored in it (default: as they are in memory).
 
     Each file is replaced atomically, weights first, so a reader never sees a half-written file;
     an old manifest is removed first, so a save interrupted half-way leaves no manifest vouching
@@ -412,6 +442,8 @@ def save_pretrained(
         if k in state:
             raise ValueError(f"extra tensor {k!r} is one of the model's own")
         state[k] = v.detach().to("cpu").contiguous().clone()
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     with atomic_file(directory / WEIGHTS_NAME) as tmp:
         try:
             save_file(state, str(tmp), metadata={"format": "pt"})
@@ -441,6 +473,7 @@ __all__ = [
     "load_pretrained",
     "save_pretrained",
     "read_safetensors",
+    "stored_float_dtype",
     "remap_state_dict",
     "WEIGHTS_NAME",
 ]

@@ -512,10 +512,14 @@ class BertPreTrainedModel(nn.Module):
         directory: str | Path,
         tokenizer: Any = None,
         extra_tensors: dict[str, Tensor] | None = None,
+        dtype: torch.dtype | None = None,
     ) -> Path:
         """Write config.json + model.safetensors (+ tokenizer files) atomically into ``directory``
-        (``extra_tensors``: more weights to store beside the model's own)."""
-        return save_pretrained(self, directory, tokenizer=tokenizer, extra_tensors=extra_tensors)
+        (``extra_tensors``: more weights to store beside the model's own; ``dtype``: the
+        floating-point weights stored, default as in memory)."""
+        return save_pretrained(
+            self, directory, tokenizer=tokenizer, extra_tensors=extra_tensors, dtype=dtype
+        )
 
 
 class BertModel(BertPreTrainedModel):

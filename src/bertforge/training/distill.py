@@ -17,7 +17,8 @@ training.distill_qa`: start/end distributions) or a ``BertModel`` in the sentenc
 ``finetune_config.json`` carrying the teacher's task settings (columns, maximum length), so that
 ``classify``, ``embed``, ``evaluate``, ``serve``, ``export`` and transformers read it as they
 read a fine-tuned model; beside it ``distill_config.json``, ``metrics.jsonl``, ``curves.png``
-and ``eval_results.json`` (the student's and the teacher's validation scores).
+and ``eval_results.json`` (the student's and the teacher's validation scores). The report
+(``--report true``) follows the run: :mod:`bertforge.training.distill_baselines`.
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ from bertforge.io import (
     plain_name,
     read_json_object,
 )
-from bertforge.modeling.checkpoint import FINETUNE_CONFIG
+from bertforge.modeling.checkpoint import (
+    FINETUNE_CONFIG,
+    stored_float_dtype,
+)
 from bertforge.modeling.pooling import pool, write_pooling_declaration
 from bertforge.progress import (
     MetricsLogger,
@@ -94,6 +98,7 @@ from bertforge.training.distill_qa import (
     teacher_qa_scores,
     validate_qa_student,
 )
+from bertforge.training.distill_report import check_report_task
 from bertforge.training.distill_tokens import (
     TokenDistillData,
     load_token_data,
@@ -280,6 +285,7 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
     device = pick_device(cfg.device)
     out = Path(cfg.output)
     teacher = load_teacher(cfg.teacher, cfg.max_length)
+    check_report_task(cfg, teacher.task)
     seed_everything(cfg.seed)
     resume_dir = intact_checkpoint(latest_checkpoint(out))
     model, tokenizer, start = student_for(cfg, teacher, resume_dir)
@@ -744,8 +750,9 @@ def evaluate(run: Run, state: FinetuneState, bar: Any) -> None:
 def save_best(run: Run, state: FinetuneState) -> None:
     """The student as the best so far (an embedding model in the sentence-transformers
     layout; a regressor's head rescaled to predict in the labels' units)."""
+    dtype = saved_dtype(run.cfg, run.teacher)
     if run.task == "embedding":
-        run.model.save_pretrained(run.out, tokenizer=run.tokenizer)
+        run.model.save_pretrained(run.out, tokenizer=run.tokenizer, dtype=dtype)
         write_pooling_declaration(
             run.out,
             run.teacher.pooling or "mean",
@@ -754,7 +761,22 @@ def save_best(run: Run, state: FinetuneState) -> None:
             run.teacher.max_length,
         )
     else:
-        save_model(run.model, run.out, run.tokenizer, state.scale)
+        save_model(run.model, run.out, run.tokenizer, state.scale, dtype=dtype)
+
+
+SAVE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def saved_dtype(cfg: DistillConfig, teacher: Teacher) -> torch.dtype | None:
+    """The floating-point type the student is saved in (None: fp32, as trained): --save_dtype,
+    or (auto) the teacher's stored type where that is narrower than fp32, so that a student is
+    never wider on disk than its teacher."""
+    if cfg.save_dtype != "auto":
+        wanted = SAVE_DTYPES[cfg.save_dtype]
+        return None if wanted == torch.float32 else wanted
+    stored = stored_float_dtype(teacher.directory)
+    narrower = stored is not None and torch.finfo(stored).bits < 32
+    return stored if narrower else None
 
 
 def save_checkpoint(run: Run, state: FinetuneState) -> None:
@@ -827,8 +849,8 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     if not cfg.keep_final_checkpoint:
         for path in list_checkpoints(out):
             remove_checkpoint(path)
-        for name in (CACHE_FILE, Path(CACHE_FILE).with_suffix(".json").name):
-            (out / name).unlink(missing_ok=True)
+        if not cfg.report:  # the report reads the teacher's outputs, then drops them
+            drop_teacher_cache(out)
     run.say(
         f"best {metric} {metrics[metric]:.4f} at step {state.best_step} of {state.step} "
         f"({format_duration(state.elapsed)} of training); teacher {run.teacher_scores[metric]:.4f}; "
@@ -836,6 +858,12 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     )
     run.say("student on validation: " + _scores_line(metrics))
     return result
+
+
+def drop_teacher_cache(out: Path) -> None:
+    """Delete the teacher's cached outputs (and their key) from a run directory."""
+    for name in (CACHE_FILE, Path(CACHE_FILE).with_suffix(".json").name):
+        (out / name).unlink(missing_ok=True)
 
 
 def _finished_run(cfg: DistillConfig) -> dict[str, Any] | None:
@@ -846,7 +874,8 @@ def _finished_run(cfg: DistillConfig) -> dict[str, Any] | None:
         return None
     saved = read_json_object(out / DISTILL_CONFIG, "restore it or delete the directory")
     resolved = steps.config_dict(cfg)
-    ignored = ("output", "progress", "num_threads", "log_every", "eval_batch_size")
+    ignored = ("output", "progress", "num_threads", "log_every", "eval_batch_size", "report")
+    ignored += ("report_compare", "report_alone", "report_texts", "report_rounds")
     changed = [
         f"{option(k)} was {saved[k]!r}, now {v!r}"
         for k, v in resolved.items()
@@ -857,8 +886,18 @@ def _finished_run(cfg: DistillConfig) -> dict[str, Any] | None:
             f"{out} holds a finished run of other settings ({'; '.join(changed)}); choose another "
             f"--output, or delete {out} to distill there again"
         )
-    print(f"{out} holds a finished run of these settings; nothing to do", file=sys.stderr)
+    what = "its report follows" if cfg.report else "nothing to do"
+    print(f"{out} holds a finished run of these settings; {what}", file=sys.stderr)
     return read_json_object(out / RESULTS_FILE, "restore it or delete the directory")
 
 
-__all__ = ["DistillConfig", "distill", "validate"]
+__all__ = [
+    "CACHE_FILE",
+    "METRIC",
+    "DistillConfig",
+    "DistillData",
+    "Run",
+    "distill",
+    "drop_teacher_cache",
+    "validate",
+]

@@ -29,6 +29,9 @@ DISTILL_CONFIG = "distill_config.json"
 TransferUnit = Literal["auto", "document", "sentence"]
 """What one text of an ``--unlabelled`` corpus is."""
 
+SaveDtype = Literal["auto", "fp32", "bf16", "fp16"]
+"""The floating-point type of the student's saved weights."""
+
 
 def option(name: str) -> str:
     """How ``bertforge distill`` spells a ``DistillConfig`` field on the command line."""
@@ -134,6 +137,29 @@ class DistillConfig(LoopOptions):
     """Resumable checkpoints (written at each evaluation and on SIGINT/SIGTERM) to keep."""
     keep_final_checkpoint: bool = False
     """Keep the resumable checkpoint and the teacher's cached outputs after a finished run."""
+    save_dtype: SaveDtype = "auto"
+    """The student's saved weights: auto stores them as the teacher's are stored (fp32 unless
+    the teacher's model.safetensors is bf16 or fp16, so that a student is never wider on disk
+    than its teacher), or fp32 / bf16 / fp16."""
+    report: bool = False
+    """Write OUTPUT/report.md and report.json at the end (docs/distillation.md, "The report"):
+    the teacher, the student, each --report_compare model, the student's random twin
+    (untrained) and the constant baseline on the same validation rows, with parameters, MB on
+    disk and CPU texts/s at batch 1 and 32, eager and ONNX int8, measured in one interleaved
+    run. On a finished run, the same command with --report true writes the report alone."""
+    report_compare: list[str] | None = None
+    """More model directories of the teacher's task for the report, scored on the same rows
+    and timed alike: e.g. the student's start fine-tuned alone (bertforge finetune) on the
+    same --train for the same steps."""
+    report_alone: bool = False
+    """Also train, for the report, the student's start and its random twin (its config, fresh
+    weights) on the gold labels of --train alone (no teacher: --alpha 0, no --unlabelled, no
+    intermediate losses) for the distillation's steps, into OUTPUT/report/alone and
+    OUTPUT/report/twin: what distillation bought, measured."""
+    report_texts: int = 256
+    """Validation texts the report's throughput is measured on (the first ones)."""
+    report_rounds: int = 3
+    """Interleaved rounds of the report's throughput measurement (the best is kept)."""
 
     def __post_init__(self) -> None:
         self.teacher = resolve_model(self.teacher)
@@ -178,6 +204,11 @@ class DistillConfig(LoopOptions):
             )
         check_at_least(self, option, max_steps=1, eval_every=0, keep_checkpoints=0)
         check_at_least(self, option, max_unlabelled=1, max_length=3)
+        check_choice(self.save_dtype, SaveDtype, "--save_dtype")
+        check_at_least(self, option, report_texts=1, report_rounds=1)
+        for name in ("report_compare", "report_alone"):
+            if getattr(self, name) and not self.report:
+                raise BertforgeError(f"{option(name)} is for the report: add --report true")
 
     @property
     def intermediate(self) -> bool:
@@ -185,4 +216,4 @@ class DistillConfig(LoopOptions):
         return bool(self.hidden_weight or self.attention_weight or self.relation_weight)
 
 
-__all__ = ["DISTILL_CONFIG", "DistillConfig", "TransferUnit", "option"]
+__all__ = ["DISTILL_CONFIG", "DistillConfig", "SaveDtype", "TransferUnit", "option"]

@@ -787,15 +787,17 @@ def save_model(
     out: Path,
     tokenizer: Tokenizer,
     scale: tuple[float, float] | list[float] | None,
+    dtype: torch.dtype | None = None,
 ) -> None:
-    """Write the model; for normalised regression fold ``y = z * std + mean`` into the head."""
+    """Write the model (its floating-point weights as ``dtype``, default as in memory); for
+    normalised regression fold ``y = z * std + mean`` into the head."""
     if scale is not None:
         model = copy.deepcopy(model).float()
         mean, std = scale
         with torch.no_grad():
             model.classifier.weight.mul_(std)
             model.classifier.bias.mul_(std).add_(mean)
-    model.save_pretrained(out, tokenizer=tokenizer)
+    model.save_pretrained(out, tokenizer=tokenizer, dtype=dtype)
 
 
 __all__ = [

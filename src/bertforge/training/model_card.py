@@ -33,6 +33,7 @@ from bertforge.io import (
 )
 from bertforge.progress import format_duration, plural, read_metrics
 from bertforge.runtime import cpu_model
+from bertforge.training.distill_report import read_report, report_notes, report_table
 
 CARD_NAME = "README.md"
 """The card's file name in a model directory (the Hub reads it as the model card)."""
@@ -615,7 +616,8 @@ __all__ = [
 def distill_card(cfg: Any, result: dict[str, Any], out: Path, device: Any) -> ModelCard:
     """The card of a ``bertforge distill`` run's student (``cfg``: its DistillConfig;
     ``result``: what :func:`~bertforge.training.distill.finish` returns). Its scores are the
-    saved student's validation scores beside its teacher's (measured on the same rows)."""
+    saved student's validation scores beside its teacher's (measured on the same rows); where
+    OUTPUT holds a report (``--report true``), its table follows them."""
     out = Path(out)
     teacher_scores = result.get("teacher") or {}
     scores = [
@@ -664,11 +666,17 @@ def distill_card(cfg: Any, result: dict[str, Any], out: Path, device: Any) -> Mo
         "temperature": cfg.temperature,
         "alpha (gold-label share)": cfg.alpha,
     }
+    notes = []
+    report = read_report(out)
+    if report is not None:  # report.md's table and what its columns are
+        notes = ["## Beside its teacher and baselines", report_table(report)]
+        notes += report_notes(report)
     return ModelCard(
         name=out.name,
         kind=kind,  # type: ignore[arg-type]
         summary=summary,
         command=command_line("distill", cfg, skip=("progress",)),
+        notes=notes,
         scores=scores,
         evaluated_on=where,
         base_model=cfg.student or str(cfg.teacher),
