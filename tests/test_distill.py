@@ -192,6 +192,24 @@ def test_unlabelled_text_alone_with_a_validation_file(work, capsys):
     assert passes and passes[-1].startswith(f"teacher: {texts:,} of {texts:,} texts, ")
 
 
+def test_two_students_share_one_teacher_cache(work, tmp_path, capsys):
+    """--teacher_cache: the first student's run computes the teacher's outputs into the file,
+    the second (another student, the same texts) reads them without a teacher pass; the file
+    is the user's and stays."""
+    cache = tmp_path / "shared" / "teacher.npy"
+    scores = []
+    for layer in ("1", "0"):
+        out = tmp_path / f"student-{layer}"
+        argv = distill_argv(work, out, "--student_layers", layer, "--train", str(work["train"]))
+        argv += ["--teacher_cache", str(cache), "--max_steps", "2"]
+        assert cli.main(argv) == 0
+        passes = [line for line in capsys.readouterr().err.splitlines() if "teacher: " in line]
+        scores.append((json.loads((out / "eval_results.json").read_text())["teacher"], passes))
+        assert not (out / "teacher_outputs.npy").exists()
+    assert scores[0][1] and not scores[1][1]  # the second run never ran the teacher
+    assert scores[0][0] == scores[1][0] and cache.is_file()
+
+
 def test_a_pair_teacher_gives_its_columns_to_the_student(classifier, tmp_path):
     """A teacher fine-tuned on text pairs: the student reads the same two columns (from the
     teacher's finetune_config.json) and keeps them for the inference commands."""
@@ -314,6 +332,7 @@ def test_embedding_student_narrower_than_its_teacher_learns_a_pca_projection(wor
         ("attention_heads_differ", "use --relation_weight for differing head counts"),
         ("no_gold_to_validate_on", "needs gold labels to validate on"),
         ("layers_need_the_tokenizer", "need the teacher's tokenizer"),
+        ("teacher_cache_not_npy", "teacher.txt: give a .npy file path"),
     ],
 )
 def test_bad_input_is_one_line(work, classifier, tmp_path, capsys, case, expected):
@@ -338,6 +357,8 @@ def test_bad_input_is_one_line(work, classifier, tmp_path, capsys, case, expecte
                                                "--attention_weight", "1"),
         "layers_need_the_tokenizer": distill_argv(work, out, "--student", str(work["other"]),
                                                   *train, "--hidden_weight", "1"),
+        "teacher_cache_not_npy": distill_argv(work, out, "--student_layers", "0", *train,
+                                              "--teacher_cache", str(tmp_path / "teacher.txt")),
     }[case]  # fmt: skip
     assert expected in one_line_error(argv, capsys)
     assert not out.exists()  # refused before anything is written

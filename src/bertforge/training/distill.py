@@ -320,7 +320,7 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
         atomic_write_text(out / DISTILL_CONFIG, json.dumps(resolved, indent=2) + "\n")
 
     t0 = time.perf_counter()
-    data = load_data(cfg, teacher, tokenizer, out / CACHE_FILE, device, before_teacher)
+    data = load_data(cfg, teacher, tokenizer, cache_path(cfg), device, before_teacher)
     teacher_seconds = time.perf_counter() - t0
     steps_per_epoch = math.ceil(len(data.encoded) / cfg.batch_size)
     total = cfg.max_steps or max(1, round(cfg.epochs * steps_per_epoch))
@@ -860,8 +860,20 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     return result
 
 
+def cache_path(cfg: DistillConfig) -> Path:
+    """Where the teacher's outputs are cached: ``--teacher_cache`` or OUTPUT's own file."""
+    if cfg.teacher_cache is None:
+        return Path(cfg.output) / CACHE_FILE
+    path = Path(cfg.teacher_cache)
+    if path.suffix != ".npy" or path.is_dir():
+        raise BertforgeError(f"--teacher_cache {path}: give a .npy file path (e.g. teacher.npy)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def drop_teacher_cache(out: Path) -> None:
-    """Delete the teacher's cached outputs (and their key) from a run directory."""
+    """Delete the teacher's cached outputs (and their key) from a run directory (a
+    ``--teacher_cache`` elsewhere is the user's and stays)."""
     for name in (CACHE_FILE, Path(CACHE_FILE).with_suffix(".json").name):
         (out / name).unlink(missing_ok=True)
 
@@ -875,7 +887,7 @@ def _finished_run(cfg: DistillConfig) -> dict[str, Any] | None:
     saved = read_json_object(out / DISTILL_CONFIG, "restore it or delete the directory")
     resolved = steps.config_dict(cfg)
     ignored = ("output", "progress", "num_threads", "log_every", "eval_batch_size", "report")
-    ignored += ("report_compare", "report_alone", "report_texts", "report_rounds")
+    ignored += ("report_compare", "report_alone", "report_texts", "report_rounds", "teacher_cache")
     changed = [
         f"{option(k)} was {saved[k]!r}, now {v!r}"
         for k, v in resolved.items()
@@ -898,6 +910,7 @@ __all__ = [
     "DistillData",
     "Run",
     "distill",
+    "cache_path",
     "drop_teacher_cache",
     "validate",
 ]

@@ -26,12 +26,12 @@ from bertforge.runtime import explain_precision, pick_device, set_threads
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import locks_output
 from bertforge.training.distill import (
-    CACHE_FILE,
     METRIC,
     PCA_TEXTS,
     RESULTS_FILE,
     DistillData,
     Run,
+    cache_path,
     distill,
     drop_teacher_cache,
     load_data,
@@ -94,7 +94,7 @@ def scoring_run(cfg: DistillConfig) -> Run:
     teacher = load_teacher(cfg.teacher, cfg.max_length)
     check_report_task(cfg, teacher.task)
     tokenizer = Tokenizer.from_file(out)
-    data = load_data(cfg, teacher, tokenizer, out / CACHE_FILE, device, lambda texts: None)
+    data = load_data(cfg, teacher, tokenizer, cache_path(cfg), device, lambda texts: None)
     student = student_class(teacher.task).from_pretrained(out)
     precision, _ = explain_precision(cfg.precision, device, student.config.hidden_size)
     loss = loss_module(cfg, teacher, data, student.config.hidden_size).to(device)

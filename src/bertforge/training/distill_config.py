@@ -137,6 +137,11 @@ class DistillConfig(LoopOptions):
     """Resumable checkpoints (written at each evaluation and on SIGINT/SIGTERM) to keep."""
     keep_final_checkpoint: bool = False
     """Keep the resumable checkpoint and the teacher's cached outputs after a finished run."""
+    teacher_cache: str | None = None
+    """A ``.npy`` file for the teacher's outputs instead of OUTPUT/teacher_outputs.npy: read
+    when it holds this teacher's outputs of these very texts (checked by a key beside it), else
+    computed into it; kept after the run. Several students of one teacher on one data set
+    then pay for the teacher's pass once."""
     save_dtype: SaveDtype = "auto"
     """The student's saved weights: auto stores them as the teacher's are stored (fp32 unless
     the teacher's model.safetensors is bf16 or fp16, so that a student is never wider on disk
