@@ -34,7 +34,8 @@ def data_directory(data_dir: str | None, suite: str, example: str) -> Path:
     if not path.is_dir():
         raise BertforgeError(
             f"--data_dir {path} ({how}): no such directory; pass --data_dir DIR holding the "
-            f"{suite} data ({example}, ...) or set {DATA_ENV} to the folder above it "
+            f"{'' if suite in ('', '.') else suite + ' '}data ({example}, ...) or set "
+            f"{DATA_ENV} to the folder above it "
             "(docs/benchmark.md)"
         )
     return path
