@@ -757,7 +757,7 @@ def modern_server(modern_dirs, modern_tasks):
 
     models = {"clf": modern_dirs["clf"], "mlm": modern_dirs["mlm"]}
     models |= {"ner": modern_tasks["ner"], "qa": modern_tasks["qa"]}
-    options = ["--max_input_length", "48", "--max_client_batch_size", "3", "--max_top_k", "5"]
+    options = ["--max_input_length", "48", "--max_client_batch_size", "3", "--max_top_k", "4"]
     log = modern_dirs["root"] / "serve.log"
     with serve(models, *options, "--max_concurrent_requests", "2", log=log) as (port, _):
         yield port
@@ -800,6 +800,7 @@ def test_serve_a_modernbert(modern_dirs, modern_server):
         port, "POST", "/fill-mask", {"inputs": "a [MASK] film", "model": "mlm"}
     )
     assert status == 200 and len(filled[0]["masks"]) == 1, filled
+    assert len(filled[0]["masks"][0]) == 4  # the default 5, capped at --max_top_k
     status, answer = request(port, "POST", "/attention", {"inputs": texts[0], "model": "clf"})
     assert status == 200 and (answer["layers"], answer["heads"]) == (3, 2)
     ids = torch.tensor(tok.encode(texts[0])["input_ids"])

@@ -368,9 +368,13 @@ class ModernBertPreTrainedModel(nn.Module):
         directory: str | Path,
         tokenizer: Any = None,
         extra_tensors: dict[str, Tensor] | None = None,
+        dtype: torch.dtype | None = None,
     ) -> Path:
-        """Write config.json (naming this class) + model.safetensors (+ tokenizer) atomically."""
-        return save_pretrained(self, directory, tokenizer=tokenizer, extra_tensors=extra_tensors)
+        """Write config.json (naming this class) + model.safetensors (+ tokenizer) atomically
+        (``dtype``: the floating-point weights stored, default as in memory)."""
+        return save_pretrained(
+            self, directory, tokenizer=tokenizer, extra_tensors=extra_tensors, dtype=dtype
+        )
 
 
 class ModernBertModel(ModernBertPreTrainedModel):

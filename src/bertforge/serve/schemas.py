@@ -26,7 +26,9 @@ class TokenizeRequest(_Request):
 
 class FillMaskRequest(_Request):
     inputs: Texts = Field(description="texts holding one or more [MASK] tokens")
-    top_k: int = Field(5, description="candidates per [MASK]")
+    top_k: int | None = Field(
+        None, description="candidates per [MASK] (default 5, or --max_top_k where lower)"
+    )
 
 
 class PredictRequest(_Request):

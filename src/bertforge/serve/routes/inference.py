@@ -41,8 +41,10 @@ async def tokenize(body: TokenizeRequest, server: ServerDep) -> JSONResponse:
 async def fill_mask(body: FillMaskRequest, server: ServerDep) -> JSONResponse:
     served = server.model(body.model, "/fill-mask")
     texts = server.texts(body.inputs)
-    if not 1 <= body.top_k <= server.config.max_top_k:
-        raise ApiError(422, f"top_k={body.top_k} must be between 1 and {server.config.max_top_k}")
+    limit = server.config.max_top_k
+    top_k = min(5, limit) if body.top_k is None else body.top_k  # a default within the limit
+    if not 1 <= top_k <= limit:
+        raise ApiError(422, f"top_k={top_k} must be between 1 and --max_top_k={limit}")
     lengths = server.lengths(served, texts, truncate=False)
     mask_id = served.tokenizer.mask_id
     for i, enc in enumerate(served.tokenizer.backend.encode_batch(texts)):
@@ -56,9 +58,9 @@ async def fill_mask(body: FillMaskRequest, server: ServerDep) -> JSONResponse:
 
     def run(batch: list[str]) -> list[dict[str, Any]]:
         options = {**served.options, "batch_size": len(batch)}
-        return predict_fill_mask(served.model, served.tokenizer, batch, body.top_k, **options)
+        return predict_fill_mask(served.model, served.tokenizer, batch, top_k, **options)
 
-    key = (served.name, "fill-mask", body.top_k)
+    key = (served.name, "fill-mask", top_k)
     results = await server.run(key, texts, sum(lengths), run)
     return JSONResponse(results)
 

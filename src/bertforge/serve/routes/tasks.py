@@ -80,7 +80,11 @@ class AnswerRequest(BaseModel):
     inputs: QAPair | list[QAPair] = Field(
         description='a {"question", "context"} object or a list of them'
     )
-    top_k: int = Field(3, description="spans per question: the answer and the next-best ones")
+    top_k: int | None = Field(
+        None,
+        description="spans per question: the answer and the next-best ones (default 3, or "
+        "--max_top_k where lower)",
+    )
 
 
 router = APIRouter()
@@ -160,19 +164,20 @@ async def answer(body: AnswerRequest, server: ServerDep) -> JSONResponse:
             if not value.strip():
                 raise ApiError(422, f"inputs {i + 1}: the {name} is empty; send a {name}")
     limit = server.config.max_top_k
-    if not 1 <= body.top_k <= limit:
-        raise ApiError(422, f"top_k={body.top_k} must be between 1 and --max_top_k={limit}")
+    top_k = min(3, limit) if body.top_k is None else body.top_k  # a default within the limit
+    if not 1 <= top_k <= limit:
+        raise ApiError(422, f"top_k={top_k} must be between 1 and --max_top_k={limit}")
     lengths = _lengths(server, served, pairs, "question + context")
 
     def run(batch: list[tuple[str, str]]) -> list[dict[str, Any]]:
         options = {**served.options, "batch_size": len(batch)}
         questions, contexts = [q for q, _ in batch], [c for _, c in batch]
         spans = predict_answer(
-            served.model, served.tokenizer, questions, contexts, top_k=body.top_k, **options
+            served.model, served.tokenizer, questions, contexts, top_k=top_k, **options
         )
         return [{**_span(s), "alternatives": [_span(a) for a in s.alternatives]} for s in spans]
 
-    key = (served.name, "answer", body.top_k)
+    key = (served.name, "answer", top_k)
     return JSONResponse(await server.run(key, pairs, sum(lengths), run))
 
 
