@@ -212,6 +212,15 @@ class Server:
             )
         return served
 
+    def top_k(self, requested: int | None, default: int) -> int:
+        """The request's ``top_k``, checked against --max_top_k; left out, the route's
+        ``default`` capped at that limit (a client never sent a value to refuse)."""
+        limit = self.config.max_top_k
+        top_k = min(default, limit) if requested is None else requested
+        if not 1 <= top_k <= limit:
+            raise ApiError(422, f"top_k={top_k} must be between 1 and --max_top_k={limit}")
+        return top_k
+
     def texts(self, inputs: Texts | list[Pair]) -> list[Any]:
         """The request's texts (or ``(text, text_pair)`` pairs) as a list, checked: not empty,
         valid Unicode, at most --max_client_batch_size of them."""

@@ -41,10 +41,7 @@ async def tokenize(body: TokenizeRequest, server: ServerDep) -> JSONResponse:
 async def fill_mask(body: FillMaskRequest, server: ServerDep) -> JSONResponse:
     served = server.model(body.model, "/fill-mask")
     texts = server.texts(body.inputs)
-    limit = server.config.max_top_k
-    top_k = min(5, limit) if body.top_k is None else body.top_k  # a default within the limit
-    if not 1 <= top_k <= limit:
-        raise ApiError(422, f"top_k={top_k} must be between 1 and --max_top_k={limit}")
+    top_k = server.top_k(body.top_k, 5)
     lengths = server.lengths(served, texts, truncate=False)
     mask_id = served.tokenizer.mask_id
     for i, enc in enumerate(served.tokenizer.backend.encode_batch(texts)):

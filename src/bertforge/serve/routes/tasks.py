@@ -163,10 +163,7 @@ async def answer(body: AnswerRequest, server: ServerDep) -> JSONResponse:
         for name, value in (("question", question), ("context", context)):
             if not value.strip():
                 raise ApiError(422, f"inputs {i + 1}: the {name} is empty; send a {name}")
-    limit = server.config.max_top_k
-    top_k = min(3, limit) if body.top_k is None else body.top_k  # a default within the limit
-    if not 1 <= top_k <= limit:
-        raise ApiError(422, f"top_k={top_k} must be between 1 and --max_top_k={limit}")
+    top_k = server.top_k(body.top_k, 3)
     lengths = _lengths(server, served, pairs, "question + context")
 
     def run(batch: list[tuple[str, str]]) -> list[dict[str, Any]]:
