@@ -421,6 +421,8 @@ class BertPreTrainedModel(nn.Module):
 
     #: prefix of the encoder inside this model's state dict ("" for BertModel, "bert." otherwise)
     base_prefix = "bert."
+    #: the word table under the encoder (the tied MLM decoder shares it)
+    word_table = "embeddings.word_embeddings"
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -485,16 +487,6 @@ class BertPreTrainedModel(nn.Module):
             for layer in layers:
                 for linear in (layer.attention.self.value, layer.attention.output.dense):
                     linear.weight.diagonal().add_(1.0)  # in place: any device or dtype
-
-    def init_word_vectors(self, vectors: Tensor, rows: Tensor) -> None:
-        """Start the word embeddings of ``rows`` (a bool mask over the vocabulary) from
-        ``vectors`` (vocabulary, k <= hidden size; e.g. :func:`cooccurrence_vectors`, with
-        ``--train.word_init cooccurrence``); other rows and columns keep their initialisation.
-        The tied MLM decoder shares the table; everything still trains."""
-        table = self.get_submodule(self.base_prefix + "embeddings.word_embeddings").weight
-        with torch.no_grad():
-            k = vectors.shape[1]
-            table[rows, :k] = vectors[rows].to(table.dtype)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, **config_overrides: Any) -> Any:

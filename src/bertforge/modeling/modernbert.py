@@ -309,6 +309,8 @@ class ModernBertPreTrainedModel(nn.Module):
     """The encoder's prefix in a task model's state dict (transformers' ``base_model_prefix``)."""
     base_prefix = "model."
     """This class's prefix of the encoder ("" for ModernBertModel)."""
+    word_table = "embeddings.tok_embeddings"
+    """The token table under the encoder (the tied decoder shares it)."""
 
     def __init__(self, config: ModernBertConfig) -> None:
         super().__init__()
@@ -348,14 +350,6 @@ class ModernBertPreTrainedModel(nn.Module):
                 init(module, c.hidden_size**-0.5)
             elif name == "decoder" and isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)  # its weight is the token table
-
-    def init_word_vectors(self, vectors: Tensor, rows: Tensor) -> None:
-        """Start the token table's ``rows`` (a bool mask over the vocabulary) from ``vectors``
-        (vocabulary, k <= hidden size; ``--train.word_init cooccurrence``), as BERT's
-        ``init_word_vectors`` does; the tied decoder shares the table."""
-        table = self.get_submodule(self.base_prefix + "embeddings.tok_embeddings").weight
-        with torch.no_grad():
-            table[rows, : vectors.shape[1]] = vectors[rows].to(table.dtype)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, **config_overrides: Any) -> Any:

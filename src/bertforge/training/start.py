@@ -362,8 +362,9 @@ def counted_cooccurrences(
 def init_word_vectors(model: torch.nn.Module, cfg: PretrainConfig, data: StartData) -> str:
     """``--train.word_init cooccurrence``: count the training split's co-occurrences (or read
     them from the data folder's cache, :func:`counted_cooccurrences`), factorise them
-    (:func:`~bertforge.modeling.model.cooccurrence_vectors`) and start the model's word
-    embeddings there; returns what it did, for the log."""
+    (:func:`~bertforge.modeling.model.cooccurrence_vectors`) and start the rows of the model's
+    word table (its ``word_table``, BERT's or ModernBERT's) there; returns what it did, for
+    the log."""
     tc, vocab = cfg.train, model.config.vocab_size
     special = data.tokenizer.special_ids
     frequency = data.train.token_counts(vocab, special, WORD_INIT_TOKENS)
@@ -378,7 +379,9 @@ def init_word_vectors(model: torch.nn.Module, cfg: PretrainConfig, data: StartDa
     vectors, rows = cooccurrence_vectors(
         counts, model.config.hidden_size, tc.word_init_std, seed=tc.seed
     )
-    model.init_word_vectors(vectors, rows)
+    table = model.get_submodule(model.base_prefix + model.word_table).weight  # either kind
+    with torch.no_grad():  # other rows and columns keep their start; everything still trains
+        table[rows, : vectors.shape[1]] = vectors[rows].to(table.dtype)
     return (
         f"word embeddings start from co-occurrence vectors: {int(rows.sum()):,} of {vocab:,} "
         f"words, {vectors.shape[1]} dimensions, window {tc.word_init_window}, "
