@@ -1012,7 +1012,8 @@ def test_onnx_export_of_a_modernbert_qa_model_and_embedding_model(
         "mean pooling (declared in 1_Pooling/config.json), normalized (2_Normalize in modules.json)"
     )
     assert np.abs(vectors["fp32"] - vectors["torch"]).max() < TOL
-    assert np.abs(vectors["int8"] - vectors["torch"]).max() < 0.05
+    cosines = (vectors["int8"] * vectors["torch"]).sum(axis=1)  # both normalized
+    assert cosines.min() > 0.99
     assert not np.array_equal(vectors["int8"], vectors["fp32"])  # int8 weights did run
     np.testing.assert_allclose(np.linalg.norm(vectors["fp32"], axis=1), 1.0, atol=1e-5)
     # the vectors are the mean of the real rows, not of the padded grid, nor the first row
