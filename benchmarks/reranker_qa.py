@@ -7,7 +7,8 @@ Steps, each a ``bertforge`` command or library call:
 
 1. mine: all-MiniLM-L6-v2 embeds squad_dev_train's 1,827 paragraphs and a fixed sample of
    ``--questions`` questions; each question's ``--negatives`` best-ranked paragraphs that are
-   not its own are its hard negatives. ``train.jsonl``: one ``{"query", "passage", "label"}``
+   not its own are its hard negatives, and ``--random_negatives`` paragraphs drawn at random
+   from the rest its easy ones. ``train.jsonl``: one ``{"query", "passage", "label"}``
    per pair, 1 for the question's paragraph, 0 for a negative.
 2. ``bertforge finetune --task classification`` (``--task``; the default) from ``--start``
    (default all-MiniLM-L6-v2 with a fresh head) on those pairs: a pointwise reranker, two
@@ -79,6 +80,8 @@ def mine(args: argparse.Namespace, work: Path) -> dict[str, int]:
         ranked = [int(i) for i in np.argsort(-sims, kind="stable")[: args.negatives + 1]]
         own_first += ranked[0] == own
         negatives = [i for i in ranked if i != own][: args.negatives]
+        others = [i for i in range(len(paragraphs)) if i != own and i not in negatives]
+        negatives += rng.sample(others, args.random_negatives)  # easy ones: another topic
         pairs.append({"query": row["question"], "passage": row["context"], "label": 1})
         pairs += [
             {"query": row["question"], "passage": paragraphs[i], "label": 0} for i in negatives
@@ -144,7 +147,10 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=Path("/tmp/reranker_qa"))
     parser.add_argument("--start", default=None, help="start model (default all-MiniLM-L6-v2)")
     parser.add_argument("--questions", type=int, default=500)
-    parser.add_argument("--negatives", type=int, default=3)
+    parser.add_argument("--negatives", type=int, default=3, help="hard negatives per question")
+    parser.add_argument(
+        "--random_negatives", type=int, default=0, help="random paragraphs per question"
+    )
     parser.add_argument("--max_length", type=int, default=256)
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--max_steps", type=int, default=None, help="overrides --epochs")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bertforge.cli.options import parse_config
 from bertforge.data import shards
-from bertforge.data.columnar import PARQUET_SUFFIXES, is_dataset_folder
+from bertforge.data.columnar import is_table_folder
 from bertforge.data.corpus import EncodingErrors, detect_format, read_documents
 from bertforge.errors import BertforgeError
 from bertforge.io import (
@@ -149,7 +149,7 @@ def training_text(cfg: TokenizerTrainConfig) -> Iterator[str]:
     table without ``--text_column`` is refused with its columns."""
     paths = [Path(f) for f in cfg.input]
     # a datasets folder or a folder of Parquet files is one table; any other folder is refused
-    check_text_files([p for p in paths if not _table_folder(p)], "; check --input")
+    check_text_files([p for p in paths if not is_table_folder(p)], "; check --input")
     for path in paths:
         if path.is_dir() or detect_format(path) in ("csv", "tsv", "jsonl", "parquet", "arrow"):
             for document in read_documents(
@@ -199,13 +199,3 @@ def check_output(output: Path, overwrite: bool) -> None:
         raise BertforgeError(
             f"{output}: already exists and is {held}; choose another --output or pass --overwrite"
         )
-
-
-def _table_folder(path: Path) -> bool:
-    """Whether ``path`` is a folder the table readers take: one ``datasets``' ``save_to_disk``
-    wrote (or a DatasetDict, which they refuse naming its splits), or one holding Parquet files."""
-    if not path.is_dir():
-        return False
-    if is_dataset_folder(path) or (path / "dataset_dict.json").is_file():
-        return True
-    return any(q.name.lower().endswith(PARQUET_SUFFIXES) for q in path.rglob("*"))

@@ -46,6 +46,25 @@ def is_dataset_folder(path: str | Path) -> bool:
     return (Path(path) / "state.json").is_file()
 
 
+def saved_by_datasets(path: str | Path) -> bool:
+    """Whether ``path`` is a folder ``datasets`` wrote: one data set (``state.json``) or a
+    ``DatasetDict`` of them (``dataset_dict.json``; :func:`columnar_parts` refuses it, naming its
+    splits). Either is one input, never a folder of files to walk."""
+    path = Path(path)
+    return path.is_dir() and (is_dataset_folder(path) or (path / "dataset_dict.json").is_file())
+
+
+def is_table_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a folder the table readers take as one table: one ``datasets`` wrote
+    (:func:`saved_by_datasets`) or one holding Parquet files (the Hub's ``data/`` layout)."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    return saved_by_datasets(path) or any(
+        q.name.lower().endswith(PARQUET_SUFFIXES) for q in path.rglob("*")
+    )
+
+
 def is_columnar(path: str | Path) -> bool:
     """Whether ``path`` is read here: a ``.parquet``/``.pq``/``.arrow`` file or a
     ``save_to_disk`` folder."""

@@ -43,7 +43,7 @@ from bertforge.data.columnar import (
     column_batches,
     column_names,
     columnar_parts,
-    is_dataset_folder,
+    saved_by_datasets,
 )
 from bertforge.data.tables import BR_TAG, jsonl_rows
 from bertforge.errors import BertforgeError
@@ -133,7 +133,7 @@ def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
     files: list[Path] = []
     for item in inputs:
         path = Path(item)
-        if path.is_dir() and (is_dataset_folder(path) or (path / "dataset_dict.json").is_file()):
+        if saved_by_datasets(path):
             columnar_parts(path)  # the folder's own errors: a DatasetDict, a missing file
             files.append(path)
         elif path.is_dir():
