@@ -24,9 +24,9 @@ import torch
 import zstandard
 from conftest import TaskFiles
 from support.cli import one_line_error, run_cli
+from support.corpus import prepare_quiet
 
 from bertforge import cli
-from bertforge.data.shards import PrepareConfig, prepare
 from bertforge.modeling.model import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
@@ -74,17 +74,7 @@ def fx(task_files, tmp_path_factory) -> dict[str, Path]:
     ).save_pretrained(tagger, tokenizer=Tokenizer.from_file(mlm))
     task_files.write_sentiment(root / "train.csv", 32, seed=0)
     data = root / "data"
-    prepare(
-        PrepareConfig(
-            [str(root / "corpus.txt")],
-            str(mlm),
-            str(data),
-            max_seq_length=32,
-            mode="packed",
-            validation_fraction=0.1,
-            progress=False,
-        )
-    )
+    prepare_quiet(root / "corpus.txt", mlm, data, validation_fraction=0.1)
     run = root / "run"
     threads = torch.get_num_threads()  # the run sets one thread; give the session its setting back
     assert cli.main(["pretrain", "--data", str(data), "--output", str(run), *TINY_PRETRAIN]) == 0

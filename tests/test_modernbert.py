@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
+from support.corpus import prepare_quiet
 
 from bertforge.errors import BertforgeError
 from bertforge.modeling import ops
@@ -402,24 +403,13 @@ def test_pretrain_finetune_and_predict_with_a_bpe_tokenizer(
     from support.bpe import train_bpe
 
     from bertforge import cli
-    from bertforge.data.shards import PrepareConfig, prepare
 
     lines = shakespeare_file.read_text(encoding="utf-8").splitlines()[:3000]
     text = tmp_path / "text.txt"
     text.write_text("\n".join(lines) + "\n", encoding="utf-8")
     tokenizer = train_bpe(lines, tmp_path / "bpe", vocab_size=300)
     data = tmp_path / "data"
-    prepare(
-        PrepareConfig(
-            [str(text)],
-            str(tokenizer),
-            str(data),
-            max_seq_length=48,
-            mode="packed",
-            validation_fraction=0.05,
-            progress=False,
-        )
-    )
+    prepare_quiet(text, tokenizer, data, length=48)
     run = tmp_path / "run"
     fast = ["--train.precision", "fp32", "--train.progress", "false", "--train.num_threads", "1"]
     argv = [
@@ -527,7 +517,6 @@ def test_a_modernbert_pretraining_run_resumes_bit_exactly(shakespeare_file, tmp_
     from safetensors.torch import load_file
 
     from bertforge import cli
-    from bertforge.data.shards import PrepareConfig, prepare
     from bertforge.tokenizer.wordpiece import Tokenizer
 
     text = tmp_path / "text.txt"
@@ -535,17 +524,7 @@ def test_a_modernbert_pretraining_run_resumes_bit_exactly(shakespeare_file, tmp_
     tokenizer = tmp_path / "tok"
     Tokenizer.train(text, vocab_size=300).save(tokenizer)
     data = tmp_path / "data"
-    prepare(
-        PrepareConfig(
-            [str(text)],
-            str(tokenizer),
-            str(data),
-            max_seq_length=40,
-            mode="packed",
-            validation_fraction=0.05,
-            progress=False,
-        )
-    )
+    prepare_quiet(text, tokenizer, data, length=40)
     argv = [
         "pretrain",
         "--data",

@@ -16,22 +16,35 @@ from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.pretrain import pretrain
 
 
+def prepare_quiet(
+    text: Path,
+    tokenizer: Tokenizer | Path,
+    out: Path,
+    length: int = 32,
+    mode: str = "packed",
+    validation_fraction: float = 0.05,
+) -> Path:
+    """``out``: ``text`` prepared in ``mode`` at ``length`` tokens with ``tokenizer`` (one, or
+    a directory holding one), ``validation_fraction`` held out, no progress lines."""
+    held = tokenizer if isinstance(tokenizer, Tokenizer) else None
+    cfg = PrepareConfig(
+        [str(text)],
+        "" if held else str(tokenizer),
+        str(out),
+        max_seq_length=length,
+        mode=mode,
+        validation_fraction=validation_fraction,
+        progress=False,
+    )
+    prepare(cfg, held)
+    return out
+
+
 def prepare_both_ways(text: Path, tokenizer: Tokenizer, root: Path) -> dict[str, Path]:
     """``{"nsp": root/data-nsp, "packed": root/data-packed}``, each prepared from ``text``."""
-    out = {}
-    for mode in ("nsp", "packed"):
-        out[mode] = root / f"data-{mode}"
-        cfg = PrepareConfig(
-            [str(text)],
-            "",
-            str(out[mode]),
-            max_seq_length=32,
-            mode=mode,
-            validation_fraction=0.05,
-            progress=False,
-        )
-        prepare(cfg, tokenizer)
-    return out
+    return {
+        m: prepare_quiet(text, tokenizer, root / f"data-{m}", mode=m) for m in ("nsp", "packed")
+    }
 
 
 def validation_pairs(data: Path, count: int = 64) -> tuple[torch.Tensor, ...]:
