@@ -88,21 +88,26 @@ def labels_of(path: Path) -> list[str]:
         return [row["label"] for row in csv.DictReader(f)]
 
 
+def report_rows(out: Path, *names: str) -> dict[str, dict]:
+    """``out/report.json``'s rows by name, checked to be ``names`` in that order."""
+    rows = {r["name"]: r for r in json.loads((out / "report.json").read_text())["rows"]}
+    assert list(rows) == list(names)
+    return rows
+
+
+def assert_measured(row: dict, model: torch.nn.Module) -> None:
+    """A report row holds ``model``'s real parameter count and a measured speed."""
+    assert row["parameters"] == sum(p.numel() for p in model.parameters())
+    assert all(v > 0 for v in row["texts_per_second"].values())
+
+
 def test_report_has_every_row_with_the_models_real_numbers(work, reported):
     report = json.loads((reported / "report.json").read_text())
-    rows = {r["name"]: r for r in report["rows"]}
     train, val = labels_of(work["train"]), labels_of(work["validation"])
     majority = max(sorted(set(train)), key=train.count)
     constant = f"constant: always {majority}"
-    assert list(rows) == [
-        "teacher",
-        "distilled student",
-        "student alone",
-        "random twin alone",
-        "compare: alone",
-        "random twin (untrained)",
-        constant,
-    ]
+    names = ["teacher", "distilled student", "student alone", "random twin alone"]
+    rows = report_rows(reported, *names, "compare: alone", "random twin (untrained)", constant)
     assert report["validation_rows"] == len(val)
     # the constant baseline's accuracy: the majority training class's share of the validation rows
     assert rows[constant]["scores"]["accuracy"] == pytest.approx(val.count(majority) / len(val))
@@ -260,22 +265,13 @@ def test_report_of_an_embedding_student(work, tmp_path):
     argv += [str(tmp_path / "sentences.txt"), "--output", str(out), "--max_steps", "6", *QUICK]
     argv += ["--report", "true", "--report_alone", "true", "--report_texts", "8"]
     assert cli.main([*argv, "--report_rounds", "1"]) == 0
-    report = json.loads((out / "report.json").read_text())
-    rows = {r["name"]: r for r in report["rows"]}
-    assert list(rows) == [
-        "teacher",
-        "distilled student",
-        "random twin (untrained)",
-        "constant: one vector",
-    ]
+    names = ["teacher", "distilled student", "random twin (untrained)", "constant: one vector"]
+    rows = report_rows(out, *names)
     assert rows["teacher"]["scores"] == {"cosine": 1.0, "mse": 0.0}
     assert 0 < rows["constant: one vector"]["scores"]["cosine"] < 1
     student, twin = rows["distilled student"], rows["random twin (untrained)"]
     assert student["scores"]["cosine"] > twin["scores"]["cosine"]
-    assert student["parameters"] == sum(
-        p.numel() for p in BertModel.from_pretrained(out).parameters()
-    )
-    assert all(v > 0 for v in student["texts_per_second"].values())
+    assert_measured(student, BertModel.from_pretrained(out))
 
 
 def test_report_of_a_token_classifier(work, tmp_path):
@@ -294,24 +290,16 @@ def test_report_of_a_token_classifier(work, tmp_path):
     argv += ["--output", str(out), "--max_steps", "4", *QUICK, "--report", "true"]
     argv += ["--report_texts", "8", "--report_rounds", "1"]
     assert cli.main(argv) == 0
+    names = ["teacher", "distilled student", "random twin (untrained)", "constant: always O"]
+    rows = report_rows(out, *names)
     report = json.loads((out / "report.json").read_text())
-    rows = {r["name"]: r for r in report["rows"]}
-    assert list(rows) == [
-        "teacher",
-        "distilled student",
-        "random twin (untrained)",
-        "constant: always O",
-    ]
     assert report["metric"] == "entity_f1" and report["validation_rows"] == len(dev)
     tags = [t for _, sentence in dev for t in sentence]
     constant = rows["constant: always O"]["scores"]
     assert constant["entity_f1"] == 0.0
     assert constant["token_accuracy"] == pytest.approx(tags.count("O") / len(tags))
     assert "entities" not in constant  # a count, not a score
-    student = rows["distilled student"]
-    model = BertForTokenClassification.from_pretrained(out)
-    assert student["parameters"] == sum(p.numel() for p in model.parameters())
-    assert all(v > 0 for v in student["texts_per_second"].values())
+    assert_measured(rows["distilled student"], BertForTokenClassification.from_pretrained(out))
 
 
 # ---- the pure parts ----------------------------------------------------------------------------
