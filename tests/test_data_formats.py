@@ -177,3 +177,30 @@ def test_without_pyarrow_or_zstandard_the_error_names_the_extra(containers, monk
     with pytest.raises(BertforgeError) as err:
         list(iter_documents([containers["c.txt.zst"]]))
     assert str(err.value).endswith("needs the zstandard package; pip install 'bertforge[zstd]'")
+
+
+def test_a_read_meter_moves_only_for_its_own_files_and_its_own_thread(tmp_path):
+    """``metered_reads``: its files' bytes count when ``text_lines`` finishes them; a nested block
+    meters its own files and gives the outer meter back; a thread reading the same file at the
+    same time does not move the meter of the block that is running in another."""
+    import threading
+
+    from bertforge.io import metered_reads
+
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("one\ntwo\n", encoding="utf-8")
+    b.write_text("three\n", encoding="utf-8")
+    with metered_reads([a, b]) as outer:
+        assert outer.fraction() == 0.0
+        list(text_lines(a))
+        assert outer.fraction() == pytest.approx(8 / 14)
+        with metered_reads([b]) as inner:
+            list(text_lines(b))
+            assert inner.fraction() == 1.0
+        assert outer.fraction() == pytest.approx(8 / 14)  # b was read for the inner block
+        reader = threading.Thread(target=lambda: list(text_lines(b)))
+        reader.start()
+        reader.join()
+        assert outer.fraction() == pytest.approx(8 / 14)  # another thread's read
+        list(text_lines(b))
+        assert outer.fraction() == 1.0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bz2
 import contextlib
+import contextvars
 import ctypes
 import errno
 import gzip
@@ -511,19 +512,22 @@ class ReadMeter:
             self._reading = None
 
 
-_METER: ReadMeter | None = None
+# the meter :func:`text_lines` moves: one per context (thread or task), so that two commands
+# run in one process (the tests, a library user's threads) each meter only their own reads
+_METER: contextvars.ContextVar[ReadMeter | None] = contextvars.ContextVar("meter", default=None)
 
 
 @contextlib.contextmanager
 def metered_reads(paths: Iterable[str | Path]) -> Iterator[ReadMeter]:
-    """A :class:`ReadMeter` over ``paths`` that :func:`text_lines` moves while the block runs
-    (one at a time: a command reads its inputs in one pass)."""
-    global _METER
-    meter = _METER = ReadMeter(paths)
+    """A :class:`ReadMeter` over ``paths`` that :func:`text_lines` moves while the block runs,
+    in this thread (a command reads its inputs in one pass; a block inside another meters its
+    own paths and gives the outer meter back)."""
+    meter = ReadMeter(paths)
+    token = _METER.set(meter)
     try:
         yield meter
     finally:
-        _METER = None
+        _METER.reset(token)
 
 
 def text_lines(path: str | Path, encoding_errors: str = "strict") -> Iterator[str]:
@@ -537,7 +541,7 @@ def text_lines(path: str | Path, encoding_errors: str = "strict") -> Iterator[st
     packed = bool(compression_suffix(path))
     try:
         with open_binary(path) as fh:
-            meter = _METER
+            meter = _METER.get()
             if meter is not None:
                 meter._opened(path, fh)
             for number, raw in enumerate(fh, start=1):
