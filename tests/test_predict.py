@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TaskFiles
+from conftest import QUICK_FINETUNE, TaskFiles
 from support.cli import one_line_error, run_cli
 
 import bertforge
@@ -385,8 +385,20 @@ def test_classify_takes_a_text_pair_on_the_command_line(classifier, tmp_path, ca
 
 
 def test_a_fine_tuned_model_keeps_its_starts_pooling_for_embed(classifier, tmp_path, capsys):
-    assert (classifier / "1_Pooling" / "config.json").is_file()
+    """A single-text classifier fine-tuned from a start declaring mean pooling keeps the
+    declaration (embed pools it as its start); a pair model (``classifier``) is a cross-encoder
+    and does not: sentence-transformers reads a modules.json as a bi-encoder's."""
+    start = classifier.parent / "start"
+    assert (start / "modules.json").is_file() and not (classifier / "modules.json").exists()
+    TaskFiles.write_rows(
+        tmp_path / "t.csv", [{"text": f"w{i} film", "label": i % 2} for i in range(20)]
+    )
+    single = tmp_path / "single"
+    argv = ["finetune", "--model", str(start), "--train", str(tmp_path / "t.csv")]
+    assert cli.main([*argv, "--output", str(single), *QUICK_FINETUNE, "--max_steps", "1"]) == 0
+    assert (single / "1_Pooling" / "config.json").is_file()
     (tmp_path / "s.txt").write_text("a film\n", encoding="utf-8")
-    argv = ["embed", "--model", str(classifier), "--input", str(tmp_path / "s.txt")]
+    argv = ["embed", "--model", str(single), "--input", str(tmp_path / "s.txt")]
+    capsys.readouterr()
     assert cli.main([*argv, "--output", str(tmp_path / "v.npy"), "--progress", "false"]) == 0
     assert "mean pooling (declared in" in capsys.readouterr().err

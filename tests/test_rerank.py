@@ -51,6 +51,13 @@ def models(tmp_path_factory) -> dict[str, Path]:
         with contextlib.redirect_stderr(io.StringIO()):
             assert cli.main(argv) == 0
         out[task] = root / task
+    # from a start that declares its pooling (as all-MiniLM-L6-v2 does): a cross-encoder still
+    argv = ["finetune", "--model", str(root / "encoder"), "--train", str(root / "train.csv")]
+    argv += ["--output", str(root / "from-encoder"), "--text_column", "query"]
+    argv += ["--text_pair_column", "passage", *QUICK_FINETUNE, "--max_steps", "3"]
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert cli.main(argv) == 0
+    out["from-encoder"] = root / "from-encoder"
     return out
 
 
@@ -59,13 +66,19 @@ def candidates(n: int = 7) -> list[str]:
     return [("good " if i % 3 else "bad ") + noise(rng, rng.randint(2, 12)) for i in range(n)]
 
 
-@pytest.mark.parametrize("task", ["regression", "classification"])
-def test_cross_encoder_loads_a_finetuned_pair_model_with_the_same_scores(models, task):
+@pytest.mark.parametrize("task", ["regression", "classification", "from-encoder"])
+def test_cross_encoder_loads_a_finetuned_pair_model_with_the_same_scores(models, task, caplog):
+    """Also from a start declaring mean pooling: its modules.json is not carried over, which
+    would make sentence-transformers read the cross-encoder as a bi-encoder."""
     from sentence_transformers import CrossEncoder
+
+    assert not (models[task] / "modules.json").exists()
+    assert (models["encoder"] / "modules.json").exists()
 
     texts = candidates()
     ours = load_reranker(LoadOptions(model=str(models[task]), precision="fp32"))
     theirs = CrossEncoder(str(models[task]), device="cpu")
+    assert "Converting SentenceTransformer" not in caplog.text
     predicted = np.asarray(theirs.predict([(QUERY, t) for t in texts]), dtype=np.float64)
     if task == "regression":  # one output: the value itself, no sigmoid
         np.testing.assert_allclose(score(ours, QUERY, texts), predicted, atol=1e-5)

@@ -692,8 +692,11 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     )
     if over:
         run.say(over)
-    # embed pools it as its start (MiniLM); an embedding run wrote its own declaration
-    kept = [] if cfg.task == "embedding" else copy_pooling_declaration(cfg.model, out)
+    # embed pools it as its start (MiniLM); an embedding run wrote its own declaration. A pair
+    # model is a cross-encoder: sentence-transformers reads a modules.json as a bi-encoder's
+    # (SentenceTransformer(dir) would pool it and drop the head; CrossEncoder(dir) converts)
+    bi_encoder = cfg.task != "embedding" and not cfg.text_pair_column
+    kept = copy_pooling_declaration(cfg.model, out) if bi_encoder else []
     if kept:
         run.say(f"kept from {cfg.model}: {', '.join(kept)} (how bertforge embed pools it)")
     run.say(_drop_finished_checkpoints(out, keep=cfg.keep_final_checkpoint))
