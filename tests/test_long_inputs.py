@@ -96,6 +96,8 @@ def test_a_1024_token_modernbert_finetune_fits_its_budget(tmp_path):
     done = _bertforge([*argv, "--output", str(out), "--max_memory", str(budget)])
     assert done.returncode == 0, done.stderr
     assert "micro-batch 2 (4 x 2 per step)" in done.stderr, done.stderr
-    peak = json.loads((out / "eval_results.json").read_text())["peak_memory_bytes"]
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["tokens"] == 8 * 1024  # every review cut to 1,024 tokens, none shorter
+    peak = results["peak_memory_bytes"]
     assert peak <= budget, (format_bytes(peak), format_bytes(budget))
     assert "went over --max_memory" not in done.stderr
