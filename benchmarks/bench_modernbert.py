@@ -6,15 +6,17 @@ threads, fp32 on the CPU, the two sides alternating in one loop (``_common.alter
   decoder runs on every position; sdpa attention over the padded grid);
 * inference: the encoder (``ModernBertModel``) on a padded batch, no gradient.
 
-Batches are padded (lengths drawn from 50-100% of T), at T 128 and 512 tokens. Each cell is the
-median with its spread and the minimum: on a shared machine the minimum is the sample other
-jobs disturbed least.
+Batches are padded (lengths drawn from 50-100% of T), at T 128, 512 and 1,024 tokens with
+about the same tokens a batch (16 x 128, 4 x 512, 2 x 1,024). Each cell is the median with its
+spread and the minimum: on a shared machine the minimum is the sample other jobs disturbed
+least. ``--precision bf16`` runs both sides under CPU autocast (bf16), their weights fp32.
 
 ``--against torch-geglu`` measures the fused GeGLU kernel instead (``ops.gated_activation``):
 bertforge against itself with the GeGLU in torch ops (the kernel turned off for that side's
 calls), same weights, alternating; plus the bytes autograd keeps for one forward on each side.
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_modernbert.py --preset mini --reps 5
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_modernbert.py --precision bf16
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_modernbert.py --against torch-geglu
 """
 
@@ -106,11 +108,19 @@ def twins(preset: str) -> tuple[torch.nn.Module, torch.nn.Module]:
     return ours, theirs
 
 
-def train_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]):
+def autocast(precision: str) -> contextlib.AbstractContextManager:
+    """bf16: CPU autocast, as ``bertforge pretrain --train.precision bf16`` trains."""
+    if precision == "bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], precision: str = "fp32"):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
     def step() -> None:
-        loss = model(**batch).loss
+        with autocast(precision):
+            loss = model(**batch).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -118,9 +128,9 @@ def train_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]):
     return step
 
 
-def infer(encoder: torch.nn.Module, batch: dict[str, torch.Tensor]):
+def infer(encoder: torch.nn.Module, batch: dict[str, torch.Tensor], precision: str = "fp32"):
     def run() -> None:
-        with torch.no_grad():
+        with torch.no_grad(), autocast(precision):
             encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
 
     return run
@@ -130,7 +140,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="mini")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--shapes", default="16x128,4x512", help="BxT,BxT")
+    parser.add_argument("--shapes", default="16x128,4x512,2x1024", help="BxT,BxT")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument(
         "--against",
         choices=["transformers", "torch-geglu"],
@@ -147,15 +158,16 @@ def main() -> None:
         ours, theirs = twins(args.preset)
         ours.train(), theirs.train()
         log(f"training {B}x{T}")
+        pr = args.precision
         t = alternate(
-            {"ours": train_step(ours, batch), "transformers": train_step(theirs, batch)},
+            {"ours": train_step(ours, batch, pr), "transformers": train_step(theirs, batch, pr)},
             warmup=2,
             reps=args.reps,
         )
         ours.eval(), theirs.eval()
         log(f"inference {B}x{T}")
         i = alternate(
-            {"ours": infer(ours.model, batch), "transformers": infer(theirs.model, batch)},
+            {"ours": infer(ours.model, batch, pr), "transformers": infer(theirs.model, batch, pr)},
             warmup=2,
             reps=args.reps,
         )
@@ -173,7 +185,7 @@ def main() -> None:
             )
     print(machine_markdown())
     print(
-        f"\nModernBERT preset {args.preset}, vocabulary {VOCAB}, fp32, "
+        f"\nModernBERT preset {args.preset}, vocabulary {VOCAB}, {args.precision}, "
         f"{torch.get_num_threads()} thread(s), medians of {args.reps}\n"
     )
     header = ["", "batch", "bertforge", "transformers", "speed-up median (min)"]

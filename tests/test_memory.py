@@ -260,20 +260,22 @@ MB = 2**20
 def test_plan_batches_takes_the_largest_divisor_that_fits_or_says_what_would():
     use = MemoryUse(held=500 * MB, per_sequence=10 * MB, per_eval_sequence=4 * MB)
     plan = plan_batches(700 * MB, use, batch=32, micro=32, eval_batch=64, option="--max_memory")
-    assert (plan.micro, plan.eval_batch) == (16, 50)  # 20 fit: 16 divides 32; 200 MB / 4 MB
-    assert plan.peak == 700 * MB  # the evaluation batch's peak, the larger
+    # 19 fit beside an evaluation sequence: 16 divides 32; then 40 MB left / 4 MB
+    assert (plan.micro, plan.eval_batch) == (16, 10)
+    assert plan.peak == 700 * MB  # the evaluation batch beside what training left
     said = plan.describe(700 * MB, use, 32, "--max_memory")
     assert "micro-batch 16 (2 x 16 per step)" in said and "+ 10.0 MB a sequence" in said
+    assert "+ 4.0 MB an evaluation sequence" in said
     # a micro-batch asked for is a ceiling; so is the evaluation batch
     plan = plan_batches(4 * 2**30, use, batch=32, micro=8, eval_batch=16, option="--max_memory")
     assert (plan.micro, plan.eval_batch) == (8, 16)
-    # 12 is not a divisor of 36's largest fit (13 sequences fit): 12 is, 13 is not
+    # 12 sequences and an evaluation one fit (12.6): 12 divides 36
     plan = plan_batches(630 * MB, use, batch=36, micro=36, eval_batch=8, option="--max_memory")
     assert plan.micro == 12
     with pytest.raises(BertforgeError) as err:
         plan_batches(505 * MB, use, batch=32, micro=32, eval_batch=64, option="--train.max_memory")
     said = str(err.value)
-    assert "--train.max_memory 505 MB" in said and "raise it to 510 MB" in said
+    assert "--train.max_memory 505 MB" in said and "raise it to 514 MB" in said
     assert "\n" not in said
 
 

@@ -15,7 +15,8 @@ The estimate (docs/memory.md) is measured on the run's own model at start:
   activations), plus the fp32 logits (the MLM head's 30k-wide rows at each masked token);
 * an evaluation sequence, without gradients, adds a fraction of that (:data:`EVAL_SHARE`), or
   twice its fp32 logits where those are larger (the MLM head's 30k-wide rows, and their
-  softmax, at each masked token).
+  softmax, at each masked token), on top of the training step's peak (malloc keeps that
+  memory; :meth:`MemoryUse.eval_peak`).
 
 The pure parts (:func:`plan_batches`) are tested on numbers; :func:`saved_bytes` on a model.
 """
@@ -71,9 +72,14 @@ class MemoryUse:
         """The estimated peak with ``micro`` sequences per forward/backward pass."""
         return self.held + micro * self.per_sequence
 
-    def eval_peak(self, batch: int) -> int:
-        """The estimated peak while evaluating ``batch`` sequences at once."""
-        return self.held + batch * self.per_eval_sequence
+    def eval_peak(self, batch: int, micro: int) -> int:
+        """The estimated peak while evaluating ``batch`` sequences at once in a run that trains
+        ``micro`` sequences per pass: the two add up. malloc's heap keeps what the training
+        steps freed (``keep_freed_memory``), while an evaluation's large tensors (above glibc's
+        32 MB ``mmap`` threshold) come from fresh pages beside it: a tiny ModernBERT fine-tuned
+        at 1,024 tokens peaked at 730 MB with micro-batch 8 and evaluation batch 1, 1.20-1.25 GB
+        with evaluation batch 55 (docs/modernbert.md, "Long inputs")."""
+        return self.peak(micro) + batch * self.per_eval_sequence
 
 
 @dataclass(frozen=True)
@@ -85,7 +91,7 @@ class BatchPlan:
     eval_batch: int
     """Sequences per evaluation batch."""
     peak: int
-    """The estimated peak of the larger of the two."""
+    """The estimated peak: an evaluation batch beside what the training steps left."""
 
     def describe(self, budget: int, use: MemoryUse, batch: int, option: str) -> str:
         """The start line's account of the choice."""
@@ -94,7 +100,8 @@ class BatchPlan:
             f"({batch // self.micro} x {self.micro} per step), evaluation batch "
             f"{self.eval_batch}; estimated peak {format_bytes(self.peak)} = "
             f"{format_bytes(use.held)} held (libraries, data, model, optimizer, kernels) + "
-            f"{use.per_sequence / 2**20:.1f} MB a sequence"
+            f"{use.per_sequence / 2**20:.1f} MB a sequence + "
+            f"{use.per_eval_sequence / 2**20:.1f} MB an evaluation sequence"
         )
 
 
@@ -106,19 +113,19 @@ def plan_batches(
     stay within ``budget`` bytes; raise, naming ``option`` and what would fit, when a single
     sequence does not."""
     fits = [d for d in range(min(micro, batch), 0, -1) if batch % d == 0]
-    chosen = next((d for d in fits if use.peak(d) <= budget), None)
+    chosen = next((d for d in fits if use.eval_peak(1, d) <= budget), None)
     if chosen is None:
-        need = use.peak(1)
+        need = use.eval_peak(1, 1)
         raise BertforgeError(
             f"{option} {format_bytes(budget)} is below this run's estimated need of "
             f"{format_bytes(need)} at micro-batch 1 ({format_bytes(use.held)} held + "
-            f"{format_bytes(use.per_sequence)} a sequence); raise it to {format_bytes(need)} "
-            "or more, or train shorter sequences or a smaller model"
+            f"{format_bytes(use.per_sequence)} a sequence, and an evaluation sequence beside "
+            f"it); raise it to {format_bytes(need)} or more, or train shorter sequences or a "
+            "smaller model"
         )
-    evals = next(
-        (b for b in range(eval_batch, 0, -1) if use.eval_peak(b) <= budget), 1
-    )  # one sequence fits: its share is below a training sequence's
-    return BatchPlan(chosen, evals, max(use.peak(chosen), use.eval_peak(evals)))
+    # evaluation batch 1 fits beside the chosen micro-batch (chosen so)
+    evals = next(b for b in range(eval_batch, 0, -1) if use.eval_peak(b, chosen) <= budget)
+    return BatchPlan(chosen, evals, use.eval_peak(evals, chosen))
 
 
 def over_budget(peak: int, budget: int, option: str) -> str | None:

@@ -476,7 +476,9 @@ def load_model(
     if model.config.max_position_embeddings < cfg.max_length:
         raise BertforgeError(
             f"--max_length {cfg.max_length} exceeds the model's "
-            f"max_position_embeddings={model.config.max_position_embeddings}; lower it"
+            f"max_position_embeddings={model.config.max_position_embeddings}; lower "
+            f"--max_length to {model.config.max_position_embeddings}, or start from a model "
+            "with more positions (pretrain --model.max_position_embeddings)"
         )
     return model
 

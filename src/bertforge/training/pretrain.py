@@ -433,7 +433,7 @@ def plan_memory(
     if refused:
         raise BertforgeError(refused[0])
     micro, evals = min(c[0] for c in chosen), min(c[1] for c in chosen)  # type: ignore[index]
-    plan = BatchPlan(micro, evals, max(use.peak(micro), use.eval_peak(evals)))
+    plan = BatchPlan(micro, evals, use.eval_peak(evals, micro))
     data.micro, data.accum = plan.micro, per_rank // plan.micro
     tc.micro_batch_size, tc.eval_batch_size = plan.micro, plan.eval_batch
     return plan.describe(budget, use, per_rank, "--train.max_memory")

@@ -99,7 +99,9 @@ def open_data(cfg: PretrainConfig, *, rank: int = 0, world_size: int = 1) -> Pre
     if meta["max_seq_length"] > model_config.max_position_embeddings:
         raise BertforgeError(
             f"data max_seq_length={meta['max_seq_length']} exceeds "
-            f"--model.max_position_embeddings={model_config.max_position_embeddings}"
+            f"--model.max_position_embeddings={model_config.max_position_embeddings}; raise "
+            f"--model.max_position_embeddings to {meta['max_seq_length']} or prepare the data "
+            "with a shorter --max_seq_length"
         )
     if tc.batch_size % world_size:
         raise BertforgeError(
