@@ -1003,3 +1003,31 @@ def test_onnx_export_of_a_modernbert_qa_model_and_embedding_model(
     mean = F.normalize((hidden * keep).sum(1) / keep.sum(1), dim=-1)
     assert (mean - torch.from_numpy(vectors["fp32"])).abs().max() < TOL
     assert (F.normalize(hidden[:, 0], dim=-1) - mean).abs().max() > 0.01
+
+
+def test_evaluate_reads_every_kind_of_modernbert(modern_dirs, modern_tasks, tmp_path, capsys):
+    """``bertforge evaluate`` on ModernBERT directories picks the evaluation by the head, as for
+    BERT: the masked LM (MLM loss beside its random twin), the classifier (accuracy), the tagger
+    (entity F1), the QA model (EM/F1) and the embedding model (retrieval of its pairs)."""
+    from bertforge import cli
+
+    root, tasks = modern_dirs["root"], modern_dirs["root"] / "tasks"
+    text = tmp_path / "text.txt"
+    text.write_text("the film was good and the music about town at night .\n" * 40)
+    runs = {
+        "mlm": (modern_dirs["mlm"], text, "random_init"),
+        "clf": (modern_dirs["clf"], root / "test.csv", "accuracy"),
+        "ner": (modern_tasks["ner"], tasks / "ner.conll", "f1"),
+        "qa": (modern_tasks["qa"], tasks / "qa.jsonl", "f1"),
+        "embedder": (modern_tasks["embedder"], tasks / "pairs.csv", "mrr@10"),
+    }
+    for name, (model, data, metric) in runs.items():
+        out = tmp_path / f"{name}.json"
+        argv = ["evaluate", "--model", str(model), "--data", str(data), "--output", str(out)]
+        argv += ["--num_threads", "1", "--precision", "fp32", "--progress", "false"]
+        if name == "embedder":
+            argv += ["--text_column", "q", "--text_pair_column", "d"]
+        assert cli.main(argv) == 0, name
+        result = json.loads(out.read_text())
+        flat = json.dumps(result)
+        assert f'"{metric}"' in flat, (name, sorted(result))

@@ -77,6 +77,14 @@ def head_prefix(cls: type[nn.Module], prefix: str) -> str:
     return prefix
 
 
+def bert_architectures(config: AnyConfig) -> list[str]:
+    """``config.architectures`` named by BERT's classes: a ModernBERT's
+    ``ModernBertForSequenceClassification`` is ``BertForSequenceClassification``, so that a
+    command choosing by the kind of head reads either architecture's config the same way."""
+    modern = {c.__name__: BERT[k].__name__ for k, c in MODERNBERT.items()}
+    return [modern.get(name, name) for name in config.architectures or []]
+
+
 def is_modern(model: nn.Module) -> bool:
     """Whether ``model`` is one of the ModernBERT classes."""
     return isinstance(getattr(model, "config", None), ModernBertConfig)
@@ -85,6 +93,7 @@ def is_modern(model: nn.Module) -> bool:
 __all__ = [
     "BERT",
     "MODERNBERT",
+    "bert_architectures",
     "ModelKind",
     "for_directory",
     "head_prefix",

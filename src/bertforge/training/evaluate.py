@@ -48,8 +48,9 @@ from bertforge.evaluation.task_scores import baseline_warning, evaluate_sequence
 from bertforge.inference.loading import finetune_defaults, load_model
 from bertforge.inference.rerank import load_reranker, score
 from bertforge.io import atomic_write_text, read_json_object
+from bertforge.modeling.auto import bert_architectures
 from bertforge.modeling.checkpoint import check_model_directory, resolve_model
-from bertforge.modeling.config import BertConfig
+from bertforge.modeling.config import AnyConfig, load_config
 from bertforge.modeling.model import (
     BertForMaskedLM,
     BertForPreTraining,
@@ -142,9 +143,10 @@ TASK_HEADS = (
 ``BertModel`` or declares its pooling is a sentence-embedding model."""
 
 
-def is_embedding_model(directory: str, config: BertConfig) -> bool:
-    """An encoder without a task head that is a ``BertModel`` or declares its pooling."""
-    architectures = config.architectures or []
+def is_embedding_model(directory: str, config: AnyConfig) -> bool:
+    """An encoder without a task head that is a ``BertModel`` (or a ``ModernBertModel``) or
+    declares its pooling."""
+    architectures = bert_architectures(config)
     return not set(TASK_HEADS) & set(architectures) and (
         "BertModel" in architectures or bool(declared_pooling(directory)[0])
     )
@@ -157,8 +159,8 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     LM), print the scores beside their baseline, write them to ``cfg.output`` when given, and
     return them."""
 
-    config = BertConfig.load(check_model_directory(cfg.model))
-    architectures = config.architectures or []
+    config = load_config(check_model_directory(cfg.model))  # BERT's or ModernBERT's
+    architectures = bert_architectures(config)
     embedding = is_embedding_model(cfg.model, config)
     if cfg.retriever:
         result = _evaluate_reranking(cfg)
@@ -313,7 +315,7 @@ def embedding_length(model_dir: str, given: int | None, positions: int) -> dict[
     except BertforgeError:  # a published start model no longer installed
         start_dir = None
     if start_dir is not None and (start_dir / "config.json").is_file():  # else moved or gone
-        positions = BertConfig.load(start_dir).max_position_embeddings
+        positions = load_config(start_dir).max_position_embeddings
         theirs, why = default_length(str(start_dir), positions)
         if theirs != length:
             result["not_like_for_like"] = (
@@ -368,7 +370,7 @@ def _evaluate_reranking(cfg: EvaluateConfig) -> dict[str, Any]:
     (:mod:`bertforge.evaluation.rerank`); the scores of R alone and of R then M."""
     assert cfg.queries and cfg.corpus and cfg.qrels and cfg.retriever
     start = time.perf_counter()
-    retriever_config = BertConfig.load(check_model_directory(cfg.retriever))
+    retriever_config = load_config(check_model_directory(cfg.retriever))
     if not is_embedding_model(cfg.retriever, retriever_config):
         kind = ", ".join(retriever_config.architectures or []) or "no architecture"
         raise BertforgeError(
@@ -512,7 +514,7 @@ def _evaluate_mlm_model(cfg: EvaluateConfig, config: Any) -> dict[str, Any]:
     start = time.perf_counter()
     cls = (
         BertForPreTraining
-        if "BertForPreTraining" in (config.architectures or [])
+        if "BertForPreTraining" in bert_architectures(config)
         else BertForMaskedLM
     )
     model, tokenizer, options = load_model(
