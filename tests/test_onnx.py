@@ -5,6 +5,7 @@ through ``--backend onnx``."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -229,6 +230,20 @@ def test_int8_quantizes_the_linear_layers(
     assert not np.array_equal(got, ref)
     assert np.corrcoef(got.ravel(), ref.ravel())[0, 1] > 0.95
     assert np.sqrt(((got - ref) ** 2).mean()) < 0.4 * np.sqrt((ref**2).mean())
+
+
+def test_verify_checks_an_export_against_its_manifest(exported: Path, tmp_path: Path, capsys):
+    """export writes a manifest last: verify says OK, then DAMAGED once model.onnx changes."""
+    assert "model.onnx" in json.loads((exported / "manifest.json").read_text())["files"]
+    capsys.readouterr()
+    assert cli.main(["verify", str(exported)]) == 0
+    assert f"OK         model      {exported}  (" in capsys.readouterr().out
+    copy = shutil.copytree(exported, tmp_path / "copy")
+    graph = bytearray((copy / "model.onnx").read_bytes())
+    graph[-1] ^= 0xFF
+    (copy / "model.onnx").write_bytes(bytes(graph))
+    assert cli.main(["verify", str(copy)]) == 1
+    assert f"DAMAGED    model      {copy}  (" in capsys.readouterr().out
 
 
 def test_export_refuses_bad_requests(classifier_dir: Path, exported: Path, tmp_path: Path):

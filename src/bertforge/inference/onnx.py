@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertforge.errors import BertforgeError
-from bertforge.io import atomic_directory
+from bertforge.io import atomic_directory, write_manifest
 from bertforge.modeling.auto import is_modern
 from bertforge.modeling.checkpoint import (
     FINETUNE_CONFIG,
@@ -401,6 +401,7 @@ def export_onnx(
         if (model_dir / FINETUNE_CONFIG).is_file():  # classify's defaults (columns, max_length)
             shutil.copy2(model_dir / FINETUNE_CONFIG, tmp / FINETUNE_CONFIG)
         declaration = copy_pooling_declaration(model_dir, tmp)  # embed's pooling, normalising
+        write_manifest(tmp)  # last: what bertforge verify checks the export against
     size = (output / ONNX_FILE).stat().st_size
     return {
         "output": str(output / ONNX_FILE),
