@@ -272,6 +272,40 @@ def test_rerank_in_tei_shape_equals_sentence_transformers(server, models, refere
     client.close()
 
 
+def test_tei_truncation_direction_left_keeps_the_end(server, models):
+    """``truncate`` with ``truncation_direction: left`` cuts the beginning of a text past
+    --max_input_length (48 tokens): /tei/embed's vectors equal sentence-transformers' with its
+    tokenizer cutting on the left, and differ from the default cut (right); /tei/predict
+    scores what ``classify(..., truncation="tail")`` scores."""
+    client = Client(int(server.rsplit(":", 1)[1]), headers={"Authorization": f"Bearer {KEY}"})
+    long = " ".join(TEXTS * 6)  # about 100 tokens
+    answers = {}
+    for direction in ("Left", "right"):
+        body = {"inputs": [long], "truncate": True, "truncation_direction": direction}
+        status, answers[direction] = client.request("POST", "/tei/embed?model=minilm", body)
+        assert status == 200, answers[direction]
+    minilm = st.SentenceTransformer(str(models["minilm"]), device="cpu")
+    minilm.max_seq_length = 48
+    right = minilm.encode([long])
+    minilm.tokenizer.truncation_side = "left"
+    left = minilm.encode([long])
+    np.testing.assert_allclose(answers["right"], right, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(answers["Left"], left, atol=1e-5, rtol=0)
+    assert np.abs(left - right).max() > 0.05  # the two cuts keep different words
+    body = {"inputs": long, "truncate": True, "truncation_direction": "left"}
+    status, scores = client.request("POST", "/tei/predict?model=clf", body)
+    assert status == 200, scores
+    model = BertForSequenceClassification.from_pretrained(models["clf"])
+    tok = Tokenizer.from_file(models["clf"])
+    probs = {  # the server's length limit, 48 tokens, is below the classifier's own
+        cut: classify(model, tok, [long], max_length=48, truncation=cut)[0]["scores"]
+        for cut in ("tail", "head")
+    }
+    assert probs["tail"] != pytest.approx(probs["head"], abs=1e-6)
+    assert {x["label"]: x["score"] for x in scores} == pytest.approx(probs["tail"], abs=1e-6)
+    client.close()
+
+
 def test_the_new_routes_are_keyed_documented_and_counted(server):
     bare = Client(int(server.rsplit(":", 1)[1]))
     keyed = Client(bare.port, headers={"Authorization": f"Bearer {KEY}"})

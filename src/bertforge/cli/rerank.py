@@ -36,7 +36,7 @@ class RerankConfig(ModelOptions):
     """Tokens per (query, candidate) pair, or per text of an embedding model (default: as in
     fine-tuning, else the model's positions)."""
     truncation: Truncation | None = None
-    """Cross-encoder: head or head_tail (default: as in fine-tuning)."""
+    """Cross-encoder: head, head_tail or tail (default: as in fine-tuning)."""
     output: str | None = None
     """Write the JSON lines here instead of standard output."""
     encoding_errors: EncodingErrors = "strict"

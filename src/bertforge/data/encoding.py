@@ -15,8 +15,9 @@ import torch
 from bertforge.errors import BertforgeError
 from bertforge.tokenizer.wordpiece import valid_unicode
 
-Truncation = Literal["head", "head_tail"]
-"""How a text longer than ``max_length`` is cut: keep its head, or its head and tail."""
+Truncation = Literal["head", "head_tail", "tail"]
+"""How a text longer than ``max_length`` is cut: keep its head, its head and tail, or its tail
+(the last tokens: TEI's ``truncation_direction: left``)."""
 TRUNCATIONS: tuple[str, ...] = get_args(Truncation)
 
 
@@ -25,6 +26,8 @@ def _keep(ids: list[int], budget: int, truncation: str) -> list[int]:
         return ids
     if truncation == "head":
         return ids[:budget]
+    if truncation == "tail":
+        return ids[len(ids) - budget :]
     head = budget // 4  # Sun et al. (2019): the first 128 and last 382 of 510 tokens work best
     return ids[:head] + ids[len(ids) - (budget - head) :]
 
@@ -59,8 +62,8 @@ def encode_examples(
     """Token ids ``[CLS] a [SEP] (b [SEP])`` per example, as ``(ids, length_of_segment_a)``.
 
     ``truncation="head"`` keeps the first tokens; ``"head_tail"`` keeps the first quarter and the
-    last three quarters of the budget (endings of reviews carry their verdict). For pairs the
-    longer text is shortened first.
+    last three quarters of the budget (endings of reviews carry their verdict); ``"tail"`` the
+    last tokens. For pairs the longer text is shortened first, each side as ``truncation`` says.
     """
     if truncation not in TRUNCATIONS:
         raise BertforgeError(

@@ -380,6 +380,7 @@ def embed(
     normalize: bool | None = None,
     precision: str = "fp32",
     progress: bool = False,
+    truncation: str = "head",
 ) -> np.ndarray:
     """(N, hidden) float32 sentence vectors from any of our BERT models' encoder (or from an
     exported :class:`~bertforge.inference.onnx.OnnxModel` with a ``last_hidden_state`` output).
@@ -389,11 +390,13 @@ def embed(
     sentence-transformers defines them). ``normalize`` scales each vector to unit length. Both
     default to what the model's directory declares (a sentence-transformers model such as
     all-MiniLM-L6-v2: mean pooling, normalised), else cls without normalising; see
-    :func:`resolve_pooling`.
+    :func:`resolve_pooling`. A text longer than ``max_length`` keeps its first tokens
+    (``truncation="tail"``: its last; :func:`~bertforge.data.encoding.encode_examples`).
     """
     texts = _check_texts(texts)
     encoder = getattr(model, "bert", model)
-    encoded = encode_examples(tokenizer, texts, max_length=_max_length(encoder, max_length))
+    limit = _max_length(encoder, max_length)
+    encoded = encode_examples(tokenizer, texts, max_length=limit, truncation=truncation)
     return embed_ids(
         model,
         tokenizer,

@@ -710,7 +710,8 @@ class FinetuneConfig(LoopOptions):
     max_answer_length: int = 30
     """Question answering: the longest answer (in tokens) the decoder may pick."""
     truncation: Truncation = "head"
-    """head (keep the beginning) or head_tail (first quarter + last three quarters, Sun et al. 2019)."""
+    """head (keep the beginning), head_tail (first quarter + last three quarters, Sun et al.
+    2019) or tail (keep the end)."""
     batch_size: int = 32
     """Examples per optimizer step."""
     micro_batch_size: int | None = None

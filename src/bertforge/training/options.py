@@ -70,7 +70,7 @@ class TaskOptions:
     max_length: int | None = None
     """Tokens per example; longer texts are truncated (default: as in fine-tuning)."""
     truncation: Truncation | None = None
-    """head or head_tail (default: as in fine-tuning)."""
+    """head, head_tail or tail (default: as in fine-tuning)."""
 
 
 @dataclass(kw_only=True)

@@ -110,10 +110,12 @@ async def text_vectors(
     truncate: bool,
     *,
     lengths: list[int] | None = None,
+    truncation: str = "head",
 ) -> np.ndarray:
     """(N, H) vectors of ``texts`` through the batcher (the forward passes of /embed, which the
     other protocols' embedding routes share); ``lengths``: their token counts, when the caller
-    has checked them already."""
+    has checked them already; a cut text keeps its first tokens (``truncation="tail"``: its
+    last, TEI's ``truncation_direction: left``)."""
     # unset means what the model declares, as `bertforge embed` and embed() do
     declared, declared_norm = served.declared_pooling
     pooling = pooling or declared or "cls"
@@ -131,11 +133,12 @@ async def text_vectors(
             pooling,
             max_length=max_length,
             normalize=normalize,
+            truncation=truncation,
             **options,
         )
         return list(vectors)
 
-    key = (served.name, "embed", pooling, normalize)
+    key = (served.name, "embed", pooling, normalize, truncation)  # one cut per forward pass
     return np.stack(await server.run(key, texts, sum(lengths), run))
 
 

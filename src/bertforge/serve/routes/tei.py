@@ -45,7 +45,7 @@ ModelQuery = Query(None, description="served model name, for clients that send o
 Direction = Literal["right", "Right", "left", "Left"]
 MODEL_HELP = "served model name (default: ?model= in the URL, else the first one)"
 TRUNCATE_HELP = "cut inputs longer than the limit instead of 413 (TEI's auto_truncate: false)"
-DIRECTION_HELP = "which end a cut removes: right (bertforge keeps the first tokens; left: 422)"
+DIRECTION_HELP = "which end a cut removes: right (keep the first tokens) or left (keep the last)"
 
 
 class _TeiRequest(BaseModel):
@@ -109,14 +109,15 @@ def _served(server: Server, body: BaseModel, query: str | None, route: str) -> S
 
 
 def _truncate(body: _TeiRequest) -> bool:
-    if body.truncation_direction.lower() == "left":
-        raise ApiError(
-            422,
-            "truncation_direction left is not supported: bertforge cuts the end of a text "
-            "(right); send right or leave it unset",
-            param="truncation_direction",
-        )
     return bool(body.truncate)
+
+
+def _cut(body: _TeiRequest, finetuned: str | None = None) -> str:
+    """The truncation of a TEI body: ``left`` removes the beginning (keeps the ``tail``);
+    ``right``, TEI's default, keeps the head, or cuts as fine-tuning did (``finetuned``)."""
+    if body.truncation_direction.lower() == "left":
+        return "tail"
+    return finetuned or "head"
 
 
 def _prompted(served: ServedModel, texts: list[str], prompt_name: str | None) -> list[str]:
@@ -146,7 +147,9 @@ async def tei_embed(server: Server, body: TeiEmbedRequest, model: str | None) ->
         vectors = await id_vectors(server, served, inputs, body.normalize)
     else:
         texts = _prompted(served, server.texts(inputs), body.prompt_name)
-        vectors = await text_vectors(server, served, texts, None, body.normalize, truncate)
+        vectors = await text_vectors(
+            server, served, texts, None, body.normalize, truncate, truncation=_cut(body)
+        )
     if cut is not None:
         vectors = cut_dimensions(vectors, cut, body.normalize)
     payload = orjson.dumps(np.ascontiguousarray(vectors), option=orjson.OPT_SERIALIZE_NUMPY)
@@ -194,12 +197,12 @@ def _predict_inputs(inputs: str | list[str] | list[list[str]]) -> tuple[list[Any
     return items, False
 
 
-def pair_logits(server: Server, served: ServedModel, paired: bool) -> Any:
+def pair_logits(server: Server, served: ServedModel, paired: bool, truncation: str) -> Any:
     """The batch function of a classifier over texts or ``(text, text_pair)`` pairs: each
-    item's logits, the texts cut as fine-tuning cut them (as /predict does)."""
+    item's logits, the texts cut to fine-tuning's max_length (as /predict does), as
+    ``truncation`` says."""
     limit = server.length_limit(served)[0]
     max_length = min(limit, served.finetuned.get("max_length") or limit)
-    truncation = served.finetuned.get("truncation") or "head"
     tok = served.tokenizer
 
     def run(batch: list[Any]) -> list[np.ndarray]:
@@ -221,9 +224,10 @@ async def tei_predict(server: Server, body: TeiPredictRequest, model: str | None
         raise ApiError(422, "inputs mixes texts and pairs; one request holds one or the other")
     server.check_pairing(served, paired, "/predict")
     lengths = server.lengths(served, items, truncate)
-    key = (served.name, "logits", paired)
+    cut = _cut(body, served.finetuned.get("truncation"))
+    key = (served.name, "logits", paired, cut)
     logits = np.stack(
-        await server.run(key, items, sum(lengths), pair_logits(server, served, paired))
+        await server.run(key, items, sum(lengths), pair_logits(server, served, paired, cut))
     )
     config = served.model.config
     parameters = body.parameters or TeiPredictParameters()
@@ -289,13 +293,16 @@ async def tei_rerank(server: Server, body: RerankRequest, model: str | None) -> 
     texts = server.texts(body.texts)
     (query,) = server.texts([body.query])
     if served.reranks == "embedding":
-        vectors = await text_vectors(server, served, [query, *texts], None, None, truncate)
+        vectors = await text_vectors(
+            server, served, [query, *texts], None, None, truncate, truncation=_cut(body)
+        )
         scores = cosines(vectors[0], vectors[1:])
     else:
         pairs = [(query, t) for t in texts]
         lengths = server.lengths(served, pairs, truncate)
-        key = (served.name, "logits", True)
-        run = pair_logits(server, served, True)
+        cut = _cut(body, served.finetuned.get("truncation"))
+        key = (served.name, "logits", True, cut)
+        run = pair_logits(server, served, True, cut)
         raw = pair_scores(np.stack(await server.run(key, pairs, sum(lengths), run)))
         scores = raw if body.raw_scores else sigmoid(raw)
     return JSONResponse(ranked(scores, texts if body.return_text else None))
