@@ -745,9 +745,9 @@ CASES: list[tuple[str, Argv, tuple[str, ...]]] = [
             "--data",
             fx["train"],
             "--truncation",
-            "tail",
+            "middle",
         ],
-        ("bertforge evaluate: --truncation takes one of head, head_tail, not 'tail';",),
+        ("bertforge evaluate: --truncation takes one of head, head_tail, tail, not 'middle';",),
     ),
     (
         "finetune-compile-not-a-boolean",

@@ -133,11 +133,11 @@ def test_every_command_help_shows_docstrings_defaults_and_choices(capsys):
     out = " ".join(capsys.readouterr().out.split())
     # the field docstring, its default and the Literal's choices
     assert "Peak learning rate (AdamW). (type: float, default: 5e-05)" in out
-    assert "--truncation {head,head_tail}" in out and "--precision {auto,bf16,fp32}" in out
+    assert "--truncation {head,head_tail,tail}" in out and "--precision {auto,bf16,fp32}" in out
     # an optional Literal shows its choices as a Literal does, not --pooling POOLING
     assert "--pooling {cls,mean,max,mean_sqrt_len}" in out and "--metric {accuracy," in out
     for command, shown in [
-        ("evaluate", "--truncation {head,head_tail}"),
+        ("evaluate", "--truncation {head,head_tail,tail}"),
         ("embed", "--pooling {cls,mean,max,mean_sqrt_len}"),
         ("export", "--quantize {int8}"),
     ]:

@@ -414,6 +414,13 @@ def test_head_tail_truncation_and_dynamic_padding(work):
         *ids[-6:],
         tok.sep_id,
     ]  # a quarter head, the rest tail
+    ((tail, _),) = encode_examples(tok, [words], max_length=10, truncation="tail")
+    assert tail.tolist() == [tok.cls_id, *ids[-8:], tok.sep_id]
+    short = " ".join(f"w{i}" for i in range(3))
+    ((pair, first_len),) = encode_examples(tok, [short], [words], max_length=12, truncation="tail")
+    a = [int(x) for x in tok.backend.encode(short, add_special_tokens=False).ids]
+    assert first_len == len(a) + 2  # the longer side is cut, from its beginning
+    assert pair.tolist() == [tok.cls_id, *a, tok.sep_id, *ids[-(9 - len(a)) :], tok.sep_id]
     enc = encode_examples(tok, ["good", "a film with people"], ["bad", "x"], max_length=64)
     batch = collate(enc, tok.pad_id)
     assert batch["input_ids"].shape[1] == max(len(e[0]) for e in enc)  # longest, not max_length
