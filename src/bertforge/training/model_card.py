@@ -31,6 +31,7 @@ from bertforge.io import (
     read_manifest,
     write_manifest,
 )
+from bertforge.modeling.checkpoint import published_hub_id
 from bertforge.progress import format_duration, plural, read_metrics
 from bertforge.runtime import cpu_model
 from bertforge.training.distill_report import read_report, report_notes, report_table
@@ -135,8 +136,8 @@ def card_metadata(card: ModelCard) -> dict[str, Any]:
     }
     if card.license:
         meta["license"] = card.license
-    if card.base_model:
-        meta["base_model"] = card.base_model
+    if card.base_model:  # a published start by its Hub id, which the Hub links
+        meta["base_model"] = published_hub_id(card.base_model) or card.base_model
     if card.datasets:
         meta["datasets"] = list(card.datasets)
     measured = [(card.evaluated_on, card.scores), *card.more_results]
