@@ -128,3 +128,21 @@ def test_the_refusals_are_one_line_and_say_what_to_do(corpus, tmp_path):
     with pytest.raises(BertforgeError, match="use --train.objective mlm \\(with --train.simil"):
         open_data(config(corpus["nsp"], tmp_path, objective="mlm_nsp", similarity_weight=1.0))
     assert open_data(config(corpus["nsp"], tmp_path, objective="mlm", similarity_weight=1.0))
+
+
+def test_the_curves_draw_a_modernberts_similarity_loss_on_a_panel_of_its_own(tmp_path, monkeypatch):
+    from bertforge.evaluation import plots
+    from bertforge.progress import MetricsLogger
+
+    drawn = {}
+    real_save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, output: drawn.update(
+        {ax.get_title(): ax for ax in fig.axes}) or real_save(fig, output))  # fmt: skip
+    logger = MetricsLogger(tmp_path)
+    for step in (1, 2, 3):
+        logger.log(step, "train", loss=9.0, mlm_loss=8.0, similarity_loss=1.0 - step / 10, lr=1)
+    logger.close()
+    plots.plot_training_curves(tmp_path, tmp_path / "curves.png")
+    (line,) = drawn["pair-similarity loss (1 - Pearson r)"].lines  # drawn once
+    assert list(line.get_ydata()) == pytest.approx([0.9, 0.8, 0.7])
+    assert list(drawn["masked-LM loss"].lines[0].get_ydata()) == [8.0, 8.0, 8.0]
