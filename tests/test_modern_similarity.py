@@ -146,3 +146,20 @@ def test_the_curves_draw_a_modernberts_similarity_loss_on_a_panel_of_its_own(tmp
     (line,) = drawn["pair-similarity loss (1 - Pearson r)"].lines  # drawn once
     assert list(line.get_ydata()) == pytest.approx([0.9, 0.8, 0.7])
     assert list(drawn["masked-LM loss"].lines[0].get_ydata()) == [8.0, 8.0, 8.0]
+
+
+def test_a_similarity_run_resumes_bit_exactly(corpus, tmp_path):
+    """The word weights are counted again on resume: the same losses and the same weights."""
+    save = ["--train.similarity_weight", "1", "--train.save_every", "2"]
+    full = run(corpus, tmp_path / "full", *save, "--train.keep_checkpoints", "0")
+    checkpoint = tmp_path / "full" / "checkpoint-00000002"
+    resumed = run(corpus, tmp_path / "resumed", *save, "--resume", str(checkpoint))
+
+    def losses(records):
+        return {r["step"]: r["similarity_loss"] for r in records if r["split"] == "train"}
+
+    assert sorted(losses(resumed)) == [3, 4]
+    assert [losses(full)[s] for s in (3, 4)] == [losses(resumed)[s] for s in (3, 4)]
+    a = load_file(tmp_path / "full" / "model" / "model.safetensors")
+    b = load_file(tmp_path / "resumed" / "model" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
