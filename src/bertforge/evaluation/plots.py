@@ -77,7 +77,8 @@ def score_axis(keys: list[str]) -> str:
 def plot_training_curves(metrics: str | Path, output: str | Path, title: str | None = None) -> Path:
     """Draw loss (train and every evaluated split), the evaluated accuracies and the learning
     rate against the optimizer step, and the NSP loss (or an rtd run's discriminator loss; with
-    ``--train.bow_weight`` or ``--train.similarity_weight`` those losses beside it) on a panel of its own when the run has
+    ``--train.bow_weight`` or ``--train.similarity_weight`` those losses beside it; a
+    ModernBERT's similarity loss alone) on a panel of its own when the run has
     one (the loss panel then compares the training MLM loss with the validation MLM loss); write
     ``output`` (PNG) and return its path.
 
@@ -111,7 +112,8 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
     # loss (pretraining logs mlm_loss and nsp_loss or rtd_loss apart); the other loss gets its
     # own panel
     train_key = "mlm_loss" if _series(records, "train", "mlm_loss")[0] else "loss"
-    aux_keys = ("nsp_loss", "rtd_loss", "contrastive_loss")
+    # similarity_loss last: a ModernBERT's (no NSP) has the panel to itself, BERT's sits beside NSP
+    aux_keys = ("nsp_loss", "rtd_loss", "contrastive_loss", "similarity_loss")
     aux = [k for k in aux_keys if _series(records, "train", k)[0]]
     nsp_steps, nsp_loss = _series(records, "train", aux[0]) if aux else ([], [])
     panels = 4 if nsp_steps else 3
@@ -152,7 +154,7 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
             (key, label, color, *_series(records, "train", key))
             for key, label, color in POOLER_LOSSES
         ]
-        extra = [e for e in extra if e[3]]
+        extra = [e for e in extra if e[3] and e[0] != aux[0]]
         ax_nsp.plot(
             nsp_steps,
             nsp_loss,
@@ -176,6 +178,7 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
             "nsp_loss": "NSP loss",
             "rtd_loss": "replaced-token loss (discriminator)",
             "contrastive_loss": "same-document contrastive loss",
+            "similarity_loss": "pair-similarity loss (1 - Pearson r)",
         }[aux[0]]
         if extra:
             aux_title = "the pooler's losses"

@@ -96,6 +96,9 @@ class MaskedLMOutput:
     logits: Tensor
     """(B, T, V) without labels; (n_masked, V) for the labelled positions when labels are given."""
     attentions: tuple[Tensor, ...] | None = None
+    cls_head_output: Tensor | None = None
+    """(B, H) the head at each sequence's [CLS], when asked (ModernBERT's ``cls_head``: the
+    pair-similarity loss reads it); None otherwise."""
 
 
 @dataclass
@@ -852,6 +855,19 @@ def similarity_loss(
     return 1.0 - (p * t).sum() / (p.norm() * t.norm()).clamp(min=1e-8)
 
 
+def split_half_score(x: Tensor) -> Tensor:
+    """(..., H) -> (...): the mean of the first H // 2 units minus the mean of the rest, a fixed
+    direction with no parameters of its own (so a checkpoint keeps its keys). The all-ones
+    direction (the mean of the units, what :func:`similarity_loss` reads of BERT's pooler) is
+    useless after a bias-free LayerNorm whose weight is 1, as ModernBERT's head starts: the
+    normalised units average to exactly 0 and no gradient reaches the encoder through it."""
+    half = x.shape[-1] // 2
+    if half == 0:
+        raise ValueError(f"split_half_score needs at least 2 units, got {x.shape[-1]}")
+    x = x.float()
+    return x[..., :half].mean(-1) - x[..., half:].mean(-1)
+
+
 def bag_of_words_weights(counts: Tensor, threshold: float = 1e-4) -> Tensor:
     """Word weights for :func:`bag_of_words_loss` from token counts of the training text:
     word2vec's subsampling, min(1, sqrt(threshold / frequency)), so that "the" and "," do not make
@@ -1143,5 +1159,6 @@ __all__ = [
     "IGNORE_INDEX",
     "contrastive_loss",
     "cooccurrence_vectors",
+    "split_half_score",
     "sinusoidal_positions",
 ]

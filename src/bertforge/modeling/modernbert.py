@@ -472,17 +472,24 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
         output_attentions: bool = False,
         masked_rows: Tensor | None = None,
         token_type_ids: Tensor | None = None,
+        cls_head: bool = False,
     ) -> MaskedLMOutput:
         """Without labels: (B, T, V) logits. With labels (-100 where no target): the head and
         decoder at the labelled positions only, logits (n_masked, V) in row-major order, the
-        loss their mean cross-entropy."""
+        loss their mean cross-entropy. ``cls_head``: also the head at each [CLS]
+        (``cls_head_output``, (B, H)): the module a classifier inherits, so what pretraining
+        teaches it there carries into fine-tuning (``--train.similarity_weight``)."""
         h, rows, attentions = self.model.encode(input_ids, attention_mask, output_attentions)
+        cls = None
+        if cls_head:
+            first = torch.arange(rows.B, device=h.device) * rows.T  # each sequence's position 0
+            cls = self.head(h[rows.rows_of(first)])  # (B, H)
         weight, bias = self.decoder.weight, self.decoder.bias
         if bias is None:
             bias = weight.new_zeros(weight.shape[0])
         if labels is None:
             logits = decoder_logits(self.head(rows.to_grid(h)), weight, bias)  # (B, T, V)
-            return MaskedLMOutput(None, logits, attentions)
+            return MaskedLMOutput(None, logits, attentions, cls)
         flat = masked_positions(labels, masked_rows)  # (n,)
         picked = rows.rows_of(flat)
         n = picked.numel()
@@ -498,7 +505,7 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
             loss = F.cross_entropy(logits.float(), target, ignore_index=IGNORE_INDEX)
         else:
             loss, logits = decoder_cross_entropy(x, weight, bias, target)
-        return MaskedLMOutput(loss, logits[:n], attentions)
+        return MaskedLMOutput(loss, logits[:n], attentions, cls)
 
 
 class ModernBertForSequenceClassification(ModernBertPreTrainedModel):

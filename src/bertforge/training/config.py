@@ -372,14 +372,17 @@ class TrainConfig(LoopOptions):
     lexical-overlap target that makes the [CLS] compare the segments as the sentence-pair tasks
     (STS-B, MRPC, RTE) ask it to."""
     similarity_weight: float = 0.0
-    """``--train.objective mlm_nsp``: the weight of a pair-similarity loss on the pooler's output
-    (0 = off). Each pair's target is the cosine between its two segments' bags of word vectors
+    """``--train.objective mlm_nsp`` (or ``mlm`` on a ModernBERT, below): the weight of a
+    pair-similarity loss on the pooler's output (0 = off). Each pair's target is the cosine between its two segments' bags of word vectors
     (the current word embeddings, frequent words weighed down as word2vec subsamples them; no
     gradient flows into the target); the mean of the pooled [CLS] units must rank the batch's
     pairs as the targets do (one minus their Pearson correlation). The cross-encoder's [CLS]
     learns to compare its two segments, as STS-B, MRPC and RTE ask it to, from a signal that
     by itself ranks STS-B dev at 70-72 Spearman (benchmarks/similarity_target.py;
-    docs/pretraining-study.md)."""
+    docs/pretraining-study.md). A ModernBERT (no pooler, no NSP) trains it with
+    ``--train.objective mlm`` on ``--mode nsp`` data: the prediction is its head at the [CLS]
+    (what its classifier inherits), the mean of the first half of the units minus that of the
+    second (docs/modernbert.md)."""
     contrastive_temperature: float = 0.05
     """``--train.objective mlm_contrastive``: the softmax temperature over cosine similarities
     (SimCSE's 0.05)."""
@@ -525,10 +528,13 @@ class TrainConfig(LoopOptions):
             weight = getattr(self, name)
             if not weight >= 0 or not math.isfinite(weight):
                 raise BertforgeError(f"--train.{name} {weight} must be 0 or more")
-            if weight and self.objective != "mlm_nsp":
+            # mlm: a ModernBERT's similarity loss (check_similarity knows the architecture)
+            allowed = ("mlm_nsp", "mlm") if name == "similarity_weight" else ("mlm_nsp",)
+            if weight and self.objective not in allowed:
                 raise BertforgeError(
-                    f"--train.{name} {weight} trains the pooler of --train.objective mlm_nsp; "
-                    f"this run's objective is {self.objective}: drop --train.{name}"
+                    f"--train.{name} {weight} trains the pooler of --train.objective mlm_nsp"
+                    + (" (a ModernBERT's [CLS] head with mlm)" if len(allowed) > 1 else "")
+                    + f"; this run's objective is {self.objective}: drop --train.{name}"
                 )
         check_choice(self.bow_target, BowTarget, "--train.bow_target")
         if self.bow_target != "pair" and not self.bow_weight:
@@ -605,6 +611,20 @@ class PretrainConfig:
     def __post_init__(self) -> None:
         if self.init_from is not None:
             self.init_from = resolve_model(self.init_from)
+        else:  # with --init_from the checkpoint's architecture counts (setup checks it)
+            check_similarity(self.train, self.model.architecture == "modernbert")
+
+
+def check_similarity(train: TrainConfig, modern: bool) -> None:
+    """``--train.similarity_weight`` with ``--train.objective mlm`` trains a ModernBERT's [CLS]
+    head; a BERT has its pooler, trained with mlm_nsp: a one-line error saying so."""
+    if train.similarity_weight and train.objective == "mlm" and not modern:
+        raise BertforgeError(
+            f"--train.similarity_weight {train.similarity_weight} trains the pooler of "
+            "--train.objective mlm_nsp on a BERT (with mlm, only a ModernBERT's [CLS] head): "
+            "use --train.objective mlm_nsp, --model.architecture modernbert or drop "
+            "--train.similarity_weight"
+        )
 
 
 # ---- bertforge finetune ----------------------------------------------------------------

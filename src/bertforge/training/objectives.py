@@ -32,6 +32,7 @@ from bertforge.modeling.model import (
     contrastive_loss,
     segment_similarity,
     similarity_loss,
+    split_half_score,
 )
 from bertforge.modeling.modernbert import ModernBertForMaskedLM
 from bertforge.tokenizer.wordpiece import Tokenizer
@@ -115,10 +116,71 @@ class Objective:
 
 
 class MaskedLM(Objective):
-    """mlm: masked language modelling alone (RoBERTa's and cramming's choice)."""
+    """mlm: masked language modelling alone (RoBERTa's and cramming's choice); on a ModernBERT
+    with ``--train.similarity_weight``, plus BERT's pair-similarity loss on the [CLS] head.
+
+    ModernBERT has no pooler and no token types, so the loss moves: the data is ``--mode nsp``
+    pairs, [CLS] a [SEP] b [SEP], whose token types the model ignores but the target reads to
+    split the two segments (the same :func:`segment_similarity` as mlm_nsp's); the prediction
+    is the model's own ``head`` (dense -> GELU -> norm, the module
+    ``ModernBertForSequenceClassification`` inherits) at the [CLS], read along the fixed
+    :func:`split_half_score` direction, so no parameter is added and the checkpoint keeps
+    transformers' keys. A BERT trains this loss with mlm_nsp (the config refuses it here)."""
 
     name = "mlm"
     model_class = BertForMaskedLM
+
+    def __init__(self, train: Any) -> None:
+        super().__init__(train)
+        self.bow_weights: Tensor | None = None
+        """Each word's weight in the similarity target (:meth:`prepare`)."""
+
+    @property
+    def terms(self) -> dict[str, Term]:
+        terms = {"mlm_loss": Term("masked")}
+        if self.train.similarity_weight:
+            terms["similarity_loss"] = Term("pairs", self.train.similarity_weight)
+        return terms
+
+    def prepare(self, train: PretrainingDataset, tokenizer: Tokenizer, vocab_size: int) -> bool:
+        if not self.train.similarity_weight:
+            return False
+        self.bow_weights = word_weights(train, tokenizer, vocab_size)
+        return True
+
+    def to(self, device: torch.device) -> None:
+        if self.bow_weights is not None:
+            self.bow_weights = self.bow_weights.to(device)
+
+    def forward_kwargs(self, batch: dict[str, Tensor], counts: dict[str, float]) -> dict[str, Any]:
+        out: dict[str, Any] = super().forward_kwargs(batch, counts)
+        if self.train.similarity_weight:
+            out["cls_head"] = True
+        return out
+
+    def losses(
+        self, output: Any, batch: dict[str, Tensor], model: torch.nn.Module
+    ) -> dict[str, Tensor]:
+        out = {"mlm_loss": output.loss}
+        if self.bow_weights is None:
+            return out
+        words = model.model.embeddings.tok_embeddings.weight  # ModernBERT's (the config's check)
+        labels, ids = batch["labels"], batch["input_ids"]
+        text = torch.where(labels != IGNORE_INDEX, labels, ids)  # the unmasked text
+        pairs = batch["next_sentence_label"] >= 0  # not the rows that only pad the batch
+        target = segment_similarity(words.detach(), text, batch["token_type_ids"], self.bow_weights)
+        prediction = split_half_score(output.cls_head_output)  # (B,)
+        similarity = similarity_loss(prediction, target, pairs)
+        if similarity is not None:
+            out["similarity_loss"] = similarity
+        return out
+
+
+def word_weights(train: PretrainingDataset, tokenizer: Tokenizer, vocab_size: int) -> Tensor:
+    """(V,) each word's weight in the bag-of-words and similarity targets, counted on up to
+    :data:`BOW_TOKENS` tokens of the training split."""
+    counts = train.token_counts(vocab_size, tokenizer.special_ids, BOW_TOKENS)
+    return bag_of_words_weights(torch.from_numpy(counts))
 
 
 class MaskedLMWithNSP(Objective):
@@ -147,8 +209,7 @@ class MaskedLMWithNSP(Objective):
     def prepare(self, train: PretrainingDataset, tokenizer: Tokenizer, vocab_size: int) -> bool:
         if not (self.train.bow_weight or self.train.similarity_weight):
             return False
-        counts = train.token_counts(vocab_size, tokenizer.special_ids, BOW_TOKENS)
-        self.bow_weights = bag_of_words_weights(torch.from_numpy(counts))
+        self.bow_weights = word_weights(train, tokenizer, vocab_size)
         return True
 
     def to(self, device: torch.device) -> None:
@@ -274,7 +335,8 @@ def model_class_for(objective: type[Objective], config: AnyConfig) -> type[Pretr
         raise BertforgeError(
             f"--train.objective {objective.name}: ModernBERT has no token types (a pair is one "
             "segment, [CLS] a [SEP] b [SEP]) nor the pooler and BERT heads this objective "
-            "trains; use --train.objective mlm"
+            "trains; use --train.objective mlm (with --train.similarity_weight and --mode nsp "
+            "data for a pair loss on its [CLS])"
         )
     return ModernBertForMaskedLM  # type: ignore[return-value]
 

@@ -28,7 +28,7 @@ from bertforge.training.checkpoints import (
     intact_checkpoint,
     latest_checkpoint,
 )
-from bertforge.training.config import ModelSection, PretrainConfig
+from bertforge.training.config import ModelSection, PretrainConfig, check_similarity
 from bertforge.training.objectives import PretrainingModel, model_class_for, objective_class
 from bertforge.training.start import (
     freeze_parameters,
@@ -90,11 +90,18 @@ def open_data(cfg: PretrainConfig, *, rank: int = 0, world_size: int = 1) -> Pre
         special = {"pad": tokenizer.pad_id, "cls": tokenizer.cls_id, "sep": tokenizer.sep_id}
         model_config = cfg.model.to_model_config(tokenizer.vocab_size, special)
     model_class_for(objective, model_config)  # an objective the architecture has no heads for
+    check_similarity(tc, isinstance(model_config, ModernBertConfig))  # --init_from's too
     if objective.reads_pairs and train_ds.mode != "nsp":
         raise BertforgeError(
             f"{cfg.data} was prepared in {train_ds.mode!r} mode, without the sentence pairs "
             f"--train.objective {tc.objective} needs; use --train.objective mlm or prepare "
             "with --mode nsp"
+        )
+    if tc.similarity_weight and train_ds.mode != "nsp":
+        raise BertforgeError(
+            f"{cfg.data} was prepared in {train_ds.mode!r} mode; --train.similarity_weight "
+            f"{tc.similarity_weight} compares the two segments of sentence pairs: prepare with "
+            "--mode nsp or drop --train.similarity_weight"
         )
     if meta["max_seq_length"] > model_config.max_position_embeddings:
         raise BertforgeError(
