@@ -218,3 +218,12 @@ def test_evaluate_with_a_retriever_scores_both_stages(models, tmp_path, capsys):
     assert results["regression", 1]["reranked"] == pytest.approx(
         results["regression", 1]["retriever"]
     )
+
+
+def test_a_published_retriever_is_named_as_a_model_is(models, minilm_dir, tmp_path):
+    """``--retriever all-MiniLM-L6-v2`` loads the installed copy, as ``--model`` does."""
+    from bertforge.training.evaluate import EvaluateConfig
+
+    files = {name: str(tmp_path / name) for name in ("queries", "corpus", "qrels")}
+    cfg = EvaluateConfig(model=str(models["classification"]), retriever="all-MiniLM-L6-v2", **files)
+    assert Path(cfg.retriever) == minilm_dir

@@ -120,6 +120,8 @@ class EvaluateConfig(ModelOptions, TaskOptions):
                 "--data and --queries/--corpus/--qrels: give one test set, a file of pairs "
                 "(--data) or the three BEIR files"
             )
+        if self.retriever:  # a published name as --model takes it (all-MiniLM-L6-v2)
+            self.retriever = resolve_model(self.retriever)
         if self.retriever and not given:
             raise BertforgeError(
                 "--retriever reranks the first stage of a retrieval test set: give --queries, "
