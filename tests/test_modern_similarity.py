@@ -163,3 +163,17 @@ def test_a_similarity_run_resumes_bit_exactly(corpus, tmp_path):
     a = load_file(tmp_path / "full" / "model" / "model.safetensors")
     b = load_file(tmp_path / "resumed" / "model" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_continuing_a_bert_with_mlm_and_the_similarity_loss_is_refused(tmp_path, task_files):
+    """--init_from a BERT directory (the architecture known only once it is read) with
+    --train.objective mlm and the similarity loss: the same one-line refusal as a new BERT."""
+    start = task_files.tiny_start_model(tmp_path, kind="mlm")
+    text = tmp_path / "text.txt"
+    text.write_text("the film was good .\nthe plot was bad .\n\n" * 200, encoding="utf-8")
+    data = prepare_quiet(text, start, tmp_path / "nsp", length=32, mode="nsp")
+    train = TrainConfig(max_steps=1, objective="mlm", similarity_weight=1.0)
+    with pytest.raises(BertforgeError, match="trains the pooler of --train.objective mlm_nsp on a"):
+        cfg = PretrainConfig(data=str(data), output=str(tmp_path / "out"), init_from=str(start),
+                             train=train)  # fmt: skip
+        open_data(cfg)
