@@ -85,6 +85,12 @@ def bert_architectures(config: AnyConfig) -> list[str]:
     return [modern.get(name, name) for name in config.architectures or []]
 
 
+def word_table(model: nn.Module) -> nn.Parameter:
+    """The (V, H) word embedding table of any of the pretraining or task models (BERT's
+    ``word_embeddings``, ModernBERT's ``tok_embeddings``), as each class names it."""
+    return model.get_submodule(model.base_prefix + model.word_table).weight
+
+
 def is_modern(model: nn.Module) -> bool:
     """Whether ``model`` is one of the ModernBERT classes."""
     return isinstance(getattr(model, "config", None), ModernBertConfig)
@@ -99,4 +105,5 @@ __all__ = [
     "head_prefix",
     "is_modern",
     "model_class",
+    "word_table",
 ]

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from bertforge.data.dataset import PretrainingDataset
 from bertforge.errors import BertforgeError
+from bertforge.modeling.auto import word_table
 from bertforge.modeling.config import AnyConfig, ModernBertConfig
 from bertforge.modeling.model import (
     IGNORE_INDEX,
@@ -115,7 +116,51 @@ class Objective:
         return {"mlm_loss": output.loss}
 
 
-class MaskedLM(Objective):
+class WordWeighted(Objective):
+    """An objective whose pair losses weigh each word by its frequency (``bow_weights``,
+    counted once in :meth:`prepare` when :meth:`weighs_words` says a loss needs them), and
+    the pair-similarity loss they share: the two segments' similarity target
+    (:func:`segment_similarity`) ranked by a per-pair ``prediction``."""
+
+    def __init__(self, train: Any) -> None:
+        super().__init__(train)
+        self.bow_weights: Tensor | None = None
+        """Each word's weight in the bag-of-words and similarity targets (:meth:`prepare`)."""
+
+    def weighs_words(self) -> bool:
+        """Whether a loss of this run reads word weights: the similarity loss's."""
+        return bool(self.train.similarity_weight)
+
+    def prepare(self, train: PretrainingDataset, tokenizer: Tokenizer, vocab_size: int) -> bool:
+        if not self.weighs_words():
+            return False
+        counts = train.token_counts(vocab_size, tokenizer.special_ids, BOW_TOKENS)
+        self.bow_weights = bag_of_words_weights(torch.from_numpy(counts))
+        return True
+
+    def to(self, device: torch.device) -> None:
+        if self.bow_weights is not None:
+            self.bow_weights = self.bow_weights.to(device)
+
+    def similarity(
+        self, words: Tensor, text: Tensor, batch: dict[str, Tensor], prediction: Tensor
+    ) -> Tensor | None:
+        """The pair-similarity loss of ``prediction`` (B,) against the cosine of each pair's two
+        segments of ``text`` (the unmasked ids) as bags of ``words`` (no gradient into the
+        target); None when the micro-batch holds no pair."""
+        assert self.bow_weights is not None
+        pairs = batch["next_sentence_label"] >= 0  # not the rows that only pad the batch
+        target = segment_similarity(words.detach(), text, batch["token_type_ids"], self.bow_weights)
+        return similarity_loss(prediction, target, pairs)
+
+
+def unmasked_text(batch: dict[str, Tensor]) -> Tensor:
+    """(B, T) the batch's ids with each masked position's original token put back."""
+    labels, ids = batch["labels"], batch["input_ids"]
+    return torch.where(labels != IGNORE_INDEX, labels, ids)
+
+
+class MaskedLM(WordWeighted):
     """mlm: masked language modelling alone (RoBERTa's and cramming's choice); on a ModernBERT
     with ``--train.similarity_weight``, plus BERT's pair-similarity loss on the [CLS] head.
 
@@ -130,27 +175,12 @@ class MaskedLM(Objective):
     name = "mlm"
     model_class = BertForMaskedLM
 
-    def __init__(self, train: Any) -> None:
-        super().__init__(train)
-        self.bow_weights: Tensor | None = None
-        """Each word's weight in the similarity target (:meth:`prepare`)."""
-
     @property
     def terms(self) -> dict[str, Term]:
         terms = {"mlm_loss": Term("masked")}
         if self.train.similarity_weight:
             terms["similarity_loss"] = Term("pairs", self.train.similarity_weight)
         return terms
-
-    def prepare(self, train: PretrainingDataset, tokenizer: Tokenizer, vocab_size: int) -> bool:
-        if not self.train.similarity_weight:
-            return False
-        self.bow_weights = word_weights(train, tokenizer, vocab_size)
-        return True
-
-    def to(self, device: torch.device) -> None:
-        if self.bow_weights is not None:
-            self.bow_weights = self.bow_weights.to(device)
 
     def forward_kwargs(self, batch: dict[str, Tensor], counts: dict[str, float]) -> dict[str, Any]:
         out: dict[str, Any] = super().forward_kwargs(batch, counts)
@@ -164,26 +194,14 @@ class MaskedLM(Objective):
         out = {"mlm_loss": output.loss}
         if self.bow_weights is None:
             return out
-        words = model.model.embeddings.tok_embeddings.weight  # ModernBERT's (the config's check)
-        labels, ids = batch["labels"], batch["input_ids"]
-        text = torch.where(labels != IGNORE_INDEX, labels, ids)  # the unmasked text
-        pairs = batch["next_sentence_label"] >= 0  # not the rows that only pad the batch
-        target = segment_similarity(words.detach(), text, batch["token_type_ids"], self.bow_weights)
         prediction = split_half_score(output.cls_head_output)  # (B,)
-        similarity = similarity_loss(prediction, target, pairs)
+        similarity = self.similarity(word_table(model), unmasked_text(batch), batch, prediction)
         if similarity is not None:
             out["similarity_loss"] = similarity
         return out
 
 
-def word_weights(train: PretrainingDataset, tokenizer: Tokenizer, vocab_size: int) -> Tensor:
-    """(V,) each word's weight in the bag-of-words and similarity targets, counted on up to
-    :data:`BOW_TOKENS` tokens of the training split."""
-    counts = train.token_counts(vocab_size, tokenizer.special_ids, BOW_TOKENS)
-    return bag_of_words_weights(torch.from_numpy(counts))
-
-
-class MaskedLMWithNSP(Objective):
+class MaskedLMWithNSP(WordWeighted):
     """mlm_nsp: BERT's objective, masked LM + next-sentence prediction (``--train.nsp_weight``),
     with an optional bag-of-words loss (``--train.bow_weight``) and pair-similarity loss
     (``--train.similarity_weight``) on the pooler."""
@@ -191,11 +209,6 @@ class MaskedLMWithNSP(Objective):
     name = "mlm_nsp"
     model_class = BertForPreTraining
     reads_pairs = True
-
-    def __init__(self, train: Any) -> None:
-        super().__init__(train)
-        self.bow_weights: Tensor | None = None
-        """Each word's weight in the bag-of-words and similarity targets (:meth:`prepare`)."""
 
     @property
     def terms(self) -> dict[str, Term]:
@@ -206,15 +219,8 @@ class MaskedLMWithNSP(Objective):
             terms["similarity_loss"] = Term("pairs", self.train.similarity_weight)
         return terms
 
-    def prepare(self, train: PretrainingDataset, tokenizer: Tokenizer, vocab_size: int) -> bool:
-        if not (self.train.bow_weight or self.train.similarity_weight):
-            return False
-        self.bow_weights = word_weights(train, tokenizer, vocab_size)
-        return True
-
-    def to(self, device: torch.device) -> None:
-        if self.bow_weights is not None:
-            self.bow_weights = self.bow_weights.to(device)
+    def weighs_words(self) -> bool:
+        return bool(self.train.bow_weight or self.train.similarity_weight)
 
     def forward_kwargs(
         self, batch: dict[str, Tensor], counts: dict[str, float]
@@ -232,16 +238,10 @@ class MaskedLMWithNSP(Objective):
             out["nsp_loss"] = output.nsp_loss
         if self.bow_weights is None:
             return out
-        words = model.bert.embeddings.word_embeddings.weight
-        labels, ids = batch["labels"], batch["input_ids"]
-        text = torch.where(labels != IGNORE_INDEX, labels, ids)  # the unmasked text
+        words, text = model.bert.embeddings.word_embeddings.weight, unmasked_text(batch)
         if self.train.similarity_weight:
-            pairs = batch["next_sentence_label"] >= 0  # not the rows that only pad the batch
-            target = segment_similarity(
-                words.detach(), text, batch["token_type_ids"], self.bow_weights
-            )
             prediction = output.pooler_output.float().mean(-1)
-            similarity = similarity_loss(prediction, target, pairs)
+            similarity = self.similarity(words, text, batch, prediction)
             if similarity is not None:
                 out["similarity_loss"] = similarity
         if self.train.bow_weight:

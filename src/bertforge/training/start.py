@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 from bertforge.data.dataset import META_FILE, PretrainingDataset
 from bertforge.errors import BertforgeError
 from bertforge.io import atomic_file
+from bertforge.modeling.auto import word_table
 from bertforge.modeling.config import ModernBertConfig
 from bertforge.modeling.model import BertForMaskedLM, BertForPreTraining, cooccurrence_vectors
 from bertforge.progress import format_duration, parse_duration
@@ -379,7 +380,7 @@ def init_word_vectors(model: torch.nn.Module, cfg: PretrainConfig, data: StartDa
     vectors, rows = cooccurrence_vectors(
         counts, model.config.hidden_size, tc.word_init_std, seed=tc.seed
     )
-    table = model.get_submodule(model.base_prefix + model.word_table).weight  # either kind
+    table = word_table(model)  # either kind
     with torch.no_grad():  # other rows and columns keep their start; everything still trains
         table[rows, : vectors.shape[1]] = vectors[rows].to(table.dtype)
     return (
