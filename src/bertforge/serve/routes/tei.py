@@ -108,10 +108,6 @@ def _served(server: Server, body: BaseModel, query: str | None, route: str) -> S
     return server.model(getattr(body, "model", None) or query, route)
 
 
-def _truncate(body: _TeiRequest) -> bool:
-    return bool(body.truncate)
-
-
 def _cut(body: _TeiRequest, finetuned: str | None = None) -> str:
     """The truncation of a TEI body: ``left`` removes the beginning (keeps the ``tail``);
     ``right``, TEI's default, keeps the head, or cuts as fine-tuning did (``finetuned``)."""
@@ -137,7 +133,7 @@ def _prompted(served: ServedModel, texts: list[str], prompt_name: str | None) ->
 # ---- /embed -------------------------------------------------------------------------------------
 async def tei_embed(server: Server, body: TeiEmbedRequest, model: str | None) -> Response:
     served = _served(server, body, model, "/embed")
-    truncate = _truncate(body)
+    truncate = bool(body.truncate)  # None: TEI's auto_truncate false
     cut = check_dimensions(served, body.dimensions)
     inputs = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
     if inputs and isinstance(inputs[0], int):
@@ -216,7 +212,7 @@ def pair_logits(server: Server, served: ServedModel, paired: bool, truncation: s
 
 async def tei_predict(server: Server, body: TeiPredictRequest, model: str | None) -> Response:
     served = _served(server, body, model, "/predict")
-    truncate = _truncate(body)
+    truncate = bool(body.truncate)  # None: TEI's auto_truncate false
     items, single = _predict_inputs(body.inputs)
     items = server.texts(items)
     paired = isinstance(items[0], tuple)
@@ -289,7 +285,7 @@ async def tei_rerank(server: Server, body: RerankRequest, model: str | None) -> 
             f"classes) or an embedding model ({fitting} served)",
             "model",
         )
-    truncate = _truncate(body)
+    truncate = bool(body.truncate)  # None: TEI's auto_truncate false
     texts = server.texts(body.texts)
     (query,) = server.texts([body.query])
     if served.reranks == "embedding":
