@@ -303,6 +303,7 @@ def test_two_torchrun_ranks_equal_one_process(pretraining_corpus, tmp_path, mode
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("peak memory:") == 1  # rank 0 speaks for the run
     # one process, full batch in two micro-batches of 8 (gradient accumulation)
     assert (
         main([*common, "--output", str(tmp_path / "single"), "--train.micro_batch_size", "8"]) == 0

@@ -6,6 +6,7 @@ collectives the loops need. Without torchrun everything here degrades to a singl
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -104,9 +105,29 @@ def wrap_ddp(model: nn.Module, device: torch.device, info: DistInfo) -> nn.Modul
     return DistributedDataParallel(model, device_ids=ids)
 
 
+_ENDED = False
+"""Whether :func:`cleanup` has left a process group in this process (see :func:`ended_group`)."""
+
+
 def cleanup() -> None:
+    """Leave the process group: collect what still holds it first (DDP's reducer keeps a
+    reference to the group, and a wrapper in a reference cycle would otherwise be freed during
+    interpreter teardown, gloo's threads with it), then wait for every rank and destroy it."""
+    global _ENDED
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
+        if dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
+        _ENDED = True
+
+
+def ended_group() -> bool:
+    """Whether this process was a torchrun worker that has left its group. The command line ends
+    such a process with ``os._exit`` once its output is flushed: interpreter teardown after a
+    gloo group has aborted a worker (SIGABRT, "terminate called without an active exception")
+    after its work was done and written, which torchrun reports as the run failing."""
+    return _ENDED
 
 
 __all__ = [
@@ -114,6 +135,7 @@ __all__ = [
     "all_reduce_sum",
     "barrier",
     "cleanup",
+    "ended_group",
     "gather_object",
     "init_distributed",
     "local_device",

@@ -30,6 +30,7 @@ Adding a command ``bertforge NAME``:
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import textwrap
 from typing import get_args
@@ -206,16 +207,22 @@ def main(argv: list[str] | None = None) -> int:
     entry = getattr(importlib.import_module(module_name), function_name)
     try:
         rc = int(entry(rest) or 0)
-        if name in MEMORY_COMMANDS and rc == 0 and rest:  # a bare `bertforge recipe` lists
+        # a bare `bertforge recipe` lists; of torchrun's workers, rank 0 speaks for the run
+        if name in MEMORY_COMMANDS and rc == 0 and rest and os.environ.get("RANK", "0") == "0":
             peak = runtime.format_bytes(runtime.peak_memory_bytes())
             print(f"peak memory: {peak} resident", file=sys.stderr, flush=True)
-        return rc
     except BertforgeError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        rc = 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        rc = 130
+    group = sys.modules.get("bertforge.distributed")  # (imported by the commands that use it)
+    if group is not None and group.ended_group():  # a torchrun worker, its files written
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc
 
 
 if __name__ == "__main__":
