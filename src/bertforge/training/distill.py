@@ -76,6 +76,7 @@ from bertforge.training.checkpoints import (
     remove_checkpoint,
     write_checkpoint,
 )
+from bertforge.training.distill_augment import Augmented, augment, load_augmenter
 from bertforge.training.distill_config import DISTILL_CONFIG, DistillConfig, option
 from bertforge.training.distill_layers import (
     encoder_of,
@@ -128,6 +129,10 @@ RUN_IDENTITY = (
     "validation_fraction",
     "transfer_unit",
     "max_unlabelled",
+    "augment",
+    "augment_copies",
+    "augment_rate",
+    "augment_candidates",
     "max_length",
     "batch_size",
     "seed",
@@ -437,6 +442,47 @@ def transfer_texts(cfg: DistillConfig, teacher: Teacher) -> list[str]:
     return texts
 
 
+AUGMENTED_FILE = "augmented.jsonl"
+"""The texts ``--augment`` made, one JSON object a line (``source``: the labelled row it came
+from, 0-based; ``text``; ``pair`` for a pair teacher), written for the user to read."""
+
+
+def augmented_rows(
+    cfg: DistillConfig, gold: LabelledData, device: torch.device
+) -> Augmented | None:
+    """TinyBERT's augmentation of the labelled rows (``--augment``), or None without it."""
+    if not cfg.augment:
+        return None
+    if not len(gold):
+        raise BertforgeError("--augment makes new texts from --train's rows; give --train")
+    model, tokenizer, options = load_augmenter(cfg.augment, str(device), cfg.eval_batch_size)
+    t0 = time.perf_counter()
+    made = augment(
+        model, tokenizer, gold.texts, gold.pairs,
+        copies=cfg.augment_copies, rate=cfg.augment_rate, k=cfg.augment_candidates,
+        seed=cfg.seed, progress=cfg.progress, **options,
+    )  # fmt: skip
+    model.to("cpu")
+    print(
+        f"augment: {len(made):,} new texts from {len(gold):,} labelled ones "
+        f"({len(made) / len(gold):.1f} each, --augment_copies {cfg.augment_copies}) with "
+        f"{cfg.augment} in {time.perf_counter() - t0:.0f}s",
+        file=sys.stderr,
+        flush=True,
+    )
+    return made
+
+
+def write_augmented(path: Path, made: Augmented) -> None:
+    lines = []
+    for i, text in enumerate(made.texts):
+        row: dict[str, Any] = {"source": made.source[i], "text": text}
+        if made.pairs is not None:
+            row["pair"] = made.pairs[i]
+        lines.append(json.dumps(row, ensure_ascii=False))
+    atomic_write_text(path, "\n".join(lines) + "\n")
+
+
 def labelled_sets(cfg: DistillConfig, teacher: Teacher) -> tuple[LabelledData, LabelledData]:
     """``(train, validation)`` gold rows of a task teacher, in its columns and labels; without
     --validation a stratified share of --train is held out."""
@@ -475,11 +521,17 @@ def load_data(
     """Read the gold and transfer texts, encode them for the student (its own tokenizer) and
     get the teacher's outputs of them (its tokenizer; cached in ``cache``), calling
     ``before_teacher(training texts)`` first."""
+    if cfg.augment and teacher.task not in ("classification", "regression"):
+        raise BertforgeError(
+            f"--augment is for classification and regression teachers, not a {teacher.task} "
+            "one; drop --augment"
+        )
     if teacher.task == "question_answering":  # refuses --unlabelled before reading it
         return load_qa_data(cfg, teacher, tokenizer, cache, device, before_teacher)
     transfer = transfer_texts(cfg, teacher)
     if teacher.task == "token_classification":
         return load_token_data(cfg, teacher, tokenizer, transfer, cache, device, before_teacher)
+    augmented: Augmented | None = None
     if teacher.task == "embedding":
         gold: list[str] = []
         if cfg.train:
@@ -505,7 +557,12 @@ def load_data(
                 f"({teacher.text_column!r}, {teacher.text_pair_column!r}); drop --unlabelled"
             )
         gold_train, val = labelled_sets(cfg, teacher)
+        augmented = augmented_rows(cfg, gold_train, device)
         pairs = None if gold_train.pairs is None else list(gold_train.pairs)
+        if augmented is not None:
+            transfer = augmented.texts + transfer
+            if pairs is not None:
+                pairs += augmented.pairs or []
         train = LabelledData(gold_train.texts + transfer, pairs, None)
         labels = np.zeros(len(train), dtype=gold_train.labels.dtype)
         labels[: len(gold_train)] = gold_train.labels
@@ -513,6 +570,8 @@ def load_data(
     val_pairs = None if val.pairs is None else list(val.pairs)
     all_pairs = None if train.pairs is None else train.pairs + (val_pairs or [])
     before_teacher(len(train))
+    if augmented is not None:
+        write_augmented(Path(cfg.output) / AUGMENTED_FILE, augmented)
     precision, _ = explain_precision(cfg.precision, device, teacher.config.hidden_size)
     teacher.model.to(device)
     outputs = teacher_outputs(

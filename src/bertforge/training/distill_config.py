@@ -79,6 +79,17 @@ class DistillConfig(LoopOptions):
     row), or each of its sentences; auto: sentences for an embedding teacher, else documents."""
     max_unlabelled: int | None = None
     """Read at most this many transfer texts from --unlabelled (its first ones)."""
+    augment: str | None = None
+    """TinyBERT's data augmentation: a model with a masked-LM head (a ``bertforge pretrain``
+    output, any BERT or ModernBERT masked LM with a WordPiece vocabulary) whose predictions
+    replace words of the labelled texts, making --augment_copies new texts of each that the
+    teacher labels (classification and regression teachers; docs/distillation.md)."""
+    augment_copies: int = 20
+    """New texts per labelled text (TinyBERT: 20); variants equal to their text are dropped."""
+    augment_rate: float = 0.4
+    """Probability that each replaceable word of a new text is replaced (TinyBERT: 0.4)."""
+    augment_candidates: int = 15
+    """The augmenter's likeliest whole words a replaced word is drawn from (TinyBERT: 15)."""
     alpha: float = 0.5
     """Weight of the soft-target (teacher) term; the gold labels' term weighs 1 - alpha. A batch
     without gold labels (transfer text) trains on the soft term alone. 1: the teacher alone."""
@@ -188,6 +199,13 @@ class DistillConfig(LoopOptions):
             )
         check_choice(self.transfer_unit, TransferUnit, "--transfer_unit")
         check_choice(self.encoding_errors, EncodingErrors, "--encoding_errors")
+        if self.augment is not None:
+            self.augment = resolve_model(self.augment)
+        check_at_least(self, option, augment_copies=1, augment_candidates=1)
+        if not 0.0 < self.augment_rate <= 1.0:
+            raise BertforgeError(
+                f"--augment_rate {self.augment_rate} must lie in (0, 1] (TinyBERT used 0.4)"
+            )
         if not 0.0 <= self.alpha <= 1.0:
             raise BertforgeError(f"--alpha {self.alpha} must lie in [0, 1] (1: the teacher alone)")
         if not (self.temperature > 0 and math.isfinite(self.temperature)):
