@@ -257,9 +257,11 @@ def test_intermediate_losses_run_the_teacher_beside_the_student(work):
     out = work["root"] / "layers-preset"
     argv = distill_argv(work, out, "--student_preset", "tiny", "--train", str(work["train"]))
     argv += ["--hidden_weight", "1", "--relation_weight", "1", "--relation_heads", "2"]
-    assert cli.main([*argv, "--max_steps", "2", "--log_every", "1"]) == 0
-    first, second = (r["hidden_loss"] for r in read_metrics(out) if r["split"] == "train")
-    assert 0 < second < first  # the projection and the student learn the teacher's states
+    assert cli.main([*argv, "--max_steps", "40", "--log_every", "1", "--lr", "3e-3"]) == 0
+    losses = [r["hidden_loss"] for r in read_metrics(out) if r["split"] == "train"]
+    # the projection and the student learn the teacher's states: batches differ by more than a
+    # step learns, so the mean of the last 8 steps against that of the first 8
+    assert len(losses) == 40 and 0 < np.mean(losses[-8:]) < 0.9 * np.mean(losses[:8]), losses
 
 
 def test_resume_after_an_interruption_continues_exactly(work):
