@@ -1,4 +1,4 @@
-"""TinyBERT's augmentation (``bertforge distill --augment``): the word replacement against hand-made
+"""TinyBERT's augmentation (``bertforge distill --augment``) and ``--metric``: the word replacement against hand-made
 candidates, the words a vocabulary offers for replacement, the candidates a real masked LM
 proposes, and distillation runs whose teacher labels the new texts (single texts and pairs),
 with the one-line refusals."""
@@ -18,6 +18,7 @@ from test_distill import QUICK, distill_argv, work  # noqa: F401 - the module fi
 
 from bertforge import cli
 from bertforge.modeling.model import BertForMaskedLM
+from bertforge.progress import read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.distill import AUGMENTED_FILE
 from bertforge.training.distill_augment import (
@@ -194,3 +195,19 @@ def test_an_embedding_teacher_refuses_augmentation(work, minilm_dir, tmp_path, c
     argv += ["--student_layers", "0", "--unlabelled", str(texts), "--augment", str(work["start"])]
     assert "--augment is for classification and regression teachers" in one_line_error(argv, capsys)
     assert not out.exists()
+
+
+def test_metric_picks_the_best_student_by_the_named_score(work, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "mcc"
+    argv = distill_argv(work, out, "--student_preset", "tiny", "--train", str(work["train"]))
+    argv += ["--lr", "3e-3", "--max_steps", "30", "--eval_every", "10"]
+    assert cli.main([*argv, "--metric", "mcc"]) == 0
+    capsys.readouterr()
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["metric"] == "mcc"
+    vals = [r for r in read_metrics(out) if r["split"] == "val"]
+    best = max(vals, key=lambda r: r["mcc"])  # the first of equal scores is kept
+    assert results["best_step"] == best["step"] and best["mcc"] > 0.5
+    err = one_line_error([*argv, "--metric", "spearman", "--output", str(tmp_path / "x")], capsys)
+    assert "--metric spearman is not a classification metric; choose one of accuracy" in err
+    assert not (tmp_path / "x").exists()

@@ -129,6 +129,7 @@ RUN_IDENTITY = (
     "validation_fraction",
     "transfer_unit",
     "max_unlabelled",
+    "metric",
     "augment",
     "augment_copies",
     "augment_rate",
@@ -150,7 +151,28 @@ METRIC = {
     "question_answering": "f1",
     "embedding": "cosine",
 }
-"""The validation metric that picks the best student (higher is better for each)."""
+"""The validation metric that picks the best student by default (higher is better for each)."""
+METRIC_CHOICES = {
+    "classification": ("accuracy", "macro_f1", "mcc", "agreement"),
+    "regression": ("spearman", "pearson"),
+    "token_classification": ("entity_f1", "agreement"),
+    "question_answering": ("f1", "exact_match"),
+    "embedding": ("cosine",),
+}
+"""The ``--metric`` values each teacher's task takes (all higher-is-better)."""
+
+
+def selection_metric(metric: str | None, task: str) -> str:
+    """The validation metric that picks the best student of a ``task`` teacher: ``metric``
+    (``--metric``) when it is one the task has, else the task's default; another is refused."""
+    if metric is None:
+        return METRIC[task]
+    if metric not in METRIC_CHOICES[task]:
+        raise BertforgeError(
+            f"--metric {metric} is not a {task} metric; choose one of "
+            f"{', '.join(METRIC_CHOICES[task])}"
+        )
+    return metric
 
 
 @dataclass
@@ -209,6 +231,11 @@ class Run:
     @property
     def task(self) -> str:
         return self.teacher.task
+
+    @property
+    def metric(self) -> str:
+        """The validation metric that picks the best student (``--metric``)."""
+        return selection_metric(self.cfg.metric, self.task)
 
     def say(self, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
@@ -291,6 +318,7 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
     out = Path(cfg.output)
     teacher = load_teacher(cfg.teacher, cfg.max_length)
     check_report_task(cfg, teacher.task)
+    selection_metric(cfg.metric, teacher.task)  # refused before anything is written
     seed_everything(cfg.seed)
     resume_dir = intact_checkpoint(latest_checkpoint(out))
     model, tokenizer, start = student_for(cfg, teacher, resume_dir)
@@ -793,7 +821,7 @@ def _scores_line(scores: dict[str, Any]) -> str:
 
 def evaluate(run: Run, state: FinetuneState, bar: Any) -> None:
     """Validate; keep the student when the metric improved."""
-    metric = METRIC[run.task]
+    metric = run.metric
     metrics = validate(run, run.model, scale=state.scale)
     run.logger.log(state.step, "val", **metrics)
     value = metrics[metric]
@@ -888,7 +916,7 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     metrics = validate(run, best)
     plot_training_curves(out, out / PLOT_FILE, title=f"bertforge distill: {run_title(out)}")
     atomic_write_text(out / FINETUNE_CONFIG, json.dumps(task_settings(run), indent=2) + "\n")
-    metric = METRIC[run.task]
+    metric = run.metric
     result = {
         "best_step": state.best_step,
         "steps": state.step,
@@ -965,10 +993,12 @@ def _finished_run(cfg: DistillConfig) -> dict[str, Any] | None:
 __all__ = [
     "CACHE_FILE",
     "METRIC",
+    "METRIC_CHOICES",
     "DistillConfig",
     "DistillData",
     "Run",
     "distill",
+    "selection_metric",
     "cache_path",
     "drop_teacher_cache",
     "validate",

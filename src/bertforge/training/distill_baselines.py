@@ -26,7 +26,6 @@ from bertforge.runtime import explain_precision, pick_device, set_threads
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import locks_output
 from bertforge.training.distill import (
-    METRIC,
     PCA_TEXTS,
     RESULTS_FILE,
     DistillData,
@@ -287,7 +286,7 @@ def distill_report(run: Run, student_scores: dict[str, Any], steps_done: int) ->
     size = (out / WEIGHTS_NAME).stat().st_size
     scores = scores_only(student_scores)
     student_row = ReportRow(
-        "distilled student", f"`{out}`: the best student by {METRIC[run.task]}", scores,
+        "distilled student", f"`{out}`: the best student by {run.metric}", scores,
         sum(p.numel() for p in best.parameters()), size, size / 1e6, directory=str(out),
     )  # fmt: skip
     score = lambda model, tokenizer: report_scores(run, model, tokenizer)  # noqa: E731
@@ -296,7 +295,7 @@ def distill_report(run: Run, student_scores: dict[str, Any], steps_done: int) ->
     with tempfile.TemporaryDirectory(dir=out, prefix=".report-") as work:
         report = build_report(
             task=run.task,
-            metric=METRIC[run.task],
+            metric=run.metric,
             teacher=Measured(teacher_row, teacher.model, teacher.tokenizer, teacher.directory),
             student=Measured(student_row, best, run.tokenizer, out),
             trained=trained,

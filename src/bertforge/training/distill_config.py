@@ -90,6 +90,11 @@ class DistillConfig(LoopOptions):
     """Probability that each replaceable word of a new text is replaced (TinyBERT: 0.4)."""
     augment_candidates: int = 15
     """The augmenter's likeliest whole words a replaced word is drawn from (TinyBERT: 15)."""
+    metric: str | None = None
+    """Validation metric that picks the best student: for a classification teacher accuracy
+    (default), macro_f1, mcc or agreement (with the teacher's predictions); regression spearman
+    (default) or pearson; token classification entity_f1 (default) or agreement; question
+    answering f1 (default) or exact_match; embedding cosine (to the teacher's vectors)."""
     alpha: float = 0.5
     """Weight of the soft-target (teacher) term; the gold labels' term weighs 1 - alpha. A batch
     without gold labels (transfer text) trains on the soft term alone. 1: the teacher alone."""
