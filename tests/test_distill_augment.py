@@ -85,6 +85,9 @@ def test_replaceable_words_are_single_known_pieces(mlm):
     words = [text[s:e] for s, e in spans]
     assert words == [single.capitalize(), single]  # not the number, not the unknown/split word
     assert replaceable_words(tokenizer, "... 12 !") == []
+    # the parts of a contraction or a possessive stay as they are
+    text = f"{single} won't {single}'s {single}\u2019t {single}"
+    assert [text[s:e] for s, e in replaceable_words(tokenizer, text)] == [single, single]
 
 
 def test_candidates_are_whole_words_from_the_model_and_never_the_word_itself(mlm):

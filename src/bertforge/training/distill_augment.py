@@ -9,8 +9,8 @@ piece, mask it (in the text as written, one word at a time) and keep the model's
 whole-word predictions; then each of ``copies`` new texts replaces each such word, with
 probability ``rate``, by one of its candidates drawn uniformly. TinyBERT took candidates for the
 words BERT splits into several pieces from GloVe neighbours; no word vectors ship here, so those
-words are kept. Only words of letters are replaced (punctuation and numbers stay), and a
-replacement takes the case of the word it replaces. Pairs: each side is augmented on its own.
+words are kept. Only words of letters are replaced (punctuation, numbers and the parts of
+contractions stay), and a replacement takes the case of the word it replaces. Pairs: each side is augmented on its own.
 
 The math (:func:`augmented_copies`) is a pure function of the candidates and a seed; the
 model's part (:func:`word_candidates`) runs once per replaceable word, not once per copy.
@@ -91,10 +91,21 @@ def augmented_copies(
     return out
 
 
+APOSTROPHES = "'\u2019"
+"""A run of letters beside one of these is part of a contraction or possessive ("won't", "I'm",
+"John's"): kept, since a word put in its place ("won'that") is no longer English."""
+
+
 def replaceable_words(tokenizer: Any, text: str) -> list[Span]:
-    """Character spans of the words of ``text`` (runs of letters) that ``tokenizer`` reads as
-    one known piece (not [UNK]): the words an MLM can propose a whole replacement for."""
-    spans = [m.span() for m in WORD.finditer(text)]
+    """Character spans of the words of ``text`` (runs of letters, not touching an apostrophe)
+    that ``tokenizer`` reads as one known piece (not [UNK]): the words an MLM can propose a
+    whole replacement for."""
+    spans = [
+        (s, e)
+        for s, e in (m.span() for m in WORD.finditer(text))
+        if (s == 0 or text[s - 1] not in APOSTROPHES)
+        and (e == len(text) or text[e] not in APOSTROPHES)
+    ]
     if not spans:
         return []
     words = [text[s:e] for s, e in spans]
