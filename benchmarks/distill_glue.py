@@ -146,14 +146,26 @@ def score_all(a: argparse.Namespace) -> dict[str, Any]:
                 scores.setdefault(row, {})[spec.name] = points
     speed = {}
     for spec in B.GLUE:
-        report = out / f"augmented-{spec.name}" / "report.json"
-        if report.exists():
-            speed[spec.name] = json.loads(report.read_text())
-    return {"scores": scores, "reports": speed}
+        if a.tasks and spec.name not in a.tasks:
+            continue
+        for run in ("augmented", "distilled"):  # the last report has the most rows
+            report = out / f"{run}-{spec.name}" / "report.json"
+            if report.exists():
+                speed[spec.name] = json.loads(report.read_text())["ratio"]["texts_per_second"]
+                break
+    return {"scores": scores, "student_over_teacher_texts_per_s": speed}
+
+
+def speed_table(result: dict[str, Any], tasks: list[str]) -> str:
+    """The student's texts/s over the teacher's, per task (each report's own interleaved run)."""
+    speeds = result["student_over_teacher_texts_per_s"]
+    keys = ("eager_b1", "eager_b32", "onnx_int8_b1", "onnx_int8_b32")
+    rows = [[t, *(f"{speeds[t][k]:.1f}x" for k in keys)] for t in tasks if t in speeds]
+    return markdown_table(["task", *keys], rows)
 
 
 def table(result: dict[str, Any], tasks: list[str]) -> str:
-    header = ["model", *tasks, "GLUE-5"]
+    header = ["model", *tasks, "GLUE-5" if len(tasks) == 5 else f"mean of {len(tasks)}"]
     rows = []
     for key, name in ROWS:
         got = result["scores"].get(key, {})
@@ -198,6 +210,7 @@ def main() -> None:
     result = score_all(a)
     tasks = [t.name for t in B.GLUE if t.name in a.tasks]
     text = f"# GLUE-5 distillation\n\n{machine_markdown()}\n\n{table(result, tasks)}\n"
+    text += "\nThe student's texts/s over the teacher's:\n\n" + speed_table(result, tasks) + "\n"
     (Path(a.output) / "results.md").write_text(text)
     (Path(a.output) / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     print(text)
