@@ -859,11 +859,13 @@ def padded(tokenizer, texts: list[str]) -> dict:
 
 
 def int8_tolerance(reference: torch.Tensor) -> float:
-    """How far int8 outputs may stray: 5% of the reference's largest magnitude. Dynamic int8
-    rounds every weight column and activation row to 1/255 of its range, and the integer GEMM
-    ONNX Runtime picks differs by CPU (VNNI or not), so a fixed absolute bound passes on one
-    machine and fails on another (0.065 on logits of 3.6, 1.8%, on a CI machine)."""
-    return 0.05 * float(reference.abs().max())
+    """How far int8 outputs may stray: 5% of the reference's largest magnitude, and at least
+    0.1. Dynamic int8 rounds every weight column and activation row to 1/255 of its range, and
+    the integer GEMM ONNX Runtime picks differs by CPU (VNNI or not), so a fixed absolute bound
+    passes on one machine and fails on another (0.065 on logits of 3.6, 1.8%, on one CI
+    machine). The error follows the activations' range, not the outputs': a random tiny
+    classifier's logits of 0.73 were off by 0.074 on an AVX2-only EPYC, hence the floor."""
+    return max(0.05 * float(reference.abs().max()), 0.1)
 
 
 def test_onnx_export_equals_the_eager_modernbert(modern_dirs, tmp_path, capsys):

@@ -28,6 +28,9 @@ from typing import Any
 import numpy as np
 
 from bertforge.errors import BertforgeError
+from bertforge.inference.loading import TASK_COMMANDS, LoadOptions, load_model
+from bertforge.inference.predict import fill_mask
+from bertforge.modeling.model import BertForMaskedLM
 
 WORD = re.compile(r"[^\W\d_]+")
 """A word that may be replaced: a run of letters (any script)."""
@@ -133,8 +136,6 @@ def word_candidates(
     in that word's place (the word masked, the rest of the text as written), likeliest first;
     the word itself, special tokens, word pieces (``##``) and tokens without a letter are left
     out. One masked copy of a text per word runs through ``model`` (a masked-LM)."""
-    from bertforge.inference.predict import fill_mask
-
     mask = tokenizer.id_to_token(tokenizer.mask_id)
     masked: list[str] = []
     for text, text_spans in zip(texts, spans, strict=True):
@@ -184,9 +185,6 @@ MLM_HEAD = "cls.predictions.transform"
 def load_augmenter(directory: str, device: str, batch_size: int) -> tuple[Any, Any, dict[str, Any]]:
     """The ``--augment`` model on ``device``, its tokenizer and the options :func:`augment` takes;
     a model without a masked-LM head, or with a vocabulary that is not WordPiece, is refused."""
-    from bertforge.inference.loading import TASK_COMMANDS, LoadOptions, load_model
-    from bertforge.modeling.model import BertForMaskedLM
-
     why = (
         "--augment needs a model with a masked-LM head (a bertforge pretrain output, or any "
         "BERT/ModernBERT masked LM); this checkpoint has none"
