@@ -269,6 +269,11 @@ def test_rerank_in_tei_shape_equals_sentence_transformers(server, models, refere
             assert math.isclose(r["score"], float(expected[r["index"]]), abs_tol=1e-5)
     status, refused = client.request("POST", "/rerank", {"query": "q", "texts": ["a"] * 9})
     assert status == 413 and "max_client_batch_size" in refused["error"]
+    # a model of another type: TEI's backend error, 424 (our own /predict answers 422)
+    status, refused = client.request("POST", "/tei/predict?model=minilm", {"inputs": "a"})
+    assert status == 424 and refused["error_type"] == "backend", refused
+    assert "/predict needs a classifier model" in refused["error"]
+    assert client.request("POST", "/predict?model=minilm", {"inputs": "a"})[0] == 422
     client.close()
 
 

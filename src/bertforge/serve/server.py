@@ -193,7 +193,10 @@ class Server:
         self.metrics.batch(s.requests, s.items, s.tokens, s.wait_seconds, s.run_seconds)
 
     # ---- checks ----
-    def model(self, name: str | None, route: str) -> ServedModel:
+    def model(self, name: str | None, route: str, wrong_kind: int = 422) -> ServedModel:
+        """The served model a request names (the default when it names none), refused with a
+        404 when it is not served and with ``wrong_kind`` (422 on our routes; TEI's routes
+        answer 424, its status for a model of another type) when ``route`` is not one of its."""
         name = name or self.default
         served = self.models.get(name)
         if served is None:
@@ -204,11 +207,11 @@ class Server:
             need = {"/fill-mask": "masked-lm", "/predict": "classifier", "/attribute": "classifier"}
             needed = need.get(route, "PyTorch")  # /attention of an ONNX Runtime model
             raise ApiError(
-                422,
+                wrong_kind,
                 f"model {name!r} is {_a(served.kind)} model: {route} needs {_a(needed)} model"
                 f" ({', '.join(n for n, m in self.models.items() if route in m.routes) or 'none'}"
                 " served)",
-                "model",
+                "model" if wrong_kind == 422 else "backend",
             )
         return served
 

@@ -104,8 +104,13 @@ class TeiTokenizeRequest(BaseModel):
     prompt_name: str | None = None
 
 
+#: TEI's status for a route the model's type has not (``model is not a re-ranker model``: its
+#: backend error, 424 Failed Dependency, error_type ``backend``)
+WRONG_TYPE = 424
+
+
 def _served(server: Server, body: BaseModel, query: str | None, route: str) -> ServedModel:
-    return server.model(getattr(body, "model", None) or query, route)
+    return server.model(getattr(body, "model", None) or query, route, WRONG_TYPE)
 
 
 def _cut(body: _TeiRequest, finetuned: str | None = None) -> str:
@@ -279,11 +284,11 @@ async def tei_rerank(server: Server, body: RerankRequest, model: str | None) -> 
     if served.reranks is None:
         fitting = ", ".join(n for n, m in server.models.items() if m.reranks) or "none"
         raise ApiError(
-            422,
+            WRONG_TYPE,
             f"model {served.name!r} ({served.kind}, {served.model.config.num_labels} outputs) "
             "ranks nothing: /rerank needs a cross-encoder (a classifier of one output or two "
             f"classes) or an embedding model ({fitting} served)",
-            "model",
+            "backend",
         )
     truncate = bool(body.truncate)  # None: TEI's auto_truncate false
     texts = server.texts(body.texts)
