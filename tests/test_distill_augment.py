@@ -26,6 +26,7 @@ from bertforge.training.distill_augment import (
     augment,
     augmented_copies,
     matching_case,
+    paired_rows,
     replaceable_words,
     word_candidates,
 )
@@ -62,6 +63,15 @@ def test_variants_are_distinct_draws_at_the_given_rate():
         assert {b for a, b in zip(words, variant.split(), strict=True) if a != b} <= {"x", "y", "z"}
     # the same seed draws the same variants
     assert augmented_copies(text, spans, candidates, 8, 0.4, np.random.default_rng(3)) == out
+
+
+def test_a_pair_side_with_fewer_variants_keeps_its_text():
+    assert paired_rows([["a1", "a2"]], "a", None) == [("a1", None), ("a2", None)]
+    assert paired_rows([["a1", "a2", "a3"], ["b1"]], "a", "b") == [
+        ("a1", "b1"), ("a2", "b"), ("a3", "b"),
+    ]  # fmt: skip
+    assert paired_rows([[], ["b1", "b2"]], "a", "b") == [("a", "b1"), ("a", "b2")]
+    assert paired_rows([[], []], "a", "b") == []  # neither side changed: no new row
 
 
 def test_a_replacement_takes_the_case_of_its_word():

@@ -319,6 +319,11 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
     teacher = load_teacher(cfg.teacher, cfg.max_length)
     check_report_task(cfg, teacher.task)
     selection_metric(cfg.metric, teacher.task)  # refused before anything is written
+    if cfg.augment and teacher.task not in ("classification", "regression"):
+        raise BertforgeError(
+            f"--augment is for classification and regression teachers, not a {teacher.task} "
+            "one; drop --augment"
+        )
     seed_everything(cfg.seed)
     resume_dir = intact_checkpoint(latest_checkpoint(out))
     model, tokenizer, start = student_for(cfg, teacher, resume_dir)
@@ -549,11 +554,6 @@ def load_data(
     """Read the gold and transfer texts, encode them for the student (its own tokenizer) and
     get the teacher's outputs of them (its tokenizer; cached in ``cache``), calling
     ``before_teacher(training texts)`` first."""
-    if cfg.augment and teacher.task not in ("classification", "regression"):
-        raise BertforgeError(
-            f"--augment is for classification and regression teachers, not a {teacher.task} "
-            "one; drop --augment"
-        )
     if teacher.task == "question_answering":  # refuses --unlabelled before reading it
         return load_qa_data(cfg, teacher, tokenizer, cache, device, before_teacher)
     transfer = transfer_texts(cfg, teacher)

@@ -18,7 +18,6 @@ model's part (:func:`word_candidates`) runs once per replaceable word, not once 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,8 +27,9 @@ from typing import Any
 import numpy as np
 
 from bertforge.errors import BertforgeError
-from bertforge.inference.loading import TASK_COMMANDS, LoadOptions, load_model
+from bertforge.inference.loading import LoadOptions, load_model, other_task
 from bertforge.inference.predict import fill_mask
+from bertforge.modeling.config import CONFIG_NAME, load_config
 from bertforge.modeling.model import BertForMaskedLM
 
 WORD = re.compile(r"[^\W\d_]+")
@@ -189,10 +189,9 @@ def load_augmenter(directory: str, device: str, batch_size: int) -> tuple[Any, A
         "--augment needs a model with a masked-LM head (a bertforge pretrain output, or any "
         "BERT/ModernBERT masked LM); this checkpoint has none"
     )
-    config = Path(directory) / "config.json"
-    if config.is_file() and any(  # a fine-tuned model: its MLM head was dropped
-        name in TASK_COMMANDS for name in json.loads(config.read_text()).get("architectures") or []
-    ):
+    if (Path(directory) / CONFIG_NAME).is_file() and other_task(
+        load_config(directory), BertForMaskedLM
+    ):  # a fine-tuned model: its MLM head was dropped (load_model would name its command)
         raise BertforgeError(f"--augment {directory}: {why}")
     options = LoadOptions(model=directory, device=device, batch_size=batch_size)
     model, tokenizer, settings = load_model(BertForMaskedLM, options, require=(MLM_HEAD, why))
@@ -203,6 +202,21 @@ def load_augmenter(directory: str, device: str, batch_size: int) -> tuple[Any, A
         )
     settings.pop("progress", None)
     return model.eval(), tokenizer, settings
+
+
+def paired_rows(
+    variants: Sequence[Sequence[str]], text: str, pair: str | None
+) -> list[tuple[str, str | None]]:
+    """One example's new rows from its sides' ``variants`` (one list for a single text, two for
+    a pair): as many rows as the side with more variants, the other side keeping its own text
+    (``text`` or ``pair``) in the rows past its variants."""
+    if pair is None:
+        return [(v, None) for v in variants[0]]
+    first, second = variants
+    return [
+        (first[j] if j < len(first) else text, second[j] if j < len(second) else pair)
+        for j in range(max(len(first), len(second)))
+    ]
 
 
 def augment(
@@ -243,17 +257,7 @@ def augment(
             augmented_copies(side[i], spans[i], cands[i], copies, rate, rng)
             for side, (spans, cands) in zip(sides, tables, strict=True)
         ]
-        if new_pairs is None:
-            rows = [(v, None) for v in variants[0]]
-        else:  # a side with fewer variants keeps its text in the rows past them
-            n = max(len(variants[0]), len(variants[1]))
-            rows = [
-                (
-                    variants[0][j] if j < len(variants[0]) else texts[i],
-                    variants[1][j] if j < len(variants[1]) else pairs[i],  # type: ignore[index]
-                )
-                for j in range(n)
-            ]
+        rows = paired_rows(variants, texts[i], None if pairs is None else pairs[i])
         for a, b in rows:
             new_texts.append(a)
             if new_pairs is not None:
@@ -268,6 +272,7 @@ __all__ = [
     "augmented_copies",
     "load_augmenter",
     "matching_case",
+    "paired_rows",
     "replaceable_words",
     "word_candidates",
 ]
