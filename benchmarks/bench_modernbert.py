@@ -18,6 +18,12 @@ calls), same weights, alternating; plus the bytes autograd keeps for one forward
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_modernbert.py --preset mini --reps 5
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_modernbert.py --precision bf16
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_modernbert.py --against torch-geglu
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/bench_modernbert.py --against whole-last-layer \
+        --preset tiny --shapes 64x128,8x1024
+
+``--against whole-last-layer`` measures the sparse last layer (the masked-LM training step with
+the last layer's queries, ``Wo`` and feed-forward at the labelled rows only) against the same
+model running its whole last layer and picking those rows, paired, alternating.
 """
 
 from __future__ import annotations
@@ -144,13 +150,16 @@ def main() -> None:
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument(
         "--against",
-        choices=["transformers", "torch-geglu"],
+        choices=["transformers", "torch-geglu", "whole-last-layer"],
         default="transformers",
-        help="transformers' ModernBERT, or bertforge with the GeGLU in torch ops",
+        help="transformers' ModernBERT, bertforge with the GeGLU in torch ops, or bertforge "
+        "running its whole last layer in masked-LM training",
     )
     args = parser.parse_args()
     if args.against == "torch-geglu":
         return geglu_main(args)
+    if args.against == "whole-last-layer":
+        return last_layer_main(args)
     rows = []
     for shape in args.shapes.split(","):
         B, T = map(int, shape.split("x"))
@@ -258,6 +267,53 @@ def geglu_main(args: argparse.Namespace) -> None:
     )
     header = ["", "batch", "fused GeGLU", "torch GeGLU", "speed-up median (min)"]
     header += ["paired speed-ups: median [quartiles], wins", "autograd keeps (fused / torch)"]
+    print(markdown_table(header, rows))
+
+
+def whole_encode(encode: Callable) -> Callable:
+    """``encode`` running every row of the last layer, then picking the asked ones (``at``):
+    the computation before the sparse last layer."""
+
+    def whole(input_ids, attention_mask, output_attentions=False, at=None):  # noqa: ANN001, ANN202
+        h, rows, attentions = encode(input_ids, attention_mask, output_attentions)
+        return (h if at is None else h[rows.rows_of(at)]), rows, attentions
+
+    return whole
+
+
+def last_layer_main(args: argparse.Namespace) -> None:
+    """``--against whole-last-layer``: the sparse last layer against the whole one, paired."""
+    rows = []
+    for shape in args.shapes.split(","):
+        B, T = map(int, shape.split("x"))
+        batch = padded_batch(B, T)
+        base, _ = twins(args.preset)
+        sparse, whole = copy.deepcopy(base), copy.deepcopy(base)
+        del base
+        sparse.train(), whole.train()
+        whole.model.encode = whole_encode(whole.model.encode)  # type: ignore[method-assign]
+        log(f"training {B}x{T}")
+        t = alternate(
+            {"sparse": train_step(sparse, batch), "whole": train_step(whole, batch)},
+            warmup=2,
+            reps=args.reps,
+        )
+        a, b = t["sparse"], t["whole"]
+        rows.append(
+            [
+                f"{B} x {T} ({int(batch['attention_mask'].sum())} real)",
+                f"{fmt(a.median * 1000)} ms ±{a.spread:.0%} (min {fmt(min(a.samples) * 1000)})",
+                f"{fmt(b.median * 1000)} ms ±{b.spread:.0%} (min {fmt(min(b.samples) * 1000)})",
+                paired_ratios(b.samples, a.samples),
+            ]
+        )
+    print(machine_markdown())
+    print(
+        f"\nModernBERT preset {args.preset}, vocabulary {VOCAB}, fp32, "
+        f"{torch.get_num_threads()} thread(s), masked-LM training step, medians of {args.reps}\n"
+    )
+    header = ["batch", "sparse last layer", "whole last layer"]
+    header += ["paired speed-ups: median [quartiles], wins"]
     print(markdown_table(header, rows))
 
 

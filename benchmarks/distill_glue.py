@@ -80,13 +80,13 @@ def run_task(spec: B.TaskSpec, a: argparse.Namespace) -> None:
     out, data = Path(a.output), Path(a.data_dir)
     threads = ["--num_threads", str(a.num_threads)]
     train = ["--train", str(train_file(spec, data))]
-    teacher = out / f"teacher-{spec.name}"
+    teacher = Path(a.teachers or out) / f"teacher-{spec.name}"
     if not (teacher / "model.safetensors").exists():
         args = ["finetune", "--model", a.teacher, *train, *finetune_options(spec), *threads]
         args += ["--validation", str(data / spec.folder / spec.evaluate)]
         args += ["--batch_size", "32", "--lr", "5e-5", "--seed", "0"]
         args += TEACHER_OPTIONS.get(spec.name, ["--epochs", "3"])
-        bertforge([*args, "--output", str(teacher)], out / f"teacher-{spec.name}.log")
+        bertforge([*args, "--output", str(teacher)], teacher.with_suffix(".log"))
     if a.teachers_only:
         return
     # the students validate on a held-out 10 % of --train (never on dev, which scores them)
@@ -117,10 +117,10 @@ ROWS = (
 )
 
 
-def model_dirs(spec: B.TaskSpec, out: Path) -> dict[str, Path]:
+def model_dirs(spec: B.TaskSpec, out: Path, teachers: Path) -> dict[str, Path]:
     plain = out / f"distilled-{spec.name}"
     return {
-        "teacher": out / f"teacher-{spec.name}",
+        "teacher": teachers / f"teacher-{spec.name}",
         "twin": plain / "report" / "twin",
         "alone": plain / "report" / "alone",
         "distilled": plain,
@@ -137,7 +137,7 @@ def score_all(a: argparse.Namespace) -> dict[str, Any]:
             continue
         settings = {"max_length": 128 if spec.columns.get("text_pair_column") else 64}
         settings["precision"] = "fp32"
-        for row, path in model_dirs(spec, out).items():
+        for row, path in model_dirs(spec, out, Path(a.teachers or out)).items():
             if (path / "model.safetensors").exists():
                 metrics, _ = score_sequence_model(
                     path, data / spec.folder / spec.evaluate, spec, settings, cfg
@@ -191,6 +191,11 @@ def main() -> None:
         "--teacher", default="all-MiniLM-L6-v2", help="the model each teacher starts from"
     )
     p.add_argument("--augment", help="a masked-LM directory for --augment (default: none)")
+    p.add_argument(
+        "--teachers",
+        help="the folder of the teacher-TASK models (made there when missing; default: --output), "
+        "so that several students' studies share one set of teachers",
+    )
     p.add_argument("--data_dir", default=str(Path(__file__).parents[1].parent / "shared/data/glue"))
     p.add_argument("--tasks", nargs="*", default=[t.name for t in B.GLUE])
     p.add_argument("--lr", type=float, default=3e-4)
@@ -209,7 +214,8 @@ def main() -> None:
         return
     result = score_all(a)
     tasks = [t.name for t in B.GLUE if t.name in a.tasks]
-    text = f"# GLUE-5 distillation\n\n{machine_markdown()}\n\n{table(result, tasks)}\n"
+    text = f"# GLUE-5 distillation\n\n{machine_markdown()}\n\nStudent: `{a.student}`; teachers in "
+    text += f"`{a.teachers or a.output}`.\n\n{table(result, tasks)}\n"
     text += "\nThe student's texts/s over the teacher's:\n\n" + speed_table(result, tasks) + "\n"
     (Path(a.output) / "results.md").write_text(text)
     (Path(a.output) / "results.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -375,6 +375,37 @@ def test_sparse_prediction_equals_dense_logits():
     assert abs(sparse.loss - F.cross_entropy(picked, labels[labels != -100])) < TOL
 
 
+@pytest.mark.parametrize(
+    ("T", "last"),
+    [
+        (9, "sliding_attention"),  # 3 windows cover it: the band as a per-query mask
+        (11, "sliding_attention"),
+        (29, "sliding_attention"),  # longer: the blocked window in full, then the rows
+        (11, "full_attention"),
+        (29, "full_attention"),
+    ],
+)
+def test_the_sparse_last_layer_equals_the_whole_layer_at_its_rows(T, last):
+    """With MLM labels the last layer runs its queries, Wo and feed-forward at the labelled rows
+    (and each [CLS]) only: the same states there, and the same gradients, as the whole layer
+    (float64, training mode, padded rows)."""
+    first = "full_attention" if last == "sliding_attention" else "sliding_attention"
+    model = ModernBertModel(tiny(layer_types=[first, "sliding_attention", last])).double().train()
+    ids, mask = batch(T)
+    picked = (torch.rand(ids.shape, generator=torch.Generator().manual_seed(1)) < 0.3) & (mask > 0)
+    at = torch.cat([picked.flatten().nonzero().squeeze(1), torch.arange(ids.shape[0]) * T])
+    sparse, rows, _ = model.encode(ids, mask, False, at)
+    whole, _, _ = model.encode(ids, mask)
+    whole = whole[rows.rows_of(at)]
+    weights = torch.randn_like(whole)
+    params = list(model.parameters())
+    grads = torch.autograd.grad((sparse * weights).sum(), params)
+    expected = torch.autograd.grad((whole * weights).sum(), params)
+    assert sparse.shape == (at.numel(), 32) and (sparse - whole).abs().max() < 1e-12
+    for a, b in zip(grads, expected, strict=True):
+        assert (a - b).abs().max() < 1e-12
+
+
 def test_attention_maps_show_the_local_window():
     """output_attentions runs the plain computation: the same logits, and a local layer's map
     is zero past the window (and at padded keys)."""

@@ -53,6 +53,7 @@ from bertforge.modeling.ops import (
     onednn_inference,
     onednn_linear,
     query_attention,
+    query_slots,
     repad,
     round_up,
     shape_multiple,
@@ -263,19 +264,7 @@ class BertSelfAttention(nn.Module):
         if layout.index is not None:
             kv = repad(kv, layout.index, B, T)  # (B, T, 2H)
         seq = torch.div(grid, T, rounding_mode="floor")  # (n,) the sequence of each row
-        order = torch.argsort(seq, stable=True)
-        in_order = seq[order]  # sorted: a row's place is its distance from its run's start
-        slot = torch.empty_like(seq)  # each row's place among its sequence's rows
-        slot[order] = torch.arange(seq.numel(), device=seq.device) - torch.searchsorted(
-            in_order, in_order
-        )
-        # query rows per sequence: on the CPU the fewest (it pays for each); elsewhere a bound
-        # known without waiting for the device nor breaking a compiled graph (T positions,
-        # [CLS] twice at most; the extra rows are zeros, never read: ~0.1% of a BERT-base step)
-        R = T + 1
-        if x.device.type == "cpu":  # rounded where oneDNN builds a kernel per shape (bf16)
-            R = int(slot.max()) + 1 if seq.numel() else 0
-            R = min(round_up(R, 1 + 7 * (shape_multiple(x) > 1)), T + 1)
+        slot, R = query_slots(seq, T, x)  # each row's place in its sequence's (R, H) block
         queries = q.new_zeros(B, R, H).index_put((seq, slot), q)  # (B, R, H)
         y = query_attention(queries, kv.view(B, T, 2 * H), nh, mask, self.dropout_p, self.training)
         return y[seq, slot]  # (n, H)

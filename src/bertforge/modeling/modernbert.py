@@ -25,8 +25,9 @@ computation):
   ``Wi``'s output for the backward;
 * with MLM labels the head and the 50k-wide decoder run at the labelled positions only (sparse
   prediction, transformers' ``sparse_prediction``), the decoder and its cross-entropy fused
-  (:func:`~bertforge.modeling.ops.decoder_cross_entropy`); the token classifier, training,
-  likewise at the labelled positions.
+  (:func:`~bertforge.modeling.ops.decoder_cross_entropy`), and the last layer's queries,
+  ``Wo`` and feed-forward run there too (keys and values at every row: the sparse last layer);
+  the token classifier, training, likewise at the labelled positions.
 
 Every forward takes ``token_type_ids`` as BERT's does and ignores it: ModernBERT has no segment
 embeddings (a pair is [CLS] a [SEP] b [SEP]), and the commands BERT shares pass them.
@@ -64,6 +65,8 @@ from bertforge.modeling.ops import (
     dropout,
     gated_activation,
     linear,
+    query_attention,
+    query_slots,
     repad,
     residual_norm,
     round_up,
@@ -229,6 +232,39 @@ class ModernBertAttention(nn.Module):
             y, probs = y.transpose(1, 2).reshape(B, T, H), None  # (B, T, H)
         return rows.from_grid(y), probs
 
+    def forward_rows(
+        self, x: Tensor, rows: Rows, rope: tuple[Tensor, Tensor], picked: Tensor
+    ) -> Tensor:
+        """The attention output before ``Wo`` at the rows ``picked`` only (the sparse last
+        layer): (m, H), equal to ``forward(x, rows, rope)[0][picked]``. Keys and values come
+        from every row, queries and their scores from the picked ones, each sequence's in a
+        (B, R) block (:func:`query_slots`), a sliding window as a per-query band mask. A window
+        layer longer than 3 windows attends in full instead (no (T, T) scores: the blocks of
+        :func:`window_attention`) and keeps the picked rows."""
+        n, H = x.shape
+        nh, hs = self.num_heads, self.head_dim
+        B, T = rows.B, rows.T
+        if rows.output_attentions or (self.window is not None and 3 * self.window < T):
+            return self.forward(x, rows, rope)[0][picked]
+        qkv = linear(x, self.Wqkv.weight, self.Wqkv.bias, None).view(n, 3, nh, hs)
+        cos, sin = rope
+        qk = rotate(qkv[:, :2], cos[:, None], sin[:, None])  # (n, 2, nh, hs)
+        kv = torch.cat([qk[:, 1:], qkv[:, 2:]], dim=1).view(n, 2 * H)  # rotated k, then v
+        kv = rows.to_grid(kv) if rows.index is not None else kv.view(B, T, 2 * H)
+        grid = picked if rows.index is None else rows.index[picked]  # positions in (B, T)
+        seq = torch.div(grid, T, rounding_mode="floor")
+        slot, R = query_slots(seq, T, x)
+        queries = qk.new_zeros(B, R, H).index_put((seq, slot), qk[picked, 0].reshape(-1, H))
+        mask = None if rows.keys is None else rows.keys[:, None, None, :]  # (B, 1, 1, T)
+        if self.window is not None and self.window < T - 1:
+            at = torch.zeros(B, R, dtype=torch.long, device=x.device).index_put(
+                (seq, slot), grid % T
+            )
+            band = (at[:, :, None] - torch.arange(T, device=x.device)).abs() <= self.window
+            mask = band[:, None] if mask is None else band[:, None] & mask  # (B, 1, R, T)
+        y = query_attention(queries, kv, nh, mask, self.dropout_p, self.training)  # (B, R, H)
+        return y[seq, slot]
+
     def explicit(self, qkv: Tensor, keys: Tensor | None) -> tuple[Tensor, Tensor]:
         """The plain computation with its (B, nh, T, T) probabilities (the explorer's maps, and
         what the fast paths are tested against): (B, T, H) output, probabilities."""
@@ -294,10 +330,30 @@ class ModernBertEncoderLayer(nn.Module):
         ``next_norm`` is the next layer's ``attn_norm`` or the encoder's ``final_norm``: each
         block's end sums and normalises in one pass (``residual_norm``)."""
         y, probs = self.attn(normed, rows, rope)
+        return self.close(y, x, next_norm) + (probs,)
+
+    def forward_rows(
+        self,
+        x: Tensor,
+        normed: Tensor,
+        rows: Rows,
+        rope: tuple[Tensor, Tensor],
+        next_norm: nn.LayerNorm,
+        picked: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """:meth:`forward` as the last layer of sparse prediction: its output at the rows
+        ``picked`` only, (m, H) each (the attention's queries, ``Wo`` and the feed-forward run
+        there alone)."""
+        y = self.attn.forward_rows(normed, rows, rope, picked)
+        return self.close(y, x[picked], next_norm)
+
+    def close(self, y: Tensor, x: Tensor, next_norm: nn.LayerNorm) -> tuple[Tensor, Tensor]:
+        """The layer after its attention: ``Wo`` and the residual, ``mlp_norm``, the GeGLU,
+        ``mlp.Wo`` and the residual, ``next_norm``: (x after the layer, ``next_norm`` of it)."""
         p = self.attn.dropout_p  # transformers' out_drop after Wo
         h, x = residual_norm(y, self.attn.Wo, x, self.mlp_norm, p, self.training)
         h, x = residual_norm(self.mlp.gate(h), self.mlp.Wo, x, next_norm, 0.0, self.training)
-        return x, h, probs
+        return x, h
 
 
 class ModernBertPreTrainedModel(nn.Module):
@@ -386,10 +442,17 @@ class ModernBertModel(ModernBertPreTrainedModel):
         self.init_weights()
 
     def encode(
-        self, input_ids: Tensor, attention_mask: Tensor | None, output_attentions: bool = False
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None,
+        output_attentions: bool = False,
+        at: Tensor | None = None,
     ) -> tuple[Tensor, Rows, tuple[Tensor, ...] | None]:
         """(the last hidden state as (n, H) rows, their :class:`Rows`, per-layer attention
-        probabilities when asked): the encoder on the real tokens only."""
+        probabilities when asked): the encoder on the real tokens only. ``at`` (flat (B, T)
+        positions of real tokens, e.g. the masked ones) asks for the last hidden state there
+        only, (len(at), H) in that order: the last layer's queries, ``Wo`` and feed-forward
+        then run at those rows alone (sparse prediction, as BERT's last layer)."""
         B, T = input_ids.shape
         c = self.config
         if c.max_position_embeddings < T:
@@ -412,8 +475,15 @@ class ModernBertModel(ModernBertPreTrainedModel):
         for i, layer in enumerate(self.layers):
             last = i == len(self.layers) - 1
             next_norm = self.final_norm if last else self.layers[i + 1].attn_norm
-            x, h, probs = layer(x, h, rows, ropes[layer.attention_type], next_norm)
+            rope = ropes[layer.attention_type]
+            if last and at is not None and not output_attentions:
+                x, h = layer.forward_rows(x, h, rows, rope, next_norm, rows.rows_of(at))
+                probs = None
+            else:
+                x, h, probs = layer(x, h, rows, rope, next_norm)
             attentions.append(probs)
+        if at is not None and output_attentions:
+            h = h[rows.rows_of(at)]
         return h, rows, tuple(attentions) if output_attentions else None
 
     def forward(
@@ -479,27 +549,28 @@ class ModernBertForMaskedLM(ModernBertPreTrainedModel):
         loss their mean cross-entropy. ``cls_head``: also the head at each [CLS]
         (``cls_head_output``, (B, H)): the module a classifier inherits, so what pretraining
         teaches it there carries into fine-tuning (``--train.similarity_weight``)."""
-        h, rows, attentions = self.model.encode(input_ids, attention_mask, output_attentions)
-        cls = None
-        if cls_head:
-            first = torch.arange(rows.B, device=h.device) * rows.T  # each sequence's position 0
-            cls = self.head(h[rows.rows_of(first)])  # (B, H)
+        B, T = input_ids.shape
+        first = torch.arange(B, device=input_ids.device) * T  # each sequence's position 0
         weight, bias = self.decoder.weight, self.decoder.bias
         if bias is None:
             bias = weight.new_zeros(weight.shape[0])
         if labels is None:
+            h, rows, attentions = self.model.encode(input_ids, attention_mask, output_attentions)
+            cls = self.head(h[rows.rows_of(first)]) if cls_head else None  # (B, H)
             logits = decoder_logits(self.head(rows.to_grid(h)), weight, bias)  # (B, T, V)
             return MaskedLMOutput(None, logits, attentions, cls)
         flat = masked_positions(labels, masked_rows)  # (n,)
-        picked = rows.rows_of(flat)
-        n = picked.numel()
+        n = flat.numel()
         extra = round_up(n, shape_multiple(weight)) - n
-        if extra:  # a count that repeats (bf16 on a CPU): row 0 again, its logits dropped
-            picked = torch.cat([picked, picked.new_zeros(extra)])
         target = labels.flatten()[flat]
-        if extra:
+        if extra:  # a count that repeats (bf16 on a CPU): position 0 again, its logits dropped
+            flat = torch.cat([flat, flat.new_zeros(extra)])
             target = torch.cat([target, target.new_full((extra,), IGNORE_INDEX)])
-        x = self.head(h[picked])  # (n', H)
+        # the last layer at the labelled positions only (and each [CLS] for cls_head, after them)
+        at = torch.cat([flat, first]) if cls_head else flat
+        h, rows, attentions = self.model.encode(input_ids, attention_mask, output_attentions, at)
+        cls = self.head(h[n + extra :]) if cls_head else None  # (B, H)
+        x = self.head(h[: n + extra])  # (n', H)
         if extra or n == 0:
             logits = decoder_logits(x, weight, bias)
             loss = F.cross_entropy(logits.float(), target, ignore_index=IGNORE_INDEX)

@@ -12,7 +12,7 @@ module per concern, the fused ones beside their C file in ``modeling/csrc/``:
   window (no (T, T) scores where the window is small), and :func:`band_mask`;
 * ``softmax`` (``softmax.c``): :func:`attention`, attention with dropout
   (:class:`KernelAttention`), and :func:`query_attention`, attention from queries at some rows
-  only (the sparse last layer);
+  only (the sparse last layer), with :func:`query_slots`, where those queries sit;
 * ``gelu`` (``gelu.c``): :func:`dense_activation`, the feed-forward's bias + GELU
   (:class:`BiasGelu`); :func:`gated_activation`, ModernBERT's GeGLU (:class:`GeGLU`); and
   :func:`activation`;
@@ -76,6 +76,7 @@ from bertforge.modeling.ops.softmax import (
     attention,
     explicit_attention,
     query_attention,
+    query_slots,
 )
 from bertforge.modeling.ops.unpadding import (
     ONEDNN_ROWS,
@@ -120,6 +121,7 @@ __all__ = [
     "onednn_linear",
     "padded_rows",
     "query_attention",
+    "query_slots",
     "repad",
     "scratch",
     "torch_dropout",

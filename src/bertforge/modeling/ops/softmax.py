@@ -19,6 +19,7 @@ from bertforge.modeling.kernels import (
 from bertforge.modeling.ops.buffers import _laid_out, scratch
 from bertforge.modeling.ops.common import _fp32_cpu, _seed
 from bertforge.modeling.ops.seeded_dropout import dropout
+from bertforge.modeling.ops.unpadding import round_up, shape_multiple
 
 
 def attention(qkv: Tensor, num_heads: int, mask: Tensor | None, p: float, training: bool) -> Tensor:
@@ -132,12 +133,33 @@ class KernelAttention(torch.autograd.Function):
         return grad_q, grad_in, None, None, None, None, None
 
 
+def query_slots(seq: Tensor, T: int, like: Tensor) -> tuple[Tensor, int]:
+    """Where :func:`query_attention`'s queries sit in their (B, R, H) block: for rows whose
+    sequences are ``seq`` (n,), each row's place among its sequence's rows (n,), and R. On the
+    CPU R is the largest count (a product pays for each row), rounded where oneDNN builds a
+    kernel per shape (``like`` bf16); elsewhere a bound known without waiting for the device nor
+    breaking a compiled graph, T + 1 (T positions, [CLS] twice at most; the extra rows are
+    zeros, never read)."""
+    order = torch.argsort(seq, stable=True)
+    in_order = seq[order]  # sorted: a row's place is its distance from its run's start
+    slot = torch.empty_like(seq)
+    slot[order] = torch.arange(seq.numel(), device=seq.device) - torch.searchsorted(
+        in_order, in_order
+    )
+    R = T + 1
+    if like.device.type == "cpu":
+        R = int(slot.max()) + 1 if seq.numel() else 0
+        R = min(round_up(R, 1 + 7 * (shape_multiple(like) > 1)), T + 1)
+    return slot, R
+
+
 def query_attention(
     q: Tensor, kv: Tensor, num_heads: int, mask: Tensor | None, p: float, training: bool
 ) -> Tensor:
     """:func:`attention` for queries at some positions only: ``q`` (B, R, H) against keys and
     values at every position, ``kv`` (B, T, 2H) (k and v side by side, heads inside each);
-    returns (B, R, H). The last layer of sparse MLM prediction needs its attention output at the
+    returns (B, R, H). ``mask``: (B, 1, 1, T) True at real keys, or (B, 1, R, T) per query (a
+    sliding window's band), or None. The last layer of sparse MLM prediction needs its attention output at the
     masked tokens and [CLS] only (:meth:`BertSelfAttention.forward_rows`).
 
     fp32 CPU training with dropout: :class:`KernelAttention` (the C softmax + dropout);
@@ -146,7 +168,9 @@ def query_attention(
     B, R, H = q.shape
     T, hs = kv.shape[1], H // num_heads
     scale = 1.0 / math.sqrt(hs)
-    kernels = softmax_dropout_kernels() if p > 0 and _fp32_cpu(q, kv) and q.numel() else None
+    keys_only = mask is None or mask.shape[-2] == 1  # the kernels take a key mask, no band
+    fast = p > 0 and keys_only and _fp32_cpu(q, kv) and q.numel()
+    kernels = softmax_dropout_kernels() if fast else None
     if kernels is not None:
         return KernelAttention.apply(q, kv, num_heads, _key_mask(mask, B, T), p, scale, kernels)
     qh = q.view(B, R, num_heads, hs).transpose(1, 2)  # (B, nh, R, hs)
@@ -158,4 +182,4 @@ def query_attention(
     return y.transpose(1, 2).reshape(B, R, H)  # (B, R, H)
 
 
-__all__ = ["attention", "explicit_attention", "KernelAttention", "query_attention"]
+__all__ = ["attention", "explicit_attention", "KernelAttention", "query_attention", "query_slots"]
