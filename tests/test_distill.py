@@ -16,6 +16,7 @@ import pytest
 import torch
 from conftest import FILLER, QUICK_FINETUNE, TINY_MODEL, TaskFiles
 from support.cli import one_line_error
+from support.micro import assert_same_step, step_gradients
 
 from bertforge import cli
 from bertforge.inference.predict import embed
@@ -262,6 +263,53 @@ def test_intermediate_losses_run_the_teacher_beside_the_student(work):
     # the projection and the student learn the teacher's states: batches differ by more than a
     # step learns, so the mean of the last 8 steps against that of the first 8
     assert len(losses) == 40 and 0 < np.mean(losses[-8:]) < 0.9 * np.mean(losses[:8]), losses
+
+
+@pytest.mark.parametrize("case", ["gold_and_transfer", "transfer_only", "layers", "regression"])
+def test_micro_batches_give_the_whole_batchs_step(work, tmp_path, case):
+    """One step over 16 texts, whole and in micro-batches of 8, 4 and 1: the same gradients and
+    logged terms, with gold rows in some micro-batches only (each term weighs its own units:
+    texts, gold texts, real tokens), transfer text alone (the soft term at weight 1), the
+    intermediate losses (their projection too) and a regressor."""
+    out = tmp_path / "out"
+    if case == "regression":
+        argv = distill_argv(work, out, "--student_layers", "1", "--train", str(work["scores"]))
+        argv[argv.index("--teacher") + 1] = str(work["regressor"])
+    else:
+        argv = distill_argv(work, out, "--student_layers", "1", "--train", str(work["train"]))
+    if case in ("gold_and_transfer", "transfer_only"):
+        argv += ["--unlabelled", str(work["unlabelled"]), "--alpha", "0.3"]
+    if case == "layers":
+        argv += ["--hidden_weight", "1", "--attention_weight", "0.5", "--relation_weight", "1"]
+    steps = step_gradients(argv, np.array([0]), [1])  # the run, to read its rows
+    labelled = steps[0]["run"].data.labelled
+    gold, transfer = np.flatnonzero(labelled), np.flatnonzero(~labelled)
+    if case == "gold_and_transfer":  # gold rows in the first micro-batches of 4 only
+        rows = np.concatenate([gold[:3], transfer[:13]])
+    elif case == "transfer_only":
+        rows = transfer[:16]
+    else:
+        rows = gold[:16]
+    assert_same_step(step_gradients(argv, rows, [16, 8, 4, 1]))
+
+
+def test_max_memory_picks_micro_batches_and_refuses_too_little(work, tmp_path, capsys):
+    argv = distill_argv(work, tmp_path / "fits", "--student_layers", "1")
+    argv += ["--train", str(work["train"]), "--max_steps", "2", "--max_memory", "4GB"]
+    assert cli.main(argv) == 0
+    said = capsys.readouterr().err
+    assert "--max_memory 4.00 GB: micro-batch 16 (1 x 16 per step)" in said, said
+    assert json.loads((tmp_path / "fits" / "eval_results.json").read_text())["peak_memory_bytes"]
+    # refused after the teacher's pass (the measurement runs the loss on its outputs), which
+    # stays cached in OUTPUT: the same command with a budget that fits starts from it
+    argv = distill_argv(work, tmp_path / "tight", "--student_layers", "1")
+    argv += ["--train", str(work["train"]), "--max_steps", "2"]
+    assert cli.main([*argv, "--max_memory", "20MB"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: --max_memory 20 MB is below this run's estimated need")
+    assert "raise it to" in err[-1]
+    assert cli.main([*argv, "--max_memory", "4GB"]) == 0
+    assert "teacher: " not in capsys.readouterr().err  # its outputs came from the cache
 
 
 def test_resume_after_an_interruption_continues_exactly(work):

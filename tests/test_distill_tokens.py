@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import TINY_MODEL
 from support.cli import one_line_error
+from support.micro import assert_same_step, step_gradients
 from test_tagging import FAST, NAMES, tagged_sentences, write_conll
 
 from bertforge import cli
@@ -272,3 +273,22 @@ def test_a_token_run_resumes_exactly(work):
         for d in (full, resumed)
     ]
     assert losses[0] == losses[1] and losses[0]
+
+
+@pytest.mark.parametrize("teacher", ["tokens", "qa"])
+def test_micro_batches_give_the_whole_batchs_step(work, qa, tmp_path, teacher):
+    """A tagger's step (its terms are means over the words that learn and the gold words:
+    untagged sentences beside tagged ones) and a QA step (over windows), whole and in
+    micro-batches of 8, 4 and 1: the same gradients and logged terms."""
+    out = tmp_path / "out"
+    if teacher == "tokens":
+        argv = distill_argv(work, out, "--student_layers", "1", "--train", str(work["train"]))
+        argv += ["--unlabelled", str(work["unlabelled"]), "--alpha", "0.3"]
+    else:
+        argv = ["distill", "--teacher", str(qa["teacher"]), "--output", str(out), *QUICK]
+        argv += ["--student_layers", "1", "--train", str(qa["train"])]
+        argv += ["--validation", str(qa["val"])]
+    labelled = step_gradients(argv, np.array([0]), [1])[0]["run"].data.labelled
+    gold, transfer = np.flatnonzero(labelled), np.flatnonzero(~labelled)
+    rows = np.concatenate([gold[:5], transfer[:11]]) if teacher == "tokens" else gold[:16]
+    assert_same_step(step_gradients(argv, rows, [16, 8, 4, 1]))

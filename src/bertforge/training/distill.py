@@ -63,9 +63,19 @@ from bertforge.progress import (
     parse_duration,
     plural,
 )
-from bertforge.runtime import autocast, explain_precision, pick_device, seed_everything, set_threads
+from bertforge.runtime import (
+    autocast,
+    explain_precision,
+    parse_bytes,
+    peak_memory_bytes,
+    pick_device,
+    resident_memory_bytes,
+    seed_everything,
+    set_threads,
+)
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training import steps
+from bertforge.training.budget import measure_use, over_budget, plan_batches
 from bertforge.training.checkpoints import (
     GracefulStop,
     check_same_run,
@@ -385,6 +395,7 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
     scores = teacher_scores(teacher, data)
     run = Run(cfg, out, device, precision, budget, total, steps_per_epoch, teacher, tokenizer,
               data, model, loss, optimizer, logger, scores, layers)  # fmt: skip
+    memory = "" if cfg.max_memory is None else "; " + plan_memory(run)
     gold = int(data.labelled.sum())
     params = sum(p.numel() for p in model.parameters())
     teacher_params = sum(p.numel() for p in teacher.model.parameters())
@@ -395,6 +406,7 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
         f"{teacher_seconds:.1f}s; {precision} ({why}) on {device}, {plural(threads, 'thread')}; "
         f"{plural(total, 'step')} of batch {cfg.batch_size}"
         + (f" or {format_duration(budget)}" if budget else "")
+        + memory
     )
     run.say("teacher on validation: " + _scores_line(scores))
     return run, state
@@ -635,46 +647,118 @@ def load_data(
 # ---- the step, validation and the end --------------------------------------------------------
 
 
+Terms = dict[str, torch.Tensor]
+
+
+def plan_memory(run: Run) -> str:
+    """``--max_memory``: measure the run's training memory on its longest texts (the student's
+    forward and its loss, with the teacher beside it for the intermediate losses;
+    :mod:`bertforge.training.budget`), then set ``--micro_batch_size`` and
+    ``--eval_batch_size`` to the largest that fit; the start line's account, or an error saying
+    what would fit."""
+    cfg, data = run.cfg, run.data
+    lengths = np.array([len(ids) for ids, _ in data.encoded])
+    longest = np.argsort(lengths, kind="stable")[-4:][::-1]
+
+    def forward(k: int) -> torch.Tensor:
+        out, extra, _ = part_terms(run, longest[:k])
+        loss = run.loss.loss(out)
+        return loss + layer_loss(run.layers, extra) if extra else loss
+
+    bf16_cpu = run.precision == "bf16" and run.device.type == "cpu"
+    use = measure_use(forward, run.model, resident_memory_bytes(), bf16_cpu)
+    run.model.zero_grad(set_to_none=True)
+    budget = parse_bytes(cfg.max_memory)
+    assert budget is not None  # checked: --max_memory none is None
+    plan = plan_batches(
+        budget, use, cfg.batch_size, cfg.micro_batch, cfg.eval_batch_size, "--max_memory"
+    )
+    cfg.micro_batch_size, cfg.eval_batch_size = plan.micro, plan.eval_batch
+    return plan.describe(budget, use, cfg.batch_size, "--max_memory")
+
+
 def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
     """Forward/backward of the batch ``rows`` against the teacher's outputs and the gold
-    labels, then gradient clipping."""
+    labels, in micro-batches of --micro_batch_size (each term weighted by the micro-batch's share
+    of the batch's units: :func:`term_units`), then gradient clipping."""
+    micro = run.cfg.micro_batch
+    parts = [rows[i : i + micro] for i in range(0, len(rows), micro)]
+    total = term_units(run, rows) if len(parts) > 1 else None
+    gold = total is not None and total.get("hard", 0) > 0  # (a batch without: soft alone)
+    losses: dict[str, float] = {}
+    tokens = 0
+    for part in parts:
+        out, extra, n = part_terms(run, part)
+        if total is not None:
+            units = term_units(run, part)
+            out = {k: v * (units[k] / total[k]) for k, v in out.items()}
+            extra = {k: v * (units[k] / total[k]) for k, v in extra.items()}
+        loss = run.loss.loss(out) if total is None or not gold else weighted(run, out)
+        if extra:
+            loss = loss + layer_loss(run.layers, extra)
+        loss.backward()
+        for name, value in (("loss", loss), *((f"{k}_loss", v) for k, v in (out | extra).items())):
+            losses[name] = losses.get(name, 0.0) + float(value.detach())
+        tokens += n
+    grad_norm = steps.clip_gradients(run.model.parameters(), run.cfg.max_grad_norm)
+    return steps.StepReport(0.0, grad_norm, tokens, 0.0, losses)
+
+
+def weighted(run: Run, terms: Terms) -> torch.Tensor:
+    """A micro-batch's output loss in a batch with gold labels: each term at its weight, also
+    where this micro-batch has no gold rows (its soft term at ``alpha``, not alone at 1)."""
+    weights = run.loss.weights
+    present = [weights[k] * v for k, v in terms.items() if weights.get(k, 0.0)]
+    return torch.stack(present).sum() if present else sum(v * 0.0 for v in terms.values())
+
+
+def term_units(run: Run, rows: np.ndarray) -> dict[str, float]:
+    """What each loss term of the rows ``rows`` is a mean over, counted on the host: texts
+    (``soft``, ``mse``) or, for a tagger, the words that learn; the gold ones (``hard``); the
+    real tokens (the intermediate terms). A micro-batch's term weighs its count over the
+    batch's, so that the micro-batches' gradients sum to the batch's."""
+    data = run.data
+    length = run.teacher.max_length
+    tokens = float(sum(min(len(data.encoded[i][0]), length) for i in rows))
+    inner = {"hidden": tokens, "attention": tokens, "relation": tokens}
+    if isinstance(data, TokenDistillData):  # the words that learn, and those with gold tags
+        where, _, _, gold = data.batch(rows, 1)
+        return {"soft": float(where.numel()), "hard": float(gold.sum())}
+    gold = float(np.asarray(data.labelled)[rows].sum())
+    return {"soft": float(len(rows)), "mse": float(len(rows)), "hard": gold} | inner
+
+
+def part_terms(run: Run, rows: np.ndarray) -> tuple[Terms, Terms, int]:
+    """One micro-batch's output terms (the loss module's, against the teacher and the gold
+    labels), its intermediate terms (empty without them) and its real tokens."""
     data, device = run.data, run.device
     padded = collate(
         [data.encoded[i] for i in rows], run.tokenizer.pad_id, pad_multiple(device),
         run.teacher.max_length,
     )  # fmt: skip
     batch = {k: v.to(device) for k, v in padded.items()}
+    tokens = int(batch["attention_mask"].sum())
     if isinstance(data, TokenDistillData):
-        return token_step(run, rows, batch)
+        return token_terms(run, rows, batch), {}, tokens
     if isinstance(data, QADistillData):
-        return span_step(run, rows, batch)
+        return span_terms(run, rows, batch), {}, tokens
     teacher = data.teacher(rows).to(device)
-    extra: dict[str, torch.Tensor] = {}
+    extra: Terms = {}
     if len(run.layers):
         student, extra = layer_step(run, batch)
-        if run.task == "embedding":
-            terms = run.loss(student, teacher)
-        else:
-            labels = torch.as_tensor(data.labels[rows]).to(device)
-            labelled = torch.as_tensor(data.labelled[rows]).to(device)
-            terms = run.loss(student, teacher, labels, labelled)
     elif run.task == "embedding":
         student = sentence_vectors(run.model, batch, run.teacher.pooling, device, run.precision)
-        terms = run.loss(student, teacher)
     else:
         with autocast(device, run.precision):
             student = run.model(**batch, cls_only=True).logits  # (B, C)
-        labels = torch.as_tensor(data.labels[rows]).to(device)
-        labelled = torch.as_tensor(data.labelled[rows]).to(device)
-        terms = run.loss(student, teacher, labels, labelled)
-    loss = run.loss.loss(terms)
-    if extra:
-        loss = loss + layer_loss(run.layers, extra)
-        terms |= extra
-    return backward_step(run, loss, terms, batch)
+    if run.task == "embedding":
+        return run.loss(student, teacher), extra, tokens
+    labels = torch.as_tensor(data.labels[rows]).to(device)
+    labelled = torch.as_tensor(data.labelled[rows]).to(device)
+    return run.loss(student, teacher, labels, labelled), extra, tokens
 
 
-def token_step(run: Run, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> steps.StepReport:
+def token_terms(run: Run, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> Terms:
     """A token-classification batch: the soft and gold terms at each word's first piece."""
     data, device = run.data, run.device
     assert isinstance(data, TokenDistillData)
@@ -683,12 +767,10 @@ def token_step(run: Run, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> st
     with autocast(device, run.precision):
         logits = run.model(**batch).logits  # (B, T, C)
     student = logits.reshape(-1, logits.shape[-1])[where]
-    terms = run.loss(student, teacher, labels, labelled)
-    loss = run.loss.loss(terms)
-    return backward_step(run, loss, terms, batch)
+    return run.loss(student, teacher, labels, labelled)
 
 
-def span_step(run: Run, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> steps.StepReport:
+def span_terms(run: Run, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> Terms:
     """A question-answering batch: the start/end KL to the teacher and the gold spans."""
     data, device = run.data, run.device
     assert isinstance(data, QADistillData)
@@ -698,21 +780,7 @@ def span_step(run: Run, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> ste
     with autocast(device, run.precision):
         out = run.model(**batch)
     student = (out.start_logits, out.end_logits)
-    terms = run.loss(student, teacher, batch["attention_mask"], gold)
-    loss = run.loss.loss(terms)
-    return backward_step(run, loss, terms, batch)
-
-
-def backward_step(
-    run: Run, loss: torch.Tensor, terms: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]
-) -> steps.StepReport:
-    """The end of every kind of step: backward, clip, and the report with each named term."""
-    loss.backward()
-    grad_norm = steps.clip_gradients(run.model.parameters(), run.cfg.max_grad_norm)
-    losses = {"loss": float(loss.detach())}
-    losses |= {f"{name}_loss": float(value.detach()) for name, value in terms.items()}
-    tokens = int(batch["attention_mask"].sum())
-    return steps.StepReport(0.0, grad_norm, tokens, 0.0, losses)
+    return run.loss(student, teacher, batch["attention_mask"], gold)
 
 
 def layer_step(run: Run, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
@@ -930,6 +998,7 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
         "parameters": sum(p.numel() for p in best.parameters()),
         "teacher_parameters": sum(p.numel() for p in run.teacher.model.parameters()),
         "model_dir": str(out),
+        "peak_memory_bytes": peak_memory_bytes(),
     }
     atomic_write_text(out / RESULTS_FILE, json.dumps(result, indent=2) + "\n")
     write_model_card(out, distill_card(cfg, result, out, run.device))
@@ -944,6 +1013,10 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
         f"student: {out}"
     )
     run.say("student on validation: " + _scores_line(metrics))
+    budget = parse_bytes(cfg.max_memory) if cfg.max_memory else None
+    over = budget is not None and over_budget(result["peak_memory_bytes"], budget, "--max_memory")
+    if over:
+        run.say(over)
     return result
 
 

@@ -127,6 +127,11 @@ class DistillConfig(LoopOptions):
     fine-tuning length (finetune_config.json), else 128."""
     batch_size: int = 32
     """Texts per optimizer step."""
+    micro_batch_size: int | None = None
+    """Texts per forward pass, a divisor of --batch_size; the rest is gradient accumulation, each
+    micro-batch's terms weighted by its share of the batch's units (rows, labelled rows, words,
+    real tokens: what each term is a mean over), so the step's gradient is the whole batch's.
+    None = the whole batch. Not with --cosine_weight (an in-batch matrix)."""
     eval_batch_size: int = 64
     """Texts per evaluation batch (and per teacher batch)."""
     lr: float = 1e-4
@@ -226,9 +231,16 @@ class DistillConfig(LoopOptions):
         if self.batch_size <= 0 or self.eval_batch_size <= 0 or self.epochs <= 0:
             raise BertforgeError("--batch_size, --eval_batch_size and --epochs must be positive")
         check_training_options(self, option)
-        if self.max_memory is not None:
+        check_at_least(self, option, micro_batch_size=1)
+        if self.batch_size % self.micro_batch:
             raise BertforgeError(
-                "--max_memory is not supported by distill yet; lower --batch_size instead"
+                f"--micro_batch_size {self.micro_batch_size} does not divide --batch_size "
+                f"{self.batch_size}; choose a divisor"
+            )
+        if self.cosine_weight and (self.micro_batch < self.batch_size or self.max_memory):
+            raise BertforgeError(
+                "--cosine_weight compares the whole batch's cosine matrices, which micro-batches "
+                "cannot split; drop --micro_batch_size / --max_memory or set --cosine_weight 0"
             )
         check_at_least(self, option, max_steps=1, eval_every=0, keep_checkpoints=0)
         check_at_least(self, option, max_unlabelled=1, max_length=3)
@@ -237,6 +249,11 @@ class DistillConfig(LoopOptions):
         for name in ("report_compare", "report_alone"):
             if getattr(self, name) and not self.report:
                 raise BertforgeError(f"{option(name)} is for the report: add --report true")
+
+    @property
+    def micro_batch(self) -> int:
+        """Texts per forward pass: --micro_batch_size, at most the batch."""
+        return min(self.micro_batch_size or self.batch_size, self.batch_size)
 
     @property
     def intermediate(self) -> bool:
