@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 import transformers
-from _common import alternate, fmt, log, machine_markdown, markdown_table
+from _common import Timing, alternate, fmt, log, machine_markdown, markdown_table
 
 from bertforge.modeling.config import ModernBertConfig
 from bertforge.modeling.modernbert import ModernBertForMaskedLM
@@ -187,8 +187,8 @@ def main() -> None:
                 [
                     what,
                     f"{B} x {T} ({tokens} real)",
-                    f"{fmt(a.median * 1000)} ms ±{a.spread:.0%} (min {fmt(min(a.samples) * 1000)})",
-                    f"{fmt(b.median * 1000)} ms ±{b.spread:.0%} (min {fmt(min(b.samples) * 1000)})",
+                    cell(a),
+                    cell(b),
                     f"{b.median / a.median:.2f}x ({min(b.samples) / min(a.samples):.2f}x)",
                 ]
             )
@@ -199,6 +199,11 @@ def main() -> None:
     )
     header = ["", "batch", "bertforge", "transformers", "speed-up median (min)"]
     print(markdown_table(header, rows))
+
+
+def cell(t: Timing) -> str:
+    """One side's cell: its median in ms, the spread, and the minimum."""
+    return f"{fmt(t.median * 1000)} ms ±{t.spread:.0%} (min {fmt(min(t.samples) * 1000)})"
 
 
 def paired_ratios(slow: list[float], fast: list[float]) -> str:
@@ -253,8 +258,8 @@ def geglu_main(args: argparse.Namespace) -> None:
                 [
                     what,
                     f"{B} x {T} ({tokens} real)",
-                    f"{fmt(a.median * 1000)} ms ±{a.spread:.0%} (min {fmt(min(a.samples) * 1000)})",
-                    f"{fmt(b.median * 1000)} ms ±{b.spread:.0%} (min {fmt(min(b.samples) * 1000)})",
+                    cell(a),
+                    cell(b),
                     f"{b.median / a.median:.3f}x ({min(b.samples) / min(a.samples):.3f}x)",
                     paired_ratios(b.samples, a.samples),
                     kept,
@@ -302,8 +307,8 @@ def last_layer_main(args: argparse.Namespace) -> None:
         rows.append(
             [
                 f"{B} x {T} ({int(batch['attention_mask'].sum())} real)",
-                f"{fmt(a.median * 1000)} ms ±{a.spread:.0%} (min {fmt(min(a.samples) * 1000)})",
-                f"{fmt(b.median * 1000)} ms ±{b.spread:.0%} (min {fmt(min(b.samples) * 1000)})",
+                cell(a),
+                cell(b),
                 paired_ratios(b.samples, a.samples),
             ]
         )

@@ -211,10 +211,8 @@ class ModernBertAttention(nn.Module):
         n, H = x.shape
         nh, hs = self.num_heads, self.head_dim
         B, T = rows.B, rows.T
-        qkv = linear(x, self.Wqkv.weight, self.Wqkv.bias, None).view(n, 3, nh, hs)
-        cos, sin = rope  # (n, 1, hs): q and k together, (n, 2, nh, hs), see (n, 1, 1, hs)
-        qk = rotate(qkv[:, :2], cos[:, None], sin[:, None])
-        qkv = torch.cat([qk, qkv[:, 2:]], dim=1).view(n, 3 * H)  # (n, 3H)
+        qk, v = self.rotated(x, rope)
+        qkv = torch.cat([qk, v], dim=1).view(n, 3 * H)  # (n, 3H)
         qkv = rows.to_grid(qkv) if rows.index is not None else qkv.view(B, T, 3 * H)
         p = self.dropout_p if self.training else 0.0
         if rows.output_attentions:
@@ -232,6 +230,14 @@ class ModernBertAttention(nn.Module):
             y, probs = y.transpose(1, 2).reshape(B, T, H), None  # (B, T, H)
         return rows.from_grid(y), probs
 
+    def rotated(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """``Wqkv`` of the (n, H) rows: q and k turned by their rotary angles, (n, 2, nh, hs),
+        and v, (n, 1, nh, hs). ``rope``: the (n, 1, hs) cos and sin, broadcast over q and k."""
+        qkv = linear(x, self.Wqkv.weight, self.Wqkv.bias, None)
+        qkv = qkv.view(x.shape[0], 3, self.num_heads, self.head_dim)
+        cos, sin = rope
+        return rotate(qkv[:, :2], cos[:, None], sin[:, None]), qkv[:, 2:]
+
     def forward_rows(
         self, x: Tensor, rows: Rows, rope: tuple[Tensor, Tensor], picked: Tensor
     ) -> Tensor:
@@ -242,14 +248,11 @@ class ModernBertAttention(nn.Module):
         layer longer than 3 windows attends in full instead (no (T, T) scores: the blocks of
         :func:`window_attention`) and keeps the picked rows."""
         n, H = x.shape
-        nh, hs = self.num_heads, self.head_dim
-        B, T = rows.B, rows.T
+        nh, B, T = self.num_heads, rows.B, rows.T
         if rows.output_attentions or (self.window is not None and 3 * self.window < T):
             return self.forward(x, rows, rope)[0][picked]
-        qkv = linear(x, self.Wqkv.weight, self.Wqkv.bias, None).view(n, 3, nh, hs)
-        cos, sin = rope
-        qk = rotate(qkv[:, :2], cos[:, None], sin[:, None])  # (n, 2, nh, hs)
-        kv = torch.cat([qk[:, 1:], qkv[:, 2:]], dim=1).view(n, 2 * H)  # rotated k, then v
+        qk, v = self.rotated(x, rope)
+        kv = torch.cat([qk[:, 1:], v], dim=1).view(n, 2 * H)  # rotated k, then v
         kv = rows.to_grid(kv) if rows.index is not None else kv.view(B, T, 2 * H)
         grid = picked if rows.index is None else rows.index[picked]  # positions in (B, T)
         seq = torch.div(grid, T, rounding_mode="floor")
@@ -324,36 +327,22 @@ class ModernBertEncoderLayer(nn.Module):
         rows: Rows,
         rope: tuple[Tensor, Tensor],
         next_norm: nn.LayerNorm,
+        picked: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """``x`` the (n, H) residual stream and ``normed`` = ``attn_norm(x)`` (computed where x
         was summed) -> (x after the layer, ``next_norm`` of it, attention probabilities).
         ``next_norm`` is the next layer's ``attn_norm`` or the encoder's ``final_norm``: each
-        block's end sums and normalises in one pass (``residual_norm``)."""
-        y, probs = self.attn(normed, rows, rope)
-        return self.close(y, x, next_norm) + (probs,)
-
-    def forward_rows(
-        self,
-        x: Tensor,
-        normed: Tensor,
-        rows: Rows,
-        rope: tuple[Tensor, Tensor],
-        next_norm: nn.LayerNorm,
-        picked: Tensor,
-    ) -> tuple[Tensor, Tensor]:
-        """:meth:`forward` as the last layer of sparse prediction: its output at the rows
-        ``picked`` only, (m, H) each (the attention's queries, ``Wo`` and the feed-forward run
-        there alone)."""
-        y = self.attn.forward_rows(normed, rows, rope, picked)
-        return self.close(y, x[picked], next_norm)
-
-    def close(self, y: Tensor, x: Tensor, next_norm: nn.LayerNorm) -> tuple[Tensor, Tensor]:
-        """The layer after its attention: ``Wo`` and the residual, ``mlp_norm``, the GeGLU,
-        ``mlp.Wo`` and the residual, ``next_norm``: (x after the layer, ``next_norm`` of it)."""
+        block's end sums and normalises in one pass (``residual_norm``). ``picked`` (the last
+        layer of sparse prediction): the output at those rows only, (m, H) each, the attention's
+        queries, ``Wo`` and the feed-forward running there alone (no probabilities)."""
+        if picked is None:
+            y, probs = self.attn(normed, rows, rope)
+        else:
+            y, probs, x = self.attn.forward_rows(normed, rows, rope, picked), None, x[picked]
         p = self.attn.dropout_p  # transformers' out_drop after Wo
         h, x = residual_norm(y, self.attn.Wo, x, self.mlp_norm, p, self.training)
         h, x = residual_norm(self.mlp.gate(h), self.mlp.Wo, x, next_norm, 0.0, self.training)
-        return x, h
+        return x, h, probs
 
 
 class ModernBertPreTrainedModel(nn.Module):
@@ -475,12 +464,9 @@ class ModernBertModel(ModernBertPreTrainedModel):
         for i, layer in enumerate(self.layers):
             last = i == len(self.layers) - 1
             next_norm = self.final_norm if last else self.layers[i + 1].attn_norm
-            rope = ropes[layer.attention_type]
-            if last and at is not None and not output_attentions:
-                x, h = layer.forward_rows(x, h, rows, rope, next_norm, rows.rows_of(at))
-                probs = None
-            else:
-                x, h, probs = layer(x, h, rows, rope, next_norm)
+            sparse = last and at is not None and not output_attentions
+            picked = rows.rows_of(at) if sparse else None
+            x, h, probs = layer(x, h, rows, ropes[layer.attention_type], next_norm, picked)
             attentions.append(probs)
         if at is not None and output_attentions:
             h = h[rows.rows_of(at)]

@@ -23,9 +23,10 @@ The pure parts (:func:`plan_batches`) are tested on numbers; :func:`saved_bytes`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from bertforge.errors import BertforgeError
@@ -176,6 +177,13 @@ def saved_bytes(forward: Callable[[], torch.Tensor], parameters: list[torch.Tens
     return sum(seen.values())
 
 
+def longest_rows(encoded: Sequence[tuple[np.ndarray, int]]) -> list[int]:
+    """The 4 longest of the ``(ids, label)`` training rows, longest first (ties: the later row
+    first): what :func:`measure_use`'s passes of 2 and 4 sequences run on."""
+    lengths = np.array([len(ids) for ids, _ in encoded])
+    return np.argsort(lengths, kind="stable")[-4:][::-1].tolist()
+
+
 def measure_use(
     forward: Callable[[int], torch.Tensor],
     model: torch.nn.Module,
@@ -211,6 +219,7 @@ def measure_use(
 __all__ = [
     "BatchPlan",
     "MemoryUse",
+    "longest_rows",
     "measure_use",
     "plan_batches",
     "saved_bytes",

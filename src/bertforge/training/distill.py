@@ -75,7 +75,7 @@ from bertforge.runtime import (
 )
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training import steps
-from bertforge.training.budget import measure_use, over_budget, plan_batches
+from bertforge.training.budget import longest_rows, measure_use, over_budget, plan_batches
 from bertforge.training.checkpoints import (
     GracefulStop,
     check_same_run,
@@ -100,6 +100,7 @@ from bertforge.training.distill_losses import (
     EmbeddingLoss,
     LogitsLoss,
     SpanLoss,
+    combine,
     pca_projection,
 )
 from bertforge.training.distill_qa import (
@@ -657,8 +658,7 @@ def plan_memory(run: Run) -> str:
     ``--eval_batch_size`` to the largest that fit; the start line's account, or an error saying
     what would fit."""
     cfg, data = run.cfg, run.data
-    lengths = np.array([len(ids) for ids, _ in data.encoded])
-    longest = np.argsort(lengths, kind="stable")[-4:][::-1]
+    longest = np.array(longest_rows(data.encoded))
 
     def forward(k: int) -> torch.Tensor:
         out, extra, _ = part_terms(run, longest[:k])
@@ -681,10 +681,9 @@ def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
     """Forward/backward of the batch ``rows`` against the teacher's outputs and the gold
     labels, in micro-batches of --micro_batch_size (each term weighted by the micro-batch's share
     of the batch's units: :func:`term_units`), then gradient clipping."""
-    micro = run.cfg.micro_batch
-    parts = [rows[i : i + micro] for i in range(0, len(rows), micro)]
+    parts = [part for part, _ in steps.micro_batches(rows, run.cfg.micro_batch)]
     total = term_units(run, rows) if len(parts) > 1 else None
-    gold = total is not None and total.get("hard", 0) > 0  # (a batch without: soft alone)
+    gold = total is not None and total["hard"] > 0  # (a batch without: soft alone)
     losses: dict[str, float] = {}
     tokens = 0
     for part in parts:
@@ -693,7 +692,7 @@ def train_step(run: Run, rows: np.ndarray) -> steps.StepReport:
             units = term_units(run, part)
             out = {k: v * (units[k] / total[k]) for k, v in out.items()}
             extra = {k: v * (units[k] / total[k]) for k, v in extra.items()}
-        loss = run.loss.loss(out) if total is None or not gold else weighted(run, out)
+        loss = weighted(run, out) if gold else run.loss.loss(out)
         if extra:
             loss = loss + layer_loss(run.layers, extra)
         loss.backward()
@@ -708,8 +707,9 @@ def weighted(run: Run, terms: Terms) -> torch.Tensor:
     """A micro-batch's output loss in a batch with gold labels: each term at its weight, also
     where this micro-batch has no gold rows (its soft term at ``alpha``, not alone at 1)."""
     weights = run.loss.weights
-    present = [weights[k] * v for k, v in terms.items() if weights.get(k, 0.0)]
-    return torch.stack(present).sum() if present else sum(v * 0.0 for v in terms.values())
+    if not any(weights.get(k, 0.0) for k in terms):  # --alpha 0 and no gold rows here
+        return torch.stack([v * 0.0 for v in terms.values()]).sum()
+    return combine(terms, weights)
 
 
 def term_units(run: Run, rows: np.ndarray) -> dict[str, float]:
@@ -718,12 +718,12 @@ def term_units(run: Run, rows: np.ndarray) -> dict[str, float]:
     real tokens (the intermediate terms). A micro-batch's term weighs its count over the
     batch's, so that the micro-batches' gradients sum to the batch's."""
     data = run.data
-    length = run.teacher.max_length
-    tokens = float(sum(min(len(data.encoded[i][0]), length) for i in rows))
-    inner = {"hidden": tokens, "attention": tokens, "relation": tokens}
     if isinstance(data, TokenDistillData):  # the words that learn, and those with gold tags
         where, _, _, gold = data.batch(rows, 1)
         return {"soft": float(where.numel()), "hard": float(gold.sum())}
+    length = run.teacher.max_length
+    tokens = float(sum(min(len(data.encoded[i][0]), length) for i in rows))
+    inner = {"hidden": tokens, "attention": tokens, "relation": tokens}
     gold = float(np.asarray(data.labelled)[rows].sum())
     return {"soft": float(len(rows)), "mse": float(len(rows)), "hard": gold} | inner
 

@@ -80,7 +80,7 @@ from bertforge.runtime import (
 )
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training import steps
-from bertforge.training.budget import measure_use, over_budget, plan_batches
+from bertforge.training.budget import longest_rows, measure_use, over_budget, plan_batches
 from bertforge.training.checkpoints import (
     GracefulStop,
     check_same_run,
@@ -506,8 +506,7 @@ def plan_memory(
     (:mod:`bertforge.training.budget`), then set ``--micro_batch_size`` and
     ``--eval_batch_size`` to the largest that fit; returns the start line's account, or raises
     saying what would fit."""
-    lengths = np.array([len(ids) for ids, _ in data.encoded_train])
-    longest = np.argsort(lengths, kind="stable")[-4:][::-1].tolist()
+    longest = longest_rows(data.encoded_train)
     pad_id = model.config.pad_token_id
 
     def forward(k: int) -> torch.Tensor:
