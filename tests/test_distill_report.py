@@ -38,6 +38,7 @@ from bertforge.training.distill_report import (
     constant_classification,
     constant_embedding,
     constant_regression,
+    constant_span,
     interleaved_rates,
 )
 
@@ -323,6 +324,21 @@ def test_constant_baselines_against_hand_computed_values():
     got = constant_embedding(train, np.array([[1.0, 0.0], [0.0, 1.0]]), normalize=True)
     assert got["cosine"] == pytest.approx(1 / math.sqrt(2))
     assert got["mse"] == pytest.approx(((1 - 1 / math.sqrt(2)) ** 2 + 0.5) / 2)
+
+
+def test_constant_span_answers_with_the_contexts_first_words():
+    # gold training answers of 1, 2, 2 and 5 words: the median is 2 words
+    words, scores = constant_span(
+        ["Paris", "New York", "the cat", "a b c d e"],
+        ["New York is big", "Paris, France is old", "x"],
+        [["New York"], ["Paris"], ["y"]],
+    )
+    assert words == 2
+    # "New York" exact; "Paris, France" against "Paris": EM 0, F1 2/3 (precision 1/2,
+    # recall 1); "x" against "y": 0
+    assert scores["exact_match"] == pytest.approx(1 / 3)
+    assert scores["f1"] == pytest.approx((1 + 2 / 3) / 3)
+    assert constant_span([], ["a b"], [["a"]])[0] == 1  # no gold answers: one word
 
 
 def test_interleaved_rates_take_turns_and_keep_the_best_round():

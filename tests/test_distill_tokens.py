@@ -231,6 +231,41 @@ def test_a_qa_teacher_distils_into_a_fresh_student_that_answers(qa, capsys):
     assert "good" in capsys.readouterr().out
 
 
+def test_the_report_of_a_qa_teacher(qa):
+    """--report on a QA teacher: the teacher, the distilled student, the student's start and its
+    random twin trained on the gold spans alone for the same steps, the untrained twin and the
+    constant (the context's first words, as many as the median gold answer: here 1, so it is
+    right where "good" opens the context); each network timed on question/context pairs."""
+    out = qa["root"] / "reported"
+    argv = ["distill", "--teacher", str(qa["teacher"]), "--output", str(out), *QUICK]
+    argv += ["--student_layers", "0", "--train", str(qa["train"]), "--validation", str(qa["val"])]
+    argv += ["--max_steps", "8", "--report", "true", "--report_alone", "true"]
+    assert cli.main([*argv, "--report_texts", "8", "--report_rounds", "1"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    rows = {r["name"]: r for r in report["rows"]}
+    constant = "constant: the context's first 1 words"
+    names = ["teacher", "distilled student", "student alone", "random twin alone"]
+    assert list(rows) == [*names, "random twin (untrained)", constant]
+    assert report["task"] == "question_answering" and report["metric"] == "f1"
+    val = [json.loads(line) for line in qa["val"].read_text().splitlines() if line.strip()]
+    opens = np.mean([r["context"].split()[0] == "good" for r in val])
+    assert rows[constant]["scores"]["exact_match"] == pytest.approx(opens)
+    assert rows["teacher"]["scores"]["f1"] >= 0.9
+    assert (
+        rows["distilled student"]["scores"]["f1"] > rows["random twin (untrained)"]["scores"]["f1"]
+    )
+    for name in names:
+        assert set(rows[name]["scores"]) >= {"exact_match", "f1"}
+        assert "windows" not in rows[name]["scores"] and "examples" not in rows[name]["scores"]
+    student = BertForQuestionAnswering.from_pretrained(out)
+    assert rows["distilled student"]["parameters"] == sum(p.numel() for p in student.parameters())
+    assert rows["distilled student"]["texts_per_second"]["eager_b1"] > 0
+    for folder in ("alone", "twin"):  # trained on the gold spans alone, for the same 8 steps
+        saved = json.loads((out / "report" / folder / "distill_config.json").read_text())
+        assert saved["alpha"] == 0.0 and saved["max_steps"] == 8
+    assert "| constant: the context's first 1 words |" in (out / "report.md").read_text()
+
+
 @pytest.mark.parametrize(
     "options, message",
     [

@@ -39,6 +39,7 @@ from bertforge.training.distill import (
     validate,
 )
 from bertforge.training.distill_config import DistillConfig
+from bertforge.training.distill_qa import QADistillData
 from bertforge.training.distill_report import (
     Measured,
     ReportRow,
@@ -47,6 +48,7 @@ from bertforge.training.distill_report import (
     constant_classification,
     constant_embedding,
     constant_regression,
+    constant_span,
     constant_tagging,
     fresh_twin,
     trained_row,
@@ -101,7 +103,7 @@ def scoring_run(cfg: DistillConfig) -> Run:
                None, None, teacher_scores(teacher, data), torch.nn.ModuleList())  # type: ignore[arg-type]  # fmt: skip
 
 
-COUNTS = ("examples", "entities", "sentences")
+COUNTS = ("examples", "entities", "sentences", "windows")
 """Keys of the validation results that count rows, not scores: left out of the report."""
 
 
@@ -115,10 +117,10 @@ def report_scores(run: Run, model: torch.nn.Module, tokenizer: Tokenizer) -> dic
     student's, whose windows the rows are)."""
     data = run.data
     same = tokenizer.fingerprint == run.tokenizer.fingerprint
-    if isinstance(data, TokenDistillData) and not same:
+    if isinstance(data, TokenDistillData | QADistillData) and not same:
         raise BertforgeError(
             f"{getattr(model, 'name_or_path', 'a model')}: another vocabulary than the "
-            "student's; the report scores token classifiers of the student's vocabulary"
+            f"student's; the report scores {run.task} models of the student's vocabulary"
         )
     if isinstance(data, DistillData) and not same:
         val_pairs = None if data.val.pairs is None else list(data.val.pairs)
@@ -153,6 +155,13 @@ def constant_row(run: Run) -> ReportRow:
     data = run.data
     if isinstance(data, TokenDistillData):
         return constant_tags_row(run, data)
+    if isinstance(data, QADistillData):
+        answers = [e.answers[0] for e in data.train if e.answers]
+        contexts, gold = [e.context for e in data.val], [e.answers for e in data.val]
+        words, scores = constant_span(answers, contexts, gold)
+        what = (f"the first {words} words of every validation context ({words}: the median "
+                "length of the gold training answers), whatever the question")  # fmt: skip
+        return ReportRow(f"constant: the context's first {words} words", what, scores, 0, 0, 0.0)
     assert isinstance(data, DistillData)
     n = len(data.texts)
     gold = data.labelled[:n] if data.labels is not None else np.zeros(n, dtype=bool)
@@ -214,6 +223,8 @@ def report_texts(data: Any, count: int) -> tuple[list[str], list[str] | None]:
     tagger's sentences as their words joined by spaces."""
     if isinstance(data, TokenDistillData):
         return [" ".join(words) for words in data.val.words[:count]], None
+    if isinstance(data, QADistillData):  # question and context, cut to a window as inference does
+        return [e.question for e in data.val[:count]], [e.context for e in data.val[:count]]
     pairs = None if data.val.pairs is None else list(data.val.pairs)[:count]
     return list(data.val.texts[:count]), pairs
 

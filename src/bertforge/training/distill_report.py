@@ -37,6 +37,7 @@ from bertforge.data.encoding import collate, encode_examples
 from bertforge.errors import BertforgeError
 from bertforge.evaluation import metrics as M
 from bertforge.evaluation.embedding import cosine_rows
+from bertforge.evaluation.qa import squad_metrics
 from bertforge.evaluation.tagging import tag_metrics
 from bertforge.inference.onnx import ONNX_FILE, export_onnx, load_onnx
 from bertforge.io import atomic_write_text
@@ -147,6 +148,20 @@ def constant_tagging(
         words = np.concatenate([np.asarray(t) for t in teacher_predictions] or [np.zeros(0)])
         scores["agreement"] = float(np.mean(words == majority)) if len(words) else None
     return majority, scores
+
+
+def constant_span(
+    train_answers: Sequence[str], val_contexts: Sequence[str], val_answers: Sequence[Sequence[str]]
+) -> tuple[int, dict[str, float | None]]:
+    """``(words, scores)`` of answering every question with the first ``words`` words of its
+    context, ``words`` the median length in words of the gold training answers (at least 1):
+    where in a context answers tend to lie and how long they are, without reading the
+    question. Scored as SQuAD scores (``exact_match``, ``f1``)."""
+    lengths = [len(a.split()) for a in train_answers if a.strip()]
+    words = max(1, int(np.median(lengths))) if lengths else 1
+    predictions = {str(i): " ".join(c.split()[:words]) for i, c in enumerate(val_contexts)}
+    gold = {str(i): list(a) for i, a in enumerate(val_answers)}
+    return words, dict(squad_metrics(predictions, gold))
 
 
 def constant_embedding(
@@ -292,7 +307,13 @@ class Measured:
         return self.row.speed_of is None
 
 
-REPORT_TASKS = ("classification", "regression", "token_classification", "embedding")
+REPORT_TASKS = (
+    "classification",
+    "regression",
+    "token_classification",
+    "question_answering",
+    "embedding",
+)
 """The teachers' tasks ``--report`` covers so far."""
 
 
@@ -575,6 +596,7 @@ __all__ = [
     "constant_classification",
     "constant_embedding",
     "constant_regression",
+    "constant_span",
     "constant_tagging",
     "fresh_twin",
     "interleaved_rates",
