@@ -6,6 +6,7 @@ import json
 import math
 import random
 
+import pytest
 import torch
 import torch.nn.functional as F
 from conftest import FILLER, TaskFiles, noise
@@ -234,6 +235,31 @@ def test_the_evaluation_panel_says_score_not_accuracy_for_f1(tmp_path, monkeypat
         plots.plot_training_curves(tmp_path / name, tmp_path / name / "curves.png")
         expected = "score" if name == "qa" else "accuracy"
         assert drawn["evaluation"].get_ylabel() == expected, name
+
+
+@pytest.mark.parametrize(
+    "record, expected",
+    [
+        ({"entity_f1": 0.6, "token_accuracy": 0.9, "precision": 0.5, "entities": 30},
+         ["val token_accuracy", "val entity_f1"]),  # a tagger's panel was empty
+        ({"f1": 0.4, "exact_match": 0.3}, ["val f1", "val exact_match"]),
+        ({"accuracy": 0.7, "mcc": 0.2, "macro_f1": 0.6, "agreement": 0.9},
+         ["val accuracy", "val macro_f1", "val mcc", "val agreement"]),
+        ({"cosine": 0.8, "mse": 0.01, "examples": 40}, ["val cosine"]),  # an embedding student
+    ],
+)  # fmt: skip
+def test_the_evaluation_panel_draws_every_tasks_scores(tmp_path, monkeypatch, record, expected):
+    drawn = {}
+    real_save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, output: drawn.update(
+        {ax.get_title(): ax for ax in fig.axes}) or real_save(fig, output))  # fmt: skip
+    logger = MetricsLogger(tmp_path)
+    for step in (1, 2):
+        logger.log(step, "train", loss=2.0 / step, lr=1e-4)
+        logger.log(step, "val", loss=1.5, **record)
+    logger.close()
+    plots.plot_training_curves(tmp_path, tmp_path / "curves.png")
+    assert [line.get_label() for line in drawn["evaluation"].lines] == expected
 
 
 def test_an_embedding_runs_evaluation_panel_draws_its_retrieval_scores_from_step_0(

@@ -85,8 +85,10 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
     Works for any ``metrics.jsonl`` written by :class:`bertforge.progress.MetricsLogger`: train
     records carry ``loss`` and ``lr``; evaluation records (any other ``split``) carry ``loss`` and
     optionally ``accuracy``/``top5_accuracy``/``nsp_accuracy``/``contrastive_accuracy``, a
-    fine-tuned model's ``f1``/``spearman``, an embedding run's ``mrr@10``/``ndcg@10``/``recall@k``
-    (its step 0: the start model) or ``spearman``/``pearson``.
+    fine-tuned model's ``f1``/``spearman`` (a tagger's ``entity_f1``/``token_accuracy``, a
+    reader's ``exact_match``, a classifier's ``macro_f1``/``mcc``), an embedding run's
+    ``mrr@10``/``ndcg@10``/``recall@k`` (its step 0: the start model) or ``spearman``/``pearson``,
+    a distilled student's ``agreement`` with its teacher or an embedding student's ``cosine``.
     """
     plt = _pyplot()
 
@@ -100,10 +102,17 @@ def plot_training_curves(metrics: str | Path, output: str | Path, title: str | N
             "nsp_accuracy",
             "rtd_accuracy",
             "contrastive_accuracy",
+            "token_accuracy",
             "f1",
+            "entity_f1",
+            "exact_match",
+            "macro_f1",
+            "mcc",
             "spearman",
             *RETRIEVAL_KEYS,
             "pearson",
+            "cosine",
+            "agreement",
         )
         if any(isinstance(r.get(k), int | float) for r in records if r.get("split") != "train")
     ]
