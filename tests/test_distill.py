@@ -356,6 +356,33 @@ def test_embedding_teacher_from_unlabelled_text_alone(work, minilm_dir):
     np.testing.assert_allclose(ours, theirs, atol=1e-5)
 
 
+def test_an_embedding_teachers_validation_file_is_what_the_student_is_scored_on(
+    work, minilm_dir, tmp_path, capsys
+):
+    """--validation for an embedding teacher: its texts are the validation set (their count
+    in the log, the cosine scored on them), and every transfer text stays in training (none
+    held out); an empty file is a one-line error naming it."""
+    val = tmp_path / "val.csv"
+    rng = random.Random(9)
+    val.write_text(
+        "text\n" + "".join(TaskFiles.sentence(rng, "good") + "\n" for _ in range(12)),
+        encoding="utf-8",
+    )
+    out = tmp_path / "minilm-val"
+    argv = ["distill", "--teacher", str(minilm_dir), "--output", str(out), *QUICK]
+    argv += ["--student_layers", "0", "--unlabelled", str(work["unlabelled"]), "--max_length", "24"]
+    argv += ["--max_unlabelled", "40", "--max_steps", "2", "--validation", str(val)]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    log = captured.out + captured.err
+    assert "on 40 texts" in log and "validating on 12;" in log
+    assert 0 < json.loads((out / "eval_results.json").read_text())["validation"]["cosine"] <= 1
+    val.write_text("text\n", encoding="utf-8")
+    assert "val.csv: the file is empty" in one_line_error(
+        [*argv, "--output", str(tmp_path / "e")], capsys
+    )
+
+
 def test_embedding_student_narrower_than_its_teacher_learns_a_pca_projection(work, minilm_dir):
     """A 32-wide student with a vocabulary of its own learns the 384-wide teacher's vectors
     through their PCA projection, the cosine term beside the MSE."""

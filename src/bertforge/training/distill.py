@@ -556,6 +556,34 @@ def labelled_sets(cfg: DistillConfig, teacher: Teacher) -> tuple[LabelledData, L
     return train.subset(train_idx), train.subset(val_idx)
 
 
+def held_out_texts(
+    texts: list[str], fraction: float, seed: int
+) -> tuple[LabelledData, LabelledData]:
+    """An embedding teacher's texts split at random: ``fraction`` of them held out for
+    validation, each split in the texts' order."""
+    order = np.random.default_rng(seed).permutation(len(texts))
+    cut = int(round(fraction * len(texts)))
+    if cut == 0 or cut == len(texts):
+        raise BertforgeError(
+            f"--validation_fraction {fraction} of {len(texts)} texts leaves "
+            "an empty split; give more text or another fraction"
+        )
+    train_rows, val_rows = np.sort(order[cut:]), np.sort(order[:cut])
+    return (
+        LabelledData([texts[i] for i in train_rows], None, None),
+        LabelledData([texts[i] for i in val_rows], None, None),
+    )
+
+
+def embedding_validation(files: list[str], teacher: Teacher, encoding_errors: str) -> list[str]:
+    """An embedding teacher's ``--validation`` texts: the teacher's text column of each file
+    (any format ``--train`` reads), on which the student is scored by its cosine to the
+    teacher's vectors."""
+    return load_labelled(
+        files, text_column=teacher.text_column, label_column=None, encoding_errors=encoding_errors
+    )[0].texts
+
+
 def load_data(
     cfg: DistillConfig,
     teacher: Teacher,
@@ -580,16 +608,13 @@ def load_data(
                 0
             ].texts
         texts = gold + transfer
-        order = np.random.default_rng(cfg.seed).permutation(len(texts))
-        cut = int(round(cfg.validation_fraction * len(texts)))
-        if cut == 0 or cut == len(texts):
-            raise BertforgeError(
-                f"--validation_fraction {cfg.validation_fraction} of {len(texts)} texts leaves "
-                "an empty split; give more text or another fraction"
+        if cfg.validation:  # the user's texts: every training text stays in training
+            train = LabelledData(texts, None, None)
+            val = LabelledData(
+                embedding_validation(cfg.validation, teacher, cfg.encoding_errors), None, None
             )
-        train_rows, val_rows = np.sort(order[cut:]), np.sort(order[:cut])
-        train = LabelledData([texts[i] for i in train_rows], None, None)
-        val = LabelledData([texts[i] for i in val_rows], None, None)
+        else:
+            train, val = held_out_texts(texts, cfg.validation_fraction, cfg.seed)
         labels, labelled = None, np.zeros(len(train), dtype=bool)
     else:
         if transfer and teacher.text_pair_column:

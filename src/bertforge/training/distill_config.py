@@ -70,8 +70,9 @@ class DistillConfig(LoopOptions):
     text column), optionally compressed. Alone (without --train) for an embedding teacher, or for
     a task teacher with --validation."""
     validation: list[str] | None = None
-    """Labelled validation file(s) in the teacher's columns; without them a share
-    (--validation_fraction) of --train (embedding: of the transfer texts) is held out."""
+    """Labelled validation file(s) in the teacher's columns (embedding: texts, on which the
+    student is scored by its cosine to the teacher's vectors); without them a share
+    (--validation_fraction) of --train (embedding: of all the training texts) is held out."""
     validation_fraction: float = 0.1
     """Share of the training rows (embedding: texts) held out for validation without --validation."""
     transfer_unit: TransferUnit = "auto"
