@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -210,6 +211,8 @@ def test_a_qa_teacher_distils_into_a_fresh_student_that_answers(qa, capsys):
         str(qa["val"]),
     ]
     assert cli.main([*argv, "--max_steps", "32", "--lr", "3e-3"]) == 0  # fresh weights
+    log = "".join(capsys.readouterr())
+    assert re.search(r"on \d+ questions \(\d+ windows\), validating on \d+;", log), log
     results = json.loads((out / "eval_results.json").read_text())
     assert results["task"] == "question_answering" and results["metric"] == "f1"
     assert results["teacher"]["f1"] >= 0.9 and results["validation"]["f1"] >= 0.8

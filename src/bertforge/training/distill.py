@@ -397,13 +397,16 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
     run = Run(cfg, out, device, precision, budget, total, steps_per_epoch, teacher, tokenizer,
               data, model, loss, optimizer, logger, scores, layers)  # fmt: skip
     memory = "" if cfg.max_memory is None else "; " + plan_memory(run)
-    gold = int(data.labelled.sum())
+    if isinstance(data, QADistillData):  # a question's context may span several windows
+        rows = f"{len(data.texts):,} questions ({len(data.windows):,} windows)"
+    else:
+        rows = f"{len(data.texts):,} texts ({int(data.labelled.sum()):,} with gold labels)"
     params = sum(p.numel() for p in model.parameters())
     teacher_params = sum(p.numel() for p in teacher.model.parameters())
     run.say(
         f"distilling {teacher.directory} ({teacher.task}, {teacher_params / 1e6:.1f}M parameters) "
-        f"into {start} ({params / 1e6:.1f}M) on {len(data.texts):,} texts ({gold:,} with gold "
-        f"labels), validating on {len(data.val):,}; teacher outputs ready in "
+        f"into {start} ({params / 1e6:.1f}M) on {rows}, validating on {len(data.val):,}; "
+        "teacher outputs ready in "
         f"{teacher_seconds:.1f}s; {precision} ({why}) on {device}, {plural(threads, 'thread')}; "
         f"{plural(total, 'step')} of batch {cfg.batch_size}"
         + (f" or {format_duration(budget)}" if budget else "")
