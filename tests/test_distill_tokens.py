@@ -121,6 +121,22 @@ def distilled(work) -> Path:
     return out
 
 
+def test_the_first_line_counts_sentences_windows_and_the_gold_ones(work, tmp_path, capsys):
+    """The run's first line says how many sentences it trains on, how many windows they make
+    under the student's tokenizer and how many of those carry gold tags (the labelled
+    sentences', not the untagged ones')."""
+    argv = distill_argv(work, tmp_path / "s", "--student_layers", "1", "--max_steps", "1")
+    capsys.readouterr()
+    assert (
+        cli.main([*argv, "--train", str(work["train"]), "--unlabelled", str(work["unlabelled"])])
+        == 0
+    )
+    log = "".join(capsys.readouterr())
+    found = re.search(r"on (\d+) sentences \((\d+) windows, (\d+) with gold tags\)", log)
+    assert found, log
+    assert [int(n) for n in found.groups()] == [256 + 200, 256 + 200, 256]  # short sentences
+
+
 def test_a_layer_subset_learns_the_entities_and_tags(distilled, tmp_path, capsys):
     results = json.loads((distilled / "eval_results.json").read_text())
     assert results["task"] == "token_classification" and results["metric"] == "entity_f1"

@@ -399,6 +399,11 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
     memory = "" if cfg.max_memory is None else "; " + plan_memory(run)
     if isinstance(data, QADistillData):  # a question's context may span several windows
         rows = f"{len(data.texts):,} questions ({len(data.windows):,} windows)"
+    elif isinstance(data, TokenDistillData):  # so may a long sentence
+        rows = (
+            f"{len(data.texts):,} sentences ({len(data.windows):,} windows, "
+            f"{int(data.labelled.sum()):,} with gold tags)"
+        )
     else:
         rows = f"{len(data.texts):,} texts ({int(data.labelled.sum()):,} with gold labels)"
     params = sum(p.numel() for p in model.parameters())
