@@ -18,8 +18,9 @@ from support.cli import one_line_error, run_cli
 
 from bertforge import cli
 from bertforge.data.encoding import batch_order, collate, encode_examples
-from bertforge.data.labelled import load_labelled, stratified_split
+from bertforge.data.labelled import load_labelled, random_split, stratified_split
 from bertforge.data.labels import build_label_map, labels_to_ids
+from bertforge.errors import BertforgeError
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.model import BertForSequenceClassification
 from bertforge.progress import read_metrics
@@ -399,6 +400,18 @@ def test_stratified_split_keeps_class_shares():
         len(val) == 20
         and np.histogram(values[val], bins=10, range=(0, 200))[0].tolist() == [2] * 10
     )
+
+
+def test_random_split_holds_out_a_seeded_share_and_refuses_an_empty_side():
+    train, val = random_split(10, 0.3, seed=0, unit="texts")
+    assert len(val) == 3 and sorted([*train, *val]) == list(range(10))
+    assert list(train) == sorted(train) and list(val) == sorted(val)
+    assert (random_split(10, 0.3, seed=0, unit="texts")[1] == val).all()
+    assert not (random_split(10, 0.3, seed=1, unit="texts")[1] == val).all()
+    with pytest.raises(BertforgeError, match="of 3 rows leaves an empty split; give more data"):
+        random_split(3, 0.1, seed=0, unit="rows")
+    with pytest.raises(BertforgeError, match="strictly between 0 and 1"):
+        random_split(10, 1.0, seed=0, unit="rows")
 
 
 def test_head_tail_truncation_and_dynamic_padding(work):

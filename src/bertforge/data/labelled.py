@@ -105,6 +105,26 @@ def load_labelled(
     return LabelledData(texts, pair_list, labels_to_ids(raw, label2id, source, where)), id2label
 
 
+SPLIT_FIX = "give more data, a --validation file, or another fraction"
+
+
+def random_split(
+    n: int, fraction: float, seed: int, unit: str, fix: str = SPLIT_FIX
+) -> tuple[np.ndarray, np.ndarray]:
+    """(train_index, validation_index) of ``n`` rows, each sorted: a random ``fraction`` held
+    out (``--validation_fraction`` where the rows have no labels to stratify by). An empty
+    side is an error counting the rows as ``unit`` and ending with ``fix``."""
+    if not 0.0 < fraction < 1.0:
+        raise BertforgeError(f"--validation_fraction {fraction} must lie strictly between 0 and 1")
+    order = np.random.default_rng(seed).permutation(n)
+    cut = int(round(fraction * n))
+    if cut == 0 or cut == n:
+        raise BertforgeError(
+            f"--validation_fraction {fraction} of {n} {unit} leaves an empty split; {fix}"
+        )
+    return np.sort(order[cut:]), np.sort(order[:cut])
+
+
 def stratified_split(
     labels: np.ndarray, fraction: float, seed: int = 0, *, regression: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -127,7 +147,7 @@ def stratified_split(
     if val_index.size == 0 or val_index.size == labels.size:
         raise BertforgeError(
             f"--validation_fraction {fraction} of {labels.size} examples leaves an empty split; "
-            "give more data, a --validation file, or another fraction"
+            + SPLIT_FIX
         )
     return np.setdiff1d(np.arange(labels.size), val_index), val_index
 

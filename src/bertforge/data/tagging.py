@@ -31,6 +31,7 @@ import torch
 
 from bertforge.data.columnar import is_columnar
 from bertforge.data.encoding import check_max_length
+from bertforge.data.labelled import random_split
 from bertforge.data.labels import quoted
 from bertforge.data.tables import read_columns, table_format
 from bertforge.errors import BertforgeError
@@ -493,18 +494,8 @@ def load_tagging_data(
     if validation_paths:
         val = read_tagged(validation_paths, encoding_errors=encoding_errors)
     else:
-        if not 0.0 < validation_fraction < 1.0:
-            raise BertforgeError(
-                f"--validation_fraction {validation_fraction} must lie strictly between 0 and 1"
-            )
-        order = np.random.default_rng(seed).permutation(len(train))
-        n_val = int(round(validation_fraction * len(train)))
-        if n_val == 0 or n_val == len(train):
-            raise BertforgeError(
-                f"--validation_fraction {validation_fraction} of {len(train)} sentences leaves an "
-                "empty split; give more data, a --validation file, or another fraction"
-            )
-        val, train = train.subset(np.sort(order[:n_val])), train.subset(np.sort(order[n_val:]))
+        train_rows, val_rows = random_split(len(train), validation_fraction, seed, "sentences")
+        val, train = train.subset(val_rows), train.subset(train_rows)
     label2id = {v: k for k, v in id2label.items()}
     encode = dict(max_length=max_length, label_all_tokens=label_all_tokens, id2label=id2label)
     train_windows = encode_tagged(tokenizer, train.words, tag_ids(train, label2id), **encode)

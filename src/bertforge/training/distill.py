@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from bertforge.data.corpus import CORPUS_SUFFIXES, expand_inputs, iter_documents
 from bertforge.data.encoding import batch_order, collate, encode_examples, pad_multiple
-from bertforge.data.labelled import LabelledData, load_labelled, stratified_split
+from bertforge.data.labelled import LabelledData, load_labelled, random_split, stratified_split
 from bertforge.errors import BertforgeError
 from bertforge.evaluation import metrics as M
 from bertforge.evaluation.embedding import cosine_rows, model_vectors
@@ -564,25 +564,6 @@ def labelled_sets(cfg: DistillConfig, teacher: Teacher) -> tuple[LabelledData, L
     return train.subset(train_idx), train.subset(val_idx)
 
 
-def held_out_texts(
-    texts: list[str], fraction: float, seed: int
-) -> tuple[LabelledData, LabelledData]:
-    """An embedding teacher's texts split at random: ``fraction`` of them held out for
-    validation, each split in the texts' order."""
-    order = np.random.default_rng(seed).permutation(len(texts))
-    cut = int(round(fraction * len(texts)))
-    if cut == 0 or cut == len(texts):
-        raise BertforgeError(
-            f"--validation_fraction {fraction} of {len(texts)} texts leaves "
-            "an empty split; give more text or another fraction"
-        )
-    train_rows, val_rows = np.sort(order[cut:]), np.sort(order[:cut])
-    return (
-        LabelledData([texts[i] for i in train_rows], None, None),
-        LabelledData([texts[i] for i in val_rows], None, None),
-    )
-
-
 def embedding_validation(files: list[str], teacher: Teacher, encoding_errors: str) -> list[str]:
     """An embedding teacher's ``--validation`` texts: the teacher's text column of each file
     (any format ``--train`` reads), on which the student is scored by its cosine to the
@@ -622,7 +603,15 @@ def load_data(
                 embedding_validation(cfg.validation, teacher, cfg.encoding_errors), None, None
             )
         else:
-            train, val = held_out_texts(texts, cfg.validation_fraction, cfg.seed)
+            rows, val_rows = random_split(
+                len(texts),
+                cfg.validation_fraction,
+                cfg.seed,
+                "texts",
+                fix="give more text or another fraction",
+            )
+            train = LabelledData([texts[i] for i in rows], None, None)
+            val = LabelledData([texts[i] for i in val_rows], None, None)
         labels, labelled = None, np.zeros(len(train), dtype=bool)
     else:
         if transfer and teacher.text_pair_column:

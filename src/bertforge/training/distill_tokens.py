@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bertforge.data.labelled import random_split
 from bertforge.data.tagging import IGNORE, TaggedData, Windows, encode_tagged, read_tagged, tag_ids
 from bertforge.errors import BertforgeError
 from bertforge.evaluation.tagging import evaluate_tagging_model, tag_metrics
@@ -135,14 +136,8 @@ def load_token_data(
             "--validation (or --train, whose share --validation_fraction is held out)"
         )
     else:
-        order = np.random.default_rng(cfg.seed).permutation(len(gold))
-        cut = int(round(cfg.validation_fraction * len(gold)))
-        if cut == 0 or cut == len(gold):
-            raise BertforgeError(
-                f"--validation_fraction {cfg.validation_fraction} of {len(gold)} sentences "
-                "leaves an empty split; give more data, a --validation file or another fraction"
-            )
-        val, gold = gold.subset(np.sort(order[:cut])), gold.subset(np.sort(order[cut:]))
+        rows, val_rows = random_split(len(gold), cfg.validation_fraction, cfg.seed, "sentences")
+        val, gold = gold.subset(val_rows), gold.subset(rows)
     gold_ids = tag_ids(gold, label2id, source) if cfg.train else []
     val_tags = tag_ids(val, label2id, source)
     words = gold.words + transfer_sentences(transfer)

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from bertforge.data.encoding import collate, encode_examples
+from bertforge.data.labelled import random_split
 from bertforge.data.pairs import PairData, load_pairs, unique_batches
-from bertforge.errors import BertforgeError
 from bertforge.evaluation.embedding import (
     baselines,
     model_vectors,
@@ -93,18 +93,8 @@ def load_embedding_data(cfg: FinetuneConfig, tokenizer: Any) -> EmbeddingTaskDat
     if cfg.validation:
         val = load_pairs(cfg.validation, **columns)
     else:
-        if not 0.0 < cfg.validation_fraction < 1.0:
-            raise BertforgeError(
-                f"--validation_fraction {cfg.validation_fraction} must lie strictly between 0 and 1"
-            )
-        order = np.random.default_rng(cfg.seed).permutation(len(train))
-        cut = int(round(cfg.validation_fraction * len(train)))
-        if cut == 0 or cut == len(train):
-            raise BertforgeError(
-                f"--validation_fraction {cfg.validation_fraction} of {len(train)} rows leaves an "
-                "empty split; give more data, a --validation file, or another fraction"
-            )
-        train, val = train.subset(np.sort(order[cut:])), train.subset(np.sort(order[:cut]))
+        rows, val_rows = random_split(len(train), cfg.validation_fraction, cfg.seed, "rows")
+        train, val = train.subset(rows), train.subset(val_rows)
     encoded = [
         encode_examples(tokenizer, texts, max_length=cfg.max_length, truncation=cfg.truncation)
         for texts in train.columns()
