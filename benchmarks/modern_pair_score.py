@@ -14,11 +14,15 @@ from pathlib import Path
 
 import torch
 from _common import SHARED_DATA
-from tokenizers import Tokenizer
 
+from bertforge.data.encoding import collate, encode_examples
 from bertforge.evaluation.metrics import spearman
 from bertforge.modeling.model import split_half_score
 from bertforge.modeling.modernbert import ModernBertForMaskedLM
+from bertforge.tokenizer.wordpiece import Tokenizer
+
+MAX_LENGTH = 128
+"""The pretraining pairs' length (runs/g30's data); STS-B pairs are shorter."""
 
 
 def read_pairs(path: Path) -> tuple[list[tuple[str, str]], list[float]]:
@@ -30,18 +34,15 @@ def read_pairs(path: Path) -> tuple[list[tuple[str, str]], list[float]]:
 
 @torch.no_grad()
 def pair_scores(model_dir: Path, pairs: list[tuple[str, str]], batch_size: int = 64) -> list[float]:
-    """The head's split-half score at each pair's [CLS], batch by batch (0 pads, masked)."""
+    """The head's split-half score at each pair's [CLS], batch by batch (padding masked)."""
     model = ModernBertForMaskedLM.from_pretrained(model_dir).eval()
-    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tokenizer = Tokenizer.from_file(model_dir)
+    firsts, seconds = [a for a, _ in pairs], [b for _, b in pairs]
+    examples = encode_examples(tokenizer, firsts, seconds, max_length=MAX_LENGTH)
     scores: list[float] = []
-    for start in range(0, len(pairs), batch_size):
-        encodings = tokenizer.encode_batch(pairs[start : start + batch_size])
-        longest = max(len(e.ids) for e in encodings)
-        ids = torch.tensor([e.ids + [0] * (longest - len(e.ids)) for e in encodings])
-        mask = (
-            torch.arange(longest)[None, :] < torch.tensor([len(e.ids) for e in encodings])[:, None]
-        ).long()
-        out = model(ids, attention_mask=mask, cls_head=True)
+    for start in range(0, len(examples), batch_size):
+        batch = collate(examples[start : start + batch_size], tokenizer.pad_id)
+        out = model(batch["input_ids"], attention_mask=batch["attention_mask"], cls_head=True)
         scores += split_half_score(out.cls_head_output).tolist()
     return scores
 
