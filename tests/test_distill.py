@@ -439,3 +439,77 @@ def test_bad_input_is_one_line(work, classifier, tmp_path, capsys, case, expecte
     }[case]  # fmt: skip
     assert expected in one_line_error(argv, capsys)
     assert not out.exists()  # refused before anything is written
+
+
+STS_ROWS = [
+    ("A man is playing a guitar.", "A man plays the guitar.", 4.8),
+    ("A woman is slicing an onion.", "A woman cuts an onion.", 4.5),
+    ("A dog runs across the field.", "A dog is running on the grass.", 3.9),
+    ("Two children are playing football.", "Kids kick a ball in the park.", 3.2),
+    ("The stock market fell sharply today.", "Share prices dropped this morning.", 3.0),
+    ("A cat sleeps on the sofa.", "A man is reading a newspaper.", 0.4),
+    ("The train arrived late.", "She bought a new red dress.", 0.0),
+    ("A chef is cooking pasta.", "Someone is preparing food in a kitchen.", 2.9),
+    ("The sun sets over the ocean.", "A plane lands at the airport.", 0.6),
+    ("A boy is riding a bicycle.", "A child rides a bike down the street.", 4.0),
+]
+
+
+def test_an_embedding_teacher_validated_on_scored_pairs(work, minilm_dir, tmp_path, capsys):
+    """--validation_columns A B SCORE: the student (and the teacher) are scored as STS on the
+    pairs, the Spearman of their cosines with the gold score, which picks the best student;
+    both numbers are what sentence-transformers' vectors of the saved models give. Two
+    columns score retrieval; misused, the option is a one-line error."""
+    st = pytest.importorskip("sentence_transformers")
+    stats = pytest.importorskip("scipy.stats")
+    val = tmp_path / "sts.tsv"
+    val.write_text(
+        "s1\ts2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in STS_ROWS), encoding="utf-8"
+    )
+    out = tmp_path / "minilm-sts"
+    argv = ["distill", "--teacher", str(minilm_dir), "--output", str(out), *QUICK]
+    argv += ["--student_layers", "0", "--unlabelled", str(work["unlabelled"]), "--max_length", "24"]
+    argv += ["--max_unlabelled", "40", "--max_steps", "4", "--eval_every", "2"]
+    sts = ["--validation", str(val), "--validation_columns", "s1", "s2", "score"]
+    assert cli.main([*argv, *sts]) == 0
+    log = capsys.readouterr().err
+    assert "validating on 20;" in log and "best spearman " in log, log
+    results = json.loads((out / "eval_results.json").read_text())
+    gold = np.array([s for _, _, s in STS_ROWS])
+
+    def spearman_of(model_dir: Path) -> float:
+        model = st.SentenceTransformer(str(model_dir), device="cpu")
+        a = model.encode([r[0] for r in STS_ROWS])
+        b = model.encode([r[1] for r in STS_ROWS])
+        cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+        return float(stats.spearmanr(gold, cos).statistic)
+
+    assert results["teacher"]["spearman"] == pytest.approx(spearman_of(minilm_dir), abs=1e-6)
+    assert results["teacher"]["spearman"] > 0.8  # the hand-scored pairs are easy for MiniLM
+    assert results["validation"]["spearman"] == pytest.approx(spearman_of(out), abs=1e-6)
+    best = max(r["spearman"] for r in read_metrics(out) if r["split"] == "val")
+    assert results["validation"]["spearman"] == pytest.approx(best, abs=1e-9)
+
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("q\td\n" + "".join(f"{a}\t{b}\n" for a, b, _ in STS_ROWS), encoding="utf-8")
+    argv2 = [*argv, "--output", str(tmp_path / "ret"), "--validation", str(pairs)]
+    assert cli.main([*argv2, "--validation_columns", "q", "d"]) == 0
+    results = json.loads((tmp_path / "ret" / "eval_results.json").read_text())
+    assert results["teacher"]["mrr@10"] > 0.8 and 0 < results["validation"]["mrr@10"] <= 1
+    assert "best mrr@10 " in capsys.readouterr().err
+
+    bad = [*argv, "--output", str(tmp_path / "bad"), "--validation", str(val)]
+    assert "without --validation_columns naming a score column" in one_line_error(
+        [*bad, "--metric", "spearman"], capsys
+    )
+    assert "--validation_columns s1: name two text columns" in one_line_error(
+        [*bad, "--validation_columns", "s1"], capsys
+    )
+    assert "no column 's3'" in one_line_error([*bad, "--validation_columns", "s1", "s3"], capsys)
+    assert "choose one of cosine, spearman, pearson" in one_line_error(
+        [*bad, "--validation_columns", "s1", "s2", "score", "--metric", "mrr@10"], capsys
+    )
+    task = distill_argv(work, tmp_path / "task", "--student_layers", "1", "--train", str(val))
+    assert "--validation_columns is for an embedding teacher" in one_line_error(
+        [*task, *sts], capsys
+    )

@@ -39,9 +39,10 @@ import torch.nn.functional as F
 from bertforge.data.corpus import CORPUS_SUFFIXES, expand_inputs, iter_documents
 from bertforge.data.encoding import batch_order, collate, encode_examples, pad_multiple
 from bertforge.data.labelled import LabelledData, load_labelled, random_split, stratified_split
+from bertforge.data.pairs import PairData, load_pairs
 from bertforge.errors import BertforgeError
 from bertforge.evaluation import metrics as M
-from bertforge.evaluation.embedding import cosine_rows, model_vectors
+from bertforge.evaluation.embedding import cosine_rows, model_vectors, score_vectors
 from bertforge.evaluation.plots import plot_training_curves, run_title
 from bertforge.evaluation.task_scores import evaluate_sequence_model
 from bertforge.io import (
@@ -137,6 +138,7 @@ RUN_IDENTITY = (
     "train",
     "unlabelled",
     "validation",
+    "validation_columns",
     "validation_fraction",
     "transfer_unit",
     "max_unlabelled",
@@ -171,17 +173,37 @@ METRIC_CHOICES = {
     "embedding": ("cosine",),
 }
 """The ``--metric`` values each teacher's task takes (all higher-is-better)."""
+STS_METRICS = ("spearman", "pearson")
+"""An embedding student's scores on scored validation pairs (``--validation_columns A B S``)."""
+RETRIEVAL_METRICS = ("mrr@10", "ndcg@10", "recall@1", "recall@10", "recall@100")
+"""An embedding student's scores on validation pairs without scores (``--validation_columns A B``)."""
 
 
-def selection_metric(metric: str | None, task: str) -> str:
+def selection_metric(
+    metric: str | None, task: str, validation_columns: list[str] | None = None
+) -> str:
     """The validation metric that picks the best student of a ``task`` teacher: ``metric``
-    (``--metric``) when it is one the task has, else the task's default; another is refused."""
+    (``--metric``) when it is one the task has, else the task's default; another is refused.
+    An embedding teacher validated on pairs (``validation_columns``) adds the STS or the
+    retrieval scores, and picks by spearman or mrr@10 by default."""
+    choices = METRIC_CHOICES[task]
+    default = METRIC[task]
+    if task == "embedding" and validation_columns:
+        scored = len(validation_columns) == 3
+        choices = choices + (STS_METRICS if scored else RETRIEVAL_METRICS)
+        default = "spearman" if scored else "mrr@10"
     if metric is None:
-        return METRIC[task]
-    if metric not in METRIC_CHOICES[task]:
+        return default
+    if metric not in choices:
+        why = ""
+        if task == "embedding" and metric in STS_METRICS + RETRIEVAL_METRICS:
+            why = (
+                " without --validation_columns naming a score column"
+                if metric in STS_METRICS
+                else " without --validation_columns naming two text columns and no score"
+            )
         raise BertforgeError(
-            f"--metric {metric} is not a {task} metric; choose one of "
-            f"{', '.join(METRIC_CHOICES[task])}"
+            f"--metric {metric} is not a {task} metric{why}; choose one of {', '.join(choices)}"
         )
     return metric
 
@@ -204,6 +226,9 @@ class DistillData:
     """(N + N_val, width) teacher outputs, the training texts' rows first (memory-mapped)."""
     scale: tuple[float, float] | None = None
     """Regression: ``(mean, std)`` of the teacher's training predictions (the z-scores)."""
+    val_pairs: PairData | None = None
+    """An embedding teacher's ``--validation`` read as pairs (``--validation_columns``); then
+    ``val`` holds their distinct texts."""
 
     def teacher(self, rows: np.ndarray) -> torch.Tensor:
         """The teacher's outputs of training texts ``rows``, as trained on."""
@@ -246,7 +271,7 @@ class Run:
     @property
     def metric(self) -> str:
         """The validation metric that picks the best student (``--metric``)."""
-        return selection_metric(self.cfg.metric, self.task)
+        return selection_metric(self.cfg.metric, self.task, self.cfg.validation_columns)
 
     def say(self, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
@@ -329,7 +354,12 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
     out = Path(cfg.output)
     teacher = load_teacher(cfg.teacher, cfg.max_length)
     check_report_task(cfg, teacher.task)
-    selection_metric(cfg.metric, teacher.task)  # refused before anything is written
+    selection_metric(cfg.metric, teacher.task, cfg.validation_columns)  # before any write
+    if cfg.validation_columns and teacher.task != "embedding":
+        raise BertforgeError(
+            f"--validation_columns is for an embedding teacher; a {teacher.task} teacher reads "
+            "--validation in its own columns: drop --validation_columns"
+        )
     if cfg.augment and teacher.task not in ("classification", "regression"):
         raise BertforgeError(
             f"--augment is for classification and regression teachers, not a {teacher.task} "
@@ -564,13 +594,37 @@ def labelled_sets(cfg: DistillConfig, teacher: Teacher) -> tuple[LabelledData, L
     return train.subset(train_idx), train.subset(val_idx)
 
 
-def embedding_validation(files: list[str], teacher: Teacher, encoding_errors: str) -> list[str]:
-    """An embedding teacher's ``--validation`` texts: the teacher's text column of each file
-    (any format ``--train`` reads), on which the student is scored by its cosine to the
-    teacher's vectors."""
-    return load_labelled(
-        files, text_column=teacher.text_column, label_column=None, encoding_errors=encoding_errors
-    )[0].texts
+def embedding_validation(
+    files: list[str], teacher: Teacher, encoding_errors: str, columns: list[str] | None = None
+) -> tuple[list[str], PairData | None]:
+    """An embedding teacher's ``--validation`` texts, on which the student is scored by its
+    cosine to the teacher's vectors: the teacher's text column of each file (any format
+    ``--train`` reads), or, given ``columns`` (``--validation_columns``: two text columns and
+    optionally a score), the distinct texts of the pairs, returned too."""
+    if columns is None:
+        texts = load_labelled(
+            files,
+            text_column=teacher.text_column,
+            label_column=None,
+            encoding_errors=encoding_errors,
+        )[0].texts
+        return texts, None
+    pairs = load_pairs(
+        files,
+        text_column=columns[0],
+        text_pair_column=columns[1],
+        label_column=columns[2] if len(columns) == 3 else None,
+        encoding_errors=encoding_errors,
+    )
+    assert pairs.positives is not None
+    return list(dict.fromkeys(pairs.anchors + pairs.positives)), pairs
+
+
+def pair_scores(pairs: PairData, texts: list[str], vectors: np.ndarray) -> dict[str, float]:
+    """The STS or retrieval scores of ``pairs`` (``score_vectors``) given the ``vectors`` of
+    their distinct ``texts`` (row i is text i's)."""
+    row = {text: i for i, text in enumerate(texts)}
+    return score_vectors(pairs, lambda batch: vectors[[row[t] for t in batch]])
 
 
 def load_data(
@@ -590,6 +644,7 @@ def load_data(
     if teacher.task == "token_classification":
         return load_token_data(cfg, teacher, tokenizer, transfer, cache, device, before_teacher)
     augmented: Augmented | None = None
+    pair_set: PairData | None = None
     if teacher.task == "embedding":
         gold: list[str] = []
         if cfg.train:
@@ -599,9 +654,10 @@ def load_data(
         texts = gold + transfer
         if cfg.validation:  # the user's texts: every training text stays in training
             train = LabelledData(texts, None, None)
-            val = LabelledData(
-                embedding_validation(cfg.validation, teacher, cfg.encoding_errors), None, None
+            val_texts, pair_set = embedding_validation(
+                cfg.validation, teacher, cfg.encoding_errors, cfg.validation_columns
             )
+            val = LabelledData(val_texts, None, None)
         else:
             rows, val_rows = random_split(
                 len(texts),
@@ -664,6 +720,7 @@ def load_data(
         encode_examples(tokenizer, val.texts, val_pairs, **encode),
         outputs,
         scale,
+        pair_set,
     )
 
 
@@ -868,11 +925,14 @@ def validate(run: Run, model: torch.nn.Module, scale: Any = None) -> dict[str, f
                 got = F.normalize(got, dim=-1)
             teacher = torch.from_numpy(np.array(data.val_outputs, dtype=np.float32))
             target = run.loss.target(teacher.to(run.device)).cpu()
-        return {
+        scores = {
             "cosine": float(np.mean(cosine_rows(got.numpy(), target.numpy()))),
             "mse": float(F.mse_loss(got, target)),
             "examples": len(data.val),
         }
+        if data.val_pairs is not None:
+            scores.update(pair_scores(data.val_pairs, data.val.texts, vectors))
+        return scores
     metrics, predictions = evaluate_sequence_model(
         model,
         data.encoded_val,
@@ -897,7 +957,11 @@ def teacher_scores(
     if isinstance(data, QADistillData):
         return teacher_qa_scores(data)
     if teacher.task == "embedding":
-        return {"cosine": 1.0, "mse": 0.0}
+        scores = {"cosine": 1.0, "mse": 0.0}
+        if data.val_pairs is not None:
+            vectors = np.asarray(data.val_outputs, dtype=np.float32)
+            scores.update(pair_scores(data.val_pairs, data.val.texts, vectors))
+        return scores
     outputs = data.val_outputs
     if teacher.task == "regression":
         return M.regression_metrics(data.val.labels, outputs[:, 0])

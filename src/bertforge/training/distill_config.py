@@ -73,6 +73,13 @@ class DistillConfig(LoopOptions):
     """Labelled validation file(s) in the teacher's columns (embedding: texts, on which the
     student is scored by its cosine to the teacher's vectors); without them a share
     (--validation_fraction) of --train (embedding: of all the training texts) is held out."""
+    validation_columns: list[str] | None = None
+    """An embedding teacher's --validation read as pairs: the columns of the two texts and,
+    for scored pairs, of their similarity (``sentence1 sentence2 label`` for GLUE's STS-B).
+    The student is then also scored as ``benchmark --suite embedding`` scores: scored pairs
+    by the Spearman and Pearson correlation of the cosine with the score, pairs by retrieval
+    (MRR@10, nDCG@10, recall@1/10/100); the best student is picked by spearman (or mrr@10)
+    unless --metric says otherwise."""
     validation_fraction: float = 0.1
     """Share of the training rows (embedding: texts) held out for validation without --validation."""
     transfer_unit: TransferUnit = "auto"
@@ -208,6 +215,18 @@ class DistillConfig(LoopOptions):
                 "give training text: --train FILE (labelled) and/or --unlabelled FILE "
                 "(text the teacher labels)"
             )
+        columns = self.validation_columns
+        if columns is not None:
+            if len(columns) not in (2, 3) or len(set(columns)) != len(columns):
+                raise BertforgeError(
+                    f"--validation_columns {' '.join(columns)}: name two text columns and "
+                    "optionally a score column, all different, e.g. sentence1 sentence2 label"
+                )
+            if not self.validation:
+                raise BertforgeError(
+                    "--validation_columns names the columns of --validation: give the file "
+                    "with --validation FILE"
+                )
         check_choice(self.transfer_unit, TransferUnit, "--transfer_unit")
         check_choice(self.encoding_errors, EncodingErrors, "--encoding_errors")
         if self.augment is not None:
