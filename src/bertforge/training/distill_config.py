@@ -102,7 +102,9 @@ class DistillConfig(LoopOptions):
     """Validation metric that picks the best student: for a classification teacher accuracy
     (default), macro_f1, mcc or agreement (with the teacher's predictions); regression spearman
     (default) or pearson; token classification entity_f1 (default) or agreement; question
-    answering f1 (default) or exact_match; embedding cosine (to the teacher's vectors)."""
+    answering f1 (default) or exact_match; embedding cosine (to the teacher's vectors), or with
+    --validation_columns spearman (default) or pearson for scored pairs, mrr@10 (default),
+    ndcg@10, recall@1, recall@10 or recall@100 for pairs."""
     alpha: float = 0.5
     """Weight of the soft-target (teacher) term; the gold labels' term weighs 1 - alpha. A batch
     without gold labels (transfer text) trains on the soft term alone. 1: the teacher alone."""
