@@ -26,7 +26,7 @@ from bertforge.progress import read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import list_checkpoints
 from bertforge.training.model_card import read_card_metadata
-from bertforge.training.students import layer_subset
+from bertforge.training.students import layer_subset, resized_preset
 
 QUICK = ["--batch_size", "16", "--num_threads", "1", "--precision", "fp32", "--progress", "false"]
 QUICK += ["--dropout", "0"]
@@ -245,6 +245,24 @@ def test_regression_student_predicts_in_the_labels_units(work):
     assert values[0].argsort().tolist() == values[1].argsort().tolist() == [3, 2, 1, 0]
 
 
+def test_a_fresh_student_of_its_own_shape(work):
+    """--student_num_layers / --student_hidden_size resize a preset: the saved student has the
+    asked depth and width, width/64 heads (at least 1) and a 4 x width feed-forward, and the
+    run and its model card say so."""
+    out = work["root"] / "resized-student"
+    argv = distill_argv(work, out, "--student_preset", "tiny", "--train", str(work["train"]))
+    argv += ["--student_num_layers", "1", "--student_hidden_size", "192", "--max_steps", "2"]
+    assert cli.main(argv) == 0
+    config = BertConfig.load(out)
+    shape = (config.num_hidden_layers, config.hidden_size, config.num_attention_heads)
+    assert shape == (1, 192, 3) and config.intermediate_size == 768
+    assert "resized to 1 layers x 192 wide" in (out / "README.md").read_text()
+    assert resized_preset(None, 96) == dict(
+        hidden_size=96, num_attention_heads=1, intermediate_size=384
+    )
+    assert resized_preset(3, None) == dict(num_hidden_layers=3)
+
+
 def test_intermediate_losses_run_the_teacher_beside_the_student(work):
     """Hidden states through the learned projection, attention KL and MiniLM's relations on the
     layer map, logged by name; a fresh student of other width and head count takes the
@@ -410,6 +428,8 @@ def test_embedding_student_narrower_than_its_teacher_learns_a_pca_projection(wor
         ("no_gold_to_validate_on", "needs gold labels to validate on"),
         ("layers_need_the_tokenizer", "need the teacher's tokenizer"),
         ("teacher_cache_not_npy", "teacher.txt: give a .npy file path"),
+        ("resized_without_preset", "--student_hidden_size resizes a fresh student"),
+        ("heads_do_not_divide", "--student_hidden_size 200: the width is split into"),
     ],
 )
 def test_bad_input_is_one_line(work, classifier, tmp_path, capsys, case, expected):
@@ -436,6 +456,10 @@ def test_bad_input_is_one_line(work, classifier, tmp_path, capsys, case, expecte
                                                   *train, "--hidden_weight", "1"),
         "teacher_cache_not_npy": distill_argv(work, out, "--student_layers", "0", *train,
                                               "--teacher_cache", str(tmp_path / "teacher.txt")),
+        "resized_without_preset": distill_argv(work, out, "--student_layers", "0", *train,
+                                               "--student_hidden_size", "256"),
+        "heads_do_not_divide": distill_argv(work, out, "--student_preset", "tiny", *train,
+                                            "--student_hidden_size", "200"),
     }[case]  # fmt: skip
     assert expected in one_line_error(argv, capsys)
     assert not out.exists()  # refused before anything is written

@@ -135,6 +135,8 @@ RUN_IDENTITY = (
     "student",
     "student_layers",
     "student_preset",
+    "student_num_layers",
+    "student_hidden_size",
     "train",
     "unlabelled",
     "validation",
@@ -462,6 +464,8 @@ def student_for(
             directory=cfg.student,
             layers=cfg.student_layers,
             preset=cfg.student_preset,
+            num_layers=cfg.student_num_layers,
+            hidden_size=cfg.student_hidden_size,
             seed=cfg.seed,
         )
     else:

@@ -60,6 +60,13 @@ class DistillConfig(LoopOptions):
     student_preset: Preset | None = None
     """Start the student with fresh weights in one of Google's BERT sizes (tiny: 2 x 128 ...
     large), with the teacher's tokenizer."""
+    student_num_layers: int | None = None
+    """With --student_preset: the fresh student's layer count instead of the preset's (a depth
+    of your own choosing, e.g. --student_preset tiny --student_num_layers 3)."""
+    student_hidden_size: int | None = None
+    """With --student_preset: the fresh student's width instead of the preset's, with
+    width/64 attention heads (at least 1) and a 4 x width feed-forward, as Google's sizes
+    (e.g. --student_preset tiny --student_hidden_size 256: 2 x 256)."""
     train: list[str] | None = None
     """Labelled training file(s) in the teacher's columns (as for ``finetune``; a token
     classifier's: CoNLL-style or tokens/tags JSONL; a QA teacher's: SQuAD JSON or JSONL): gold labels beside the teacher's; an
@@ -207,6 +214,20 @@ class DistillConfig(LoopOptions):
                 "give exactly one student: --student DIR, --student_layers 0 2 4 (a subset of "
                 "the teacher's layers) or --student_preset tiny (fresh weights)"
             )
+        shape = dict(
+            student_num_layers=self.student_num_layers,
+            student_hidden_size=self.student_hidden_size,
+        )
+        for name, value in shape.items():
+            if value is None:
+                continue
+            if self.student_preset is None:
+                raise BertforgeError(
+                    f"--{name} resizes a fresh student: give it with --student_preset "
+                    f"(e.g. --student_preset tiny --{name} {value})"
+                )
+            if value < 1:
+                raise BertforgeError(f"--{name} {value} must be at least 1")
         layers = self.student_layers
         if layers is not None and (not layers or sorted(set(layers)) != list(layers)):
             raise BertforgeError(

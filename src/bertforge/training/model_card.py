@@ -643,6 +643,15 @@ def distill_card(cfg: Any, result: dict[str, Any], out: Path, device: Any) -> Mo
         student = f"`{cfg.student}`"
     else:
         student = f"a fresh `{cfg.student_preset}` network"
+        if cfg.student_num_layers or cfg.student_hidden_size:
+            student += " resized to " + " x ".join(
+                f"{n} {what}"
+                for n, what in (
+                    (cfg.student_num_layers, "layers"),
+                    (cfg.student_hidden_size, "wide"),
+                )
+                if n
+            )
     task = str(result.get("task") or "")
     kind = task if task in PIPELINE_TAGS else "classification"
     params, teacher_params = result.get("parameters"), result.get("teacher_parameters")

@@ -120,9 +120,12 @@ def build_student(
     directory: str | None = None,
     layers: list[int] | None = None,
     preset: str | None = None,
+    num_layers: int | None = None,
+    hidden_size: int | None = None,
     seed: int = 0,
 ) -> tuple[nn.Module, Tokenizer, str]:
-    """``(model, tokenizer, description)`` of the student, fresh from its start."""
+    """``(model, tokenizer, description)`` of the student, fresh from its start: a preset may be
+    resized to ``num_layers`` x ``hidden_size`` (:func:`resized_preset`)."""
     if directory is not None:
         path = check_model_directory(directory)
         _check_student_head(path, teacher)
@@ -143,9 +146,33 @@ def build_student(
         max_position_embeddings=source.max_position_embeddings,
         type_vocab_size=source.type_vocab_size,
         pad_token_id=source.pad_token_id,
+        **resized_preset(num_layers, hidden_size),
     )
     model = _task_model(teacher, None, config)
-    return model, teacher.tokenizer, f"a fresh {preset} BERT"
+    shape = f"{config.num_hidden_layers} x {config.hidden_size}"
+    named = preset if num_layers is None and hidden_size is None else f"{preset} resized to"
+    return model, teacher.tokenizer, f"a fresh {named} {shape} BERT"
 
 
-__all__ = ["build_student", "layer_subset", "student_class"]
+def resized_preset(num_layers: int | None, hidden_size: int | None) -> dict[str, int]:
+    """The overrides of a preset's :class:`BertConfig` for a student of another depth and/or
+    width, sized as Google's models are: ``hidden_size // 64`` heads (at least 1) of 64
+    dimensions where it divides, and a feed-forward of 4 x the width."""
+    overrides: dict[str, int] = {}
+    if num_layers is not None:
+        overrides["num_hidden_layers"] = num_layers
+    if hidden_size is not None:
+        heads = max(1, hidden_size // 64)
+        if hidden_size % heads:
+            raise BertforgeError(
+                f"--student_hidden_size {hidden_size}: the width is split into "
+                f"{hidden_size} // 64 = {heads} attention heads, which do not divide it; "
+                "use a multiple of 64 (or a width under 128)"
+            )
+        overrides.update(
+            hidden_size=hidden_size, num_attention_heads=heads, intermediate_size=4 * hidden_size
+        )
+    return overrides
+
+
+__all__ = ["build_student", "layer_subset", "resized_preset", "student_class"]
