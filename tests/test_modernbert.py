@@ -704,6 +704,47 @@ def test_verify_a_modernbert_downstream_output_and_model(modern_dirs, modern_dow
     assert f"DAMAGED    model      {copy}  (" in capsys.readouterr().out
 
 
+def test_finetune_chooses_a_modernbert_classifiers_pooling(modern_dirs, task_files, capsys):
+    """--classifier_pooling mean: the fine-tuned ModernBERT classifier's config.json says mean,
+    and transformers' class on the saved directory gives our logits on a padded batch (its mean
+    over the real tokens); for a BERT, or a task without that head, it is a one-line error."""
+    from conftest import QUICK_FINETUNE
+    from support.cli import one_line_error
+
+    from bertforge import cli
+    from bertforge.tokenizer import Tokenizer
+
+    root = modern_dirs["root"]
+    out = root / "clf-mean"
+    argv = ["finetune", "--model", str(modern_dirs["mlm"]), "--train", str(root / "train.csv")]
+    argv += [*QUICK_FINETUNE, "--max_steps", "3"]
+    assert cli.main([*argv, "--output", str(out), "--classifier_pooling", "mean"]) == 0
+    assert json.loads((out / "config.json").read_text())["classifier_pooling"] == "mean"
+    texts = ["a good story and good music", "bad"]
+    enc = Tokenizer.from_file(out).encode_batch(texts, return_tensors="pt")
+    inputs = {k: enc[k] for k in ("input_ids", "attention_mask")}
+    assert int(inputs["attention_mask"].sum(1).min()) < inputs["input_ids"].shape[1]  # padded
+    theirs = transformers.ModernBertForSequenceClassification.from_pretrained(out).eval()
+    ours = ModernBertForSequenceClassification.from_pretrained(out).eval()
+    with torch.no_grad():
+        a, b = ours(**inputs).logits, theirs(**inputs).logits
+    assert (a - b).abs().max() < TOL
+    (root / "bert").mkdir(exist_ok=True)
+    bert = task_files.tiny_start_model(root / "bert", kind="mlm")
+    capsys.readouterr()
+    bad = {
+        str(bert): "is a BERT, whose classifier reads its pooler",
+        str(modern_dirs["mlm"]): "--classifier_pooling is for classification and regression",
+    }
+    for model, message in bad.items():
+        call = ["finetune", "--model", model, "--train", str(root / "train.csv")]
+        call += ["--output", str(root / "refused"), "--classifier_pooling", "mean"]
+        if model != str(bert):
+            call += ["--task", "embedding"]
+        assert message in one_line_error(call, capsys)
+        assert not (root / "refused" / "model.safetensors").exists()
+
+
 @pytest.mark.slow  # ~5 s: a --smoke GLUE task, twice fine-tuned
 def test_benchmark_smoke_with_a_modernbert_twin(modern_dirs, shared_data, capsys):
     from bertforge import cli

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -47,6 +47,7 @@ from bertforge.evaluation.task_scores import class_names, evaluate_sequence_mode
 from bertforge.io import atomic_write_text, make_directory, read_json_object
 from bertforge.modeling.auto import model_class
 from bertforge.modeling.checkpoint import RUN_MODEL_DIR, resolve_model
+from bertforge.modeling.config import ModernBertConfig, load_config
 from bertforge.modeling.pooling import declared_max_length
 from bertforge.progress import format_duration, parse_budget, parse_duration, plural
 from bertforge.runtime import Precision, pick_device, pick_precision
@@ -134,6 +135,10 @@ class BenchmarkConfig:
     Checks that everything runs (CI); its numbers mean nothing."""
     dropout: float | None = None
     """Dropout while fine-tuning (None keeps the model's; 0 is several times faster on CPU)."""
+    classifier_pooling: Literal["cls", "mean"] | None = None
+    """A ModernBERT's classification and regression head reads the [CLS] state (cls) or the
+    mean of the real tokens' states (mean), as ``finetune --classifier_pooling``; default the
+    model's config.json. Other tasks, and BERT models, ignore it."""
     keep_models: bool = False
     """Keep every fine-tuned model; by default its weights are deleted once scored (logs and
     plots stay)."""
@@ -257,8 +262,14 @@ def task_settings(
         "train_rows": SMOKE["train_rows"] if cfg.smoke else cfg.max_train_examples,
         "eval_rows": SMOKE["eval_rows"] if cfg.smoke else None,
         "dropout": cfg.dropout,
+        "classifier_pooling": cfg.classifier_pooling,
         "precision": cfg.precision,
     }
+
+
+def modern_directory(model_dir: str | Path) -> bool:
+    """Whether ``model_dir`` holds a ModernBERT (its config.json's ``model_type``)."""
+    return isinstance(load_config(model_dir), ModernBertConfig)
 
 
 def training_plan(settings: dict[str, Any]) -> str:
@@ -360,6 +371,11 @@ def run_seed(
         eval_every=EVALUATE_ONCE,
         seed=seed,
         dropout=settings["dropout"],
+        classifier_pooling=(
+            settings["classifier_pooling"]
+            if spec.kind in ("classification", "regression") and modern_directory(model_dir)
+            else None
+        ),
         precision=settings["precision"],
         device=cfg.device,
         num_threads=cfg.num_threads,

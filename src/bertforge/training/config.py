@@ -784,6 +784,11 @@ class FinetuneConfig(LoopOptions):
     picks cosent for scored pairs, in_batch_negatives for pairs, simcse for plain texts."""
     scale: float = 20.0
     """embedding: the factor on cosine similarities in the loss (20 = temperature 0.05)."""
+    classifier_pooling: Literal["cls", "mean"] | None = None
+    """classification, regression from a ModernBERT: what its head reads, ``cls`` (the [CLS]
+    state) or ``mean`` (the mean of the real tokens' states, as the published ModernBERT
+    checkpoints are configured); default the model's config.json (transformers' default cls).
+    A BERT classifies from its pooler over [CLS] and refuses it."""
     pooling: PoolingMode | None = None
     """embedding: how token states become one vector (cls, mean, max, mean_sqrt_len); default the
     start model's declaration (1_Pooling/config.json), else mean."""

@@ -116,6 +116,7 @@ RESULTS_FILE = "eval_results.json"
 PLOT_FILE = "curves.png"
 RUN_IDENTITY = (
     "model",
+    "classifier_pooling",
     "train",
     "validation",
     "text_column",
@@ -450,6 +451,7 @@ def load_model(
     """The checkpoint to resume, or ``cfg.model`` with a fresh head for the task (embedding: its
     encoder alone)."""
     cls = model_class(cfg.task, resume_dir or cfg.model)
+    pooling = classifier_pooling(cfg, cls)
     if cfg.task == "embedding":
         model = load_embedding_model(cfg, resume_dir)
     elif cfg.task == "question_answering":
@@ -462,7 +464,11 @@ def load_model(
         model = cls.from_pretrained(cfg.model, num_labels=len(id2label or {}), id2label=id2label)
     elif cfg.task == "regression":
         model = cls.from_pretrained(
-            cfg.model, num_labels=1, problem_type="regression", sentence_transformers=CROSS_ENCODER
+            cfg.model,
+            num_labels=1,
+            problem_type="regression",
+            sentence_transformers=CROSS_ENCODER,
+            **pooling,
         )
     else:
         model = cls.from_pretrained(
@@ -471,6 +477,7 @@ def load_model(
             id2label=id2label,
             problem_type="single_label_classification",
             sentence_transformers=CROSS_ENCODER,
+            **pooling,
         )
     check_tokenizer_fits(tokenizer, model.config, cfg.model)
     if model.config.max_position_embeddings < cfg.max_length:
@@ -481,6 +488,28 @@ def load_model(
             "with more positions (pretrain --model.max_position_embeddings)"
         )
     return model
+
+
+def classifier_pooling(cfg: FinetuneConfig, cls: type[torch.nn.Module]) -> dict[str, str]:
+    """The config override of ``--classifier_pooling`` (none when unset), refused where it has
+    no meaning: a task other than classification/regression, or a BERT (its pooler reads
+    [CLS])."""
+    if cfg.classifier_pooling is None:
+        return {}
+    if cfg.classifier_pooling not in ("cls", "mean"):
+        raise BertforgeError(f"--classifier_pooling {cfg.classifier_pooling!r}: choose cls or mean")
+    if cfg.task not in ("classification", "regression"):
+        raise BertforgeError(
+            f"--classifier_pooling is for classification and regression, not {cfg.task}"
+            + ("; an embedding model pools by --pooling" if cfg.task == "embedding" else "")
+            + ": drop it"
+        )
+    if not cls.__name__.startswith("ModernBert"):
+        raise BertforgeError(
+            f"--classifier_pooling: {cfg.model} is a BERT, whose classifier reads its pooler "
+            "over [CLS]; the option chooses a ModernBERT's pooling: drop it"
+        )
+    return {"classifier_pooling": cfg.classifier_pooling}
 
 
 def model_class(task: str, model_dir: str | Path) -> type[torch.nn.Module]:
