@@ -1,6 +1,8 @@
 """In-domain transfer text for docs/distillation.md's embedding study: the unique sentences of
 the *training* files of ``../shared/data/glue`` (STS-B, MRPC, RTE, CoLA, SST-2), one a line,
-no labels and no dev rows. ``distill --unlabelled`` reads it beside the general paragraphs
+no labels, and none that also appears in a dev file (STS-B's captions recur across its
+splits: 249 of the 2,910 distinct STS-B dev sentences are also training sentences, and a
+student that saw the teacher's vectors of them would be scored on text it was taught). ``distill --unlabelled`` reads it beside the general paragraphs
 (``general_paragraphs.py``): text like the STS-B pairs (captions, headlines, forum posts) that
 Wikipedia and Gutenberg lack.
 
@@ -39,21 +41,38 @@ def task_sentences(task: str) -> list[str]:
     return texts
 
 
+def dev_sentences() -> set[str]:
+    """Every text of the five tasks' dev files, as :func:`task_sentences` writes them."""
+    texts: set[str] = set()
+    for task, columns in COLUMNS.items():
+        path = SHARED_DATA / "glue" / task / "dev.tsv"
+        with path.open(encoding="utf-8", newline="") as f:
+            for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
+                texts.update(" ".join(row[c].split()) for c in columns)
+    return texts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("output", type=Path)
     args = parser.parse_args()
     seen: set[str] = set()
+    held_out = dev_sentences()
     with args.output.open("w", encoding="utf-8") as out:
         for task in COLUMNS:
-            kept = 0
+            kept = dropped = 0
             for text in task_sentences(task):
-                if len(text.split()) >= 3 and text not in seen:
-                    seen.add(text)
-                    out.write(text + "\n")
-                    kept += 1
-            print(f"{task}: {kept} sentences")
-    print(f"{len(seen)} sentences -> {args.output}")
+                if len(text.split()) < 3 or text in seen:
+                    continue
+                if text in held_out:
+                    seen.add(text)  # counted once
+                    dropped += 1
+                    continue
+                seen.add(text)
+                out.write(text + "\n")
+                kept += 1
+            print(f"{task}: {kept} sentences ({dropped} also in a dev file, left out)")
+    print(f"{len(seen - held_out)} sentences -> {args.output}")
 
 
 if __name__ == "__main__":
