@@ -256,7 +256,7 @@ def test_a_fresh_student_of_its_own_shape(work):
     config = BertConfig.load(out)
     shape = (config.num_hidden_layers, config.hidden_size, config.num_attention_heads)
     assert shape == (1, 192, 3) and config.intermediate_size == 768
-    assert "resized to 1 layers x 192 wide" in (out / "README.md").read_text()
+    assert "resized to 1 layer x 192 wide" in (out / "README.md").read_text()
     assert resized_preset(None, 96) == dict(
         hidden_size=96, num_attention_heads=1, intermediate_size=384
     )

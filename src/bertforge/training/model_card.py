@@ -644,10 +644,11 @@ def distill_card(cfg: Any, result: dict[str, Any], out: Path, device: Any) -> Mo
     else:
         student = f"a fresh `{cfg.student_preset}` network"
         if cfg.student_num_layers or cfg.student_hidden_size:
+            layers = cfg.student_num_layers
             student += " resized to " + " x ".join(
                 f"{n} {what}"
                 for n, what in (
-                    (cfg.student_num_layers, "layers"),
+                    (layers, "layer" if layers == 1 else "layers"),
                     (cfg.student_hidden_size, "wide"),
                 )
                 if n
