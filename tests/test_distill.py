@@ -226,6 +226,27 @@ def test_a_pair_teacher_gives_its_columns_to_the_student(classifier, tmp_path):
     assert json.loads((out / "eval_results.json").read_text())["validation"]["examples"] == 10
 
 
+def test_a_pair_teacher_labels_unlabelled_pairs(classifier, tmp_path, capsys):
+    """--unlabelled for a pair teacher: a table in its two columns (no labels) whose rows the
+    teacher labels beside --train's; a row with an empty side is skipped, and --max_unlabelled
+    counts pairs."""
+    pairs = tmp_path / "silver.jsonl"
+    rows = [{"text": f"some words {i}", "second": f"good words {i}"} for i in range(30)]
+    rows.append({"text": "a lone first side", "second": " "})
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "silver"
+    argv = ["distill", "--teacher", str(classifier), "--output", str(out), *QUICK]
+    argv += ["--student_layers", "0", "--train", str(classifier.parent / "train.csv")]
+    argv += ["--unlabelled", str(pairs), "--max_unlabelled", "24", "--validation_fraction", "0.25"]
+    assert cli.main([*argv, "--max_steps", "2", "--batch_size", "8"]) == 0
+    passes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("teacher:")]
+    assert passes[-1].startswith("teacher: 64 of 64 texts, ")  # 30 + 10 gold, 24 transfer
+    no_pair = tmp_path / "one-column.csv"
+    no_pair.write_text("text\nonly one side\n", encoding="utf-8")
+    argv[argv.index(str(pairs))] = str(no_pair)
+    assert "'second'" in one_line_error([*argv, "--output", str(tmp_path / "bad")], capsys)
+
+
 def test_regression_student_predicts_in_the_labels_units(work):
     out = work["root"] / "regression-student"
     argv = ["distill", "--teacher", str(work["regressor"]), "--output", str(out), *QUICK]

@@ -40,6 +40,7 @@ from bertforge.data.corpus import CORPUS_SUFFIXES, expand_inputs, iter_documents
 from bertforge.data.encoding import batch_order, collate, encode_examples, pad_multiple
 from bertforge.data.labelled import LabelledData, load_labelled, random_split, stratified_split
 from bertforge.data.pairs import PairData, load_pairs
+from bertforge.data.tables import table_format
 from bertforge.errors import BertforgeError
 from bertforge.evaluation import metrics as M
 from bertforge.evaluation.embedding import cosine_rows, model_vectors, score_vectors
@@ -530,6 +531,39 @@ def transfer_texts(cfg: DistillConfig, teacher: Teacher) -> list[str]:
     return texts
 
 
+def transfer_pairs(cfg: DistillConfig, teacher: Teacher) -> tuple[list[str], list[str]]:
+    """A pair teacher's ``--unlabelled`` transfer pairs: the rows of tables (csv/tsv/jsonl,
+    Parquet, a datasets folder) in the teacher's two text columns, no labels; a row with an
+    empty side is skipped, at most ``--max_unlabelled`` rows are read. Returns (texts, pairs)."""
+    assert cfg.unlabelled and teacher.text_pair_column
+    columns = f"{teacher.text_column!r} and {teacher.text_pair_column!r}"
+    files = expand_inputs(cfg.unlabelled)
+    for path in files:
+        try:
+            table_format(path)
+        except BertforgeError:
+            raise BertforgeError(
+                f"{path}: the teacher reads pairs, so --unlabelled must be a table with its "
+                f"columns {columns} (csv, tsv, jsonl or Parquet), not running text"
+            ) from None
+    rows = load_labelled(
+        files,
+        text_column=teacher.text_column,
+        text_pair_column=teacher.text_pair_column,
+        label_column=None,
+        encoding_errors=cfg.encoding_errors,
+    )[0]
+    assert rows.pairs is not None
+    kept = [(a, b) for a, b in zip(rows.texts, rows.pairs, strict=True) if a.strip() and b.strip()]
+    if cfg.max_unlabelled:
+        kept = kept[: cfg.max_unlabelled]
+    if not kept:
+        raise BertforgeError(
+            f"{', '.join(cfg.unlabelled)}: no row with both {columns} filled in --unlabelled"
+        )
+    return [a for a, _ in kept], [b for _, b in kept]
+
+
 AUGMENTED_FILE = "augmented.jsonl"
 """The texts ``--augment`` made, one JSON object a line (``source``: the labelled row it came
 from, 0-based; ``text``; ``pair`` for a pair teacher), written for the user to read."""
@@ -644,7 +678,11 @@ def load_data(
     ``before_teacher(training texts)`` first."""
     if teacher.task == "question_answering":  # refuses --unlabelled before reading it
         return load_qa_data(cfg, teacher, tokenizer, cache, device, before_teacher)
-    transfer = transfer_texts(cfg, teacher)
+    transfer_pair: list[str] = []
+    if cfg.unlabelled and teacher.text_pair_column and teacher.task != "embedding":
+        transfer, transfer_pair = transfer_pairs(cfg, teacher)
+    else:
+        transfer = transfer_texts(cfg, teacher)
     if teacher.task == "token_classification":
         return load_token_data(cfg, teacher, tokenizer, transfer, cache, device, before_teacher)
     augmented: Augmented | None = None
@@ -674,11 +712,6 @@ def load_data(
             val = LabelledData([texts[i] for i in val_rows], None, None)
         labels, labelled = None, np.zeros(len(train), dtype=bool)
     else:
-        if transfer and teacher.text_pair_column:
-            raise BertforgeError(
-                f"--unlabelled gives single texts, but the teacher reads pairs "
-                f"({teacher.text_column!r}, {teacher.text_pair_column!r}); drop --unlabelled"
-            )
         gold_train, val = labelled_sets(cfg, teacher)
         augmented = augmented_rows(cfg, gold_train, device)
         pairs = None if gold_train.pairs is None else list(gold_train.pairs)
@@ -686,6 +719,8 @@ def load_data(
             transfer = augmented.texts + transfer
             if pairs is not None:
                 pairs += augmented.pairs or []
+        if pairs is not None:
+            pairs += transfer_pair
         train = LabelledData(gold_train.texts + transfer, pairs, None)
         labels = np.zeros(len(train), dtype=gold_train.labels.dtype)
         labels[: len(gold_train)] = gold_train.labels
