@@ -1,7 +1,9 @@
 """GLUE-5 distillation study (issue 65, docs/distillation.md "GLUE-5"): all-MiniLM-L6-v2 fine-tuned
 per task as the teacher, distilled into a student (our general-recipe BERT-Tiny, or any model
 directory), with and without TinyBERT's augmentation; beside the student fine-tuned alone on the
-same labels for the same steps, its random twin, the teacher and Google's published miniatures.
+same labels for the same steps, its random twin, the teacher and Google's published miniatures;
+with ``--silver DIR``, the pair tasks' students distil on neighbour pairs of their training
+sentences as well (``silver_pairs.py``).
 
 Every step is a ``bertforge`` command, skipped when its output exists (a rerun continues; run two
 processes with disjoint ``--tasks`` to use two cores). ``--table`` alone scores what exists and
@@ -99,6 +101,18 @@ def run_task(spec: B.TaskSpec, a: argparse.Namespace) -> None:
     if not (plain / "model.safetensors").exists() or not (plain / "report.json").exists():
         args = [*common, "--epochs", str(a.epochs), "--report", "true", "--report_alone", "true"]
         bertforge([*args, "--output", str(plain)], out / f"distilled-{spec.name}.log")
+    if a.silver and spec.columns.get("text_pair_column"):
+        pairs = Path(a.silver) / f"silver-{spec.name}.jsonl"
+        if not pairs.exists():
+            script = Path(__file__).with_name("silver_pairs.py")
+            cmd = [sys.executable, str(script), "--task", spec.name, "--output", str(pairs)]
+            print("$ " + " ".join(cmd), flush=True)
+            subprocess.run([*cmd, "--num_threads", str(a.num_threads)], check=True)
+        silver = out / f"silver-{spec.name}"
+        if not (silver / "report.json").exists():
+            args = [*common, "--unlabelled", str(pairs), "--epochs", str(a.silver_epochs)]
+            args += ["--report", "true", "--report_compare", str(plain)]
+            bertforge([*args, "--output", str(silver)], out / f"silver-{spec.name}.log")
     if a.augment:
         augmented = out / f"augmented-{spec.name}"
         if not (augmented / "report.json").exists():
@@ -114,6 +128,7 @@ ROWS = (
     ("alone", "student fine-tuned alone (same labels, same steps)"),
     ("distilled", "student distilled (labelled rows only)"),
     ("augmented", "student distilled + TinyBERT augmentation"),
+    ("silver", "student distilled + silver pairs (silver_pairs.py)"),
 )
 
 
@@ -125,6 +140,7 @@ def model_dirs(spec: B.TaskSpec, out: Path, teachers: Path) -> dict[str, Path]:
         "alone": plain / "report" / "alone",
         "distilled": plain,
         "augmented": out / f"augmented-{spec.name}",
+        "silver": out / f"silver-{spec.name}",
     }
 
 
@@ -148,7 +164,7 @@ def score_all(a: argparse.Namespace) -> dict[str, Any]:
     for spec in B.GLUE:
         if a.tasks and spec.name not in a.tasks:
             continue
-        for run in ("augmented", "distilled"):  # the last report has the most rows
+        for run in ("silver", "augmented", "distilled"):  # the last report has the most rows
             report = out / f"{run}-{spec.name}" / "report.json"
             if report.exists():
                 speed[spec.name] = json.loads(report.read_text())["ratio"]["texts_per_second"]
@@ -202,6 +218,12 @@ def main() -> None:
     p.add_argument("--alpha", type=float, default=0.5)
     p.add_argument("--epochs", type=float, default=3)
     p.add_argument("--augment_epochs", type=float, default=2)
+    p.add_argument(
+        "--silver",
+        help="a folder of silver-TASK.jsonl neighbour pairs (made there by silver_pairs.py when "
+        "missing): the pair tasks' students also distil on them (default: none)",
+    )
+    p.add_argument("--silver_epochs", type=float, default=3)
     p.add_argument("--num_threads", type=int, default=1)
     p.add_argument("--table", action="store_true", help="score what exists and write the table")
     p.add_argument("--teachers_only", action="store_true", help="fine-tune the teachers alone")

@@ -74,8 +74,10 @@ class DistillConfig(LoopOptions):
     unlabelled: list[str] | None = None
     """Transfer text the teacher labels, no gold labels needed: files, directories or globs in
     any corpus format ``prepare`` reads (text, lines, wikitext, csv/tsv/jsonl with the teacher's
-    text column), optionally compressed. Alone (without --train) for an embedding teacher, or for
-    a task teacher with --validation."""
+    text column), optionally compressed. A pair teacher's are tables (csv/tsv/jsonl, Parquet)
+    of pairs in its two text columns, no labels (benchmarks/silver_pairs.py makes such pairs
+    from a task's own sentences). Alone (without --train) for an embedding teacher, or for a
+    task teacher with --validation."""
     validation: list[str] | None = None
     """Labelled validation file(s) in the teacher's columns (embedding: texts, on which the
     student is scored by its cosine to the teacher's vectors); without them a share
