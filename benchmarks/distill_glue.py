@@ -83,7 +83,7 @@ def run_task(spec: B.TaskSpec, a: argparse.Namespace) -> None:
     threads = ["--num_threads", str(a.num_threads)]
     train = ["--train", str(train_file(spec, data))]
     teacher = Path(a.teachers or out) / f"teacher-{spec.name}"
-    if not (teacher / "model.safetensors").exists():
+    if not (teacher / "eval_results.json").exists():  # written last (the model: at every best)
         args = ["finetune", "--model", a.teacher, *train, *finetune_options(spec), *threads]
         args += ["--validation", str(data / spec.folder / spec.evaluate)]
         args += ["--batch_size", "32", "--lr", "5e-5", "--seed", "0"]

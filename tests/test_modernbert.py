@@ -734,7 +734,7 @@ def test_finetune_chooses_a_modernbert_classifiers_pooling(modern_dirs, task_fil
     capsys.readouterr()
     bad = {
         str(bert): "is a BERT, whose classifier reads its pooler",
-        str(modern_dirs["mlm"]): "--classifier_pooling is for classification and regression",
+        str(modern_dirs["mlm"]): "is an option of --task classification or --task regression",
     }
     for model, message in bad.items():
         call = ["finetune", "--model", model, "--train", str(root / "train.csv")]

@@ -212,14 +212,19 @@ class BertConfig:
                 f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}"
             )
         layers, hidden = PRESETS[name]
-        base = dict(
-            num_hidden_layers=layers,
-            hidden_size=hidden,
-            num_attention_heads=max(1, hidden // 64),
-            intermediate_size=4 * hidden,
-        )
+        base: dict[str, Any] = dict(num_hidden_layers=layers, **google_width(hidden))
         base.update(overrides)
         return cls(**base)
+
+
+def google_width(hidden_size: int) -> dict[str, int]:
+    """The width fields of a BERT ``hidden_size`` wide, as Google sized its models:
+    ``hidden_size // 64`` heads (at least 1) and a feed-forward of 4 x the width."""
+    return dict(
+        hidden_size=hidden_size,
+        num_attention_heads=max(1, hidden_size // 64),
+        intermediate_size=4 * hidden_size,
+    )
 
 
 def _physical_memory() -> int:
@@ -620,4 +625,5 @@ __all__ = [
     "ModernBertConfig",
     "config_from_dict",
     "load_config",
+    "google_width",
 ]

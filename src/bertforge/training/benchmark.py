@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +55,7 @@ from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.benchmark_curve import write_curve
 from bertforge.training.checkpoints import SNAPSHOT_PREFIX, snapshot_seconds
 from bertforge.training.config import (
+    ClassifierPooling,
     FinetuneConfig,
     check_at_least,
     check_choice,
@@ -135,7 +136,7 @@ class BenchmarkConfig:
     Checks that everything runs (CI); its numbers mean nothing."""
     dropout: float | None = None
     """Dropout while fine-tuning (None keeps the model's; 0 is several times faster on CPU)."""
-    classifier_pooling: Literal["cls", "mean"] | None = None
+    classifier_pooling: ClassifierPooling | None = None
     """A ModernBERT's classification and regression head reads the [CLS] state (cls) or the
     mean of the real tokens' states (mean), as ``finetune --classifier_pooling``; default the
     model's config.json. Other tasks, and BERT models, ignore it."""

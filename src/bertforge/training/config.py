@@ -38,6 +38,9 @@ BowTarget = Literal["pair", "shared"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 Preset = Literal["tiny", "mini", "small", "medium", "base", "large", "ettin-17m"]
 Architecture = Literal["bert", "modernbert"]
+ClassifierPooling = Literal["cls", "mean"]
+"""How a ModernBERT classifier or regressor pools its last hidden states: [CLS] or the mean of
+the real tokens' (transformers' ``ModernBertConfig.classifier_pooling``)."""
 Task = Literal[
     "classification", "regression", "token_classification", "question_answering", "embedding"
 ]
@@ -647,6 +650,7 @@ TASK_OPTIONS: dict[str, tuple[str, ...]] = {
     "doc_stride": ("question_answering",),
     "max_answer_length": ("question_answering",),
     "truncation": ("classification", "regression", "embedding"),
+    "classifier_pooling": ("classification", "regression"),
 }
 """The ``bertforge finetune`` options that only some tasks read: given with another task (set
 away from its default), the run is refused naming the task, instead of ignoring it."""
@@ -784,7 +788,7 @@ class FinetuneConfig(LoopOptions):
     picks cosent for scored pairs, in_batch_negatives for pairs, simcse for plain texts."""
     scale: float = 20.0
     """embedding: the factor on cosine similarities in the loss (20 = temperature 0.05)."""
-    classifier_pooling: Literal["cls", "mean"] | None = None
+    classifier_pooling: ClassifierPooling | None = None
     """classification, regression from a ModernBERT: what its head reads, ``cls`` (the [CLS]
     state) or ``mean`` (the mean of the real tokens' states, as the published ModernBERT
     checkpoints are configured); default the model's config.json (transformers' default cls).
@@ -810,6 +814,8 @@ class FinetuneConfig(LoopOptions):
         self.model = resolve_model(self.model)
         check_choice(self.task, Task, "--task")
         check_choice(self.truncation, Truncation, "--truncation")
+        if self.classifier_pooling is not None:
+            check_choice(self.classifier_pooling, ClassifierPooling, "--classifier_pooling")
         if self.task == "embedding":
             self._check_embedding()
         elif self.label_column is None:

@@ -57,7 +57,7 @@ from bertforge.io import (
     format_size,
     read_json_object,
 )
-from bertforge.modeling.auto import ModelKind
+from bertforge.modeling.auto import MODERNBERT, ModelKind
 from bertforge.modeling.auto import model_class as auto_model_class
 from bertforge.modeling.checkpoint import check_model_directory, check_tokenizer_fits
 from bertforge.modeling.model import (
@@ -491,20 +491,11 @@ def load_model(
 
 
 def classifier_pooling(cfg: FinetuneConfig, cls: type[torch.nn.Module]) -> dict[str, str]:
-    """The config override of ``--classifier_pooling`` (none when unset), refused where it has
-    no meaning: a task other than classification/regression, or a BERT (its pooler reads
-    [CLS])."""
+    """The config override of ``--classifier_pooling`` (none when unset; its value and task
+    are checked by :class:`FinetuneConfig`), refused for a BERT, whose pooler reads [CLS]."""
     if cfg.classifier_pooling is None:
         return {}
-    if cfg.classifier_pooling not in ("cls", "mean"):
-        raise BertforgeError(f"--classifier_pooling {cfg.classifier_pooling!r}: choose cls or mean")
-    if cfg.task not in ("classification", "regression"):
-        raise BertforgeError(
-            f"--classifier_pooling is for classification and regression, not {cfg.task}"
-            + ("; an embedding model pools by --pooling" if cfg.task == "embedding" else "")
-            + ": drop it"
-        )
-    if not cls.__name__.startswith("ModernBert"):
+    if cls not in MODERNBERT.values():
         raise BertforgeError(
             f"--classifier_pooling: {cfg.model} is a BERT, whose classifier reads its pooler "
             "over [CLS]; the option chooses a ModernBERT's pooling: drop it"

@@ -14,7 +14,7 @@ from torch import nn
 
 from bertforge.errors import BertforgeError
 from bertforge.modeling.checkpoint import check_model_directory, check_tokenizer_fits
-from bertforge.modeling.config import BertConfig
+from bertforge.modeling.config import BertConfig, google_width
 from bertforge.modeling.model import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
@@ -162,16 +162,14 @@ def resized_preset(num_layers: int | None, hidden_size: int | None) -> dict[str,
     if num_layers is not None:
         overrides["num_hidden_layers"] = num_layers
     if hidden_size is not None:
-        heads = max(1, hidden_size // 64)
-        if hidden_size % heads:
+        width = google_width(hidden_size)
+        if hidden_size % (heads := width["num_attention_heads"]):
             raise BertforgeError(
                 f"--student_hidden_size {hidden_size}: the width is split into "
                 f"{hidden_size} // 64 = {heads} attention heads, which do not divide it; "
                 "use a multiple of 64 (or a width under 128)"
             )
-        overrides.update(
-            hidden_size=hidden_size, num_attention_heads=heads, intermediate_size=4 * hidden_size
-        )
+        overrides.update(width)
     return overrides
 
 
