@@ -245,6 +245,9 @@ def test_a_pair_teacher_labels_unlabelled_pairs(classifier, tmp_path, capsys):
     no_pair.write_text("text\nonly one side\n", encoding="utf-8")
     argv[argv.index(str(pairs))] = str(no_pair)
     assert "'second'" in one_line_error([*argv, "--output", str(tmp_path / "bad")], capsys)
+    argv += ["--transfer_unit", "sentence", "--output", str(tmp_path / "bad2")]
+    assert "drop --transfer_unit" in one_line_error(argv, capsys)
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "bad2").exists()
 
 
 def test_regression_student_predicts_in_the_labels_units(work):

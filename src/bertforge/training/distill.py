@@ -537,6 +537,11 @@ def transfer_pairs(cfg: DistillConfig, teacher: Teacher) -> tuple[list[str], lis
     empty side is skipped, at most ``--max_unlabelled`` rows are read. Returns (texts, pairs)."""
     assert cfg.unlabelled and teacher.text_pair_column
     columns = f"{teacher.text_column!r} and {teacher.text_pair_column!r}"
+    if cfg.transfer_unit == "sentence":
+        raise BertforgeError(
+            "--transfer_unit sentence splits running text, but the teacher reads pairs, one a "
+            "table row: drop --transfer_unit"
+        )
     files = expand_inputs(cfg.unlabelled)
     for path in files:
         try:
