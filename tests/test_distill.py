@@ -25,6 +25,7 @@ from bertforge.modeling.model import BertForMaskedLM, BertForSequenceClassificat
 from bertforge.progress import read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import list_checkpoints
+from bertforge.training.distill import balanced_rows
 from bertforge.training.model_card import read_card_metadata
 from bertforge.training.students import layer_subset, resized_preset
 
@@ -250,6 +251,35 @@ def test_a_pair_teacher_labels_unlabelled_pairs(classifier, tmp_path, capsys):
     assert not (tmp_path / "bad").exists() and not (tmp_path / "bad2").exists()
 
 
+def test_transfer_rows_balanced_to_the_gold_proportions():
+    """balanced_rows: the transfer rows kept come in the gold rows' class proportions, as many
+    as the scarcest class allows; the gold rows are never among them; a class the gold rows
+    lack keeps none."""
+    labelled = np.array([True] * 8 + [False] * 100)
+    labels = np.array([0, 0, 1, 1, 1, 1, 1, 1] + [0] * 100)  # gold: 1/4 class 0, 3/4 class 1
+    classes = np.array([0] * 8 + [0] * 70 + [1] * 24 + [2] * 6)  # the teacher: mostly 0
+    keep = balanced_rows(classes, labelled, labels, seed=0)
+    assert list(keep) == sorted(set(keep.tolist())) and keep.min() >= 8
+    assert np.bincount(classes[keep], minlength=3).tolist() == [8, 24, 0]  # 24 / 0.75 = 32 rows
+    assert balanced_rows(classes, labelled, labels, seed=1).tolist() != keep.tolist()
+
+
+def test_a_pair_teacher_with_balanced_silver_pairs(classifier, tmp_path, capsys):
+    """--balance_transfer: the teacher labels the transfer pairs, and the run keeps those of
+    each class in --train's proportions, saying how many; refused for a regression teacher."""
+    pairs = tmp_path / "silver.jsonl"
+    rows = [{"text": f"some words {i}", "second": f"{'good' if i % 4 else 'bad'} words"}
+            for i in range(40)]  # fmt: skip
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "balanced"
+    argv = ["distill", "--teacher", str(classifier), "--output", str(out), *QUICK]
+    argv += ["--student_layers", "0", "--train", str(classifier.parent / "train.csv")]
+    argv += ["--unlabelled", str(pairs), "--balance_transfer", "true", "--max_steps", "2"]
+    assert cli.main([*argv, "--batch_size", "8", "--validation_fraction", "0.25"]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("balance:")]
+    assert len(said) == 1 and said[0].startswith("balance: kept ") and " of 40 transfer" in said[0]
+
+
 def test_regression_student_predicts_in_the_labels_units(work):
     out = work["root"] / "regression-student"
     argv = ["distill", "--teacher", str(work["regressor"]), "--output", str(out), *QUICK]
@@ -454,6 +484,7 @@ def test_embedding_student_narrower_than_its_teacher_learns_a_pca_projection(wor
         ("teacher_cache_not_npy", "teacher.txt: give a .npy file path"),
         ("resized_without_preset", "--student_hidden_size resizes a fresh student"),
         ("heads_do_not_divide", "--student_hidden_size 200: the width is split into"),
+        ("balance_a_regressor", "--balance_transfer keeps a classifier's class proportions"),
     ],
 )
 def test_bad_input_is_one_line(work, classifier, tmp_path, capsys, case, expected):
@@ -484,6 +515,9 @@ def test_bad_input_is_one_line(work, classifier, tmp_path, capsys, case, expecte
                                                "--student_hidden_size", "256"),
         "heads_do_not_divide": distill_argv(work, out, "--student_preset", "tiny", *train,
                                             "--student_hidden_size", "200"),
+        "balance_a_regressor": ["distill", "--teacher", str(work["regressor"]), "--output",
+                                str(out), "--student_preset", "tiny", "--train",
+                                str(work["scores"]), "--balance_transfer", "true"],
     }[case]  # fmt: skip
     assert expected in one_line_error(argv, capsys)
     assert not out.exists()  # refused before anything is written

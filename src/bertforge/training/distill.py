@@ -531,6 +531,43 @@ def transfer_texts(cfg: DistillConfig, teacher: Teacher) -> list[str]:
     return texts
 
 
+def check_balance(cfg: DistillConfig, task: str) -> None:
+    """Refuse ``--balance_transfer`` where it has nothing to balance or no proportions to keep."""
+    if task != "classification":
+        raise BertforgeError(
+            f"--balance_transfer keeps a classifier's class proportions; this teacher is a "
+            f"{task} model: drop it"
+        )
+    if not cfg.train:
+        raise BertforgeError(
+            "--balance_transfer takes the class proportions from --train's gold labels: give --train"
+        )
+    if not (cfg.unlabelled or cfg.augment):
+        raise BertforgeError(
+            "--balance_transfer balances transfer text: give --unlabelled or --augment, or drop it"
+        )
+
+
+def balanced_rows(
+    classes: np.ndarray, labelled: np.ndarray, labels: np.ndarray, seed: int
+) -> np.ndarray:
+    """The transfer rows (``~labelled``) to keep, sorted, so that their classes (``classes``:
+    the teacher's top class of every training row) come in the gold rows' proportions
+    (``labels[labelled]``): the most rows that allow it, each class's drawn at random. A class
+    the gold rows lack keeps none."""
+    gold = np.bincount(labels[labelled].astype(np.int64), minlength=int(classes.max()) + 1)
+    transfer = np.flatnonzero(~labelled)
+    have = np.bincount(classes[transfer], minlength=len(gold))[: len(gold)]
+    share = gold / gold.sum()
+    total = min(have[c] / share[c] for c in range(len(gold)) if share[c] > 0)
+    rng = np.random.default_rng(seed)
+    keep = []
+    for c in range(len(gold)):
+        members = transfer[classes[transfer] == c]
+        keep.append(rng.choice(members, int(total * share[c]), replace=False))
+    return np.sort(np.concatenate(keep))
+
+
 def transfer_pairs(cfg: DistillConfig, teacher: Teacher) -> tuple[list[str], list[str]]:
     """A pair teacher's ``--unlabelled`` transfer pairs: the rows of tables (csv/tsv/jsonl,
     Parquet, a datasets folder) in the teacher's two text columns, no labels; a row with an
@@ -681,6 +718,8 @@ def load_data(
     """Read the gold and transfer texts, encode them for the student (its own tokenizer) and
     get the teacher's outputs of them (its tokenizer; cached in ``cache``), calling
     ``before_teacher(training texts)`` first."""
+    if cfg.balance_transfer:
+        check_balance(cfg, teacher.task)
     if teacher.task == "question_answering":  # refuses --unlabelled before reading it
         return load_qa_data(cfg, teacher, tokenizer, cache, device, before_teacher)
     transfer_pair: list[str] = []
@@ -747,6 +786,20 @@ def load_data(
         progress=count_progress("teacher", "texts"),
     )
     teacher.model.to("cpu")  # its outputs are cached: the device is the student's
+    if cfg.balance_transfer:
+        assert labels is not None
+        keep = balanced_rows(
+            np.asarray(outputs[: len(train)]).argmax(1), labelled, labels, cfg.seed
+        )
+        rows = np.concatenate([np.arange(int(labelled.sum())), keep])  # the gold rows first
+        print(
+            f"balance: kept {len(keep):,} of {len(train) - int(labelled.sum()):,} transfer texts, "
+            "in the gold labels' class proportions (--balance_transfer)",
+            file=sys.stderr,
+            flush=True,
+        )
+        outputs = np.concatenate([np.asarray(outputs[rows]), np.asarray(outputs[len(train) :])])
+        train, labels, labelled = train.subset(rows), labels[rows], labelled[rows]
     scale = None
     if teacher.task == "regression":
         predicted = np.asarray(outputs[: len(train)], dtype=np.float64)[:, 0]

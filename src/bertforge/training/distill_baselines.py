@@ -237,9 +237,9 @@ def alone_config(cfg: DistillConfig, steps_done: int, output: Path, **start: Any
     """The settings of training a start on the gold labels alone for ``steps_done`` steps: the
     run's own (data order, batch, LR, validation) less the teacher's terms and transfer text."""
     return dataclasses.replace(
-        cfg, output=str(output), alpha=0.0, unlabelled=None, max_unlabelled=None,
-        max_steps=steps_done, max_time=None, hidden_weight=0.0, attention_weight=0.0,
-        relation_weight=0.0, relation_heads=None, layer_map=None, report=False,
+        cfg, output=str(output), alpha=0.0, unlabelled=None, max_unlabelled=None, augment=None,
+        balance_transfer=False, max_steps=steps_done, max_time=None, hidden_weight=0.0,
+        attention_weight=0.0, relation_weight=0.0, relation_heads=None, layer_map=None, report=False,
         report_compare=None, report_alone=False, keep_final_checkpoint=False, **start,
     )  # fmt: skip
 

@@ -96,6 +96,12 @@ class DistillConfig(LoopOptions):
     row), or each of its sentences; auto: sentences for an embedding teacher, else documents."""
     max_unlabelled: int | None = None
     """Read at most this many transfer texts from --unlabelled (its first ones)."""
+    balance_transfer: bool = False
+    """A classification teacher with gold labels: keep the transfer texts (--unlabelled,
+    --augment) in the gold labels' class proportions, each text's class the teacher's top one,
+    by dropping at random the surplus of the classes the teacher gives more often. Transfer text
+    from elsewhere (neighbour pairs, general text) can hold one class far more than the task
+    does, and the student then learns that prior."""
     augment: str | None = None
     """TinyBERT's data augmentation: a model with a masked-LM head (a ``bertforge pretrain``
     output, any BERT or ModernBERT masked LM with a WordPiece vocabulary) whose predictions
