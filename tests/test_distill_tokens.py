@@ -3,7 +3,8 @@ models: the teacher's cached outputs are its logits at each word's first piece (
 per word), a layer subset learns the entities, the student loads in transformers with the same
 logits and tags through the CLI, a student with another vocabulary learns word by word, a run
 resumes exactly; a QA teacher's start/end distributions reach a fresh student that answers and
-loads in transformers, and a QA student of another vocabulary is refused."""
+loads in transformers, and a QA student of another vocabulary learns the teacher's
+distributions carried to its tokens by character."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from support.micro import assert_same_step, step_gradients
 from test_tagging import FAST, NAMES, tagged_sentences, write_conll
 
 from bertforge import cli
+from bertforge.data.qa import QAExample, encode_windows
 from bertforge.data.tagging import IGNORE, encode_tagged
 from bertforge.inference.tagging import token_logits
 from bertforge.modeling.config import BertConfig
@@ -33,6 +35,7 @@ from bertforge.modeling.model import (
 from bertforge.progress import read_metrics
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.checkpoints import list_checkpoints
+from bertforge.training.distill_qa import FLOOR, carry_logits, teacher_windows
 from bertforge.training.distill_tokens import _targets
 from bertforge.training.teacher import load_teacher, token_teacher_outputs, word_offsets
 
@@ -285,10 +288,132 @@ def test_the_report_of_a_qa_teacher(qa):
     assert "| constant: the context's first 1 words |" in (out / "report.md").read_text()
 
 
+# ---- question answering across vocabularies: distributions carried by character ---------------
+
+
+def test_carried_logits_move_each_positions_mass_and_renormalise():
+    """Teacher positions 0..3 with probabilities 0.1, 0.2, 0.3, 0.4: position 1 is left out
+    (a question token), 2 and 3 land on student position 1, nothing on position 2."""
+    logits = np.log(np.array([0.1, 0.2, 0.3, 0.4])) + 5.0  # a shift changes nothing
+    got = carry_logits(logits, np.array([0, -1, 1, 1]), 3)
+    np.testing.assert_allclose(np.exp(got[:2]), [0.125, 0.875], rtol=1e-6)
+    assert got[2] == FLOOR and got.dtype == np.float32
+    assert np.all(carry_logits(np.zeros(2), np.array([-1, -1]), 2) == FLOOR)  # nothing kept
+
+
+def qa_examples(rows: list[dict]) -> list[QAExample]:
+    return [
+        QAExample(r["id"], r["question"], r["context"], r["answers"]["text"],
+                  r["answers"]["answer_start"])
+        for r in rows
+    ]  # fmt: skip
+
+
+def test_teacher_windows_of_the_same_tokenizer_are_the_students_own(qa):
+    """With one tokenizer on both sides the teacher's windows are the student's windows, and
+    every [CLS] and context position maps to itself (the question's and [SEP]s to none)."""
+    from test_qa import _rows
+
+    tokenizer = Tokenizer.from_file(qa["teacher"])
+
+    examples = qa_examples(_rows(12, seed=3, words=(20, 40)))
+    student = encode_windows(tokenizer, examples, max_length=24, doc_stride=6)
+    assert len(student) > len(examples)  # long contexts: several windows each
+    carried = teacher_windows(tokenizer, examples, student, max_length=24)
+    assert carried.cut == 0
+    for w, (ids, head) in enumerate(student.encoded):
+        theirs, their_head = carried.windows.encoded[w]
+        assert np.array_equal(theirs, ids) and their_head == head
+        expected = np.full(len(ids), -1)
+        expected[0] = 0
+        expected[head : len(ids) - 1] = np.arange(head, len(ids) - 1)
+        assert np.array_equal(carried.starts[w], expected)
+        assert np.array_equal(carried.ends[w], expected)
+
+
+@pytest.fixture(scope="module")
+def qa_other(qa) -> Path:
+    """A tiny student whose 70-piece vocabulary, trained on the questions' contexts, has other
+    ids for every word and splits the answer, "good", into four pieces (the teacher has it
+    whole)."""
+    from test_qa import _rows
+
+    root = qa["root"]
+    corpus = root / "qa-other.txt"
+    corpus.write_text("\n".join(r["context"] for r in _rows(200, seed=11)) + "\n")
+    tokenizer = Tokenizer.train(corpus, vocab_size=70, min_frequency=1)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, **{**TINY_MODEL, "num_hidden_layers": 2})
+    torch.manual_seed(2)
+    BertForMaskedLM(config).save_pretrained(root / "qa-other", tokenizer=tokenizer)
+    return root / "qa-other"
+
+
+def test_teacher_windows_of_another_tokenizer_cover_the_students_characters(qa, qa_other):
+    """Each teacher window reads the context tokens that start inside its student window's
+    characters; each of its context tokens' start (end) mass goes to the student token that
+    starts (ends) at the same character, none where no student token does."""
+    from test_qa import _rows
+
+    student_tok, teacher_tok = Tokenizer.from_file(qa_other), Tokenizer.from_file(qa["teacher"])
+    examples = qa_examples(_rows(10, seed=4, words=(10, 30)))
+    student = encode_windows(student_tok, examples, max_length=32, doc_stride=8)
+    carried = teacher_windows(teacher_tok, examples, student, max_length=32)
+    assert student_tok.encode("movie")["input_ids"] != teacher_tok.encode("movie")["input_ids"]
+    for w in range(len(student)):
+        i, f, n = student.example[w], student.first[w], student.length[w]
+        mine, theirs = student.offsets[i], carried.windows.offsets[i]
+        lo, m = carried.windows.first[w], carried.windows.length[w]
+        head_s, head_t = student.encoded[w][1], carried.windows.encoded[w][1]
+        c0, c1 = mine[f, 0], mine[f + n - 1, 1]
+        inside = np.flatnonzero((theirs[:, 0] >= c0) & (theirs[:, 0] < c1))
+        assert np.array_equal(np.arange(lo, lo + m), inside)
+        for j in range(lo, lo + m):
+            to_start, to_end = carried.starts[w][head_t + j - lo], carried.ends[w][head_t + j - lo]
+            starts_here = np.flatnonzero(mine[f : f + n, 0] == theirs[j, 0])
+            ends_here = np.flatnonzero(mine[f : f + n, 1] == theirs[j, 1])
+            assert to_start == (head_s + starts_here[0] if len(starts_here) else -1)
+            assert to_end == (head_s + ends_here[0] if len(ends_here) else -1)
+            word_start = theirs[j, 0] == 0 or examples[i].context[theirs[j, 0] - 1] == " "
+            assert not word_start or to_start >= 0  # every word's start carries over
+        assert carried.starts[w][0] == carried.ends[w][0] == 0  # [CLS] to [CLS]
+        assert (carried.starts[w][1:head_t] == -1).all()  # the question carries nothing
+
+
+def test_a_qa_student_of_another_vocabulary_learns_the_carried_distributions(qa, qa_other, capsys):
+    out = qa["root"] / "student-other"
+    argv = ["distill", "--teacher", str(qa["teacher"]), "--output", str(out), *QUICK]
+    argv += [
+        "--student",
+        str(qa_other),
+        "--train",
+        str(qa["train"]),
+        "--validation",
+        str(qa["val"]),
+    ]
+    # soft targets alone (--alpha 1): what it learns, it learns from the carried distributions
+    assert cli.main([*argv, "--max_steps", "120", "--lr", "3e-3", "--alpha", "1"]) == 0
+    log = "".join(capsys.readouterr())
+    assert "carried to the student's tokens by character" in log, log
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["teacher"]["f1"] >= 0.9  # scored on its own windows
+    assert results["validation"]["f1"] >= 0.8
+    student, teacher = Tokenizer.from_file(out), Tokenizer.from_file(qa["teacher"])
+    assert student.backend.encode("good", add_special_tokens=False).tokens == [
+        "g",
+        "##o",
+        "##o",
+        "##d",
+    ]
+    assert len(teacher.backend.encode("good", add_special_tokens=False).tokens) == 1
+    capsys.readouterr()
+    argv = ["answer", "--model", str(out), "--question", "where is good ?"]
+    assert cli.main([*argv, "--context", "the movie was good and some plot"]) == 0
+    assert "good" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "options, message",
     [
-        (["--student", "OTHER", "--train", "TRAIN"], "aligning two tokenizers by character"),
         (["--student_layers", "0", "--train", "TRAIN", "--unlabelled", "TRAIN"],
          "reads question/context pairs; drop --unlabelled"),
         (["--student_layers", "0", "--unlabelled", "TRAIN", "--validation", "TRAIN"],
