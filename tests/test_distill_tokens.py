@@ -186,12 +186,27 @@ def test_a_student_with_another_vocabulary_learns_word_by_word(work):
     assert results["validation"]["entity_f1"] >= 0.5
 
 
-def test_intermediate_losses_are_refused_for_a_token_teacher(work, tmp_path, capsys):
-    argv = distill_argv(
-        work, tmp_path / "x", "--student_layers", "1", "--train", str(work["train"])
-    )
-    message = one_line_error([*argv, "--hidden_weight", "1"], capsys)
-    assert "token_classification" in message and "--hidden_weight" in message
+def hidden_losses(out: Path) -> list[float]:
+    return [r["hidden_loss"] for r in read_metrics(out) if r["split"] == "train"]
+
+
+def test_intermediate_losses_with_a_token_teacher(work, tmp_path, capsys):
+    """A tagger's student learns the teacher's hidden states (through the projection) and its
+    relations beside the per-word soft targets; a student of another vocabulary is refused
+    (the losses compare positions)."""
+    out = work["root"] / "token-layers"
+    argv = distill_argv(work, out, "--student_preset", "tiny", "--train", str(work["train"]))
+    argv += ["--hidden_weight", "1", "--relation_weight", "1", "--relation_heads", "2"]
+    assert cli.main([*argv, "--max_steps", "40", "--log_every", "1", "--lr", "3e-3"]) == 0
+    train = [r for r in read_metrics(out) if r["split"] == "train"]
+    assert {"hidden_loss", "relation_loss", "soft_loss", "hard_loss"} <= set(train[0])
+    losses = hidden_losses(out)  # batches differ by more than a step learns: 8-step means
+    assert len(losses) == 40 and 0 < np.mean(losses[-8:]) < 0.9 * np.mean(losses[:8]), losses
+    argv = distill_argv(work, tmp_path / "x", "--student", str(work["other"]))
+    capsys.readouterr()
+    message = one_line_error([*argv, "--train", str(work["train"]), "--hidden_weight", "1"], capsys)
+    assert "need the teacher's tokenizer" in message
+    assert not (tmp_path / "x").exists()
 
 
 # ---- question answering: the start/end distributions, the same vocabulary -----------------------
@@ -411,6 +426,30 @@ def test_a_qa_student_of_another_vocabulary_learns_the_carried_distributions(qa,
     assert "good" in capsys.readouterr().out
 
 
+def test_intermediate_losses_with_a_qa_teacher(qa):
+    """A fresh QA student learns the teacher's hidden states and relations beside the start/end
+    distributions (the attention KL, which needs the teacher's head count, runs in the
+    micro-batch test below)."""
+    out = qa["root"] / "qa-layers"
+    argv = ["distill", "--teacher", str(qa["teacher"]), "--output", str(out), *QUICK]
+    argv += [
+        "--student_preset",
+        "tiny",
+        "--train",
+        str(qa["train"]),
+        "--validation",
+        str(qa["val"]),
+    ]
+    argv += ["--hidden_weight", "1", "--relation_weight", "1", "--relation_heads", "2"]
+    assert cli.main([*argv, "--max_steps", "40", "--log_every", "1", "--lr", "3e-3"]) == 0
+    train = [r for r in read_metrics(out) if r["split"] == "train"]
+    assert {"hidden_loss", "relation_loss", "soft_loss", "hard_loss"} <= set(train[0])
+    losses = hidden_losses(out)
+    assert len(losses) == 40 and 0 < np.mean(losses[-8:]) < 0.9 * np.mean(losses[:8]), losses
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["validation"]["f1"] >= 0.8
+
+
 @pytest.mark.parametrize(
     "options, message",
     [
@@ -418,12 +457,12 @@ def test_a_qa_student_of_another_vocabulary_learns_the_carried_distributions(qa,
          "reads question/context pairs; drop --unlabelled"),
         (["--student_layers", "0", "--unlabelled", "TRAIN", "--validation", "TRAIN"],
          "--unlabelled gives texts without questions"),
-        (["--student_layers", "0", "--train", "TRAIN", "--relation_weight", "1"],
-         "not supported for a question_answering teacher yet"),
+        (["--student", "QA_OTHER", "--train", "TRAIN", "--hidden_weight", "1"],
+         "need the teacher's tokenizer"),
     ],
 )  # fmt: skip
-def test_a_qa_teacher_refuses_what_it_cannot_do(qa, work, tmp_path, capsys, options, message):
-    files = {"OTHER": str(work["other"]), "TRAIN": str(qa["train"])}
+def test_a_qa_teacher_refuses_what_it_cannot_do(qa, qa_other, tmp_path, capsys, options, message):
+    files = {"QA_OTHER": str(qa_other), "TRAIN": str(qa["train"])}
     argv = ["distill", "--teacher", str(qa["teacher"]), "--output", str(tmp_path / "x"), *QUICK]
     err = one_line_error([*argv, *(files.get(o, o) for o in options)], capsys)
     assert message in err
@@ -454,20 +493,24 @@ def test_a_token_run_resumes_exactly(work):
     assert losses[0] == losses[1] and losses[0]
 
 
-@pytest.mark.parametrize("teacher", ["tokens", "qa"])
+@pytest.mark.parametrize("teacher", ["tokens", "qa", "tokens-layers", "qa-layers"])
 def test_micro_batches_give_the_whole_batchs_step(work, qa, tmp_path, teacher):
     """A tagger's step (its terms are means over the words that learn and the gold words:
-    untagged sentences beside tagged ones) and a QA step (over windows), whole and in
-    micro-batches of 8, 4 and 1: the same gradients and logged terms."""
+    untagged sentences beside tagged ones) and a QA step (over windows), each also with the
+    intermediate losses (means over real tokens), whole and in micro-batches of 8, 4 and 1:
+    the same gradients and logged terms."""
     out = tmp_path / "out"
-    if teacher == "tokens":
+    if teacher.startswith("tokens"):
         argv = distill_argv(work, out, "--student_layers", "1", "--train", str(work["train"]))
         argv += ["--unlabelled", str(work["unlabelled"]), "--alpha", "0.3"]
     else:
         argv = ["distill", "--teacher", str(qa["teacher"]), "--output", str(out), *QUICK]
         argv += ["--student_layers", "1", "--train", str(qa["train"])]
         argv += ["--validation", str(qa["val"])]
+    if teacher.endswith("layers"):
+        argv += ["--hidden_weight", "1", "--attention_weight", "0.5", "--relation_weight", "1"]
     labelled = step_gradients(argv, np.array([0]), [1])[0]["run"].data.labelled
     gold, transfer = np.flatnonzero(labelled), np.flatnonzero(~labelled)
-    rows = np.concatenate([gold[:5], transfer[:11]]) if teacher == "tokens" else gold[:16]
+    tokens = teacher.startswith("tokens")
+    rows = np.concatenate([gold[:5], transfer[:11]]) if tokens else gold[:16]
     assert_same_step(step_gradients(argv, rows, [16, 8, 4, 1]))

@@ -371,11 +371,6 @@ def setup(cfg: DistillConfig) -> tuple[Run, FinetuneState]:
     seed_everything(cfg.seed)
     resume_dir = intact_checkpoint(latest_checkpoint(out))
     model, tokenizer, start = student_for(cfg, teacher, resume_dir)
-    if teacher.task in ("token_classification", "question_answering") and cfg.intermediate:
-        raise BertforgeError(
-            "--hidden_weight, --attention_weight and --relation_weight are not supported for a "
-            f"{teacher.task} teacher yet; set them to 0"
-        )
     layers = layer_losses(cfg, teacher, model, tokenizer)
     resolved = steps.config_dict(cfg)
 
@@ -894,12 +889,12 @@ def term_units(run: Run, rows: np.ndarray) -> dict[str, float]:
     real tokens (the intermediate terms). A micro-batch's term weighs its count over the
     batch's, so that the micro-batches' gradients sum to the batch's."""
     data = run.data
-    if isinstance(data, TokenDistillData):  # the words that learn, and those with gold tags
-        where, _, _, gold = data.batch(rows, 1)
-        return {"soft": float(where.numel()), "hard": float(gold.sum())}
     length = run.teacher.max_length
     tokens = float(sum(min(len(data.encoded[i][0]), length) for i in rows))
     inner = {"hidden": tokens, "attention": tokens, "relation": tokens}
+    if isinstance(data, TokenDistillData):  # the words that learn, and those with gold tags
+        where, _, _, gold = data.batch(rows, 1)
+        return {"soft": float(where.numel()), "hard": float(gold.sum())} | inner
     gold = float(np.asarray(data.labelled)[rows].sum())
     return {"soft": float(len(rows)), "mse": float(len(rows)), "hard": gold} | inner
 
@@ -915,9 +910,9 @@ def part_terms(run: Run, rows: np.ndarray) -> tuple[Terms, Terms, int]:
     batch = {k: v.to(device) for k, v in padded.items()}
     tokens = int(batch["attention_mask"].sum())
     if isinstance(data, TokenDistillData):
-        return token_terms(run, rows, batch), {}, tokens
+        return (*token_terms(run, rows, batch), tokens)
     if isinstance(data, QADistillData):
-        return span_terms(run, rows, batch), {}, tokens
+        return (*span_terms(run, rows, batch), tokens)
     teacher = data.teacher(rows).to(device)
     extra: Terms = {}
     if len(run.layers):
@@ -934,34 +929,61 @@ def part_terms(run: Run, rows: np.ndarray) -> tuple[Terms, Terms, int]:
     return run.loss(student, teacher, labels, labelled), extra, tokens
 
 
-def token_terms(run: Run, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> Terms:
-    """A token-classification batch: the soft and gold terms at each word's first piece."""
+def token_terms(run: Run, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> tuple[Terms, Terms]:
+    """A token-classification batch: the soft and gold terms at each word's first piece, and
+    the intermediate terms (empty without them)."""
     data, device = run.data, run.device
     assert isinstance(data, TokenDistillData)
     length = batch["input_ids"].shape[1]
     where, teacher, labels, labelled = (t.to(device) for t in data.batch(rows, length))
-    with autocast(device, run.precision):
-        logits = run.model(**batch).logits  # (B, T, C)
+    out, extra = student_outputs(run, batch)
+    logits = out.logits  # (B, T, C)
     student = logits.reshape(-1, logits.shape[-1])[where]
-    return run.loss(student, teacher, labels, labelled)
+    return run.loss(student, teacher, labels, labelled), extra
 
 
-def span_terms(run: Run, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> Terms:
-    """A question-answering batch: the start/end KL to the teacher and the gold spans."""
+def span_terms(run: Run, rows: np.ndarray, batch: dict[str, torch.Tensor]) -> tuple[Terms, Terms]:
+    """A question-answering batch: the start/end KL to the teacher and the gold spans, and the
+    intermediate terms (empty without them)."""
     data, device = run.data, run.device
     assert isinstance(data, QADistillData)
     length = batch["input_ids"].shape[1]
     teacher = tuple(t.to(device) for t in data.teacher(rows, length))
     gold = tuple(t.to(device) for t in data.targets(rows))
-    with autocast(device, run.precision):
-        out = run.model(**batch)
+    out, extra = student_outputs(run, batch)
     student = (out.start_logits, out.end_logits)
-    return run.loss(student, teacher, batch["attention_mask"], gold)
+    return run.loss(student, teacher, batch["attention_mask"], gold), extra
+
+
+def student_outputs(run: Run, batch: dict[str, torch.Tensor]) -> tuple[Any, Terms]:
+    """The student's forward over every position of ``batch`` (a tagger's or a QA model's) and,
+    with intermediate losses, their terms (the teacher run beside it on the same tokens)."""
+    if not len(run.layers):
+        with autocast(run.device, run.precision):
+            return run.model(**batch), {}
+    return traced_step(run, batch, lambda: run.model(**batch, output_attentions=True))
 
 
 def layer_step(run: Run, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
     """The student's outputs (logits or pooled vectors) and the intermediate losses' terms,
     the teacher run beside it on the same batch (the same tokens)."""
+    model = run.model
+    if run.task == "embedding":
+        out, terms = traced_step(run, batch, lambda: model(**batch, output_attentions=True))
+        with autocast(run.device, run.precision):
+            hidden = out.last_hidden_state.float()
+            return pool(hidden, batch["attention_mask"], run.teacher.pooling or "mean"), terms
+    call = lambda: model(**batch, output_attentions=True, cls_only=False)  # noqa: E731
+    out, terms = traced_step(run, batch, call)
+    return out.logits, terms
+
+
+def traced_step(
+    run: Run, batch: dict[str, torch.Tensor], call: Callable[[], Any]
+) -> tuple[Any, Terms]:
+    """``call()``, the student's forward of ``batch`` with ``output_attentions=True``, traced at
+    the layers the intermediate losses read, beside the teacher's encoder on the same batch; the
+    student's output and the losses' terms."""
     device, precision, model = run.device, run.precision, run.model
     student_layers, teacher_layers = traced_layers(run.layers)
     teacher = run.teacher.model
@@ -971,18 +993,11 @@ def layer_step(run: Run, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, 
             teacher, lambda: encoder(**batch, output_attentions=True), teacher_layers
         )
     with autocast(device, precision):
-        if run.task == "embedding":
-            trace = traced(model, lambda: model(**batch, output_attentions=True), student_layers)
-            hidden = trace.output.last_hidden_state.float()
-            student = pool(hidden, batch["attention_mask"], run.teacher.pooling or "mean")
-        else:
-            call = lambda: model(**batch, output_attentions=True, cls_only=False)  # noqa: E731
-            trace = traced(model, call, student_layers)
-            student = trace.output.logits
+        trace = traced(model, call, student_layers)
         terms = layer_terms(
             run.layers, model, teacher, (trace, teacher_trace), batch["attention_mask"]
         )
-    return student, terms
+    return trace.output, terms
 
 
 def validate(run: Run, model: torch.nn.Module, scale: Any = None) -> dict[str, float]:

@@ -12,7 +12,8 @@ where recomputing would add a teacher forward per text and epoch (a 6-layer teac
 at the word's first piece, float16: :func:`token_teacher_outputs`); a QA teacher's, its
 start/end logits a window (:mod:`bertforge.training.distill_qa`). What cannot be
 cached so cheaply, the teacher's hidden states or attention (T x H numbers a text and layer),
-is for the intermediate losses, computed live (not wired into the loop yet).
+is for the intermediate losses, computed live beside the student at each step
+(:func:`bertforge.training.distill.traced_step`).
 """
 
 from __future__ import annotations
