@@ -482,7 +482,7 @@ def test_embedding_student_narrower_than_its_teacher_learns_a_pca_projection(wor
         ("no_gold_to_validate_on", "needs gold labels to validate on"),
         ("layers_need_the_tokenizer", "need the teacher's tokenizer"),
         ("teacher_cache_not_npy", "teacher.txt: give a .npy file path"),
-        ("resized_without_preset", "--student_hidden_size resizes a fresh student"),
+        ("resized_without_preset", "--student_hidden_size shapes a fresh student"),
         ("heads_do_not_divide", "--student_hidden_size 200: the width is split into"),
         ("balance_a_regressor", "--balance_transfer keeps a classifier's class proportions"),
     ],

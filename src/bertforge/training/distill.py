@@ -123,7 +123,7 @@ from bertforge.training.embedding import sentence_vectors
 from bertforge.training.finetune import FinetuneState, save_model
 from bertforge.training.model_card import distill_card, write_model_card
 from bertforge.training.optim import build_optimizer, set_lr
-from bertforge.training.students import build_student, student_class
+from bertforge.training.students import build_student, load_student
 from bertforge.training.teacher import Teacher, load_teacher, teacher_outputs
 
 RESULTS_FILE = "eval_results.json"
@@ -462,11 +462,12 @@ def student_for(
             preset=cfg.student_preset,
             num_layers=cfg.student_num_layers,
             hidden_size=cfg.student_hidden_size,
+            architecture=cfg.student_architecture,
             seed=cfg.seed,
         )
     else:
-        cls = student_class(teacher.task)
-        model, tokenizer = cls.from_pretrained(resume_dir), Tokenizer.from_file(resume_dir)
+        model = load_student(teacher.task, resume_dir)
+        tokenizer = Tokenizer.from_file(resume_dir)
         start = str(resume_dir)
     if model.config.max_position_embeddings < teacher.max_length:
         raise BertforgeError(
@@ -1178,7 +1179,7 @@ def finish(run: Run, state: FinetuneState) -> dict[str, Any]:
     cfg, out = run.cfg, run.out
     run.model.zero_grad(set_to_none=True)
     run.optimizer.state.clear()
-    best = student_class(run.task).from_pretrained(out).to(run.device)
+    best = load_student(run.task, out).to(run.device)
     metrics = validate(run, best)
     plot_training_curves(out, out / PLOT_FILE, title=f"bertforge distill: {run_title(out)}")
     atomic_write_text(out / FINETUNE_CONFIG, json.dumps(task_settings(run), indent=2) + "\n")

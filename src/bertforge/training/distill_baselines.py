@@ -56,7 +56,7 @@ from bertforge.training.distill_report import (
 )
 from bertforge.training.distill_tokens import TokenDistillData, teacher_predictions
 from bertforge.training.model_card import distill_card, write_model_card
-from bertforge.training.students import student_class
+from bertforge.training.students import load_student
 from bertforge.training.teacher import load_teacher
 
 
@@ -96,7 +96,7 @@ def scoring_run(cfg: DistillConfig) -> Run:
     check_report_task(cfg, teacher.task)
     tokenizer = Tokenizer.from_file(out)
     data = load_data(cfg, teacher, tokenizer, cache_path(cfg), device, lambda texts: None)
-    student = student_class(teacher.task).from_pretrained(out)
+    student = load_student(teacher.task, out)
     precision, _ = explain_precision(cfg.precision, device, student.config.hidden_size)
     loss = loss_module(cfg, teacher, data, student.config.hidden_size).to(device)
     return Run(cfg, out, device, precision, None, 0, 0, teacher, tokenizer, data, student, loss,
@@ -293,7 +293,7 @@ def distill_report(run: Run, student_scores: dict[str, Any], steps_done: int) ->
         sum(p.numel() for p in teacher.model.parameters()), size, size / 1e6,
         directory=str(teacher.directory),
     )  # fmt: skip
-    best = student_class(run.task).from_pretrained(out)
+    best = load_student(run.task, out)
     size = (out / WEIGHTS_NAME).stat().st_size
     scores = scores_only(student_scores)
     student_row = ReportRow(

@@ -16,6 +16,7 @@ from bertforge.data.corpus import EncodingErrors
 from bertforge.errors import BertforgeError
 from bertforge.modeling.checkpoint import resolve_model
 from bertforge.training.config import (
+    Architecture,
     LoopOptions,
     Preset,
     check_at_least,
@@ -50,8 +51,8 @@ class DistillConfig(LoopOptions):
     output: str
     """Output directory for the distilled student, metrics, plots and checkpoints."""
     student: str | None = None
-    """The student's start: any BERT directory (its own tokenizer; a pretraining head is
-    dropped, another task's head refused). Give exactly one of --student, --student_layers and
+    """The student's start: any BERT or ModernBERT directory (its own tokenizer; a pretraining
+    head is dropped, another task's head refused). Give exactly one of --student, --student_layers and
     --student_preset."""
     student_layers: list[int] | None = None
     """Start the student as a copy of these teacher layers (0-based, increasing, e.g. 0 2 4),
@@ -59,7 +60,11 @@ class DistillConfig(LoopOptions):
     sentence-transformers' layer reduction)."""
     student_preset: Preset | None = None
     """Start the student with fresh weights in one of Google's BERT sizes (tiny: 2 x 128 ...
-    large), with the teacher's tokenizer."""
+    large), or with --student_architecture modernbert a ModernBERT size (tiny, mini,
+    ettin-17m, base), with the teacher's tokenizer."""
+    student_architecture: Architecture | None = None
+    """With --student_preset: the fresh student's architecture, bert or modernbert (default:
+    the teacher's)."""
     student_num_layers: int | None = None
     """With --student_preset: the fresh student's layer count instead of the preset's (a depth
     of your own choosing, e.g. --student_preset tiny --student_num_layers 3)."""
@@ -225,16 +230,17 @@ class DistillConfig(LoopOptions):
         shape = dict(
             student_num_layers=self.student_num_layers,
             student_hidden_size=self.student_hidden_size,
+            student_architecture=self.student_architecture,
         )
         for name, value in shape.items():
             if value is None:
                 continue
             if self.student_preset is None:
                 raise BertforgeError(
-                    f"--{name} resizes a fresh student: give it with --student_preset "
+                    f"--{name} shapes a fresh student: give it with --student_preset "
                     f"(e.g. --student_preset tiny --{name} {value})"
                 )
-            if value < 1:
+            if isinstance(value, int) and value < 1:
                 raise BertforgeError(f"--{name} {value} must be at least 1")
         layers = self.student_layers
         if layers is not None and (not layers or sorted(set(layers)) != list(layers)):

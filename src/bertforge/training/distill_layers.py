@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from bertforge.errors import BertforgeError
+from bertforge.modeling.auto import is_modern
 from bertforge.tokenizer.wordpiece import Tokenizer
 from bertforge.training.distill_config import DistillConfig
 from bertforge.training.distill_losses import (
@@ -112,6 +113,12 @@ def layer_losses(
             "the intermediate losses (--hidden_weight, --attention_weight, --relation_weight) "
             "compare positions and need the teacher's tokenizer; the student has another: use "
             "--student_layers or --student_preset, or set them to 0"
+        )
+    if is_modern(student) or is_modern(teacher.model):
+        raise BertforgeError(
+            "the intermediate losses (--hidden_weight, --attention_weight, --relation_weight) "
+            "read BERT's layers and are not wired for a ModernBERT teacher or student yet; set "
+            "them to 0"
         )
     s, t = student.config, teacher.config
     pairs = layer_map(cfg, s.num_hidden_layers, t.num_hidden_layers)

@@ -41,6 +41,7 @@ from bertforge.evaluation.qa import squad_metrics
 from bertforge.evaluation.tagging import tag_metrics
 from bertforge.inference.onnx import ONNX_FILE, export_onnx, load_onnx
 from bertforge.io import atomic_write_text
+from bertforge.modeling.auto import is_modern
 from bertforge.modeling.checkpoint import (
     WEIGHTS_NAME,
     check_model_directory,
@@ -49,7 +50,7 @@ from bertforge.modeling.checkpoint import (
 )
 from bertforge.runtime import cpu_model
 from bertforge.tokenizer.wordpiece import Tokenizer
-from bertforge.training.students import student_class
+from bertforge.training.students import load_student, student_class
 from bertforge.training.teacher import teacher_task
 
 REPORT_JSON = "report.json"
@@ -233,7 +234,10 @@ def eager_forward(model: nn.Module) -> Callable[[dict[str, Any]], Any]:
     """The model's inference forward (a sequence classifier: its [CLS]-only path, as
     ``classify`` runs it), without gradients."""
     classifier = hasattr(model, "classifier") and not hasattr(model, "qa_outputs")
-    per_token = type(model).__name__ == "BertForTokenClassification"
+    per_token = type(model).__name__ in (
+        "BertForTokenClassification",
+        "ModernBertForTokenClassification",
+    )
 
     def forward(batch: dict[str, Any]) -> Any:
         with torch.inference_mode():
@@ -339,7 +343,7 @@ def compare_row(directory: str, task: str, score: Scorer) -> Measured:
     """A ``--report_compare`` directory (of the teacher's task: :func:`check_report_task`),
     scored like the student."""
     path = check_model_directory(directory)
-    model = student_class(task).from_pretrained(path)
+    model = load_student(task, path)
     tokenizer = Tokenizer.from_file(path)
     size = weights_bytes(path)
     row = ReportRow(
@@ -361,7 +365,7 @@ def fresh_twin(
     ``seed``), stored in the student's floating-point type."""
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        twin = student_class(task)(student.config).eval()
+        twin = student_class(task, is_modern(student))(student.config).eval()
     save_pretrained(twin, out, tokenizer=tokenizer, dtype=stored_float_dtype(student_dir))
     return twin
 
@@ -387,7 +391,7 @@ def twin_row(student: Measured, task: str, seed: int, score: Scorer, work: Path)
 def trained_row(name: str, what: str, directory: Path, task: str, score: Scorer,
                 speed_of: str) -> Measured:  # fmt: skip
     """A model a report trained (the student alone, the twin alone), scored like the student."""
-    model = student_class(task).from_pretrained(directory)
+    model = load_student(task, directory)
     tokenizer = Tokenizer.from_file(directory)
     size = weights_bytes(directory)
     scores = _defined(score(model, tokenizer))

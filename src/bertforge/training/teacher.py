@@ -37,8 +37,9 @@ from bertforge.evaluation.embedding import model_vectors
 from bertforge.inference.predict import sequence_logits
 from bertforge.inference.tagging import token_logits
 from bertforge.io import atomic_write_text
+from bertforge.modeling.auto import bert_architectures, for_directory
 from bertforge.modeling.checkpoint import check_model_directory, finetune_defaults
-from bertforge.modeling.config import BertConfig
+from bertforge.modeling.config import AnyConfig, load_config
 from bertforge.modeling.model import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
@@ -87,7 +88,7 @@ class Teacher:
     """embedding: whether the vectors are scaled to unit length."""
 
     @property
-    def config(self) -> BertConfig:
+    def config(self) -> AnyConfig:
         return self.model.config
 
     @property
@@ -102,9 +103,9 @@ def teacher_task(directory: Path) -> str:
     """The task a teacher directory was fine-tuned for, from its config.json (and a
     sentence-transformers declaration for an embedding model); a model that is not fine-tuned
     is an error saying how to make it one."""
-    config = BertConfig.load(directory / "config.json")
+    config = load_config(directory / "config.json")
     arch = (config.architectures or ["BertModel"])[0]
-    kind = TASK_ARCHITECTURES.get(arch)
+    kind = TASK_ARCHITECTURES.get((bert_architectures(config) or [arch])[0])  # ModernBERT's too
     if kind == "sequence":
         return "regression" if config.is_regression else "classification"
     if kind in ("token_classification", "question_answering"):
@@ -115,7 +116,9 @@ def teacher_task(directory: Path) -> str:
             "classification, regression, token classification and embedding teachers are"
         )
     pooling, _, _ = declared_pooling(directory)
-    if arch == "BertModel" and (pooling is not None or (directory / "modules.json").is_file()):
+    if arch in ("BertModel", "ModernBertModel") and (
+        pooling is not None or (directory / "modules.json").is_file()
+    ):
         return "embedding"
     raise BertforgeError(
         f"{directory}: the teacher is not fine-tuned (a {arch}, no task head and no "
@@ -131,7 +134,7 @@ def load_teacher(text: str, max_length: int | None = None) -> Teacher:
     saved = finetune_defaults(directory)
     tokenizer = Tokenizer.from_file(directory)
     if task == "embedding":
-        model: nn.Module = BertModel.from_pretrained(directory)
+        model: nn.Module = for_directory(BertModel, directory).from_pretrained(directory)
         pooling, _, normalize = declared_pooling(directory)
         pooling = pooling or saved.get("pooling") or "mean"
         length = max_length or _sentence_max_length(directory) or saved.get("max_length")
@@ -140,7 +143,8 @@ def load_teacher(text: str, max_length: int | None = None) -> Teacher:
             "token_classification": BertForTokenClassification,
             "question_answering": BertForQuestionAnswering,
         }
-        model = classes.get(task, BertForSequenceClassification).from_pretrained(directory)
+        cls = for_directory(classes.get(task, BertForSequenceClassification), directory)
+        model = cls.from_pretrained(directory)
         pooling, normalize = None, False
         length = max_length or saved.get("max_length")
     length = min(length or DEFAULT_MAX_LENGTH, model.config.max_position_embeddings)
