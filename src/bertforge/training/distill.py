@@ -13,7 +13,8 @@ OUTPUT holds the best student by the validation metric, a normal model directory
 ``BertForSequenceClassification`` with the teacher's labels (regression: predicting in the
 labels' units), a ``BertForTokenClassification`` with its tags (:mod:`bertforge.training.
 distill_tokens`: per-word soft targets), a ``BertForQuestionAnswering`` (:mod:`bertforge.
-training.distill_qa`: start/end distributions) or a ``BertModel`` in the sentence-transformers layout, with its tokenizer and a
+training.distill_qa`: start/end distributions) or a ``BertModel`` in the sentence-transformers layout
+(the ModernBERT classes of the same tasks for a ModernBERT student: :mod:`bertforge.training.students`), with its tokenizer and a
 ``finetune_config.json`` carrying the teacher's task settings (columns, maximum length), so that
 ``classify``, ``embed``, ``evaluate``, ``serve``, ``export`` and transformers read it as they
 read a fine-tuned model; beside it ``distill_config.json``, ``metrics.jsonl``, ``curves.png``
