@@ -48,6 +48,27 @@ def test_progress_schedule_matches_its_definition():
     assert cos == pytest.approx(0.2 + 0.8 * 0.5 * (1 + math.cos(math.pi * 0.5)))
 
 
+def test_trapezoid_holds_the_peak_then_decays_as_one_minus_sqrt():
+    """Warmup, the peak until the last decay_ratio of training, then 1 - sqrt to the floor; by
+    steps (the last 20 of 100) and by progress (wall-clock budgets) alike."""
+    kw = dict(max_lr=2.0, warmup=10, total=100, schedule="trapezoid", decay_ratio=0.2)
+    lrs = [lr_at(s, **kw) for s in range(100)]
+    assert lrs[:10] == pytest.approx([2.0 * (s + 1) / 10 for s in range(10)])
+    assert lrs[10:80] == pytest.approx([2.0] * 70)  # the flat top
+    assert lrs[80] == pytest.approx(2.0)  # the first decay step starts at the peak
+    assert lrs[85] == pytest.approx(2.0 * (1 - math.sqrt(5 / 20)))  # a quarter in: 1 - 0.5
+    assert all(a > b for a, b in zip(lrs[80:], lrs[81:], strict=False))
+    drops = [a - b for a, b in zip(lrs[80:], lrs[81:], strict=False)]
+    assert drops[0] > 3 * drops[-1]  # steep first, flat near the end: not a straight line
+    assert lr_at(100, **kw) == 0.0
+    assert lr_at(100, **kw, min_lr_ratio=0.1) == pytest.approx(0.2)
+    by_time = dict(max_lr=1.0, warmup=0.1, schedule="trapezoid", decay_ratio=0.5)
+    assert lr_at_progress(0.05, **by_time) == pytest.approx(0.5)
+    assert lr_at_progress(0.4, **by_time) == pytest.approx(1.0)
+    assert lr_at_progress(0.5 + 0.5 * 0.64, **by_time) == pytest.approx(1 - 0.8)
+    assert lr_at_progress(1.0, **by_time) == 0.0
+
+
 def test_bad_schedule_arguments_raise_with_the_fix():
     # the configs check the schedule's options once; lr_at runs every step unchecked
     with pytest.raises(BertforgeError, match="--train.schedule 'step': choose one of linear"):
@@ -56,6 +77,11 @@ def test_bad_schedule_arguments_raise_with_the_fix():
         FinetuneConfig(model="m", train=["t"], output="o", schedule="step")  # type: ignore[arg-type]
     with pytest.raises(BertforgeError, match="min_lr_ratio"):
         TrainConfig(min_lr_ratio=1.5)
+    with pytest.raises(BertforgeError, match="--train.decay_ratio 0.0 must lie in"):
+        TrainConfig(decay_ratio=0.0)
+    with pytest.raises(BertforgeError, match="warmup and decay would overlap"):
+        TrainConfig(schedule="trapezoid", warmup_ratio=0.3, decay_ratio=0.8)
+    TrainConfig(warmup_ratio=0.3, decay_ratio=0.8)  # a linear schedule never reads decay_ratio
     with pytest.raises(BertforgeError, match="total=0"):
         lr_at(0, max_lr=1.0, warmup=0, total=0)
 

@@ -23,7 +23,7 @@ from bertforge.training.checkpoints import (
 from bertforge.training.optim import build_optimizer, lr_at, lr_at_progress
 from bertforge.training.steps import NonFiniteGuard, RunningMeans, budget_spent, scheduled_lr
 
-SCHEDULE = SimpleNamespace(lr=1e-3, warmup_ratio=0.1, schedule="linear")
+SCHEDULE = SimpleNamespace(lr=1e-3, warmup_ratio=0.1, schedule="linear", decay_ratio=0.2)
 
 
 def test_lr_follows_steps_without_a_time_budget_and_time_with_one():

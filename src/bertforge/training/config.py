@@ -91,6 +91,13 @@ def check_training_options(cfg: Any, option: Callable[[str], str]) -> None:
     if not 0.0 <= cfg.warmup_ratio < 1.0:
         raise BertforgeError(f"{option('warmup_ratio')} {cfg.warmup_ratio} must lie in [0, 1)")
     check_choice(cfg.schedule, Schedule, option("schedule"))
+    if not 0.0 < cfg.decay_ratio <= 1.0:
+        raise BertforgeError(f"{option('decay_ratio')} {cfg.decay_ratio} must lie in (0, 1]")
+    if cfg.schedule == "trapezoid" and cfg.warmup_ratio + cfg.decay_ratio > 1.0 + 1e-9:
+        raise BertforgeError(
+            f"{option('warmup_ratio')} {cfg.warmup_ratio} + {option('decay_ratio')} "
+            f"{cfg.decay_ratio} exceed 1: a trapezoid's warmup and decay would overlap; lower one"
+        )
     check_choice(cfg.precision, Precision, option("precision"))
     if cfg.dropout is not None and not 0.0 <= cfg.dropout < 1.0:
         raise BertforgeError(f"{option('dropout')} {cfg.dropout} must lie in [0, 1)")
@@ -130,7 +137,10 @@ class LoopOptions:
     weight_decay: float = 0.01
     """Decoupled weight decay (not on biases and LayerNorm)."""
     schedule: Schedule = "linear"
-    """Decay after warmup: linear, cosine or constant."""
+    """Decay after warmup: linear, cosine, constant, or trapezoid (the peak held, then 1 - sqrt
+    over the last decay_ratio of training: ModernBERT's)."""
+    decay_ratio: float = 0.2
+    """trapezoid: the fraction of training spent decaying (warmup_ratio + decay_ratio <= 1)."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this (0 = no clipping)."""
     precision: Precision = "auto"

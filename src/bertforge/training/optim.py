@@ -14,9 +14,12 @@ from torch import nn
 
 from bertforge.errors import BertforgeError
 
-Schedule = Literal["linear", "cosine", "constant"]
+Schedule = Literal["linear", "cosine", "constant", "trapezoid"]
 """Learning-rate decays after warmup (:func:`lr_at`); the training configs check the choice, so
-the schedules themselves do not on every call."""
+the schedules themselves do not on every call. ``trapezoid`` holds the peak after warmup and
+decays over the last ``decay_ratio`` of training only, as 1 - sqrt (ModernBERT's schedule;
+Hägele et al. 2024, "Scaling Laws and Compute-Optimal Training beyond Fixed Training
+Durations")."""
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
 
 
@@ -77,6 +80,13 @@ def _decayed(decay: float, schedule: str, min_lr_ratio: float) -> float:
     return min_lr_ratio + (1.0 - min_lr_ratio) * factor
 
 
+def _cooled(cooldown: float, min_lr_ratio: float) -> float:
+    """Multiplier of ``max_lr`` a fraction ``cooldown`` in [0, 1] into a trapezoid's decay:
+    1 - sqrt, steep at first and flat at the floor."""
+    factor = 1.0 - math.sqrt(min(max(cooldown, 0.0), 1.0))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * factor
+
+
 def lr_at_progress(
     progress: float,
     *,
@@ -84,19 +94,26 @@ def lr_at_progress(
     warmup: float = 0.0,
     schedule: Schedule = "linear",
     min_lr_ratio: float = 0.0,
+    decay_ratio: float = 0.2,
 ) -> float:
     """Learning rate at ``progress`` in [0, 1] of training; ``warmup`` is a fraction of it too.
 
     Linear warmup from 0 to ``max_lr`` over ``[0, warmup)``, then decay to
     ``min_lr_ratio * max_lr`` at ``progress == 1``: straight line (``linear``), half cosine
-    (``cosine``) or none (``constant``). Used for wall-clock budgets, where progress is
-    elapsed / budget.
+    (``cosine``), none (``constant``), or the peak held until the last ``decay_ratio`` of
+    training and 1 - sqrt over it (``trapezoid``). Used for wall-clock budgets, where progress
+    is elapsed / budget.
     """
     progress = min(max(progress, 0.0), 1.0)
     if warmup > 0 and progress < warmup:
         return max_lr * progress / warmup
     if schedule == "constant":
         return max_lr
+    if schedule == "trapezoid":
+        start = 1.0 - decay_ratio
+        if progress < start:
+            return max_lr
+        return max_lr * _cooled((progress - start) / max(decay_ratio, 1e-12), min_lr_ratio)
     decay = (progress - warmup) / max(1.0 - warmup, 1e-12)  # 0 .. 1 after warmup
     return max_lr * _decayed(decay, schedule, min_lr_ratio)
 
@@ -109,11 +126,13 @@ def lr_at(
     total: int,
     schedule: Schedule = "linear",
     min_lr_ratio: float = 0.0,
+    decay_ratio: float = 0.2,
 ) -> float:
     """Learning rate for optimizer step ``step`` (0-based) of ``total``, ``warmup`` steps of warmup.
 
     Step 0 of a warmup already gets a small non-zero rate (``max_lr / warmup``) so no step is
-    wasted; the last step (``total - 1``) is the last one before the floor is reached.
+    wasted; the last step (``total - 1``) is the last one before the floor is reached. A
+    ``trapezoid`` decays over the last ``round(decay_ratio * total)`` steps (at least one).
     """
     if total <= 0:
         raise BertforgeError(f"total={total} steps must be positive")
@@ -123,6 +142,12 @@ def lr_at(
         return max_lr * (step + 1) / warmup
     if schedule == "constant":
         return max_lr
+    if schedule == "trapezoid":
+        cooldown = max(1, round(decay_ratio * total))
+        start = total - cooldown
+        if step < start:
+            return max_lr
+        return max_lr * _cooled((step - start) / cooldown, min_lr_ratio)
     decay = (step - warmup) / max(total - warmup, 1)  # 0 .. <1 over the decay steps
     return max_lr * _decayed(decay, schedule, min_lr_ratio)
 

@@ -90,6 +90,7 @@ class ScheduleOptions(Protocol):
     lr: float
     warmup_ratio: float
     schedule: str
+    decay_ratio: float
 
 
 def scheduled_lr(
@@ -106,7 +107,10 @@ def scheduled_lr(
     follows the fraction of the budget used, or of the steps when that is further along.
     """
     shape = dict(
-        max_lr=cfg.lr, schedule=cfg.schedule, min_lr_ratio=getattr(cfg, "min_lr_ratio", 0.0)
+        max_lr=cfg.lr,
+        schedule=cfg.schedule,
+        min_lr_ratio=getattr(cfg, "min_lr_ratio", 0.0),
+        decay_ratio=cfg.decay_ratio,
     )
     if budget is None:
         if total_steps is None:
