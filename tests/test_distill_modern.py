@@ -2,14 +2,17 @@
 classifier as the teacher, distilled into a subset of its own layers (each layer keeping its
 attention type; transformers' class gives the same logits), into a fresh ModernBERT and a fresh
 BERT of a preset; a BERT teacher into a ModernBERT student directory and a fresh ModernBERT
-(``--student_architecture``); a ModernBERT tagger and QA reader as teachers; and the one-line
-errors: a layer subset without layer 0, the intermediate losses."""
+(``--student_architecture``); a ModernBERT tagger and QA reader as teachers; the intermediate
+losses with a ModernBERT on either side (what they read checked against transformers' hidden
+states); and the one-line errors: a layer subset without layer 0, attention maps of different
+windows."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import QUICK_FINETUNE
@@ -20,6 +23,7 @@ from test_modernbert import tiny
 from bertforge import cli
 from bertforge.modeling.config import load_config
 from bertforge.modeling.modernbert import ModernBertForMaskedLM, ModernBertForSequenceClassification
+from bertforge.progress import read_metrics
 from bertforge.tokenizer import Tokenizer
 
 QUICK = ["--batch_size", "16", "--num_threads", "1", "--precision", "fp32", "--progress", "false"]
@@ -156,8 +160,8 @@ def test_modernbert_tagger_and_reader_teachers(models):
     "options, message",
     [
         (["--student_layers", "1", "2"], "starts with the teacher's layer 0"),
-        (["--student_layers", "0", "2", "--hidden_weight", "1"],
-         "not wired for a ModernBERT teacher or student yet"),
+        (["--student_layers", "0", "2", "--layer_map", "1", "2", "--attention_weight", "1"],
+         "the student's layer 0 attends global and the teacher's layer 1 a window of 4"),
         (["--student_preset", "small", "--student_architecture", "modernbert"],
          "unknown ModernBERT preset 'small'"),
         (["--student_layers", "0", "--student_architecture", "bert"],
@@ -169,3 +173,82 @@ def test_bad_modernbert_students_are_one_line_errors(models, tmp_path, capsys, o
     argv += ["--train", str(models["root"] / "train.csv"), *options, *QUICK]
     assert message in one_line_error(argv, capsys)
     assert not (tmp_path / "x").exists()
+
+
+def test_what_the_intermediate_losses_read_of_a_modernbert():
+    """The trace of a padded batch through a ModernBERT: each layer's output through the norm
+    after it and its normalised input equal those of transformers' hidden states (the residual
+    stream) at the real tokens, the last layer's is the last hidden state, and the queries,
+    keys and values are Wqkv's three blocks of that input (before the rotary turn)."""
+    transformers = pytest.importorskip("transformers")
+    from test_modernbert import batch
+
+    from bertforge.training.distill_layers import qkv, traced
+
+    torch.manual_seed(0)
+    config = tiny()
+    ours = ModernBertForSequenceClassification(config).eval()
+    theirs = transformers.ModernBertForSequenceClassification(
+        transformers.ModernBertConfig(**config.to_dict())
+    ).eval()
+    theirs.load_state_dict(ours.state_dict())
+    ids, mask = batch(20)  # past the window of 4 either side
+    real = mask.bool()
+    with torch.no_grad():
+        trace = traced(
+            ours, lambda: ours(ids, mask, output_attentions=True, cls_only=False), [0, 1, 2]
+        )
+        states = theirs.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    layers = ours.model.layers
+    norms = [layers[1].attn_norm, layers[2].attn_norm, ours.model.final_norm]
+    for i in range(3):
+        with torch.no_grad():
+            after = norms[i](states.hidden_states[i + 1])
+            before = layers[i].attn_norm(states.hidden_states[i])
+        torch.testing.assert_close(trace.outputs[i][real], after[real], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(trace.inputs[i][real], before[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        trace.outputs[2][real], states.last_hidden_state[real], atol=1e-5, rtol=1e-5
+    )
+    assert (trace.outputs[1][~real] == 0).all()  # padding stays zero on the grid
+    q, k, v = qkv(ours, trace, 1)
+    weight = layers[1].attn.Wqkv.weight  # (3H, H): the q, k, v blocks
+    H = config.hidden_size
+    for got, block in zip((q, k, v), range(3), strict=True):
+        want = trace.inputs[1] @ weight[block * H : (block + 1) * H].T
+        torch.testing.assert_close(got, want)
+    assert [a.shape for a in trace.attentions] == [(4, 2, 20, 20)] * 3
+    assert (trace.attentions[1][0, :, 0, 5:] == 0).all()  # a local layer sees 4 either side
+
+
+def hidden_losses(out: Path) -> list[float]:
+    return [r["hidden_loss"] for r in read_metrics(out) if r["split"] == "train"]
+
+
+def test_intermediate_losses_with_modernbert_on_either_side(models):
+    """A ModernBERT teacher into its layers 0 and 2 with all three intermediate losses (layer 1
+    of the student is a local layer mapped to the teacher's local layer 2), and a BERT teacher
+    into a fresh ModernBERT with the hidden-state and relation losses: each runs, its
+    hidden-state loss falls, and the student reloads in transformers with the same logits."""
+    cases = {
+        "modern-layers": (
+            "teacher",
+            ["--student_layers", "0", "2", "--attention_weight", "1", "--relation_weight", "1"],
+        ),
+        "bert-into-modern": (
+            "bert_teacher",
+            ["--student_preset", "tiny", "--student_architecture", "modernbert",
+             "--relation_weight", "1", "--relation_heads", "2"],
+        ),
+    }  # fmt: skip
+    for name, (teacher, options) in cases.items():
+        out = models["root"] / f"layers-{name}"
+        options = [*options, "--hidden_weight", "1", "--log_every", "1"]
+        results = distill(models, out, *options, teacher=teacher)
+        assert results["validation"]["accuracy"] >= 0.6, (name, results)
+        losses = hidden_losses(out)
+        assert len(losses) == 30 and 0 < np.mean(losses[-6:]) < 0.9 * np.mean(losses[:6]), losses
+        train = [r for r in read_metrics(out) if r["split"] == "train"]
+        assert "relation_loss" in train[0], train[0]
+        assert ("attention_loss" in train[0]) == (name == "modern-layers")
+        same_logits_in_transformers(out)

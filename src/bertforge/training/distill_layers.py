@@ -7,6 +7,15 @@ model code stays as it is).
 They compare positions, so both models must read the same tokens: the teacher's tokenizer. The
 teacher runs beside the student at every step (its hidden states are T x H numbers a text and
 layer: too many to cache).
+
+Either side may be a ModernBERT. Its layers keep the residual stream un-normalised (pre-norm),
+so what the hidden-state loss reads of one is each layer's output through the norm that follows
+it (the next layer's ``attn_norm``, the last layer's ``final_norm``: the last hidden state), as
+BERT's post-norm layers give theirs. Its queries, keys and values, for the relation loss, are
+``Wqkv`` of the layer's normalised input before the rotary turn (rotated ones would add each
+pair's relative position to their relations). The attention loss compares probabilities, so it
+maps a sliding-window layer only to one of the same window (else the keys one side may not see
+would carry the other's mass).
 """
 
 from __future__ import annotations
@@ -47,27 +56,37 @@ class Trace:
 
 
 def encoder_of(model: nn.Module) -> nn.Module:
-    """The ``BertModel`` inside a task model (or the model itself)."""
-    return getattr(model, "bert", model)
+    """The ``BertModel`` (``ModernBertModel``) inside a task model, or the model itself."""
+    return getattr(model, "model" if is_modern(model) else "bert", model)
+
+
+def blocks_of(model: nn.Module) -> nn.ModuleList:
+    """The encoder's layers: BERT's ``encoder.layer``, ModernBERT's ``layers``."""
+    encoder = encoder_of(model)
+    return encoder.layers if is_modern(model) else encoder.encoder.layer
+
+
+def _record(store: dict[int, Tensor], i: int, x: Tensor, rows: Any = None) -> None:
+    """Keep layer ``i``'s (B, T, H) tensor: a ModernBERT's (n, H) rows back on the grid."""
+    store[i] = x if rows is None else rows.to_grid(x)
 
 
 def traced(model: nn.Module, call: Callable[[], Any], layers: list[int]) -> Trace:
     """Run ``call()`` (a forward of ``model`` with ``output_attentions=True``, which keeps the
-    (B, T, H) layout: no unpadding) and record ``layers``' inputs and outputs."""
+    (B, T, H) layout: no unpadding) and record ``layers``' inputs and outputs (for a ModernBERT,
+    the normalised input its attention reads and the normalised output: module docstring)."""
     trace = Trace(None)
-    blocks = encoder_of(model).encoder.layer
+    blocks = blocks_of(model)
     handles = []
     for i in layers:
-        handles.append(
-            blocks[i].register_forward_pre_hook(
-                lambda m, args, i=i: trace.inputs.__setitem__(i, args[0])
-            )
-        )
-        handles.append(
-            blocks[i].register_forward_hook(
-                lambda m, a, out, i=i: trace.outputs.__setitem__(i, out[0])
-            )
-        )
+        if is_modern(model):  # forward(x, normed, rows, rope, next_norm) -> (x, normed next, p)
+            pre = lambda m, args, i=i: _record(trace.inputs, i, args[1], args[2])  # noqa: E731
+            post = lambda m, args, out, i=i: _record(trace.outputs, i, out[1], args[2])  # noqa: E731
+        else:
+            pre = lambda m, args, i=i: _record(trace.inputs, i, args[0])  # noqa: E731
+            post = lambda m, args, out, i=i: _record(trace.outputs, i, out[0])  # noqa: E731
+        handles.append(blocks[i].register_forward_pre_hook(pre))
+        handles.append(blocks[i].register_forward_hook(post))
     try:
         trace.output = call()
     finally:
@@ -78,10 +97,21 @@ def traced(model: nn.Module, call: Callable[[], Any], layers: list[int]) -> Trac
 
 
 def qkv(model: nn.Module, trace: Trace, layer: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The (B, T, H) queries, keys and values of ``layer`` from its traced input."""
-    attention = encoder_of(model).encoder.layer[layer].attention.self
+    """The (B, T, H) queries, keys and values of ``layer`` from its traced input (a
+    ModernBERT's before the rotary turn)."""
     x = trace.inputs[layer]
+    if is_modern(model):
+        wqkv = blocks_of(model)[layer].attn.Wqkv
+        q, k, v = wqkv(x).chunk(3, dim=-1)
+        return q, k, v
+    attention = blocks_of(model)[layer].attention.self
     return attention.query(x), attention.key(x), attention.value(x)
+
+
+def attention_window(model: nn.Module, layer: int) -> int | None:
+    """Keys seen either side by ``layer``'s attention: None for a global layer (every BERT
+    layer)."""
+    return blocks_of(model)[layer].attn.window if is_modern(model) else None
 
 
 def layer_map(
@@ -114,12 +144,6 @@ def layer_losses(
             "compare positions and need the teacher's tokenizer; the student has another: use "
             "--student_layers or --student_preset, or set them to 0"
         )
-    if is_modern(student) or is_modern(teacher.model):
-        raise BertforgeError(
-            "the intermediate losses (--hidden_weight, --attention_weight, --relation_weight) "
-            "read BERT's layers and are not wired for a ModernBERT teacher or student yet; set "
-            "them to 0"
-        )
     s, t = student.config, teacher.config
     pairs = layer_map(cfg, s.num_hidden_layers, t.num_hidden_layers)
     if cfg.hidden_weight:
@@ -131,6 +155,15 @@ def layer_losses(
                 f"{s.num_attention_heads}, the teacher {t.num_attention_heads}; use "
                 "--relation_weight for differing head counts"
             )
+        for i, j in pairs:
+            windows = attention_window(student, i), attention_window(teacher.model, j)
+            if windows[0] != windows[1]:
+                kind = ["global" if w is None else f"a window of {w}" for w in windows]
+                raise BertforgeError(
+                    f"--attention_weight compares attention distributions, but the student's "
+                    f"layer {i} attends {kind[0]} and the teacher's layer {j} {kind[1]}: map "
+                    "layers of the same kind (--layer_map) or use --relation_weight"
+                )
         losses.append(AttentionLoss(pairs, cfg.attention_weight))
     if cfg.relation_weight:
         heads = cfg.relation_heads or s.num_attention_heads
