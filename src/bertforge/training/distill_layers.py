@@ -66,9 +66,24 @@ def blocks_of(model: nn.Module) -> nn.ModuleList:
     return encoder.layers if is_modern(model) else encoder.encoder.layer
 
 
-def _record(store: dict[int, Tensor], i: int, x: Tensor, rows: Any = None) -> None:
-    """Keep layer ``i``'s (B, T, H) tensor: a ModernBERT's (n, H) rows back on the grid."""
-    store[i] = x if rows is None else rows.to_grid(x)
+def _input_hook(trace: Trace, i: int, modern: bool) -> Callable[..., None]:
+    """Records layer ``i``'s input: BERT's ``forward(x, ...)``; ModernBERT's ``forward(x,
+    normed, rows, ...)`` gives (n, H) rows, put back on the (B, T) grid."""
+
+    def hook(module: nn.Module, args: tuple) -> None:
+        trace.inputs[i] = args[2].to_grid(args[1]) if modern else args[0]
+
+    return hook
+
+
+def _output_hook(trace: Trace, i: int, modern: bool) -> Callable[..., None]:
+    """Records layer ``i``'s output: BERT's first output; ModernBERT's ``(x, next_norm(x),
+    probs)`` gives the normalised rows, on the grid."""
+
+    def hook(module: nn.Module, args: tuple, out: tuple) -> None:
+        trace.outputs[i] = args[2].to_grid(out[1]) if modern else out[0]
+
+    return hook
 
 
 def traced(model: nn.Module, call: Callable[[], Any], layers: list[int]) -> Trace:
@@ -78,15 +93,10 @@ def traced(model: nn.Module, call: Callable[[], Any], layers: list[int]) -> Trac
     trace = Trace(None)
     blocks = blocks_of(model)
     handles = []
+    modern = is_modern(model)
     for i in layers:
-        if is_modern(model):  # forward(x, normed, rows, rope, next_norm) -> (x, normed next, p)
-            pre = lambda m, args, i=i: _record(trace.inputs, i, args[1], args[2])  # noqa: E731
-            post = lambda m, args, out, i=i: _record(trace.outputs, i, out[1], args[2])  # noqa: E731
-        else:
-            pre = lambda m, args, i=i: _record(trace.inputs, i, args[0])  # noqa: E731
-            post = lambda m, args, out, i=i: _record(trace.outputs, i, out[0])  # noqa: E731
-        handles.append(blocks[i].register_forward_pre_hook(pre))
-        handles.append(blocks[i].register_forward_hook(post))
+        handles.append(blocks[i].register_forward_pre_hook(_input_hook(trace, i, modern)))
+        handles.append(blocks[i].register_forward_hook(_output_hook(trace, i, modern)))
     try:
         trace.output = call()
     finally:
