@@ -233,17 +233,16 @@ def qa(task_files, tmp_path_factory) -> dict[str, Path]:
     return paths
 
 
+def fresh_qa_student_argv(qa: dict[str, Path], out: Path) -> list[str]:
+    """``distill`` of the QA teacher into a fresh BERT-Tiny shape, validated on its own set."""
+    argv = ["distill", "--teacher", str(qa["teacher"]), "--output", str(out), *QUICK]
+    return [*argv, "--student_preset", "tiny", "--train", str(qa["train"]), "--validation",
+            str(qa["val"])]  # fmt: skip
+
+
 def test_a_qa_teacher_distils_into_a_fresh_student_that_answers(qa, capsys):
     out = qa["root"] / "student"
-    argv = ["distill", "--teacher", str(qa["teacher"]), "--output", str(out), *QUICK]
-    argv += [
-        "--student_preset",
-        "tiny",
-        "--train",
-        str(qa["train"]),
-        "--validation",
-        str(qa["val"]),
-    ]
+    argv = fresh_qa_student_argv(qa, out)
     assert cli.main([*argv, "--max_steps", "32", "--lr", "3e-3"]) == 0  # fresh weights
     log = "".join(capsys.readouterr())
     assert re.search(r"on \d+ questions \(\d+ windows\), validating on \d+;", log), log
@@ -431,15 +430,7 @@ def test_intermediate_losses_with_a_qa_teacher(qa):
     distributions (the attention KL, which needs the teacher's head count, runs in the
     micro-batch test below)."""
     out = qa["root"] / "qa-layers"
-    argv = ["distill", "--teacher", str(qa["teacher"]), "--output", str(out), *QUICK]
-    argv += [
-        "--student_preset",
-        "tiny",
-        "--train",
-        str(qa["train"]),
-        "--validation",
-        str(qa["val"]),
-    ]
+    argv = fresh_qa_student_argv(qa, out)
     argv += ["--hidden_weight", "1", "--relation_weight", "1", "--relation_heads", "2"]
     assert cli.main([*argv, "--max_steps", "40", "--log_every", "1", "--lr", "3e-3"]) == 0
     train = [r for r in read_metrics(out) if r["split"] == "train"]
