@@ -75,15 +75,12 @@ def build_optimizer(
 def _decayed(decay: float, schedule: str, min_lr_ratio: float) -> float:
     """Multiplier of ``max_lr`` a fraction ``decay`` in [0, 1] into the decay phase."""
     decay = min(max(decay, 0.0), 1.0)
-    # cosine: half a period from 1 down to 0
-    factor = 1.0 - decay if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * decay))
-    return min_lr_ratio + (1.0 - min_lr_ratio) * factor
-
-
-def _cooled(cooldown: float, min_lr_ratio: float) -> float:
-    """Multiplier of ``max_lr`` a fraction ``cooldown`` in [0, 1] into a trapezoid's decay:
-    1 - sqrt, steep at first and flat at the floor."""
-    factor = 1.0 - math.sqrt(min(max(cooldown, 0.0), 1.0))
+    if schedule == "linear":
+        factor = 1.0 - decay
+    elif schedule == "trapezoid":  # 1 - sqrt: steep at first, flat at the floor
+        factor = 1.0 - math.sqrt(decay)
+    else:  # cosine: half a period from 1 down to 0
+        factor = 0.5 * (1.0 + math.cos(math.pi * decay))
     return min_lr_ratio + (1.0 - min_lr_ratio) * factor
 
 
@@ -113,7 +110,8 @@ def lr_at_progress(
         start = 1.0 - decay_ratio
         if progress < start:
             return max_lr
-        return max_lr * _cooled((progress - start) / max(decay_ratio, 1e-12), min_lr_ratio)
+        decay = (progress - start) / max(decay_ratio, 1e-12)
+        return max_lr * _decayed(decay, schedule, min_lr_ratio)
     decay = (progress - warmup) / max(1.0 - warmup, 1e-12)  # 0 .. 1 after warmup
     return max_lr * _decayed(decay, schedule, min_lr_ratio)
 
@@ -147,7 +145,7 @@ def lr_at(
         start = total - cooldown
         if step < start:
             return max_lr
-        return max_lr * _cooled((step - start) / cooldown, min_lr_ratio)
+        return max_lr * _decayed((step - start) / cooldown, schedule, min_lr_ratio)
     decay = (step - warmup) / max(total - warmup, 1)  # 0 .. <1 over the decay steps
     return max_lr * _decayed(decay, schedule, min_lr_ratio)
 
